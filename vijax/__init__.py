@@ -1,0 +1,26 @@
+"""vijax: deterministic approximate inference for latent linear models in JAX."""
+
+from . import covariance, glm, potentials, quadrature, solvers
+from .inference import infer
+from .methods import GKL, gkl
+from .model import GaussianFactor, Identity, LatentLinearModel, Sites
+from .posterior import Diagnostics, Posterior
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "infer",
+    "Posterior",
+    "Diagnostics",
+    "LatentLinearModel",
+    "GaussianFactor",
+    "Sites",
+    "Identity",
+    "GKL",
+    "gkl",
+    "covariance",
+    "potentials",
+    "quadrature",
+    "solvers",
+    "glm",
+]

@@ -1,0 +1,206 @@
+"""Covariance families for the Gaussian approximation q(w) = N(m, S).
+
+A *family* (`Full`, `Diagonal`) is configuration; `family.init(...)` returns a
+*factor*, the pytree of parameters for S = CᵀC. A factor knows everything the
+bounds need about S, at the cost its structure allows:
+
+- ``projected_variances(projection)`` — s_n² = h_nᵀ S h_n for every site;
+- ``logdet()`` — log det S;
+- ``trace_precision(gaussian_factor)`` — tr(Λ S) for the model's Gaussian term;
+- ``dense()`` — S itself, ``cholesky()`` — C, ``sample(key, n)`` — draws of Cᵀz;
+- ``preconditioner(curvature)`` — an approximate inverse of the negative Hessian
+  of the G-KL bound in (m, factor), used by Newton-CG.
+
+Diagonal entries of C enter only through log|C_dd| and S = CᵀC, so any sign is a
+valid point; ``canonical()`` returns the factor with a positive diagonal, which is
+what vijax reports (positive diagonal by construction).
+"""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.scipy.linalg import cho_solve, solve_triangular
+
+__all__ = ["AbstractCovariance", "Full", "Diagonal", "CholeskyFactor", "DiagonalFactor"]
+
+
+def _as_scale(scale, dim):
+    scale = jnp.asarray(scale)
+    if not jnp.issubdtype(scale.dtype, jnp.floating):
+        scale = scale.astype(jnp.result_type(float))
+    return jnp.broadcast_to(scale, (dim,))
+
+
+class AbstractCovariance(eqx.Module):
+    """A covariance family: builds factors of its own structure."""
+
+    def init(self, dim: int, scale) -> "AbstractFactor":
+        """S = diag(scale²) as a factor of this family (``scale`` scalar or shape ``(dim,)``)."""
+        raise NotImplementedError
+
+    def from_dense(self, cov) -> "AbstractFactor":
+        """The factor of this family closest to a dense covariance (exact when it fits)."""
+        raise NotImplementedError
+
+
+class AbstractFactor(eqx.Module):
+    @property
+    def dim(self) -> int:
+        raise NotImplementedError
+
+    def projected_variances(self, projection):
+        raise NotImplementedError
+
+    def logdet(self):
+        raise NotImplementedError
+
+    def trace_precision(self, gaussian):
+        raise NotImplementedError
+
+    def dense(self):
+        raise NotImplementedError
+
+    def cholesky(self):
+        """Upper-triangular C with S = CᵀC (dense, shape ``(D, D)``)."""
+        raise NotImplementedError
+
+    def canonical(self) -> "AbstractFactor":
+        raise NotImplementedError
+
+    def sample(self, key, num_samples: int):
+        """``num_samples`` draws of Cᵀz, z ~ N(0, I): shape ``(num_samples, D)``."""
+        raise NotImplementedError
+
+    def preconditioner(self, curvature):
+        raise NotImplementedError
+
+
+# ----------------------------------------------------------------------------------------------
+
+
+class Full(AbstractCovariance):
+    """Unconstrained S = CᵀC with C upper-triangular: D(D+1)/2 parameters, O(N D²) per bound."""
+
+    def init(self, dim, scale=1.0):
+        return CholeskyFactor.from_matrix(jnp.diag(_as_scale(scale, dim)))
+
+    def from_dense(self, cov):
+        return CholeskyFactor.from_matrix(jnp.linalg.cholesky(cov).T)
+
+
+class CholeskyFactor(AbstractFactor):
+    """Packed upper-triangular Cholesky factor C (row-major upper triangle)."""
+
+    packed: jax.Array
+    size: int = eqx.field(static=True)
+
+    @staticmethod
+    def from_matrix(C):
+        d = C.shape[-1]
+        rows, cols = np.triu_indices(d)
+        return CholeskyFactor(C[rows, cols], d)
+
+    @property
+    def dim(self):
+        return self.size
+
+    def cholesky(self):
+        rows, cols = np.triu_indices(self.size)
+        return jnp.zeros((self.size, self.size), self.packed.dtype).at[rows, cols].set(self.packed)
+
+    def projected_variances(self, projection):
+        # s_n² = ‖C h_n‖²: the single (N×D)·(D×D) product that dominates the bound.
+        return jnp.sum(projection.mv(self.cholesky().T) ** 2, axis=-1)
+
+    def logdet(self):
+        return 2 * jnp.sum(jnp.log(jnp.abs(jnp.diag(self.cholesky()))))
+
+    def trace_precision(self, gaussian):
+        return gaussian.trace_gram(self.cholesky())
+
+    def dense(self):
+        C = self.cholesky()
+        return C.T @ C
+
+    def canonical(self):
+        C = self.cholesky()
+        return CholeskyFactor.from_matrix(C * jnp.sign(jnp.diag(C))[:, None])
+
+    def sample(self, key, num_samples):
+        z = jax.random.normal(key, (num_samples, self.size), self.packed.dtype)
+        return z @ self.cholesky()
+
+    def preconditioner(self, curvature):
+        """Block preconditioner from P = Λ + Σ_g H_gᵀ diag(w_g) H_g ≈ −∇²_m B.
+
+        The negative Hessian of the bound in row i of C (entries j ≥ i) is, up to the
+        entropy's 1/C_ii² and the small second-order site terms, the trailing block
+        P[i:, i:]. With the reversed Cholesky P = R Rᵀ (R upper-triangular),
+        P[i:, i:] = R[i:, i:] R[i:, i:]ᵀ, so all D block solves reduce to two
+        triangular solves with R.
+        """
+        P = curvature.dense()
+        rev = jnp.linalg.cholesky(P[::-1, ::-1])
+        R = rev[::-1, ::-1]  # upper-triangular, P = R Rᵀ
+        lower = jnp.linalg.cholesky(P)
+
+        def apply(mean_tangent, factor_tangent):
+            G = factor_tangent.cholesky()
+            Y = jnp.tril(solve_triangular(R, G.T, lower=False))
+            X = solve_triangular(R.T, Y, lower=True).T
+            return cho_solve((lower, True), mean_tangent), CholeskyFactor.from_matrix(X)
+
+        return apply
+
+
+class Diagonal(AbstractCovariance):
+    """S = diag(c²): D parameters, O(nnz(H)) per bound (mean field in the Cholesky form)."""
+
+    def init(self, dim, scale=1.0):
+        return DiagonalFactor(_as_scale(scale, dim))
+
+    def from_dense(self, cov):
+        # The diagonal factor minimising KL(q_diag ‖ N(0, cov)) has precision diag(cov⁻¹).
+        return DiagonalFactor(1.0 / jnp.sqrt(jnp.diag(jnp.linalg.inv(cov))))
+
+
+class DiagonalFactor(AbstractFactor):
+    scale: jax.Array
+
+    @property
+    def dim(self):
+        return self.scale.shape[0]
+
+    def cholesky(self):
+        return jnp.diag(self.scale)
+
+    def projected_variances(self, projection):
+        return projection.squared_mv(self.scale**2)
+
+    def logdet(self):
+        return 2 * jnp.sum(jnp.log(jnp.abs(self.scale)))
+
+    def trace_precision(self, gaussian):
+        return jnp.sum(gaussian.precision_diagonal() * self.scale**2)
+
+    def dense(self):
+        return jnp.diag(self.scale**2)
+
+    def canonical(self):
+        return DiagonalFactor(jnp.abs(self.scale))
+
+    def sample(self, key, num_samples):
+        return jax.random.normal(key, (num_samples, self.dim), self.scale.dtype) * self.scale
+
+    def preconditioner(self, curvature):
+        """Jacobi preconditioner: diag(P) for the mean, diag(P) + 1/c² for the scales."""
+        p = curvature.diagonal()
+        entropy = 1.0 / self.scale**2
+
+        def apply(mean_tangent, factor_tangent):
+            return mean_tangent / p, DiagonalFactor(factor_tangent.scale / (p + entropy))
+
+        return apply

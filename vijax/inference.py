@@ -1,0 +1,31 @@
+"""The one entry point: ``vj.infer(model, method)``."""
+
+from __future__ import annotations
+
+import equinox as eqx
+
+from .model import LatentLinearModel
+from .posterior import Posterior
+
+__all__ = ["infer"]
+
+
+@eqx.filter_jit
+def _fit(model, method, init):
+    return method.fit(model, init)
+
+
+def infer(model: LatentLinearModel, method, init=None) -> Posterior:
+    """Fit ``method`` (e.g. ``vj.GKL()``) to ``model``; returns a `Posterior`.
+
+    ``init`` warm-starts the fit from a previous `Posterior` (or method parameters).
+    The fit is compiled once per model structure and shape (`equinox.filter_jit`) and
+    is traceable: it works under `jax.jit` and `jax.vmap`, and
+    ``jax.grad`` of ``infer(...).log_z`` with respect to the model's
+    hyperparameters is the derivative of the optimised objective.
+    """
+    if not isinstance(model, LatentLinearModel):
+        raise ValueError(f"infer: `model` must be a vj.LatentLinearModel, got {type(model).__name__}.")
+    if not hasattr(method, "fit"):
+        raise ValueError(f"infer: `method` must be a vijax method such as vj.GKL(), got {method!r}.")
+    return _fit(model, method, init)

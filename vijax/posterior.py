@@ -1,0 +1,78 @@
+"""What every method returns: a Gaussian posterior approximation and an evidence estimate."""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+from .covariance import AbstractFactor
+from .model import LatentLinearModel, _as_projection
+
+__all__ = ["Posterior", "Diagnostics"]
+
+
+class Diagnostics(eqx.Module):
+    """How a fit went.
+
+    - `iterations`, `converged`, `grad_norm` (max |gradient| of the objective at the end);
+    - `objective_trace`: objective after each iteration (NaN-padded to ``max_iter + 1``);
+    - `num_value_evals`, `num_grad_evals`, `num_hvp_evals`: work done, for cost accounting;
+    - `method`, `solver`: names of what produced the answer.
+    """
+
+    iterations: jax.Array
+    converged: jax.Array
+    grad_norm: jax.Array
+    objective_trace: jax.Array
+    num_value_evals: jax.Array
+    num_grad_evals: jax.Array
+    num_hvp_evals: jax.Array
+    method: str = eqx.field(static=True)
+    solver: str = eqx.field(static=True)
+
+    @classmethod
+    def from_solution(cls, sol, method: str, solver: str) -> "Diagnostics":
+        return cls(sol.iterations, sol.converged, sol.grad_norm, sol.trace, sol.num_value_evals,
+                   sol.num_grad_evals, sol.num_hvp_evals, method, solver)
+
+
+class Posterior(eqx.Module):
+    """A Gaussian approximation q(w) = N(mean, S) of p(w) and an estimate of log Z.
+
+    **Fields:**
+
+    - `mean`: shape ``(D,)``.
+    - `factor`: the covariance-family factor holding S (``post.covariance`` is S, dense).
+    - `log_z`: the method's log-evidence estimate. For G-KL a lower bound on log Z,
+      differentiable in the model's hyperparameters (envelope theorem).
+    - `is_lower_bound`: whether `log_z` is a guaranteed lower bound.
+    - `diagnostics`: a `Diagnostics`.
+    - `model`: the model that was fitted (used by predictive functions).
+    """
+
+    mean: jax.Array
+    factor: AbstractFactor
+    log_z: jax.Array
+    diagnostics: Diagnostics
+    model: LatentLinearModel
+    is_lower_bound: bool = eqx.field(static=True)
+
+    @property
+    def covariance(self):
+        """S as a dense ``(D, D)`` matrix (computed on access for structured families)."""
+        return self.factor.dense()
+
+    def marginals(self, H):
+        """Means and variances of ``H w`` under q: two arrays of shape ``(N,)``.
+
+        ``H`` is a dense ``(N, D)`` array, a BCOO matrix, or `vj.Identity(D)`.
+        """
+        projection = _as_projection(H)
+        if projection.shape[1] != self.mean.shape[0]:
+            raise ValueError(f"Posterior.marginals: H has {projection.shape[1]} columns, expected {self.mean.shape[0]}.")
+        return projection.mv(self.mean), self.factor.projected_variances(projection)
+
+    def sample(self, key, num_samples: int):
+        """``num_samples`` draws from q: shape ``(num_samples, D)``."""
+        return self.mean + self.factor.sample(key, num_samples)
