@@ -22,7 +22,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.scipy.linalg import cho_solve, solve_triangular
+from jax.scipy.linalg import solve_triangular
 
 __all__ = ["AbstractCovariance", "Full", "Diagonal", "CholeskyFactor", "DiagonalFactor"]
 
@@ -92,24 +92,24 @@ class Full(AbstractCovariance):
 
 
 class CholeskyFactor(AbstractFactor):
-    """Packed upper-triangular Cholesky factor C (row-major upper triangle)."""
+    """Upper-triangular Cholesky factor C, stored as a square array whose lower triangle is ignored.
 
-    packed: jax.Array
-    size: int = eqx.field(static=True)
+    (A dense square store keeps every product a plain matrix product; the masked-out
+    entries get zero gradient and zero curvature, so solvers never move them.)
+    """
+
+    matrix: jax.Array
 
     @staticmethod
     def from_matrix(C):
-        d = C.shape[-1]
-        rows, cols = np.triu_indices(d)
-        return CholeskyFactor(C[rows, cols], d)
+        return CholeskyFactor(jnp.triu(C))
 
     @property
     def dim(self):
-        return self.size
+        return self.matrix.shape[-1]
 
     def cholesky(self):
-        rows, cols = np.triu_indices(self.size)
-        return jnp.zeros((self.size, self.size), self.packed.dtype).at[rows, cols].set(self.packed)
+        return jnp.triu(self.matrix)
 
     def projected_variances(self, projection):
         # s_n² = ‖C h_n‖²: the single (N×D)·(D×D) product that dominates the bound.
@@ -130,7 +130,7 @@ class CholeskyFactor(AbstractFactor):
         return CholeskyFactor.from_matrix(C * jnp.sign(jnp.diag(C))[:, None])
 
     def sample(self, key, num_samples):
-        z = jax.random.normal(key, (num_samples, self.size), self.packed.dtype)
+        z = jax.random.normal(key, (num_samples, self.dim), self.matrix.dtype)
         return z @ self.cholesky()
 
     def preconditioner(self, curvature):
@@ -143,15 +143,15 @@ class CholeskyFactor(AbstractFactor):
         triangular solves with R.
         """
         P = curvature.dense()
-        rev = jnp.linalg.cholesky(P[::-1, ::-1])
-        R = rev[::-1, ::-1]  # upper-triangular, P = R Rᵀ
-        lower = jnp.linalg.cholesky(P)
+        R = jnp.linalg.cholesky(P[::-1, ::-1])[::-1, ::-1]  # upper-triangular, P = R Rᵀ
 
         def apply(mean_tangent, factor_tangent):
-            G = factor_tangent.cholesky()
-            Y = jnp.tril(solve_triangular(R, G.T, lower=False))
-            X = solve_triangular(R.T, Y, lower=True).T
-            return cho_solve((lower, True), mean_tangent), CholeskyFactor.from_matrix(X)
+            # Column 0 carries the mean block (P⁻¹ = R⁻ᵀR⁻¹); column i+1 row i of C.
+            rhs = jnp.concatenate([mean_tangent[:, None], factor_tangent.cholesky().T], axis=1)
+            Y = solve_triangular(R, rhs, lower=False)
+            Y = Y.at[:, 1:].set(jnp.tril(Y[:, 1:]))
+            X = solve_triangular(R.T, Y, lower=True)
+            return X[:, 0], CholeskyFactor(X[:, 1:].T)
 
         return apply
 
