@@ -45,6 +45,10 @@ class AbstractCovariance(eqx.Module):
         """The factor of this family closest to a dense covariance (exact when it fits)."""
         raise NotImplementedError
 
+    def from_curvature(self, curvature) -> "AbstractFactor":
+        """S ≈ P⁻¹ for a curvature P (see `vj.gkl.curvature`): a well-scaled starting point."""
+        raise NotImplementedError
+
 
 class AbstractFactor(eqx.Module):
     @property
@@ -81,6 +85,11 @@ class AbstractFactor(eqx.Module):
 # ----------------------------------------------------------------------------------------------
 
 
+def _reversed_cholesky(P):
+    """Upper-triangular R with P = R Rᵀ (the Cholesky factor of P with rows and columns reversed)."""
+    return jnp.linalg.cholesky(P[::-1, ::-1])[::-1, ::-1]
+
+
 class Full(AbstractCovariance):
     """Unconstrained S = CᵀC with C upper-triangular: D(D+1)/2 parameters, O(N D²) per bound."""
 
@@ -89,6 +98,11 @@ class Full(AbstractCovariance):
 
     def from_dense(self, cov):
         return CholeskyFactor.from_matrix(jnp.linalg.cholesky(cov).T)
+
+    def from_curvature(self, curvature):
+        # P = R Rᵀ with R upper-triangular gives P⁻¹ = R⁻ᵀR⁻¹, so C = R⁻¹.
+        R = _reversed_cholesky(curvature.dense())
+        return CholeskyFactor.from_matrix(solve_triangular(R, jnp.eye(R.shape[0], dtype=R.dtype), lower=False))
 
 
 class CholeskyFactor(AbstractFactor):
@@ -142,8 +156,7 @@ class CholeskyFactor(AbstractFactor):
         P[i:, i:] = R[i:, i:] R[i:, i:]ᵀ, so all D block solves reduce to two
         triangular solves with R.
         """
-        P = curvature.dense()
-        R = jnp.linalg.cholesky(P[::-1, ::-1])[::-1, ::-1]  # upper-triangular, P = R Rᵀ
+        R = _reversed_cholesky(curvature.dense())
 
         def apply(mean_tangent, factor_tangent):
             # Column 0 carries the mean block (P⁻¹ = R⁻ᵀR⁻¹); column i+1 row i of C.
@@ -161,6 +174,9 @@ class Diagonal(AbstractCovariance):
 
     def init(self, dim, scale=1.0):
         return DiagonalFactor(_as_scale(scale, dim))
+
+    def from_curvature(self, curvature):
+        return DiagonalFactor(1.0 / jnp.sqrt(curvature.diagonal()))
 
     def from_dense(self, cov):
         # The diagonal factor minimising KL(q_diag ‖ N(0, cov)) has precision diag(cov⁻¹).

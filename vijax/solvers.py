@@ -56,83 +56,103 @@ def _max_abs(g):
     return jnp.max(jnp.abs(g))
 
 
-def _backtracking(fn, x, f, slope, direction, max_halvings=40, c1=1e-4):
-    """Largest α in {1, ½, ¼, …} with fn(x + α d) ≥ f + c1 α slope (finite values only)."""
+def _backtracking(fn, x, f, slope, direction, alpha0, max_halvings=40, c1=1e-4):
+    """Largest α in {α0, α0/2, …} with fn(x + α d) ≥ f + c1 α slope (finite values only)."""
+
+    def sufficient(alpha, f_new):
+        return jnp.isfinite(f_new) & (f_new >= f + c1 * alpha * slope)
 
     def cond(state):
         alpha, f_new, k = state
-        ok = jnp.isfinite(f_new) & (f_new >= f + c1 * alpha * slope)
-        return (~ok) & (k < max_halvings)
+        return ~sufficient(alpha, f_new) & (k < max_halvings)
 
     def body(state):
         alpha, _, k = state
         alpha = 0.5 * alpha
         return alpha, fn(x + alpha * direction), k + 1
 
-    one = jnp.ones((), x.dtype)
-    alpha, f_new, k = jax.lax.while_loop(cond, body, (one, fn(x + direction), jnp.array(0)))
-    ok = jnp.isfinite(f_new) & (f_new >= f + c1 * alpha * slope)
-    return alpha, f_new, k + 1, ok
+    alpha0 = jnp.asarray(alpha0, x.dtype)
+    alpha, f_new, k = jax.lax.while_loop(cond, body, (alpha0, fn(x + alpha0 * direction), jnp.array(0)))
+    return alpha, k + 1, sufficient(alpha, f_new)
+
+
+def _ascent(g, d):
+    """``d`` if it is an ascent direction, else the gradient (possible only without negative curvature)."""
+    slope = jnp.vdot(g, d)
+    ok = slope > 0
+    return jnp.where(ok, d, g), jnp.where(ok, slope, jnp.vdot(g, g))
 
 
 class _LoopState(NamedTuple):
     x: jax.Array
     f: jax.Array
     g: jax.Array
+    d: jax.Array
+    slope: jax.Array
     k: jax.Array
-    done: jax.Array
-    converged: jax.Array
+    failed: jax.Array
     trace: jax.Array
     n_val: jax.Array
     n_grad: jax.Array
     n_hvp: jax.Array
 
 
-def _newton_loop(solver, fn, x0, direction_fn):
+_C1 = 1e-4
+
+
+def _newton_loop(solver, fn, x0, local_model, direction):
     """Shared outer loop of the Newton solvers.
 
-    ``direction_fn(x)`` returns the gradient at ``x``, an ascent direction and its cost
-    (gradient evaluations, Hessian-vector products). The gradient is evaluated once per
-    iteration, inside ``direction_fn``; an Armijo backtracking search sets the step.
+    ``local_model(x)`` returns the objective, its gradient and curvature information at
+    ``x``; ``direction(x, g, curvature)`` returns a Newton direction and the number of
+    Hessian-vector products it used. The full step is tried first *with* the local model
+    at the trial point, so an accepted step (the usual case) costs no extra evaluation;
+    otherwise an Armijo backtracking search halves the step.
     """
-    f0 = fn(x0)
+
+    def direction_unless_converged(x, g, curv):
+        # No direction is needed where the loop will stop anyway.
+        d, n_hvp = jax.lax.cond(_max_abs(g) < solver.tol,
+                                lambda: (jnp.zeros_like(g), jnp.array(0)),
+                                lambda: direction(x, g, curv))
+        d, slope = _ascent(g, d)
+        return d, slope, n_hvp
+
+    def model_and_direction(x):
+        f, g, curv = local_model(x)
+        return (f, g) + direction_unless_converged(x, g, curv)
+
+    f0, g0, d0, slope0, n_hvp0 = model_and_direction(x0)
     trace = jnp.full((solver.max_iter + 1,), jnp.nan, f0.dtype).at[0].set(f0)
-    zero, false = jnp.array(0), jnp.array(False)
-    state = _LoopState(x0, f0, jnp.full_like(x0, jnp.inf), zero, false, false, trace, jnp.array(1), zero, zero)
+    zero = jnp.array(0)
+    state = _LoopState(x0, f0, g0, d0, slope0, zero, jnp.array(False), trace, zero, jnp.array(1), n_hvp0)
 
     def cond(s):
-        return (s.k < solver.max_iter) & ~s.done
+        return (s.k < solver.max_iter) & ~s.failed & (_max_abs(s.g) >= solver.tol)
 
     def body(s):
-        g, d, n_grad, n_hvp = direction_fn(s.x)
-        converged = _max_abs(g) < solver.tol
-        slope = jnp.vdot(g, d)
-        # A non-ascent direction (possible only without negative curvature) falls back to the gradient.
-        d = jnp.where(slope > 0, d, g)
-        slope = jnp.where(slope > 0, slope, jnp.vdot(g, g))
-        alpha, f_new, n_val, ok = jax.lax.cond(
-            converged,
-            lambda: (jnp.zeros((), s.x.dtype), s.f, jnp.array(0), jnp.array(True)),
-            lambda: _backtracking(fn, s.x, s.f, slope, d),
-        )
-        step = ok & ~converged
-        return _LoopState(
-            x=jnp.where(step, s.x + alpha * d, s.x),
-            f=jnp.where(step, f_new, s.f),
-            g=g,
-            k=s.k + step,
-            done=~step,
-            converged=converged,
-            trace=jnp.where(step, s.trace.at[s.k + 1].set(f_new), s.trace),
-            n_val=s.n_val + n_val,
-            n_grad=s.n_grad + n_grad,
-            n_hvp=s.n_hvp + n_hvp,
-        )
+        x_try = s.x + s.d
+        f_try, g_try, curv_try = local_model(x_try)
+        full_step_ok = jnp.isfinite(f_try) & (f_try >= s.f + _C1 * s.slope)
+
+        def accept():
+            d, slope, n_hvp = direction_unless_converged(x_try, g_try, curv_try)
+            return x_try, f_try, g_try, d, slope, jnp.array(True), zero, jnp.array(1), n_hvp
+
+        def backtrack():
+            alpha, n_val, found = _backtracking(fn, s.x, s.f, s.slope, s.d, 0.5, c1=_C1)
+            x_new = jnp.where(found, s.x + alpha * s.d, s.x)
+            f, g, d, slope, n_hvp = model_and_direction(x_new)
+            return x_new, f, g, d, slope, found, n_val, jnp.array(2), n_hvp
+
+        x, f, g, d, slope, moved, n_val, n_grad, n_hvp = jax.lax.cond(full_step_ok, accept, backtrack)
+        return _LoopState(x, f, g, d, slope, s.k + moved, ~moved,
+                          jnp.where(moved, s.trace.at[s.k + 1].set(f), s.trace),
+                          s.n_val + n_val, s.n_grad + n_grad, s.n_hvp + n_hvp)
 
     s = jax.lax.while_loop(cond, body, state)
-    # After the last step the gradient at x is not yet known: evaluate it for the report.
-    g = jax.lax.cond(s.done, lambda: s.g, lambda: jax.grad(fn)(s.x))
-    return Solution(s.x, s.f, _max_abs(g), s.k, _max_abs(g) < solver.tol, s.trace, s.n_val, s.n_grad, s.n_hvp)
+    converged = _max_abs(s.g) < solver.tol
+    return Solution(s.x, s.f, _max_abs(s.g), s.k, converged, s.trace, s.n_val, s.n_grad, s.n_hvp)
 
 
 class NewtonCG(AbstractSolver):
@@ -152,15 +172,17 @@ class NewtonCG(AbstractSolver):
     max_cg: int = eqx.field(static=True, default=50)
 
     def maximise(self, fn, x0, preconditioner=None):
-        grad_fn = jax.grad(fn)
+        value_and_grad = jax.value_and_grad(fn)
 
-        def direction(x):
-            g, hvp = jax.linearize(grad_fn, x)
+        def local_model(x):
+            (f, g), linear = jax.linearize(value_and_grad, x)
+            return f, g, lambda v: linear(v)[1]
+
+        def direction(x, g, hvp):
             precond = preconditioner(x) if preconditioner is not None else (lambda v: v)
-            d, n_hvp = _pcg(lambda v: -hvp(v), g, precond, self.max_cg)
-            return g, d, jnp.array(1), n_hvp
+            return _pcg(lambda v: -hvp(v), g, precond, self.max_cg)
 
-        return _newton_loop(self, fn, x0, direction)
+        return _newton_loop(self, fn, x0, local_model, direction)
 
 
 def _pcg(A, b, M, max_iter):
@@ -210,16 +232,17 @@ class Newton(AbstractSolver):
     max_iter: int = eqx.field(static=True, default=100)
 
     def maximise(self, fn, x0, preconditioner=None):
-        hess_fn = jax.hessian(fn)
+        def local_model(x):
+            f, g = jax.value_and_grad(fn)(x)
+            return f, g, jax.hessian(fn)(x)
 
-        def direction(x):
-            g = jax.grad(fn)(x)
-            lam, V = jnp.linalg.eigh(-hess_fn(x))
+        def direction(x, g, hessian):
+            lam, V = jnp.linalg.eigh(-hessian)
             floor = 1e-10 * jnp.maximum(jnp.max(jnp.abs(lam)), 1.0)
             lam = jnp.maximum(jnp.abs(lam), floor)
-            return g, V @ ((V.T @ g) / lam), jnp.array(1), jnp.array(x.shape[0])
+            return V @ ((V.T @ g) / lam), jnp.array(x.shape[0])
 
-        return _newton_loop(self, fn, x0, direction)
+        return _newton_loop(self, fn, x0, local_model, direction)
 
 
 class LBFGS(AbstractSolver):

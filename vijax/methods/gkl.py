@@ -154,6 +154,9 @@ class GKL(eqx.Module):
                                     CholeskyFactor.from_matrix(solve_triangular(L, C.T, lower=True).T))
         else:
             work_model = frozen
+        if init is None:
+            # One step of the fixed point S⁻¹ = Λ + Σ H diag(w) Hᵀ sets the scale of S before Newton starts.
+            params = GaussianParams(params.mean, self.covariance.from_curvature(curvature(params, work_model, self.quadrature)))
 
         x0, unravel = ravel_pytree(params)
         objective = lambda x: bound(unravel(x), work_model, self.quadrature)
