@@ -153,6 +153,19 @@ class Logistic(AbstractPotential):
         large = expected_min - _expected_log1p_exp_neg_abs(mu, s)
         return jnp.where(wide, large, small)
 
+    def log_expected_phi(self, mu, sigma, quadrature: GaussHermite = _DEFAULT_QUADRATURE):
+        # ⟨σ(x)⟩ = Φ(μ/σ) + ⟨σ(x) − 1[x > 0]⟩; the odd remainder −sign(x)σ(−|x|) is integrated by
+        # Gauss–Laguerre when the step sits inside a wide Gaussian, where Gauss–Hermite is inaccurate.
+        mu, sigma = jnp.broadcast_arrays(mu, sigma)
+        wide = (sigma >= 1.5) & (jnp.abs(mu) <= 8 * sigma)
+        small = quadrature.log_expect_exp(self.log_phi, jnp.where(wide, 0.0, mu), jnp.where(wide, 1.0, sigma))
+        m, s = jnp.where(wide, mu, 0.0)[..., None], jnp.where(wide, sigma, 1.5)[..., None]
+        x, w = (jnp.asarray(a, jnp.result_type(mu, sigma)) for a in _laguerre_rule(32))
+        dens = lambda t: jnp.exp(-0.5 * ((t - m) / s) ** 2) / (s * np.sqrt(2 * np.pi))
+        remainder = jnp.sum(w * jax.nn.sigmoid(x) * (dens(-x) - dens(x)), axis=-1)
+        large = jnp.log(ndtr(m[..., 0] / s[..., 0]) + remainder)
+        return jnp.where(wide, large, small)
+
 
 class Probit(AbstractPotential):
     """Probit φ(x) = Φ(x), the standard normal CDF; labels are folded into H."""
@@ -248,8 +261,48 @@ class Laplace(AbstractPotential):
         mean_abs = jnp.where(sigma > 0, mean_abs, jnp.abs(d))
         return -jnp.log(2 * self.scale) - mean_abs / self.scale
 
+    def log_expected_phi(self, mu, sigma, quadrature: GaussHermite = _DEFAULT_QUADRATURE):
+        # ⟨e^{−|y−x|/b}⟩ = e^{σ²/2b²} [e^{−d/b} Φ(d/σ − σ/b) + e^{d/b} Φ(−d/σ − σ/b)], d = y − μ.
+        d, b = self.loc - mu, self.scale
+        s = jnp.where(sigma > 0, sigma, 1.0)
+        common = 0.5 * (s / b) ** 2
+        wide = jnp.logaddexp(common - d / b + log_ndtr(d / s - s / b), common + d / b + log_ndtr(-d / s - s / b))
+        return -jnp.log(2 * b) + jnp.where(sigma > 0, wide, -jnp.abs(d) / b)
+
     def observe(self, y):
         return Laplace(y, self.scale)
+
+
+@functools.lru_cache(maxsize=None)
+def _composite_legendre(num_panels: int, nodes_per_panel: int):
+    x, w = np.polynomial.legendre.leggauss(nodes_per_panel)
+    edges = np.linspace(0.0, 1.0, num_panels + 1)
+    half = 0.5 * np.diff(edges)
+    nodes = (edges[:-1, None] + half[:, None] * (x[None, :] + 1)).ravel()
+    return nodes, (half[:, None] * w[None, :]).ravel()
+
+
+def _expected_log1p_square(a, b, quadrature: GaussHermite):
+    """⟨log(1 + u²)⟩ for u ~ N(a, b²): the peaked part of the Student-t and Cauchy log densities.
+
+    When the peak at u = 0 lies inside a wide Gaussian (b ≥ ½, |a| ≤ 8b) Gauss–Hermite cannot
+    resolve it; there the identity log(1 + u²) = 2∫₀^∞ (1 − cos ut) e^{−t} dt/t gives
+
+        ⟨log(1 + u²)⟩ = 2 ∫ (1 − cos(a eᵛ) e^{−b² e^{2v}/2}) exp(−eᵛ) dv      (t = eᵛ),
+
+    a smooth integrand, integrated by composite Gauss–Legendre over v ∈ [−log b − 12, 4].
+    """
+    wide = (b >= 0.5) & (jnp.abs(a) <= 8 * b)
+    b_gh = jnp.where(wide, 0.1, b)
+    narrow_value = quadrature.expect(lambda u: jnp.log1p(u**2), jnp.where(wide, 0.0, a), b_gh)
+    a_w, b_w = jnp.where(wide, a, 0.0), jnp.where(wide, b, 1.0)
+    nodes, weights = (jnp.asarray(t, jnp.result_type(a, b)) for t in _composite_legendre(12, 16))
+    lo = -jnp.log(b_w)[..., None] - 12.0
+    v = lo + (4.0 - lo) * nodes
+    t = jnp.exp(v)
+    integrand = (1 - jnp.cos(a_w[..., None] * t) * jnp.exp(-0.5 * (b_w[..., None] * t) ** 2)) * jnp.exp(-t)
+    wide_value = 2 * (4.0 - lo[..., 0]) * jnp.sum(weights * integrand, axis=-1)
+    return jnp.where(wide, wide_value, narrow_value)
 
 
 class StudentT(AbstractPotential):
@@ -268,8 +321,17 @@ class StudentT(AbstractPotential):
     def log_phi(self, x):
         nu = self.df
         r = (self.loc - x) / self.scale
-        return (gammaln(0.5 * (nu + 1)) - gammaln(0.5 * nu) - 0.5 * jnp.log(jnp.pi * nu)
-                - jnp.log(self.scale) - 0.5 * (nu + 1) * jnp.log1p(r**2 / nu))
+        return self._log_normaliser() - 0.5 * (nu + 1) * jnp.log1p(r**2 / nu)
+
+    def _log_normaliser(self):
+        nu = self.df
+        return gammaln(0.5 * (nu + 1)) - gammaln(0.5 * nu) - 0.5 * jnp.log(jnp.pi * nu) - jnp.log(self.scale)
+
+    def expected_log_phi(self, mu, sigma, quadrature: GaussHermite = _DEFAULT_QUADRATURE):
+        mu, sigma = jnp.broadcast_arrays(mu, sigma)
+        width = jnp.sqrt(self.df) * self.scale
+        peak = _expected_log1p_square((mu - self.loc) / width, sigma / width, quadrature)
+        return self._log_normaliser() - 0.5 * (self.df + 1) * peak
 
     def observe(self, y):
         return StudentT(self.df, y, self.scale)
@@ -289,6 +351,11 @@ class Cauchy(AbstractPotential):
     def log_phi(self, x):
         r = (self.loc - x) / self.scale
         return -jnp.log(jnp.pi * self.scale) - jnp.log1p(r**2)
+
+    def expected_log_phi(self, mu, sigma, quadrature: GaussHermite = _DEFAULT_QUADRATURE):
+        mu, sigma = jnp.broadcast_arrays(mu, sigma)
+        peak = _expected_log1p_square((mu - self.loc) / self.scale, sigma / self.scale, quadrature)
+        return -jnp.log(jnp.pi * self.scale) - peak
 
     def observe(self, y):
         return Cauchy(y, self.scale)
