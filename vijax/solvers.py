@@ -159,8 +159,9 @@ class NewtonCG(AbstractSolver):
     """Hessian-free (truncated) Newton.
 
     The Newton system −∇²f · d = ∇f is solved by preconditioned conjugate gradients
-    to relative residual η_k = min(½, √‖∇f‖), stopping early on non-negative
-    curvature. With a concave objective (G-KL with log-concave sites) the steps
+    to relative residual η_k = min(½, √max|∇f|) (loose far from the optimum, where a
+    short CG run is a well-scaled preconditioned gradient step; tight near it, for
+    superlinear convergence), stopping early on non-negative curvature. With a concave objective (G-KL with log-concave sites) the steps
     converge superlinearly.
 
     **Arguments:** `tol` (max |gradient| at convergence), `max_iter` (Newton
@@ -188,7 +189,7 @@ class NewtonCG(AbstractSolver):
 def _pcg(A, b, M, max_iter):
     """Truncated preconditioned CG for A d = b; returns (d, number of products with A)."""
     b_norm = jnp.linalg.norm(b)
-    forcing = jnp.minimum(0.5, jnp.sqrt(b_norm)) * b_norm
+    forcing = jnp.minimum(0.5, jnp.sqrt(jnp.max(jnp.abs(b)))) * b_norm
     z = M(b)
 
     class S(NamedTuple):
