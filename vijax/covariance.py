@@ -150,13 +150,17 @@ class CholeskyFactor(AbstractFactor):
     def preconditioner(self, curvature):
         """Block preconditioner from P = Λ + Σ_g H_gᵀ diag(w_g) H_g ≈ −∇²_m B.
 
-        The negative Hessian of the bound in row i of C (entries j ≥ i) is, up to the
-        entropy's 1/C_ii² and the small second-order site terms, the trailing block
-        P[i:, i:]. With the reversed Cholesky P = R Rᵀ (R upper-triangular),
-        P[i:, i:] = R[i:, i:] R[i:, i:]ᵀ, so all D block solves reduce to two
-        triangular solves with R.
+        The negative Hessian of the bound in row i of C (entries j ≥ i) is, up to the small
+        second-order site terms, A_i = P[i:, i:] + e₁e₁ᵀ / C_ii² (the last term from the
+        entropy's log|C_ii|). With the reversed Cholesky P = R Rᵀ (R upper-triangular),
+        P[i:, i:] = R[i:, i:] R[i:, i:]ᵀ, so all D block solves reduce to two triangular
+        solves with R, and the entropy term is a Sherman–Morrison correction per row using
+        u_i = P[i:, i:]⁻¹ e₁ (the columns of R⁻ᵀ diag(1/R_ii)).
         """
         R = _reversed_cholesky(curvature.dense())
+        U = solve_triangular(R.T, jnp.diag(1.0 / jnp.diag(R)), lower=True)
+        barrier = 1.0 / jnp.diag(self.cholesky()) ** 2
+        shrink = barrier / (1.0 + barrier * jnp.diag(U))
 
         def apply(mean_tangent, factor_tangent):
             # Column 0 carries the mean block (P⁻¹ = R⁻ᵀR⁻¹); column i+1 row i of C.
@@ -164,7 +168,8 @@ class CholeskyFactor(AbstractFactor):
             Y = solve_triangular(R, rhs, lower=False)
             Y = Y.at[:, 1:].set(jnp.tril(Y[:, 1:]))
             X = solve_triangular(R.T, Y, lower=True)
-            return X[:, 0], CholeskyFactor(X[:, 1:].T)
+            rows = X[:, 1:] - U * (shrink * jnp.diag(X[:, 1:]))[None, :]
+            return X[:, 0], CholeskyFactor(rows.T)
 
         return apply
 
