@@ -5,6 +5,7 @@ from .inference import infer
 from .methods import GKL, gkl
 from .model import GaussianFactor, Identity, LatentLinearModel, Sites
 from .posterior import Diagnostics, Posterior
+from .sharding import shard_sites
 
 __version__ = "0.1.0"
 
@@ -23,4 +24,5 @@ __all__ = [
     "quadrature",
     "solvers",
     "glm",
+    "shard_sites",
 ]

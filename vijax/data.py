@@ -2,42 +2,110 @@
 
 from __future__ import annotations
 
+import operator
 from typing import NamedTuple
 
+import jax
 import numpy as np
 
 __all__ = ["LogisticData", "synthetic_logistic_regression"]
 
 
 class LogisticData(NamedTuple):
+    """A logistic-regression data set and the weights that generated it (numpy float64 arrays)."""
+
     X_train: np.ndarray  # (num_train, dim)
     y_train: np.ndarray  # (num_train,), labels in {-1, +1}
     X_test: np.ndarray  # (num_test, dim)
-    y_test: np.ndarray  # (num_test,)
+    y_test: np.ndarray  # (num_test,), labels in {-1, +1}
     w_true: np.ndarray  # (dim,)
 
 
-def synthetic_logistic_regression(seed: int, dim: int, num_train: int, num_test: int) -> LogisticData:
-    """Correlated-covariate logistic regression (Challis thesis §5.2).
+def _rng(key_or_seed, owner):
+    """A numpy Generator from a non-negative int seed or a JAX PRNG key (typed or raw uint32)."""
+    if isinstance(key_or_seed, (bool, np.bool_)):
+        raise ValueError(f"{owner}: `key_or_seed` must be a non-negative integer seed or a JAX PRNG key, got a bool.")
+    if isinstance(key_or_seed, (int, np.integer)):
+        if key_or_seed < 0:
+            raise ValueError(f"{owner}: the seed must be non-negative, got {key_or_seed}.")
+        return np.random.default_rng(int(key_or_seed))
+    dtype = getattr(key_or_seed, "dtype", None)
+    if dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+        words = np.asarray(jax.random.key_data(key_or_seed))
+    elif dtype is not None and np.dtype(dtype) == np.uint32 and np.ndim(key_or_seed) == 1:
+        words = np.asarray(key_or_seed)  # a raw key from jax.random.PRNGKey
+    else:
+        raise ValueError(f"{owner}: `key_or_seed` must be a non-negative integer seed or a single JAX PRNG key, "
+                         f"got {type(key_or_seed).__name__}.")
+    if words.ndim != 1:
+        raise ValueError(f"{owner}: expected a single PRNG key, got a batch of keys with shape {words.shape[:-1]}.")
+    return np.random.default_rng([int(v) for v in words.astype(np.uint32)])
+
+
+def _count(name, value, owner, minimum):
+    if isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{owner}: `{name}` must be an integer, got a bool.")
+    try:
+        value = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{owner}: `{name}` must be an integer, got {value!r}.") from None
+    if value < minimum:
+        raise ValueError(f"{owner}: `{name}` must be at least {minimum}, got {value}.")
+    return value
+
+
+def synthetic_logistic_regression(key_or_seed, dim: int, num_train: int, num_test: int) -> LogisticData:
+    """Correlated-covariate Bayesian logistic regression (Challis thesis §5.2, JMLR 2013 §6.2).
+
+    The generator is
 
     .. math::
 
-        w_\\text{true} \\sim \\mathcal N(0, I_D), \\quad x = M z,\\ z \\sim \\mathcal N(0, I_D), \\quad
-        M = I + S_p, \\quad p(y = \\pm 1 \\mid x) = \\sigma(y\\, w_\\text{true}^\\top x),
+        w_\\text{true} \\sim \\mathcal N(0, I_D), \\qquad
+        \\tilde x_n = M z_n,\\ z_n \\sim \\mathcal N(0, I_D), \\qquad M = I_D + S_p, \\qquad
+        x_{nd} = \\tilde x_{nd} / \\operatorname{sd}_d, \\qquad
+        p(y_n = \\pm 1 \\mid x_n) = \\sigma(y_n\\, w_\\text{true}^\\top x_n),
 
-    where S_p has one standard-normal entry per row; the thesis does not say in which column, so
-    here the column is drawn uniformly at random. Each covariate is then rescaled to unit variance
-    (with the scale estimated on the training and test points together).
+    where S_p is sparse with exactly one standard-normal entry in each row and sd_d is the
+    standard deviation of covariate d. The inference model that matches it is
+    ``vj.glm.logistic_regression(X_train, y_train, prior_variance=1.0)``.
+
+    Choices the thesis leaves open (documented so results can be compared):
+
+    - the column of row d's entry of S_p is drawn uniformly from all D columns (it can be the
+      diagonal, in which case M_dd = 1 + s);
+    - sd_d is the sample standard deviation over the training and test points together (one
+      population, so both splits share the same scaling); covariates are not centred;
+    - all randomness comes from one numpy ``Generator`` (so the data do not depend on
+      ``jax_enable_x64``), drawn in the order w_true, S_p columns, S_p values, z, uniforms for y.
+
+    **Arguments:**
+
+    - `key_or_seed`: a non-negative integer seed, or a JAX PRNG key (``jax.random.key(0)`` or
+      ``jax.random.PRNGKey(0)``) whose key data seeds the generator.
+    - `dim`: D ≥ 1; `num_train` ≥ 1; `num_test` ≥ 0, with ``num_train + num_test ≥ 2``.
+
+    **Returns:** a `LogisticData` of numpy float64 arrays: ``X_train (num_train, D)``,
+    ``y_train (num_train,)`` in {−1, +1}, ``X_test (num_test, D)``, ``y_test (num_test,)``,
+    ``w_true (D,)``. The function is pure: the same arguments give the same arrays.
     """
-    for name, value in (("dim", dim), ("num_train", num_train), ("num_test", num_test)):
-        if not (isinstance(value, (int, np.integer)) and value >= 1):
-            raise ValueError(f"synthetic_logistic_regression: `{name}` must be a positive integer, got {value!r}.")
-    rng = np.random.default_rng(seed)
+    owner = "synthetic_logistic_regression"
+    dim = _count("dim", dim, owner, 1)
+    num_train = _count("num_train", num_train, owner, 1)
+    num_test = _count("num_test", num_test, owner, 0)
+    if num_train + num_test < 2:
+        raise ValueError(f"{owner}: need num_train + num_test >= 2 points to normalise the covariates.")
+    rng = _rng(key_or_seed, owner)
+    total = num_train + num_test
+
     w_true = rng.normal(size=dim)
     M = np.eye(dim)
-    M[np.arange(dim), rng.integers(0, dim, size=dim)] += rng.normal(size=dim)
-    X = rng.normal(size=(num_train + num_test, dim)) @ M.T
-    X /= X.std(axis=0)
-    p_positive = 1 / (1 + np.exp(-X @ w_true))
-    y = np.where(rng.random(num_train + num_test) < p_positive, 1.0, -1.0)
+    columns = rng.integers(0, dim, size=dim)
+    M[np.arange(dim), columns] += rng.normal(size=dim)
+    X = rng.normal(size=(total, dim)) @ M.T
+    scale = X.std(axis=0)
+    # A column is constant only if every draw coincides (impossible in practice); keep it as is.
+    X /= np.where(scale > 0, scale, 1.0)
+    p_positive = 0.5 * (1.0 + np.tanh(0.5 * (X @ w_true)))  # σ(a), overflow-free
+    y = np.where(rng.random(total) < p_positive, 1.0, -1.0)
     return LogisticData(X[:num_train], y[:num_train], X[num_train:], y[num_train:], w_true)

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import equinox as eqx
 import jax
@@ -51,6 +52,10 @@ class AbstractProjection(eqx.Module):
         """``H @ x`` for ``x`` of shape ``(D,)`` or ``(D, K)``."""
         raise NotImplementedError
 
+    def rmv(self, y):
+        """``Hᵀ @ y`` for ``y`` of shape ``(N,)`` or ``(N, K)``."""
+        raise NotImplementedError
+
     def squared_mv(self, v):
         """``(H ∘ H) @ v``: projected variances of a diagonal covariance ``diag(v)``."""
         raise NotImplementedError
@@ -78,6 +83,9 @@ class Dense(AbstractProjection):
     def mv(self, x):
         return self.matrix @ x
 
+    def rmv(self, y):
+        return self.matrix.T @ y
+
     def squared_mv(self, v):
         return (self.matrix**2) @ v
 
@@ -103,6 +111,9 @@ class Sparse(AbstractProjection):
 
     def mv(self, x):
         return self.matrix @ x
+
+    def rmv(self, y):
+        return self.matrix.T @ y
 
     def squared_mv(self, v):
         return self._squared() @ v
@@ -130,6 +141,9 @@ class Identity(AbstractProjection):
 
     def mv(self, x):
         return x
+
+    def rmv(self, y):
+        return y
 
     def squared_mv(self, v):
         return v
@@ -218,6 +232,9 @@ class GaussianFactor(eqx.Module):
     - `GaussianFactor.linear_gaussian(M, y, noise_variance)` — the likelihood
       N(y | M w, ν² I) as a function of w (its precision MᵀM/ν² may be singular).
     """
+
+    # Whether Λ is diagonal, so that tr(ΛS) needs only diag(S).
+    diagonal_precision: ClassVar[bool] = False
 
     @property
     def dim(self) -> int:
@@ -316,6 +333,8 @@ def _check_positive_definite(A, name, owner):
 class IsotropicGaussian(GaussianFactor):
     """N(w | μ, v I)."""
 
+    diagonal_precision: ClassVar[bool] = True
+
     num_dims: int = eqx.field(static=True)
     variance: jax.Array
     mean: jax.Array
@@ -351,6 +370,8 @@ class IsotropicGaussian(GaussianFactor):
 
 class DiagonalGaussian(GaussianFactor):
     """N(w | μ, diag(v))."""
+
+    diagonal_precision: ClassVar[bool] = True
 
     variance: jax.Array
     mean: jax.Array

@@ -12,6 +12,8 @@ one `while_loop`, fits compose with `jax.jit` and `jax.vmap`.
 - `Newton` — dense Hessian (small problems); indefinite Hessians are shifted to
   negative definite by their eigenvalues.
 - `LBFGS` — optax's L-BFGS with its zoom line search (for non-concave objectives).
+- `NonlinearCG` — preconditioned Polak–Ribière+ conjugate gradients: one gradient
+  per iteration and O(dim) memory, for the largest problems.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-__all__ = ["AbstractSolver", "NewtonCG", "Newton", "LBFGS", "Solution"]
+__all__ = ["AbstractSolver", "NewtonCG", "Newton", "LBFGS", "NonlinearCG", "Solution"]
 
 
 class Solution(NamedTuple):
@@ -279,3 +281,148 @@ class LBFGS(AbstractSolver):
         f = -optax.tree.get(state, "value")
         f = jnp.where(k == 0, -f0, f)
         return Solution(x, f, _max_abs(g), k, _max_abs(g) < self.tol, trace, n_val, n_val + 1, jnp.array(0))
+
+
+class _CGState(NamedTuple):
+    x: jax.Array
+    f: jax.Array
+    g: jax.Array
+    z: jax.Array  # preconditioned gradient M g
+    d: jax.Array
+    slope: jax.Array  # gᵀd > 0
+    gain: jax.Array  # f_k − f_{k−1}, for the next initial step
+    k: jax.Array
+    failed: jax.Array
+    trace: jax.Array
+    n_grad: jax.Array
+
+
+class NonlinearCG(AbstractSolver):
+    """Preconditioned nonlinear conjugate gradients (Polak–Ribière+), for very large problems.
+
+    With z_k = M_k g_k (M_k the preconditioner at x_k, or the identity),
+
+    .. math::
+
+        d_k = z_k + \\beta_k d_{k-1}, \\qquad
+        \\beta_k = \\max\\Big(0, \\frac{z_k^\\top (g_k - g_{k-1})}{z_{k-1}^\\top g_{k-1}}\\Big),
+
+    restarted (d_k = z_k) whenever d_k is not an ascent direction. The step along d_k is
+    an Armijo backtracking search by quadratic interpolation, started from
+    α₀ = min(1, 2.02 (f_k − f_{k−1}) / g_kᵀd_k) (α₀ = 1 at the first iteration and after a stall, where the
+    preconditioned gradient is Newton-scaled; 1/max|g| without a preconditioner). Every
+    trial evaluates the objective *and* its gradient, so the accepted trial needs no extra
+    evaluation: one or two gradients per iteration and O(dim) memory, which is why it suits
+    problems too large for the Hessian-vector products of `NewtonCG`.
+
+    **Arguments:** `tol` (max |gradient| at convergence), `max_iter` (iterations),
+    `max_backtracks` (line-search trials per iteration).
+    """
+
+    tol: float = eqx.field(static=True, default=1e-3)
+    max_iter: int = eqx.field(static=True, default=1000)
+    max_backtracks: int = eqx.field(static=True, default=30)
+
+    def maximise(self, fn, x0, preconditioner=None):
+        value_and_grad = jax.value_and_grad(fn)
+        precondition = (lambda x, g: preconditioner(x)(g)) if preconditioner is not None else (lambda x, g: g)
+
+        def line_search(s):
+            first = 1.0 if preconditioner is not None else 1.0 / jnp.maximum(_max_abs(s.g), 1.0)
+            alpha0 = jnp.where(s.gain > 0, jnp.minimum(1.0, 2.02 * s.gain / s.slope), first)
+            return _strong_wolfe(value_and_grad, s.x, s.f, s.g, s.d, s.slope, alpha0, self.max_backtracks)
+
+        def body(s):
+            alpha, f, g, ok, n = line_search(s)
+            x = jnp.where(ok, s.x + alpha * s.d, s.x)
+            f, g = jnp.where(ok, f, s.f), jnp.where(ok, g, s.g)
+            z = precondition(x, g)
+            beta = jnp.maximum(0.0, jnp.vdot(z, g - s.g) / jnp.vdot(s.z, s.g))
+            d, slope = _restarted(g, z, z + beta * s.d)
+            return _CGState(x, f, g, z, d, slope, f - s.f, s.k + ok, ~ok,
+                            jnp.where(ok, s.trace.at[s.k + 1].set(f), s.trace), s.n_grad + n)
+
+        def cond(s):
+            return (s.k < self.max_iter) & ~s.failed & (_max_abs(s.g) >= self.tol)
+
+        f0, g0 = value_and_grad(x0)
+        z0 = precondition(x0, g0)
+        trace = jnp.full((self.max_iter + 1,), jnp.nan, f0.dtype).at[0].set(f0)
+        zero = jnp.zeros((), f0.dtype)
+        d0, slope0 = _restarted(g0, z0, z0)
+        state = _CGState(x0, f0, g0, z0, d0, slope0, zero, jnp.array(0), jnp.array(False), trace, jnp.array(1))
+        s = jax.lax.while_loop(cond, body, state)
+        return Solution(s.x, s.f, _max_abs(s.g), s.k, _max_abs(s.g) < self.tol, s.trace,
+                        jnp.array(0), s.n_grad, jnp.array(0))
+
+
+class _Bracket(NamedTuple):
+    lo: jax.Array  # best step so far satisfying Armijo (0 at the start) ...
+    f_lo: jax.Array
+    g_lo: jax.Array  # ... its objective and gradient
+    dphi_lo: jax.Array  # directional derivative there (> 0: the maximum lies beyond)
+    hi: jax.Array  # a step known to overshoot (inf until one is found)
+    f_hi: jax.Array
+    dphi_hi: jax.Array
+    alpha: jax.Array  # the next trial
+    done: jax.Array
+    n: jax.Array
+
+
+def _strong_wolfe(value_and_grad, x, f, g, d, slope, alpha0, max_trials, c2=0.4):
+    """A step α along ascent direction ``d`` with the strong Wolfe conditions
+
+        φ(α) ≥ φ(0) + c₁ α φ'(0)   and   |φ'(α)| ≤ c₂ φ'(0),     φ(α) = fn(x + α d),
+
+    by bracketing and safeguarded interpolation (secant on φ' when the bracket's ends have
+    derivatives of opposite sign, else the maximiser of the quadratic through φ(lo), φ'(lo),
+    φ(hi); doubling while no overshoot is known). Each trial evaluates fn and its gradient, so
+    the accepted step's gradient comes for free. Returns (α, f, g, found, trials); where the
+    curvature condition is never met the best Armijo step is returned, and ``found`` is False
+    only if no step increased fn enough.
+    """
+    dtype = x.dtype
+    inf = jnp.asarray(jnp.inf, dtype)
+
+    def cond(b):
+        return ~b.done & (b.n < max_trials)
+
+    def body(b):
+        f_a, g_a = value_and_grad(x + b.alpha * d)
+        dphi_a = jnp.vdot(g_a, d)
+        finite = jnp.isfinite(f_a) & jnp.isfinite(dphi_a)
+        overshoot = ~finite | (f_a < f + _C1 * b.alpha * slope) | (f_a <= b.f_lo)
+        done = ~overshoot & (jnp.abs(dphi_a) <= c2 * slope)
+        past_peak = ~overshoot & (dphi_a < 0)
+        to_hi = overshoot | past_peak
+        to_lo = ~overshoot
+        lo, f_lo, g_lo, dphi_lo = (jnp.where(to_lo, new, old) for new, old in
+                                   ((b.alpha, b.lo), (f_a, b.f_lo), (g_a, b.g_lo), (dphi_a, b.dphi_lo)))
+        # Past the peak with Armijo met, the old lo becomes the far end of the bracket.
+        hi = jnp.where(past_peak, b.lo, jnp.where(overshoot, b.alpha, b.hi))
+        f_hi = jnp.where(past_peak, b.f_lo, jnp.where(overshoot, jnp.where(finite, f_a, -inf), b.f_hi))
+        dphi_hi = jnp.where(past_peak, b.dphi_lo, jnp.where(overshoot, jnp.where(finite, dphi_a, jnp.nan), b.dphi_hi))
+        # Next trial inside [lo, hi] (either order), kept 10% away from both ends.
+        width = hi - lo
+        secant = lo + width * dphi_lo / (dphi_lo - dphi_hi)
+        shortfall = f_lo + dphi_lo * width - f_hi
+        quadratic = lo + dphi_lo * width**2 / (2 * shortfall)
+        use_secant = jnp.isfinite(dphi_hi) & (dphi_hi * dphi_lo < 0)
+        guess = jnp.where(use_secant, secant, jnp.where(jnp.isfinite(f_hi) & (shortfall > 0), quadratic, lo + 0.5 * width))
+        guess = jnp.clip(guess, jnp.minimum(lo + 0.1 * width, hi - 0.1 * width), jnp.maximum(lo + 0.1 * width, hi - 0.1 * width))
+        alpha = jnp.where(done, b.alpha, jnp.where(jnp.isfinite(hi), guess, 2.0 * b.alpha))
+        return _Bracket(lo, f_lo, g_lo, dphi_lo, hi, f_hi, dphi_hi, alpha, done, b.n + 1)
+
+    start = _Bracket(jnp.zeros((), dtype), f, g, slope, inf, -inf, jnp.asarray(jnp.nan, dtype),
+                     jnp.asarray(alpha0, dtype), jnp.array(False), jnp.array(0))
+    b = jax.lax.while_loop(cond, body, start)
+    return b.lo, b.f_lo, b.g_lo, b.lo > 0, b.n
+
+
+def _restarted(g, z, d):
+    """``d`` if it is an ascent direction, else a restart along the preconditioned gradient ``z``
+    (or along ``g`` itself should the preconditioner not be positive definite there)."""
+    z, _ = _ascent(g, z)
+    slope = jnp.vdot(g, d)
+    ok = slope > 0
+    return jnp.where(ok, d, z), jnp.where(ok, slope, jnp.vdot(g, z))

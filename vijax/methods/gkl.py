@@ -78,6 +78,20 @@ class Curvature(eqx.Module):
             P = P + group.projection.gram(w)
         return (P + self._ridge(jnp.diag(P)) * jnp.eye(d, dtype=dtype)).astype(dtype)
 
+    def sites_mv(self, V):
+        """Σ_g H_gᵀ diag(w_g) H_g V for ``V`` of shape ``(D, K)`` (O(nnz(H) K), no D × D matrix)."""
+        return sum(group.projection.rmv(w[:, None] * group.projection.mv(V))
+                   for group, w in zip(self.model.sites, self.weights))
+
+    def mv(self, V):
+        """P V for ``V`` of shape ``(D, K)`` (ridge not included)."""
+        prior = self.model.prior
+        if prior is None:
+            return self.sites_mv(V)
+        if prior.diagonal_precision:
+            return prior.precision_diagonal()[:, None] * V + self.sites_mv(V)
+        return prior.precision_matrix() @ V + self.sites_mv(V)
+
     def diagonal(self):
         d, dtype = self.model.dim, self.weights[0].dtype
         p = self.model.prior.precision_diagonal() if self.model.prior is not None else jnp.zeros(d, dtype)
@@ -102,9 +116,11 @@ class GKL(eqx.Module):
 
     **Arguments:**
 
-    - `covariance`: a covariance family (`vj.covariance.Full()` by default).
-    - `solver`: a `vj.solvers` solver (`NewtonCG()` by default, preconditioned by the
-      family's block structure).
+    - `covariance`: a covariance family (`vj.covariance.Full()` by default; see
+      `vj.covariance` for the constrained families that scale to large D).
+    - `solver`: a `vj.solvers` solver; by default the family's own choice
+      (`NewtonCG()`, preconditioned by the family's structure; `LBFGS()` for the
+      non-concave `FactorAnalysis`).
     - `quadrature`: the rule for site expectations without a closed form.
     - `whiten`: change of basis w = μ + L w̃ for dense priors (full covariance only).
 
@@ -113,7 +129,7 @@ class GKL(eqx.Module):
     """
 
     covariance: AbstractCovariance = Full()
-    solver: AbstractSolver = NewtonCG()
+    solver: AbstractSolver | None = None
     quadrature: GaussHermite = GaussHermite()
     whiten: bool = eqx.field(static=True, default=True)
 
@@ -122,12 +138,37 @@ class GKL(eqx.Module):
             return None
         return model.prior.whitening()
 
+    def _solver(self):
+        return self.solver if self.solver is not None else self.covariance.default_solver()
+
+    def _solve(self, solver, params, model):
+        """Maximise the bound over the trainable leaves of ``params``; returns (params, Solution)."""
+        spec = GaussianParams(True, params.factor.trainable())
+        free, fixed = eqx.partition(params, spec)
+        x0, unravel = ravel_pytree(free)
+        as_params = lambda x: eqx.combine(unravel(x), fixed)
+        objective = lambda x: bound(as_params(x), model, self.quadrature)
+
+        def preconditioner(x):
+            p = as_params(x)
+            apply = p.factor.preconditioner(curvature(p, model, self.quadrature))
+
+            def M(v):
+                t = as_params(v)
+                dm, dfactor = apply(t.mean, t.factor)
+                return ravel_pytree(eqx.filter(GaussianParams(dm, dfactor), spec))[0].astype(v.dtype)
+
+            return M
+
+        sol = solver.maximise(objective, x0, preconditioner)
+        return as_params(sol.x), sol
+
     def init_params(self, model, init=None) -> GaussianParams:
         if isinstance(init, GaussianParams):
             return init
         if isinstance(init, Posterior):
             factor = init.factor
-            if not isinstance(factor, type(self.covariance.init(1, 1.0))):
+            if not self.covariance.owns(factor, model.dim):
                 factor = self.covariance.from_dense(init.covariance)
             return GaussianParams(init.mean, factor)
         if init is not None:
@@ -158,22 +199,19 @@ class GKL(eqx.Module):
             # One step of the fixed point S⁻¹ = Λ + Σ H diag(w) Hᵀ sets the scale of S before Newton starts.
             params = GaussianParams(params.mean, self.covariance.from_curvature(curvature(params, work_model, self.quadrature)))
 
-        x0, unravel = ravel_pytree(params)
-        objective = lambda x: bound(unravel(x), work_model, self.quadrature)
+        solver = self._solver()
+        opt, sol = self._solve(solver, params, work_model)
+        if self.covariance.num_rounds:
+            # Families with a fixed structure (a subspace basis) alternate structure updates and solves.
+            def round_(_, carry):
+                opt, sol = carry
+                opt = GaussianParams(opt.mean, self.covariance.update(opt, work_model, self.quadrature))
+                opt, new = self._solve(solver, opt, work_model)
+                spent = {f: getattr(sol, f) + getattr(new, f) for f in ("iterations", "num_value_evals",
+                                                                         "num_grad_evals", "num_hvp_evals")}
+                return opt, new._replace(**spent)
 
-        def preconditioner(x):
-            p = unravel(x)
-            apply = p.factor.preconditioner(curvature(p, work_model, self.quadrature))
-
-            def M(v):
-                t = unravel(v)
-                dm, dfactor = apply(t.mean, t.factor)
-                return ravel_pytree(GaussianParams(dm, dfactor))[0].astype(v.dtype)
-
-            return M
-
-        sol = self.solver.maximise(objective, x0, preconditioner)
-        opt = unravel(sol.x)
+            opt, sol = jax.lax.fori_loop(0, self.covariance.num_rounds, round_, (opt, sol))
         opt = GaussianParams(opt.mean, opt.factor.canonical())
         if whitening is not None:
             loc, L = whitening
@@ -182,5 +220,5 @@ class GKL(eqx.Module):
         # Envelope theorem: at the optimum ∂B/∂(m, C) = 0, so differentiating the bound with
         # the parameters frozen gives the derivative of the optimal bound in the model.
         log_z = bound(opt, model, self.quadrature)
-        diagnostics = Diagnostics.from_solution(sol, "GKL", type(self.solver).__name__)
+        diagnostics = Diagnostics.from_solution(sol, "GKL", type(solver).__name__)
         return Posterior(opt.mean, opt.factor, log_z, diagnostics, model, is_lower_bound=True)

@@ -1,88 +1,16 @@
-"""Covariance families for the Gaussian approximation q(w) = N(m, S).
-
-A *family* (`Full`, `Diagonal`) is configuration; `family.init(...)` returns a
-*factor*, the pytree of parameters for S = CᵀC. A factor knows everything the
-bounds need about S, at the cost its structure allows:
-
-- ``projected_variances(projection)`` — s_n² = h_nᵀ S h_n for every site;
-- ``logdet()`` — log det S;
-- ``trace_precision(gaussian_factor)`` — tr(Λ S) for the model's Gaussian term;
-- ``dense()`` — S itself, ``cholesky()`` — C, ``sample(key, n)`` — draws of Cᵀz;
-- ``preconditioner(curvature)`` — an approximate inverse of the negative Hessian
-  of the G-KL bound in (m, factor), used by Newton-CG.
-
-Diagonal entries of C enter only through log|C_dd| and S = CᵀC, so any sign is a
-valid point; ``canonical()`` returns the factor with a positive diagonal, which is
-what vijax reports (positive diagonal by construction).
-"""
+"""Unconstrained (`Full`) and diagonal (`Diagonal`) Cholesky factors S = CᵀC."""
 
 from __future__ import annotations
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.scipy.linalg import solve_triangular
 
-__all__ = ["AbstractCovariance", "Full", "Diagonal", "CholeskyFactor", "DiagonalFactor"]
+from ._base import AbstractCovariance, AbstractFactor, as_scale
 
+__all__ = ["Full", "Diagonal", "CholeskyFactor", "DiagonalFactor"]
 
-def _as_scale(scale, dim):
-    scale = jnp.asarray(scale)
-    if not jnp.issubdtype(scale.dtype, jnp.floating):
-        scale = scale.astype(jnp.result_type(float))
-    return jnp.broadcast_to(scale, (dim,))
-
-
-class AbstractCovariance(eqx.Module):
-    """A covariance family: builds factors of its own structure."""
-
-    def init(self, dim: int, scale) -> "AbstractFactor":
-        """S = diag(scale²) as a factor of this family (``scale`` scalar or shape ``(dim,)``)."""
-        raise NotImplementedError
-
-    def from_dense(self, cov) -> "AbstractFactor":
-        """The factor of this family closest to a dense covariance (exact when it fits)."""
-        raise NotImplementedError
-
-    def from_curvature(self, curvature) -> "AbstractFactor":
-        """S ≈ P⁻¹ for a curvature P (see `vj.gkl.curvature`): a well-scaled starting point."""
-        raise NotImplementedError
-
-
-class AbstractFactor(eqx.Module):
-    @property
-    def dim(self) -> int:
-        raise NotImplementedError
-
-    def projected_variances(self, projection):
-        raise NotImplementedError
-
-    def logdet(self):
-        raise NotImplementedError
-
-    def trace_precision(self, gaussian):
-        raise NotImplementedError
-
-    def dense(self):
-        raise NotImplementedError
-
-    def cholesky(self):
-        """Upper-triangular C with S = CᵀC (dense, shape ``(D, D)``)."""
-        raise NotImplementedError
-
-    def canonical(self) -> "AbstractFactor":
-        raise NotImplementedError
-
-    def sample(self, key, num_samples: int):
-        """``num_samples`` draws of Cᵀz, z ~ N(0, I): shape ``(num_samples, D)``."""
-        raise NotImplementedError
-
-    def preconditioner(self, curvature):
-        raise NotImplementedError
-
-
-# ----------------------------------------------------------------------------------------------
 
 
 def _reversed_cholesky(P):
@@ -94,7 +22,7 @@ class Full(AbstractCovariance):
     """Unconstrained S = CᵀC with C upper-triangular: D(D+1)/2 parameters, O(N D²) per bound."""
 
     def init(self, dim, scale=1.0):
-        return CholeskyFactor.from_matrix(jnp.diag(_as_scale(scale, dim)))
+        return CholeskyFactor.from_matrix(jnp.diag(as_scale(scale, dim)))
 
     def from_dense(self, cov):
         return CholeskyFactor.from_matrix(jnp.linalg.cholesky(cov).T)
@@ -131,6 +59,9 @@ class CholeskyFactor(AbstractFactor):
 
     def logdet(self):
         return 2 * jnp.sum(jnp.log(jnp.abs(jnp.diag(self.cholesky()))))
+
+    def variances(self):
+        return jnp.sum(self.cholesky() ** 2, axis=0)
 
     def trace_precision(self, gaussian):
         return gaussian.trace_gram(self.cholesky())
@@ -178,7 +109,7 @@ class Diagonal(AbstractCovariance):
     """S = diag(c²): D parameters, O(nnz(H)) per bound (mean field in the Cholesky form)."""
 
     def init(self, dim, scale=1.0):
-        return DiagonalFactor(_as_scale(scale, dim))
+        return DiagonalFactor(as_scale(scale, dim))
 
     def from_curvature(self, curvature):
         return DiagonalFactor(1.0 / jnp.sqrt(curvature.diagonal()))
@@ -203,6 +134,9 @@ class DiagonalFactor(AbstractFactor):
 
     def logdet(self):
         return 2 * jnp.sum(jnp.log(jnp.abs(self.scale)))
+
+    def variances(self):
+        return self.scale**2
 
     def trace_precision(self, gaussian):
         return jnp.sum(gaussian.precision_diagonal() * self.scale**2)

@@ -1,0 +1,215 @@
+"""Cholesky factors with a fixed sparsity pattern: `Banded` and `SparseMask`.
+
+S = CᵀC with C upper-triangular and non-zero only on a fixed pattern. Row i of C is
+stored as K values at K column indices (its diagonal first), so a factor holds a
+``(D, K)`` array and every quantity costs O(D K) or O(N D K) (thesis §4.3):
+
+- s_n² = ‖C h_n‖² = Σ_i (Σ_k C_{i,c(i,k)} h_{n,c(i,k)})², gathered in blocks of rows;
+- log det S = 2 Σ_i log |C_ii|; diag(S)_j = Σ_i C_ij².
+
+The bound stays jointly concave in (m, C) for log-concave sites: any fixed pattern
+is a linear subspace of the upper-triangular matrices.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ._base import AbstractCovariance, AbstractFactor, as_scale, check_rank
+
+__all__ = ["Banded", "SparseMask", "SparseCholeskyFactor"]
+
+# Elements gathered per block when computing ‖C h_n‖² (bounds the working memory).
+_BLOCK_ELEMENTS = 1 << 22
+
+
+class Pattern:
+    """An immutable, hashable sparsity pattern: row i of C is non-zero at ``columns[i, valid[i]]``.
+
+    ``columns[i, 0] == i`` (the diagonal); padded slots repeat it with ``valid`` False.
+    """
+
+    def __init__(self, columns, valid):
+        self.columns = np.array(columns, dtype=np.int32)
+        self.valid = np.array(valid, dtype=bool)
+        self.columns.flags.writeable = self.valid.flags.writeable = False
+        digest = hashlib.sha1(self.columns.tobytes() + self.valid.tobytes()).hexdigest()
+        self._key = (self.columns.shape, digest)
+
+    def __hash__(self):
+        return hash(self._key)
+
+    def __eq__(self, other):
+        return isinstance(other, Pattern) and self._key == other._key
+
+    @property
+    def shape(self):
+        return self.columns.shape
+
+    def __repr__(self):
+        return f"Pattern(dim={self.shape[0]}, nonzeros_per_row={self.shape[1]})"
+
+
+class SparseCholeskyFactor(AbstractFactor):
+    """C with row i equal to ``values[i, k]`` at column ``pattern.columns[i, k]`` (D × K storage)."""
+
+    values: jax.Array
+    pattern: Pattern = eqx.field(static=True)
+
+    @property
+    def dim(self):
+        return self.values.shape[0]
+
+    def _masked(self):
+        return jnp.where(self.pattern.valid, self.values, 0.0)
+
+    def cholesky(self):
+        rows = np.broadcast_to(np.arange(self.dim)[:, None], self.pattern.shape)
+        C = jnp.zeros((self.dim, self.dim), self.values.dtype)
+        return C.at[rows, self.pattern.columns].add(self._masked())
+
+    def projected_variances(self, projection):
+        from ..model import Dense, Identity
+
+        if isinstance(projection, Identity):
+            return self.variances()
+        if isinstance(projection, Dense):
+            return _gathered_squared_norms(projection.matrix, self._masked(), self.pattern.columns)
+        # Sparse H: one product with the dense C (O(nnz · D)); see docs/architecture.md.
+        return jnp.sum(projection.mv(self.cholesky().T) ** 2, axis=-1)
+
+    def logdet(self):
+        return 2 * jnp.sum(jnp.log(jnp.abs(self.values[:, 0])))
+
+    def variances(self):
+        flat = self._masked() ** 2
+        return jnp.zeros(self.dim, flat.dtype).at[self.pattern.columns.ravel()].add(flat.ravel())
+
+    def dense(self):
+        C = self.cholesky()
+        return C.T @ C
+
+    def canonical(self):
+        return SparseCholeskyFactor(self._masked() * jnp.sign(self.values[:, :1]), self.pattern)
+
+    def preconditioner(self, curvature):
+        """Jacobi: entry C_ij is scaled by 1/(P_jj + δ_ij / C_ii²), the mean by 1/P_jj."""
+        p = curvature.diagonal()
+        entropy = jnp.zeros_like(self.values).at[:, 0].set(1.0 / self.values[:, 0] ** 2)
+        denominator = p[self.pattern.columns] + entropy
+
+        def apply(mean_tangent, factor_tangent):
+            values = jnp.where(self.pattern.valid, factor_tangent.values / denominator, 0.0)
+            return mean_tangent / p, SparseCholeskyFactor(values, self.pattern)
+
+        return apply
+
+
+def _gathered_squared_norms(H, values, columns):
+    """Σ_i (Σ_k values[i, k] H[:, columns[i, k]])² in blocks of rows of C, recomputed on the backward pass."""
+    num_sites = H.shape[0]
+    dim, k = values.shape
+    block = int(max(1, min(dim, _BLOCK_ELEMENTS // max(num_sites * k, 1))))
+    num_blocks = -(-dim // block)
+    pad = num_blocks * block - dim
+    values = jnp.pad(values, ((0, pad), (0, 0))).reshape(num_blocks, block, k)
+    columns = np.pad(columns, ((0, pad), (0, 0))).reshape(num_blocks, block, k)
+
+    @jax.checkpoint
+    def accumulate(total, block_values_columns):
+        block_values, block_columns = block_values_columns
+        rows_of_CH = jnp.einsum("nbk,bk->nb", H[:, block_columns], block_values)
+        return total + jnp.sum(rows_of_CH**2, axis=1), None
+
+    total, _ = jax.lax.scan(accumulate, jnp.zeros(num_sites, values.dtype), (values, jnp.asarray(columns)))
+    return total
+
+
+def _diagonal_values(pattern, diagonal):
+    return jnp.zeros(pattern.shape, diagonal.dtype).at[:, 0].set(diagonal)
+
+
+def _project_dense(pattern, cov):
+    """The pattern's entries of the Cholesky factor of ``cov`` (exact when the factor fits the pattern)."""
+    C = jnp.linalg.cholesky(cov).T
+    rows = np.broadcast_to(np.arange(cov.shape[0])[:, None], pattern.shape)
+    return jnp.where(pattern.valid, C[rows, pattern.columns], 0.0)
+
+
+class _PatternFamily(AbstractCovariance):
+    def pattern(self, dim: int) -> Pattern:
+        raise NotImplementedError
+
+    def init(self, dim, scale=1.0):
+        pattern = self.pattern(dim)
+        return SparseCholeskyFactor(_diagonal_values(pattern, as_scale(scale, dim)), pattern)
+
+    def from_dense(self, cov):
+        pattern = self.pattern(cov.shape[0])
+        return SparseCholeskyFactor(_project_dense(pattern, cov), pattern)
+
+    def from_curvature(self, curvature):
+        p = curvature.diagonal()
+        pattern = self.pattern(p.shape[0])
+        return SparseCholeskyFactor(_diagonal_values(pattern, 1.0 / jnp.sqrt(p)), pattern)
+
+
+class Banded(_PatternFamily):
+    """Banded Cholesky: C_ij ≠ 0 only for i ≤ j < i + bandwidth.
+
+    ``bandwidth`` counts the main diagonal: ``Banded(1)`` is the diagonal family and
+    ``Banded(D)`` the full one. About D·bandwidth parameters; O(N D bandwidth) per bound.
+    S is banded (zero covariance beyond the band); its precision generally is not.
+    """
+
+    bandwidth: int = eqx.field(static=True)
+
+    def pattern(self, dim):
+        b = check_rank("bandwidth", self.bandwidth, dim, "Banded")
+        columns = np.arange(dim)[:, None] + np.arange(b)[None, :]
+        valid = columns < dim
+        return Pattern(np.where(valid, columns, np.arange(dim)[:, None]), valid)
+
+
+class SparseMask(_PatternFamily):
+    """Cholesky factor with a user-given pattern of non-zeros (domain knowledge of dependence).
+
+    ``mask`` is a ``(D, D)`` boolean array marking the entries of the upper-triangular C
+    that may be non-zero; the diagonal is always included. Entries below the diagonal are
+    an error (C is upper-triangular, so they cannot be honoured).
+    Cost O(N D K) per bound with K the largest number of non-zeros in a row.
+    """
+
+    mask_pattern: Pattern = eqx.field(static=True)
+
+    def __init__(self, mask):
+        mask = np.asarray(mask)
+        if mask.ndim != 2 or mask.shape[0] != mask.shape[1]:
+            raise ValueError(f"SparseMask: `mask` must be a square (D, D) array, got shape {mask.shape}.")
+        if mask.dtype != bool and not np.isin(mask, (0, 1)).all():
+            raise ValueError("SparseMask: `mask` must be boolean (or 0/1): True marks a free entry of C.")
+        mask = mask.astype(bool)
+        if np.tril(mask, -1).any():
+            i, j = np.argwhere(np.tril(mask, -1))[0]
+            raise ValueError(f"SparseMask: `mask` marks entry ({i}, {j}) below the diagonal; C is upper-triangular "
+                             "(S = CᵀC), so pass the pattern of C's upper triangle, e.g. np.triu(mask).")
+        mask = mask | np.eye(mask.shape[0], dtype=bool)
+        dim = mask.shape[0]
+        width = int(mask.sum(axis=1).max())
+        columns = np.tile(np.arange(dim)[:, None], (1, width))
+        valid = np.zeros((dim, width), bool)
+        for i in range(dim):  # once, at construction
+            off_diagonal = np.flatnonzero(mask[i, i + 1:]) + i + 1
+            columns[i, 1:1 + off_diagonal.size] = off_diagonal
+            valid[i, :1 + off_diagonal.size] = True
+        self.mask_pattern = Pattern(columns, valid)
+
+    def pattern(self, dim):
+        if dim != self.mask_pattern.shape[0]:
+            raise ValueError(f"SparseMask: the mask is for D = {self.mask_pattern.shape[0]}, but the model has D = {dim}.")
+        return self.mask_pattern
