@@ -18,13 +18,14 @@ def _concave_quadratic(rng, dim, condition):
 def test_nonlinear_cg_on_an_ill_conditioned_quadratic(rng):
     A, b, x_star = _concave_quadratic(rng, 30, 1e3)
     fn = lambda x: b @ x - 0.5 * x @ A @ x
-    sol = vj.solvers.NonlinearCG(tol=1e-7, max_iter=500).maximise(fn, jnp.zeros(30))
+    sol = vj.solvers.NonlinearCG(tol=1e-7, max_iter=500, c2=0.01).maximise(fn, jnp.zeros(30))
     assert bool(sol.converged)
     np.testing.assert_allclose(sol.x, x_star, atol=1e-6)
     # Conjugacy is what makes CG beat gradient ascent (which needs ~condition × log(1/tol) steps).
-    assert int(sol.iterations) <= 150
+    assert int(sol.iterations) <= 90
+    # Monotone, up to the rounding of f that the approximate Wolfe conditions allow near the optimum.
     trace = np.asarray(sol.trace)[: int(sol.iterations) + 1]
-    assert np.all(np.diff(trace) > 0)
+    assert np.all(np.diff(trace) > -1e-12 * np.abs(trace[-1]))
 
 
 def test_nonlinear_cg_uses_the_preconditioner(rng):

@@ -62,7 +62,8 @@ def _backtracking(fn, x, f, slope, direction, alpha0, max_halvings=40, c1=1e-4):
     """Largest α in {α0, α0/2, …} with fn(x + α d) ≥ f + c1 α slope (finite values only)."""
 
     def sufficient(alpha, f_new):
-        return jnp.isfinite(f_new) & (f_new >= f + c1 * alpha * slope)
+        # A step too short to change f in floating point is no progress, whatever Armijo says.
+        return jnp.isfinite(f_new) & (f_new >= f + c1 * alpha * slope) & (f_new > f)
 
     def cond(state):
         alpha, f_new, k = state
@@ -102,6 +103,17 @@ class _LoopState(NamedTuple):
 _C1 = 1e-4
 
 
+def _acceptable(f, slope, f_new, dphi_new, alpha=1.0):
+    """Sufficient increase (Armijo) for the step α along d, or — once the increase is lost in
+    the rounding of f near the optimum — Hager and Zhang's approximate Wolfe conditions:
+    f_new within a few ulps of f and the directional derivative −0.8 φ'(0) ≤ φ'(α) ≤ 0.9 φ'(0)."""
+    finite = jnp.isfinite(f_new) & jnp.isfinite(dphi_new)
+    armijo = f_new >= f + _C1 * alpha * slope
+    rounding = 64 * jnp.finfo(jnp.result_type(f)).eps * jnp.abs(f)
+    approximate = (f_new >= f - rounding) & (dphi_new >= -0.8 * slope) & (dphi_new <= 0.9 * slope)
+    return finite & (armijo | approximate)
+
+
 def _newton_loop(solver, fn, x0, local_model, direction):
     """Shared outer loop of the Newton solvers.
 
@@ -135,7 +147,7 @@ def _newton_loop(solver, fn, x0, local_model, direction):
     def body(s):
         x_try = s.x + s.d
         f_try, g_try, curv_try = local_model(x_try)
-        full_step_ok = jnp.isfinite(f_try) & (f_try >= s.f + _C1 * s.slope)
+        full_step_ok = _acceptable(s.f, s.slope, f_try, jnp.vdot(g_try, s.d))
 
         def accept():
             d, slope, n_hvp = direction_unless_converged(x_try, g_try, curv_try)
@@ -307,21 +319,26 @@ class NonlinearCG(AbstractSolver):
         d_k = z_k + \\beta_k d_{k-1}, \\qquad
         \\beta_k = \\max\\Big(0, \\frac{z_k^\\top (g_k - g_{k-1})}{z_{k-1}^\\top g_{k-1}}\\Big),
 
-    restarted (d_k = z_k) whenever d_k is not an ascent direction. The step along d_k is
-    an Armijo backtracking search by quadratic interpolation, started from
-    α₀ = min(1, 2.02 (f_k − f_{k−1}) / g_kᵀd_k) (α₀ = 1 at the first iteration and after a stall, where the
-    preconditioned gradient is Newton-scaled; 1/max|g| without a preconditioner). Every
-    trial evaluates the objective *and* its gradient, so the accepted trial needs no extra
-    evaluation: one or two gradients per iteration and O(dim) memory, which is why it suits
-    problems too large for the Hessian-vector products of `NewtonCG`.
+    restarted (d_k = z_k) whenever d_k is not an ascent direction. The step along d_k meets
+    the strong Wolfe conditions with curvature constant ``c2`` (see `_wolfe`), started from
+    α₀ = min(1, 2.02 (f_k − f_{k−1}) / g_kᵀd_k) (α₀ = 1 at the first iteration and after a
+    stall, where the preconditioned gradient is Newton-scaled; 1/max|g| without a
+    preconditioner). Every trial evaluates the objective *and* its gradient, so the accepted
+    trial needs no extra evaluation: one to a few gradients per iteration and O(dim) memory,
+    which is why it suits problems too large for the Hessian-vector products of `NewtonCG`.
+
+    ``c2`` trades line-search work for conjugacy: 0.1 (default) is cheapest on G-KL
+    bounds; a small value (0.01) makes each line search nearly exact, which recovers the
+    finite termination of linear CG on quadratics without a preconditioner.
 
     **Arguments:** `tol` (max |gradient| at convergence), `max_iter` (iterations),
-    `max_backtracks` (line-search trials per iteration).
+    `max_backtracks` (line-search trials per iteration), `c2` (Wolfe curvature constant).
     """
 
     tol: float = eqx.field(static=True, default=1e-3)
     max_iter: int = eqx.field(static=True, default=1000)
     max_backtracks: int = eqx.field(static=True, default=30)
+    c2: float = eqx.field(static=True, default=0.1)
 
     def maximise(self, fn, x0, preconditioner=None):
         value_and_grad = jax.value_and_grad(fn)
@@ -330,7 +347,7 @@ class NonlinearCG(AbstractSolver):
         def line_search(s):
             first = 1.0 if preconditioner is not None else 1.0 / jnp.maximum(_max_abs(s.g), 1.0)
             alpha0 = jnp.where(s.gain > 0, jnp.minimum(1.0, 2.02 * s.gain / s.slope), first)
-            return _strong_wolfe(value_and_grad, s.x, s.f, s.g, s.d, s.slope, alpha0, self.max_backtracks)
+            return _wolfe(value_and_grad, s.x, s.f, s.g, s.d, s.slope, alpha0, self.max_backtracks, self.c2)
 
         def body(s):
             alpha, f, g, ok, n = line_search(s)
@@ -357,11 +374,11 @@ class NonlinearCG(AbstractSolver):
 
 
 class _Bracket(NamedTuple):
-    lo: jax.Array  # best step so far satisfying Armijo (0 at the start) ...
+    lo: jax.Array  # best acceptable step so far (0 at the start) ...
     f_lo: jax.Array
     g_lo: jax.Array  # ... its objective and gradient
-    dphi_lo: jax.Array  # directional derivative there (> 0: the maximum lies beyond)
-    hi: jax.Array  # a step known to overshoot (inf until one is found)
+    dphi_lo: jax.Array  # and directional derivative
+    hi: jax.Array  # the other end of a bracket around the maximum along d (inf until one is known)
     f_hi: jax.Array
     dphi_hi: jax.Array
     alpha: jax.Array  # the next trial
@@ -369,20 +386,25 @@ class _Bracket(NamedTuple):
     n: jax.Array
 
 
-def _strong_wolfe(value_and_grad, x, f, g, d, slope, alpha0, max_trials, c2=0.4):
-    """A step α along ascent direction ``d`` with the strong Wolfe conditions
+def _wolfe(value_and_grad, x, f, g, d, slope, alpha0, max_trials, c2):
+    """A step α along ascent direction ``d`` meeting the strong Wolfe conditions
 
-        φ(α) ≥ φ(0) + c₁ α φ'(0)   and   |φ'(α)| ≤ c₂ φ'(0),     φ(α) = fn(x + α d),
+        φ(α) ≥ φ(0) + c₁ α φ'(0)   and   |φ'(α)| ≤ c₂ φ'(0),     φ(α) = fn(x + α d).
 
-    by bracketing and safeguarded interpolation (secant on φ' when the bracket's ends have
-    derivatives of opposite sign, else the maximiser of the quadratic through φ(lo), φ'(lo),
-    φ(hi); doubling while no overshoot is known). Each trial evaluates fn and its gradient, so
-    the accepted step's gradient comes for free. Returns (α, f, g, found, trials); where the
-    curvature condition is never met the best Armijo step is returned, and ``found`` is False
-    only if no step increased fn enough.
+    Near the optimum the sufficient-increase test is lost in the rounding of φ; there the
+    approximate Wolfe conditions of `_acceptable` stand in for it.
+
+    Each trial evaluates fn and its gradient, so the accepted step's gradient comes for
+    free. Before a bracket is known, the next trial extrapolates φ' linearly to zero (at
+    most ×10); inside a bracket [lo, hi] (either order) it is the zero of the secant on φ'
+    when the ends' derivatives have opposite signs, else the maximiser of the quadratic
+    through φ(lo), φ'(lo), φ(hi), kept 10 % away from both ends. On a quadratic the second
+    trial is exact. Returns (α, f, g, found, trials); where the curvature condition is never
+    met the best acceptable step is returned, and ``found`` is False only if there is none.
     """
     dtype = x.dtype
     inf = jnp.asarray(jnp.inf, dtype)
+    c2_slope = c2 * slope
 
     def cond(b):
         return ~b.done & (b.n < max_trials)
@@ -391,26 +413,32 @@ def _strong_wolfe(value_and_grad, x, f, g, d, slope, alpha0, max_trials, c2=0.4)
         f_a, g_a = value_and_grad(x + b.alpha * d)
         dphi_a = jnp.vdot(g_a, d)
         finite = jnp.isfinite(f_a) & jnp.isfinite(dphi_a)
-        overshoot = ~finite | (f_a < f + _C1 * b.alpha * slope) | (f_a <= b.f_lo)
-        done = ~overshoot & (jnp.abs(dphi_a) <= c2 * slope)
-        past_peak = ~overshoot & (dphi_a < 0)
-        to_hi = overshoot | past_peak
-        to_lo = ~overshoot
-        lo, f_lo, g_lo, dphi_lo = (jnp.where(to_lo, new, old) for new, old in
+        flat = jnp.abs(dphi_a) <= c2_slope
+        acceptable = _acceptable(f, slope, f_a, dphi_a, b.alpha)
+        better = acceptable & ((f_a > b.f_lo) | flat)
+        done = better & flat
+        # The maximum lies between the new point and the old lo when φ' points back there.
+        past_peak = better & (dphi_a * (b.lo - b.alpha) > 0)
+        lo, f_lo, g_lo, dphi_lo = (jnp.where(better, new, old) for new, old in
                                    ((b.alpha, b.lo), (f_a, b.f_lo), (g_a, b.g_lo), (dphi_a, b.dphi_lo)))
-        # Past the peak with Armijo met, the old lo becomes the far end of the bracket.
-        hi = jnp.where(past_peak, b.lo, jnp.where(overshoot, b.alpha, b.hi))
-        f_hi = jnp.where(past_peak, b.f_lo, jnp.where(overshoot, jnp.where(finite, f_a, -inf), b.f_hi))
-        dphi_hi = jnp.where(past_peak, b.dphi_lo, jnp.where(overshoot, jnp.where(finite, dphi_a, jnp.nan), b.dphi_hi))
-        # Next trial inside [lo, hi] (either order), kept 10% away from both ends.
+        # Past the peak, the old lo becomes the other end of the bracket.
+        hi, f_hi, dphi_hi = (jnp.where(past_peak, old_lo, jnp.where(better, old_hi, new)) for old_lo, old_hi, new in
+                             ((b.lo, b.hi, b.alpha), (b.f_lo, b.f_hi, jnp.where(finite, f_a, -inf)),
+                              (b.dphi_lo, b.dphi_hi, jnp.where(finite, dphi_a, jnp.nan))))
         width = hi - lo
         secant = lo + width * dphi_lo / (dphi_lo - dphi_hi)
         shortfall = f_lo + dphi_lo * width - f_hi
         quadratic = lo + dphi_lo * width**2 / (2 * shortfall)
         use_secant = jnp.isfinite(dphi_hi) & (dphi_hi * dphi_lo < 0)
-        guess = jnp.where(use_secant, secant, jnp.where(jnp.isfinite(f_hi) & (shortfall > 0), quadratic, lo + 0.5 * width))
-        guess = jnp.clip(guess, jnp.minimum(lo + 0.1 * width, hi - 0.1 * width), jnp.maximum(lo + 0.1 * width, hi - 0.1 * width))
-        alpha = jnp.where(done, b.alpha, jnp.where(jnp.isfinite(hi), guess, 2.0 * b.alpha))
+        inside = jnp.where(use_secant, secant,
+                           jnp.where(jnp.isfinite(f_hi) & (shortfall > 0), quadratic, lo + 0.5 * width))
+        margin = 0.1 * width
+        inside = jnp.clip(inside, jnp.minimum(lo + margin, hi - margin), jnp.maximum(lo + margin, hi - margin))
+        # No bracket yet (lo moved forward, φ' still positive): extrapolate φ' to zero.
+        decreasing = b.dphi_lo > dphi_lo
+        step = jnp.where(decreasing, (lo - b.lo) * dphi_lo / jnp.where(decreasing, b.dphi_lo - dphi_lo, 1.0), jnp.inf)
+        beyond = lo + jnp.minimum(step, 9.0 * lo)
+        alpha = jnp.where(done, b.alpha, jnp.where(jnp.isfinite(hi), inside, beyond))
         return _Bracket(lo, f_lo, g_lo, dphi_lo, hi, f_hi, dphi_hi, alpha, done, b.n + 1)
 
     start = _Bracket(jnp.zeros((), dtype), f, g, slope, inf, -inf, jnp.asarray(jnp.nan, dtype),
