@@ -2,7 +2,7 @@
 
 from . import covariance, glm, potentials, quadrature, solvers
 from .inference import infer
-from .methods import GKL, gkl
+from .methods import GKL, MAP, Laplace, gkl, laplace
 from .model import GaussianFactor, Identity, LatentLinearModel, Sites
 from .posterior import Diagnostics, Posterior
 from .sharding import shard_sites
@@ -19,6 +19,9 @@ __all__ = [
     "Identity",
     "GKL",
     "gkl",
+    "Laplace",
+    "laplace",
+    "MAP",
     "covariance",
     "potentials",
     "quadrature",

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import equinox as eqx
+import jax
+import numpy as np
 
+from . import _checks
 from .model import LatentLinearModel
 from .posterior import Posterior
 
@@ -28,4 +31,6 @@ def infer(model: LatentLinearModel, method, init=None) -> Posterior:
         raise ValueError(f"infer: `model` must be a vj.LatentLinearModel, got {type(model).__name__}.")
     if not hasattr(method, "fit"):
         raise ValueError(f"infer: `method` must be a vijax method such as vj.GKL(), got {method!r}.")
+    if isinstance(init, (jax.Array, np.ndarray)) and _checks.is_concrete(init) and not np.all(np.isfinite(init)):
+        raise ValueError("infer: `init` contains NaN or infinite values; pass a finite starting point or None.")
     return _fit(model, method, init)

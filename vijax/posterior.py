@@ -18,7 +18,12 @@ class Diagnostics(eqx.Module):
     - `iterations`, `converged`, `grad_norm` (max |gradient| of the objective at the end);
     - `objective_trace`: objective after each iteration (NaN-padded to ``max_iter + 1``);
     - `num_value_evals`, `num_grad_evals`, `num_hvp_evals`: work done, for cost accounting;
-    - `method`, `solver`: names of what produced the answer.
+    - `method`, `solver`: names of what produced the answer;
+    - `fallback`: True when the method could not use its exact curvature and fell back on
+      an approximation (`vj.Laplace` and `vj.MAP`: the Gauss–Newton curvature, where the
+      Hessian at the optimum is not negative definite); always False for G-KL;
+    - `jitter`: what was added to the diagonal of a curvature matrix before factorising it
+      (0 unless it was singular).
     """
 
     iterations: jax.Array
@@ -30,11 +35,14 @@ class Diagnostics(eqx.Module):
     num_hvp_evals: jax.Array
     method: str = eqx.field(static=True)
     solver: str = eqx.field(static=True)
+    fallback: jax.Array = eqx.field(default_factory=lambda: jnp.array(False))
+    jitter: jax.Array = eqx.field(default_factory=lambda: jnp.array(0.0))
 
     @classmethod
-    def from_solution(cls, sol, method: str, solver: str) -> "Diagnostics":
+    def from_solution(cls, sol, method: str, solver: str, fallback=False, jitter=0.0) -> "Diagnostics":
         return cls(sol.iterations, sol.converged, sol.grad_norm, sol.trace, sol.num_value_evals,
-                   sol.num_grad_evals, sol.num_hvp_evals, method, solver)
+                   sol.num_grad_evals, sol.num_hvp_evals, method, solver,
+                   jnp.asarray(fallback, bool), jnp.asarray(jitter, sol.trace.dtype))
 
 
 class Posterior(eqx.Module):
@@ -44,8 +52,9 @@ class Posterior(eqx.Module):
 
     - `mean`: shape ``(D,)``.
     - `factor`: the covariance-family factor holding S (``post.covariance`` is S, dense).
-    - `log_z`: the method's log-evidence estimate. For G-KL a lower bound on log Z,
-      differentiable in the model's hyperparameters (envelope theorem).
+    - `log_z`: the method's log-evidence estimate, differentiable in the model's
+      hyperparameters. For G-KL a lower bound on log Z (envelope theorem); for Laplace an
+      approximation; for MAP the log joint at the mode (not an evidence estimate).
     - `is_lower_bound`: whether `log_z` is a guaranteed lower bound.
     - `diagnostics`: a `Diagnostics`.
     - `model`: the model that was fitted (used by predictive functions).

@@ -1,0 +1,220 @@
+"""Laplace and MAP: exactness on conjugate models, NumPy/SciPy oracles, fallback curvature, gradients."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.optimize
+from jax.experimental import sparse as jsparse
+from scipy.special import expit, log_expit
+
+import vijax as vj
+
+from helpers import gaussian_posterior
+
+TIGHT = vj.solvers.NewtonCG(tol=1e-10, max_iter=200)
+
+
+def _regression_data(rng, n=30, d=4, noise=0.6):
+    X = rng.normal(size=(n, d))
+    y = X @ rng.normal(size=d) + noise * rng.normal(size=n)
+    return X, y
+
+
+def _classification_data(rng, n=60, d=3):
+    X = rng.normal(size=(n, d))
+    y = (rng.random(n) < expit(X @ rng.normal(size=d))).astype(float)
+    return X, y
+
+
+def _numpy_neg_log_joint(X, y, v):
+    """−ℓ(w) for logistic regression with prior N(0, v I), its gradient and Hessian, in NumPy."""
+    Z = np.where(y > 0, 1.0, -1.0)[:, None] * X
+    d = X.shape[1]
+
+    def f(w):
+        return 0.5 * w @ w / v + 0.5 * d * np.log(2 * np.pi * v) - np.sum(log_expit(Z @ w))
+
+    def grad(w):
+        return w / v - Z.T @ expit(-(Z @ w))
+
+    def hess(w):
+        s = expit(Z @ w)
+        return np.eye(d) / v + Z.T @ ((s * (1 - s))[:, None] * Z)
+
+    return f, grad, hess
+
+
+# ------------------------------------------------------------------------------------------ exactness
+
+
+@pytest.mark.parametrize("prior_kind, h_kind", [("isotropic", "dense"), ("dense", "sparse"), ("precision", "dense")])
+def test_exact_on_conjugate_models(rng, prior_kind, h_kind):
+    X, y = _regression_data(rng)
+    d, noise = X.shape[1], 0.6
+    if prior_kind == "isotropic":
+        mu, cov = np.zeros(d), 2.0 * np.eye(d)
+        prior = vj.GaussianFactor.isotropic(d, 2.0)
+    else:
+        A = rng.normal(size=(d, d))
+        mu, cov = rng.normal(size=d), A @ A.T / d + 0.5 * np.eye(d)
+        prior = (vj.GaussianFactor.dense(mu, cov) if prior_kind == "dense"
+                 else vj.GaussianFactor.precision(mu, np.linalg.inv(cov)))
+    H = jsparse.BCOO.fromdense(X) if h_kind == "sparse" else X
+    model = vj.LatentLinearModel(prior, vj.Sites(H, vj.potentials.Gaussian(loc=y, scale=noise)))
+    mean, S, log_z = gaussian_posterior(mu, cov, X, y, noise**2)
+
+    post = vj.infer(model, vj.Laplace(solver=TIGHT))
+    np.testing.assert_allclose(post.mean, mean, atol=1e-8)
+    np.testing.assert_allclose(post.covariance, S, atol=1e-8)
+    np.testing.assert_allclose(post.log_z, log_z, atol=1e-8)
+    assert not post.is_lower_bound and not bool(post.diagnostics.fallback)
+    assert isinstance(post.factor, vj.covariance.CholeskyFactor)
+    C = np.asarray(post.factor.cholesky())
+    np.testing.assert_array_equal(C, np.triu(C))
+
+    map_post = vj.infer(model, vj.MAP(solver=TIGHT))
+    np.testing.assert_allclose(map_post.mean, mean, atol=1e-8)
+    np.testing.assert_allclose(map_post.covariance, S, atol=1e-8)
+    np.testing.assert_allclose(map_post.log_z, model.log_joint(jnp.asarray(mean)), atol=1e-8)
+
+
+# ------------------------------------------------------------------------------------------ logistic regression
+
+
+def test_map_mode_matches_scipy(rng):
+    X, y = _classification_data(rng)
+    model = vj.glm.logistic_regression(X, y, prior_variance=2.0)
+    post = vj.infer(model, vj.MAP(solver=TIGHT))
+    assert bool(post.diagnostics.converged)
+    assert np.max(np.abs(jax.grad(vj.laplace.log_joint)(post.mean, model))) < 1e-9
+
+    f, grad, hess = _numpy_neg_log_joint(X, y, 2.0)
+    ref = scipy.optimize.minimize(f, np.zeros(X.shape[1]), jac=grad, hess=hess, method="trust-exact",
+                                  options={"gtol": 1e-12})
+    np.testing.assert_allclose(post.mean, ref.x, atol=1e-6)
+    np.testing.assert_allclose(post.log_z, -f(ref.x), atol=1e-9)
+    # predictive functions work on the MAP posterior (its covariance is the Laplace one)
+    p = vj.glm.predict_proba(post, X[:5])
+    assert p.shape == (5,) and np.all((p > 0) & (p < 1))
+
+
+def test_laplace_evidence_matches_numpy(rng):
+    X, y = _classification_data(rng)
+    model = vj.glm.logistic_regression(X, y, prior_variance=2.0)
+    post = vj.infer(model, vj.Laplace())
+    w = np.asarray(post.mean)
+    f, _, hess = _numpy_neg_log_joint(X, y, 2.0)
+    _, logdet = np.linalg.slogdet(hess(w))
+    expected = -f(w) + 0.5 * X.shape[1] * np.log(2 * np.pi) - 0.5 * logdet
+    np.testing.assert_allclose(post.log_z, expected, rtol=1e-12)
+    np.testing.assert_allclose(post.covariance, np.linalg.inv(hess(w)), rtol=1e-10, atol=1e-14)
+    np.testing.assert_allclose(vj.laplace.evidence(post.mean, model), post.log_z, rtol=1e-12)
+    # the MAP and Laplace modes and covariances agree
+    map_post = vj.infer(model, vj.MAP())
+    np.testing.assert_allclose(map_post.mean, post.mean, rtol=1e-12)
+    np.testing.assert_allclose(map_post.covariance, post.covariance, rtol=1e-12)
+
+
+# ------------------------------------------------------------------------------------------ non-log-concave sites
+
+
+def test_student_t_outlier_uses_exact_hessian(rng):
+    X, y = _regression_data(rng, n=20, d=3, noise=0.3)
+    y[0] += 8.0  # an outlier: its site curvature is negative at the mode
+    model = vj.glm.robust_regression(X, y, likelihood="student_t", scale=0.3, df=3.0)
+    post = vj.infer(model, vj.Laplace(solver=TIGHT))
+    (omega,) = vj.laplace.site_curvatures(post.mean, model)
+    assert float(omega[0]) < 0
+    assert not bool(post.diagnostics.fallback)
+    A = -np.asarray(jax.hessian(model.log_joint)(post.mean))
+    np.testing.assert_allclose(post.covariance, np.linalg.inv(A), rtol=1e-9)
+    np.testing.assert_allclose(post.log_z, model.log_joint(post.mean) + 1.5 * np.log(2 * np.pi)
+                               - 0.5 * np.linalg.slogdet(A)[1], rtol=1e-12)
+
+
+@pytest.mark.parametrize("with_prior", [True, False])
+def test_indefinite_hessian_falls_back_to_gauss_newton(with_prior):
+    # Two outliers either side of w = 0: a stationary point of ℓ (a minimum between two modes)
+    # where −∇²ℓ is negative; the solver starts and stops there.
+    X = np.ones((2, 1))
+    potential = vj.potentials.StudentT(df=3.0, loc=np.array([-5.0, 5.0]), scale=0.5)
+    prior = vj.GaussianFactor.isotropic(1, 100.0) if with_prior else None
+    model = vj.LatentLinearModel(prior, vj.Sites(X, potential))
+    assert float(vj.laplace.negative_hessian(jnp.zeros(1), model)[0, 0]) < 0
+    for method in (vj.Laplace(), vj.MAP()):
+        post = vj.infer(model, method, init=jnp.zeros(1))
+        assert bool(post.diagnostics.fallback)
+        assert np.isfinite(post.log_z) and np.all(np.isfinite(post.covariance))
+        assert float(post.covariance[0, 0]) > 0
+    if with_prior:  # Gauss–Newton curvature: only the prior's (both site curvatures clip to 0)
+        assert float(post.diagnostics.jitter) == 0.0
+        np.testing.assert_allclose(post.covariance, [[100.0]], rtol=1e-12)
+    else:  # Gauss–Newton curvature is zero: a jitter makes it invertible, and is reported
+        assert float(post.diagnostics.jitter) > 0
+    # the fit from the default start finds a mode, where no fallback is needed
+    if with_prior:
+        assert not bool(vj.infer(model, vj.Laplace(), init=jnp.array([1.0])).diagnostics.fallback)
+
+
+# ------------------------------------------------------------------------------------------ gradients
+
+
+def test_evidence_gradient_on_conjugate_model(rng):
+    X, y = _regression_data(rng, n=25, d=3)
+
+    def log_z(log_var):
+        model = vj.glm.linear_regression(X, y, noise_scale=0.6, prior_variance=jnp.exp(log_var))
+        return vj.infer(model, vj.Laplace(solver=TIGHT)).log_z
+
+    def exact(log_var):
+        return gaussian_posterior(np.zeros(3), np.exp(log_var) * np.eye(3), X, y, 0.36)[2]
+
+    s, h = 0.3, 1e-5
+    g = jax.grad(log_z)(s)
+    np.testing.assert_allclose(g, (log_z(s + h) - log_z(s - h)) / (2 * h), rtol=1e-6)
+    np.testing.assert_allclose(g, (exact(s + h) - exact(s - h)) / (2 * h), rtol=1e-6)
+
+
+def test_evidence_gradient_includes_the_mode(rng):
+    """On logistic regression the log-determinant depends on θ through w*: the gradient is total."""
+    X, y = _classification_data(rng, n=40)
+
+    def log_z(log_var, method=vj.Laplace(solver=TIGHT)):
+        return vj.infer(vj.glm.logistic_regression(X, y, prior_variance=jnp.exp(log_var)), method).log_z
+
+    s, h = 0.2, 1e-4
+    g = jax.grad(log_z)(s)
+    np.testing.assert_allclose(g, (log_z(s + h) - log_z(s - h)) / (2 * h), rtol=1e-6)
+
+
+# ------------------------------------------------------------------------------------------ transformations, inputs
+
+
+def test_jit_and_vmap_compose(rng):
+    Xs = rng.normal(size=(3, 40, 3))
+    ys = (rng.random((3, 40)) < 0.5).astype(float)
+
+    def log_z(X, y, log_var):
+        return vj.infer(vj.glm.logistic_regression(X, y, prior_variance=jnp.exp(log_var)), vj.Laplace()).log_z
+
+    batched = jax.jit(jax.vmap(log_z, in_axes=(0, 0, None)))(Xs, ys, 0.0)
+    single = [float(log_z(Xs[i], ys[i], 0.0)) for i in range(3)]
+    np.testing.assert_allclose(batched, single, rtol=1e-10)
+    grads = jax.jit(jax.vmap(jax.grad(log_z, argnums=2), in_axes=(0, 0, None)))(Xs, ys, 0.0)
+    assert grads.shape == (3,) and np.all(np.isfinite(grads))
+    modes = jax.jit(jax.vmap(lambda X, y: vj.infer(vj.glm.logistic_regression(X, y), vj.MAP()).mean))(Xs, ys)
+    assert modes.shape == (3, 3)
+
+
+def test_warm_start_and_bad_init(rng):
+    X, y = _classification_data(rng, n=30)
+    model = vj.glm.logistic_regression(X, y)
+    post = vj.infer(model, vj.Laplace(solver=TIGHT))
+    again = vj.infer(model, vj.Laplace(solver=TIGHT), init=post)
+    assert int(again.diagnostics.iterations) == 0
+    np.testing.assert_allclose(again.log_z, post.log_z, rtol=1e-14)
+    for bad in ("zeros", jnp.zeros(4), jnp.zeros((3, 1)), jnp.array([0.0, np.nan, 0.0]), vj.GKL()):
+        for method in (vj.Laplace(), vj.MAP()):
+            with pytest.raises(ValueError, match="`init`"):
+                vj.infer(model, method, init=bad)
