@@ -2,7 +2,7 @@
 
 from . import covariance, glm, potentials, quadrature, solvers
 from .inference import infer
-from .methods import GKL, MAP, Laplace, gkl, laplace
+from .methods import GKL, LVB, MAP, Laplace, MeanField, gkl, laplace, lvb
 from .model import GaussianFactor, Identity, LatentLinearModel, Sites
 from .posterior import Diagnostics, Posterior
 from .sharding import shard_sites
@@ -22,6 +22,9 @@ __all__ = [
     "Laplace",
     "laplace",
     "MAP",
+    "LVB",
+    "lvb",
+    "MeanField",
     "covariance",
     "potentials",
     "quadrature",

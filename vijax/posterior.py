@@ -53,7 +53,7 @@ class Posterior(eqx.Module):
     - `mean`: shape ``(D,)``.
     - `factor`: the covariance-family factor holding S (``post.covariance`` is S, dense).
     - `log_z`: the method's log-evidence estimate, differentiable in the model's
-      hyperparameters. For G-KL a lower bound on log Z (envelope theorem); for Laplace an
+      hyperparameters. For G-KL, mean field and LVB a lower bound on log Z (envelope theorem); for Laplace an
       approximation; for MAP the log joint at the mode (not an evidence estimate).
     - `is_lower_bound`: whether `log_z` is a guaranteed lower bound.
     - `diagnostics`: a `Diagnostics`.

@@ -1,8 +1,10 @@
 """Inference methods: configuration objects with a ``fit(model, init)`` method."""
 
-from . import gkl, laplace
+from . import gkl, laplace, lvb
 from .gkl import GKL
 from .laplace import Laplace
+from .lvb import LVB
 from .map import MAP
+from .meanfield import MeanField
 
-__all__ = ["gkl", "laplace", "GKL", "Laplace", "MAP"]
+__all__ = ["gkl", "laplace", "lvb", "GKL", "Laplace", "LVB", "MAP", "MeanField"]

@@ -36,7 +36,7 @@ from ..posterior import Diagnostics, Posterior
 from ..quadrature import GaussHermite, safe_sqrt
 from ..solvers import AbstractSolver, NewtonCG
 
-__all__ = ["GaussianParams", "GKL", "bound", "curvature"]
+__all__ = ["GaussianParams", "GKL", "bound", "bound_at", "curvature"]
 
 _DEFAULT_QUADRATURE = GaussHermite()
 
@@ -59,6 +59,22 @@ def bound(params: GaussianParams, model: LatentLinearModel, quadrature: GaussHer
         sigma = safe_sqrt(factor.projected_variances(group.projection))
         value = value + jnp.sum(group.potential.expected_log_phi(mu, sigma, quadrature))
     return value
+
+
+def bound_at(q, *args, quadrature: GaussHermite = _DEFAULT_QUADRATURE):
+    """The G-KL bound at any Gaussian: ``bound_at(mean, covariance, model)`` or ``bound_at(posterior, model)``.
+
+    ``covariance`` is a dense ``(D, D)`` matrix or a covariance-family factor; a `Posterior` (from any
+    method, e.g. `vj.LVB`) supplies its mean and factor. Useful to compare methods on one scale: the
+    G-KL bound at the LVB Gaussian is never below the LVB bound (thesis §4.4.1).
+    """
+    if isinstance(q, Posterior):
+        (model,) = args
+        mean, covariance = q.mean, q.factor
+    else:
+        mean, (covariance, model) = q, args
+    factor = covariance if isinstance(covariance, AbstractFactor) else Full().from_dense(covariance)
+    return bound(GaussianParams(mean, factor), model, quadrature)
 
 
 class Curvature(eqx.Module):

@@ -1,0 +1,242 @@
+"""Local variational bounds and mean field: exactness, the bound orderings of thesis §4.4.1 and
+Khan Thm 4.6.1, site-bound validity, monotone fixed-point steps, gradients, jit/vmap, errors."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy.special import expit
+
+import vijax as vj
+
+from helpers import gaussian_posterior
+
+TIGHT_GKL = vj.GKL(solver=vj.solvers.NewtonCG(tol=1e-9, max_iter=200))
+
+
+def _logistic_data(rng, n=60, d=5):
+    X = rng.normal(size=(n, d))
+    y = (rng.random(n) < expit(X @ rng.normal(size=d))).astype(float)
+    return X, y
+
+
+def _sparse_regression(rng, n=30, d=8, scale=0.3):
+    """Gaussian likelihood sites and Laplace-prior sites on the coordinates; no Gaussian factor."""
+    X = rng.normal(size=(n, d))
+    w = np.where(rng.random(d) < 0.4, rng.laplace(size=d), 0.0)
+    y = X @ w + 0.5 * rng.normal(size=n)
+    return vj.LatentLinearModel(None, (vj.Sites(X, vj.potentials.Gaussian(y, 0.5)),
+                                       vj.Sites(vj.Identity(d), vj.potentials.Laplace(0.0, scale))))
+
+
+def _relaxed_gkl(xi, model, bound):
+    """The G-KL bound at q_ξ with every site replaced by its local bound, in NumPy (thesis §4.4.1)."""
+    mean, factor = vj.lvb.gaussian(xi, model, bound)
+    m, S = np.asarray(mean), np.asarray(factor.dense())
+    d = m.shape[0]
+    value = 0.5 * np.linalg.slogdet(2 * np.pi * np.e * S)[1]
+    if model.prior is not None:
+        v = float(model.prior.variance)
+        value += -0.5 * (d * np.log(2 * np.pi * v) + (m @ m + np.trace(S)) / v)
+    for group, x in zip(model.sites, xi):
+        H = np.asarray(group.projection.mv(jnp.eye(d)))
+        mu, var = H @ m, np.einsum("nd,de,ne->n", H, S, H)
+        a, A, c = (np.broadcast_to(np.asarray(t), mu.shape)
+                   for t in vj.lvb.local_bound(group.potential, bound).quadratic(x))
+        value += np.sum(a * mu - 0.5 * A * (mu**2 + var) + c)
+    return value
+
+
+def _xi_from(post, model, bound="jaakkola"):
+    """ξ from a posterior's marginals: the fixed point ξ* for an LVB posterior."""
+    return vj.lvb.initial_xi(model, bound, post)
+
+
+def _assert_monotone(post):
+    trace = np.asarray(post.diagnostics.objective_trace)
+    trace = trace[np.isfinite(trace)]
+    assert trace.size == int(post.diagnostics.iterations) + 1
+    assert np.all(np.diff(trace) >= -1e-12 * np.abs(trace[1:]))
+    np.testing.assert_allclose(trace[-1], post.log_z, rtol=1e-12)
+
+
+# ------------------------------------------------------------------------------------- exactness
+
+
+def test_exact_on_conjugate_model_and_mean_field_is_diagonal_gkl(rng):
+    n, d, noise = 25, 4, 0.6
+    X = rng.normal(size=(n, d))
+    y = X @ rng.normal(size=d) + noise * rng.normal(size=n)
+    A = rng.normal(size=(d, d))
+    mu, cov = rng.normal(size=d), A @ A.T / d + 0.5 * np.eye(d)
+    b = rng.normal(size=n)  # offsets: N(y | Xw, ν²) written as N(y + b | Xw + b, ν²)
+    model = vj.LatentLinearModel(vj.GaussianFactor.dense(mu, cov),
+                                 vj.Sites(X, vj.potentials.Gaussian(y + b, noise), offset=b))
+    mean, S, log_z = gaussian_posterior(mu, cov, X, y, noise**2)
+    post = vj.infer(model, vj.LVB())
+    assert post.is_lower_bound and bool(post.diagnostics.converged)
+    assert post.diagnostics.method == "LVB"
+    np.testing.assert_allclose(post.log_z, log_z, rtol=1e-10, atol=1e-8)
+    np.testing.assert_allclose(post.mean, mean, rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(post.covariance, S, rtol=1e-8, atol=1e-10)
+
+    mf = vj.infer(model, vj.MeanField())
+    diag = vj.infer(model, vj.GKL(covariance=vj.covariance.Diagonal()))
+    assert mf.diagnostics.method == "MeanField" and mf.is_lower_bound
+    for field in ("mean", "log_z", "covariance"):
+        np.testing.assert_allclose(getattr(mf, field), getattr(diag, field), rtol=1e-12, atol=1e-14)
+    # The G-KL bound at the exact posterior is log Z; the diagonal one stays below it.
+    np.testing.assert_allclose(vj.gkl.bound_at(jnp.asarray(mean), jnp.asarray(S), model), log_z, rtol=1e-10)
+    assert float(mf.log_z) < log_z
+
+
+# ------------------------------------------------------------------------------ orderings (§4.4.1)
+
+
+@pytest.fixture(scope="module")
+def logistic():
+    X, y = _logistic_data(np.random.default_rng(7))
+    model = vj.glm.logistic_regression(X, y, prior_variance=2.0)
+    fits = {bound: vj.infer(model, vj.LVB(bound=bound)) for bound in ("jaakkola", "bohning")}
+    return model, vj.infer(model, TIGHT_GKL), fits
+
+
+@pytest.mark.parametrize("bound", ["jaakkola", "bohning"])
+def test_gkl_dominates_lvb_on_logistic_regression(logistic, bound):
+    model, gkl, fits = logistic
+    post = fits[bound]
+    assert bool(post.diagnostics.converged) and post.diagnostics.grad_norm < 1e-5
+    _assert_monotone(post)
+    at_lvb = vj.gkl.bound_at(post, model)
+    assert float(gkl.log_z) >= float(at_lvb) >= float(post.log_z)
+
+    rng = np.random.default_rng(3)
+    xi = (jnp.asarray(rng.uniform(-3.0, 3.0, size=model.sites[0].num_sites)),)
+    value = vj.lvb.bound(xi, model, bound)
+    mean, factor = vj.lvb.gaussian(xi, model, bound)
+    assert float(gkl.log_z) >= float(vj.gkl.bound_at(mean, factor, model)) >= float(value)
+    assert float(vj.gkl.bound_at(mean, factor.dense(), model)) >= float(value)
+    assert float(post.log_z) >= float(value)
+    # B_LVB(ξ) = max_q of the relaxed G-KL bound, attained at q_ξ: checks the log-det constant.
+    np.testing.assert_allclose(_relaxed_gkl(xi, model, bound), value, rtol=1e-10)
+    # One fixed-point step never lowers the bound.
+    assert float(vj.lvb.bound(vj.lvb.update(xi, model, bound), model, bound)) >= float(value)
+
+
+def test_jaakkola_dominates_bohning(logistic):
+    _, _, fits = logistic
+    assert float(fits["jaakkola"].log_z) > float(fits["bohning"].log_z)
+
+    jaakkola, bohning = vj.lvb.Jaakkola(), vj.lvb.Bohning()
+    x = jnp.linspace(-30.0, 30.0, 1201)[:, None]
+    t = jnp.concatenate([jnp.linspace(-12.0, 12.0, 97), jnp.array([1e-9, 1e-5, -1e-3])])[None, :]
+    exact = jax.nn.log_sigmoid(x)
+    j, b = jaakkola(x, t), bohning(x, t)
+    assert float(jnp.max(j - exact)) <= 1e-12 and float(jnp.max(b - exact)) <= 1e-12
+    np.testing.assert_allclose(jaakkola(t, t), jax.nn.log_sigmoid(t), atol=1e-12)
+    np.testing.assert_allclose(bohning(t, t), jax.nn.log_sigmoid(t), atol=1e-12)
+    # Both tangent to log σ at x₀, Jaakkola with the smaller curvature 2λ(x₀) ≤ ¼: it lies above.
+    assert float(jnp.min(j - b)) >= -1e-12
+    # Khan Thm 4.6.1: for every Gaussian marginal N(m, v) the optimal expected Jaakkola bound
+    # (ξ² = m² + v) is at least the optimal expected Böhning bound (ψ = m).
+    m = jnp.linspace(-20.0, 20.0, 161)[:, None]
+    v = jnp.logspace(-4, 3, 57)[None, :]
+
+    def expected(site, xi):
+        a, A, c = site.quadratic(xi)
+        return a * m - 0.5 * A * (m**2 + v) + c
+
+    gap = expected(jaakkola, jaakkola.update(m, v)) - expected(bohning, bohning.update(m, v))
+    assert float(jnp.min(gap)) >= -1e-10
+    assert float(jnp.max(expected(jaakkola, jaakkola.update(m, v)) - vj.potentials.Logistic().expected_log_phi(
+        jnp.broadcast_to(m, gap.shape), jnp.sqrt(jnp.broadcast_to(v, gap.shape))))) <= 1e-9
+
+
+@pytest.mark.parametrize("potential, curvature", [
+    (vj.potentials.Laplace(1.5, 0.7), lambda xi: 1 / (0.7 * np.abs(xi))),
+    (vj.potentials.StudentT(3.0, 1.5, 0.7), lambda xi: 4.0 / (3.0 * 0.49 + xi**2)),
+    (vj.potentials.Cauchy(1.5, 0.7), lambda xi: 2.0 / (0.49 + xi**2)),
+])
+def test_super_gaussian_site_bounds(potential, curvature):
+    site = vj.lvb.local_bound(potential)
+    x = jnp.linspace(-25.0, 25.0, 2001)[:, None]
+    xi = jnp.concatenate([jnp.linspace(-8.0, 8.0, 64), jnp.array([1e-6, 1e-3, 30.0])])[None, :]
+    assert float(jnp.max(site(x, xi) - potential.log_phi(x))) <= 1e-12
+    np.testing.assert_allclose(site(1.5 + xi, xi), potential.log_phi(1.5 + xi), atol=1e-10)
+    np.testing.assert_allclose(site(1.5 - xi, xi), potential.log_phi(1.5 - xi), atol=1e-10)
+    np.testing.assert_allclose(site.quadratic(xi)[1], curvature(np.asarray(xi)), rtol=1e-10)
+
+
+@pytest.fixture(scope="module")
+def sparse():
+    model = _sparse_regression(np.random.default_rng(11))
+    return model, vj.infer(model, TIGHT_GKL), vj.infer(model, vj.LVB())
+
+
+def test_gkl_dominates_lvb_on_laplace_prior_regression(sparse):
+    model, gkl, post = sparse
+    assert bool(post.diagnostics.converged) and bool(gkl.diagnostics.converged)
+    _assert_monotone(post)
+    assert float(gkl.log_z) >= float(vj.gkl.bound_at(post, model)) >= float(post.log_z)
+    rng = np.random.default_rng(5)
+    xi = (None, jnp.asarray(rng.uniform(0.05, 2.0, size=model.dim)))
+    value = vj.lvb.bound(xi, model)
+    mean, factor = vj.lvb.gaussian(xi, model)
+    assert float(post.log_z) >= float(vj.gkl.bound_at(mean, factor, model)) >= float(value)
+    assert float(gkl.log_z) >= float(vj.gkl.bound_at(mean, factor, model))
+    np.testing.assert_allclose(_relaxed_gkl(xi, model, "jaakkola"), value, rtol=1e-10)
+
+
+# --------------------------------------------------------------------------- gradients, transforms
+
+
+def test_log_z_gradient_matches_refitted_differences(rng):
+    X, y = _logistic_data(rng, n=40, d=4)
+    method = vj.LVB(tol=1e-14, max_iter=2000)
+    f = lambda t: vj.infer(vj.glm.logistic_regression(X, y, prior_variance=jnp.exp(t)), method).log_z
+    t, h = -1.0, 1e-4  # the gradient's error is about √tol (ξ* is accurate to √tol): keep tol tight
+    fd = (f(t + h) - f(t - h)) / (2 * h)
+    np.testing.assert_allclose(jax.grad(f)(t), fd, rtol=1e-5)
+
+    model = _sparse_regression(rng, n=20, d=5)
+
+    def g(log_scale):
+        sites = (model.sites[0], vj.Sites(vj.Identity(5), vj.potentials.Laplace(0.0, jnp.exp(log_scale))))
+        return vj.infer(vj.LatentLinearModel(None, sites), method).log_z
+
+    fd = (g(-1.0 + h) - g(-1.0 - h)) / (2 * h)
+    np.testing.assert_allclose(jax.grad(g)(-1.0), fd, rtol=1e-5)
+
+
+def test_jit_and_vmap_over_datasets(rng):
+    data = [_logistic_data(rng, n=30, d=3) for _ in range(3)]
+    Xs, ys = (jnp.stack(a) for a in zip(*data))
+    fit = lambda X, y: vj.infer(vj.glm.logistic_regression(X, y), vj.LVB())
+    batched = jax.jit(jax.vmap(lambda X, y: (fit(X, y).log_z, fit(X, y).mean)))(Xs, ys)
+    for k, (X, y) in enumerate(data):
+        post = fit(X, y)
+        np.testing.assert_allclose(batched[0][k], post.log_z, rtol=1e-9)
+        np.testing.assert_allclose(batched[1][k], post.mean, rtol=1e-7, atol=1e-9)
+    model = vj.glm.logistic_regression(*data[0])
+    post = fit(*data[0])
+    np.testing.assert_allclose(jax.jit(vj.lvb.bound)(_xi_from(post, model), model), post.log_z, rtol=1e-9)
+    warm = vj.infer(model, vj.LVB(), init=post)  # ξ from the posterior's marginals: already the fixed point
+    assert int(warm.diagnostics.iterations) <= 2
+    np.testing.assert_allclose(warm.log_z, post.log_z, rtol=1e-10)
+
+
+# ------------------------------------------------------------------------------------------ errors
+
+
+def test_unsupported_potentials_and_singular_precision(rng):
+    X, y = _logistic_data(rng, n=10, d=3)
+    for model in (vj.glm.probit_regression(X, y), vj.glm.poisson_regression(X, np.round(3 * y)),
+                  vj.LatentLinearModel(None, vj.Sites(X, vj.potentials.Custom(jnp.tanh, super_gaussian=True)))):
+        with pytest.raises(ValueError, match="no local variational bound.*Logistic"):
+            vj.infer(model, vj.LVB())
+    with pytest.raises(ValueError, match="bound"):
+        vj.LVB(bound="quadratic")
+    # Without a Gaussian factor, two logistic sites cannot make P = Σ A_n h_n h_nᵀ positive definite.
+    model = vj.LatentLinearModel(None, vj.Sites(X[:2], vj.potentials.Logistic()))
+    post = vj.infer(model, vj.LVB())
+    assert np.isnan(float(post.log_z)) and not bool(post.diagnostics.converged)
