@@ -223,6 +223,10 @@ def test_jit_and_vmap_over_datasets(rng):
     warm = vj.infer(model, vj.LVB(), init=post)  # ξ from the posterior's marginals: already the fixed point
     assert int(warm.diagnostics.iterations) <= 2
     np.testing.assert_allclose(warm.log_z, post.log_z, rtol=1e-10)
+    # float32 data: the fit stays in float32 (the prior's float64 parameters do not promote it).
+    single = vj.infer(vj.glm.logistic_regression(*(np.float32(a) for a in data[0])), vj.LVB())
+    assert single.log_z.dtype == single.mean.dtype == jnp.float32 and bool(single.diagnostics.converged)
+    np.testing.assert_allclose(single.log_z, post.log_z, rtol=1e-5)
 
 
 # ------------------------------------------------------------------------------------------ errors

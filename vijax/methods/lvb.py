@@ -53,7 +53,7 @@ import jax.numpy as jnp
 from jax.scipy.linalg import solve_triangular
 
 from .. import potentials as pot
-from ..covariance import CholeskyFactor
+from ..covariance import CholeskyFactor, DiagonalFactor
 from ..covariance._dense import _reversed_cholesky
 from ..model import LatentLinearModel
 from ..posterior import Diagnostics, Posterior
@@ -206,11 +206,12 @@ def _evaluate(xi, model: LatentLinearModel, bound: str):
         P, r, const = jnp.zeros((d, d), dtype), jnp.zeros(d, dtype), jnp.zeros((), dtype)
     else:
         # log f(w) = −½ wᵀΛw + ηᵀw + κ: κ and η are log f and its gradient at 0.
-        const, r = jax.value_and_grad(model.prior.log_density)(jnp.zeros(d, dtype))
-        P = model.prior.precision_matrix()
+        const, r = (t.astype(dtype) for t in jax.value_and_grad(model.prior.log_density)(jnp.zeros(d, dtype)))
+        P = model.prior.precision_matrix().astype(dtype)
     for group, site, x in zip(model.sites, _site_bounds(model, bound), xi):
-        a, A, c = (jnp.broadcast_to(t, (group.num_sites,)) for t in site.quadratic(x))
-        b = jnp.broadcast_to(group.offset, (group.num_sites,))
+        # The model's dtype (that of H) is the working dtype, whatever the parameters' dtypes.
+        a, A, c = (jnp.broadcast_to(t, (group.num_sites,)).astype(dtype) for t in site.quadratic(x))
+        b = jnp.broadcast_to(group.offset, (group.num_sites,)).astype(dtype)
         P = P + group.projection.gram(A)
         r = r + group.projection.rmv(a - A * b)
         const = const + jnp.sum(a * b - 0.5 * A * b**2 + c)
@@ -238,10 +239,9 @@ def gaussian(xi, model: LatentLinearModel, bound: str = "jaakkola"):
 
 
 def _update(model, bound, mean, factor):
-    updated = []
-    for group, site in zip(model.sites, _site_bounds(model, bound)):
-        updated.append(site.update(group.project(mean), factor.projected_variances(group.projection)))
-    return tuple(updated)
+    """The optimal ξ for q = N(mean, S), S given by a covariance-family factor."""
+    return tuple(site.update(group.project(mean), factor.projected_variances(group.projection))
+                 for group, site in zip(model.sites, _site_bounds(model, bound)))
 
 
 def update(xi, model: LatentLinearModel, bound: str = "jaakkola"):
@@ -261,8 +261,7 @@ def initial_xi(model: LatentLinearModel, bound: str = "jaakkola", init=None):
         mean, scale = jnp.zeros(model.dim, dtype), jnp.ones(model.dim, dtype)
     else:
         mean, scale = (t.astype(dtype) for t in model.prior.initial_moments())
-    return tuple(site.update(group.project(mean), group.projection.squared_mv(scale**2))
-                 for group, site in zip(model.sites, _site_bounds(model, bound)))
+    return _update(model, bound, mean, DiagonalFactor(scale))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -334,7 +333,8 @@ class LVB(eqx.Module):
         # Envelope theorem: ∂B/∂ξ = 0 at the fixed point, so the bound at the frozen ξ* with the live
         # model has the derivative of the optimal bound in every hyperparameter.
         log_z = bound(xi, model, self.bound)
-        zero = jnp.array(0)
-        diagnostics = Diagnostics(k, converged, grad_norm, trace, k + 1, zero, zero, "LVB", "fixed_point")
+        # Work done: one bound evaluation per step and at ξ0, one gradient (for grad_norm).
+        diagnostics = Diagnostics(k, converged, grad_norm, trace, k + 1, jnp.array(1), jnp.array(0), "LVB",
+                                  "fixed_point")
         return Posterior(mean, CholeskyFactor.from_matrix(C).canonical(), log_z, diagnostics, model,
                          is_lower_bound=True)
