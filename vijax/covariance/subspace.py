@@ -27,13 +27,19 @@ class Subspace(AbstractCovariance):
       at the starting point), computed by subspace iteration;
     - then updated ``num_updates`` times between inner solves, either by the fixed point
       of thesis app. B.2.3 (``basis_update="fixed_point"``: the same eigenvectors at the
-      current solution, which are the leading eigenvectors of the optimal S for an
-      isotropic prior), or by projected gradient ascent
+      current solution), or by projected gradient ascent
       (``basis_update="gradient"``: E ← orth(E + α ∂B/∂E), α chosen among a few step
       sizes so the bound never decreases).
 
     The fixed point is not guaranteed to increase the bound (the thesis's observation);
     the projected-gradient update is.
+
+    Convention: E spans the directions of *largest curvature* — the smallest-variance
+    directions of S⁻¹ = Λ + HΓHᵀ — so C fits the directions the data pin down and the
+    single c covers the near-prior rest. (Thesis app. B.2.3 speaks of the leading
+    eigenvectors of S, the largest-variance directions; on the thesis's §5.2 problem with
+    D = 250, N = 125, K = 12, holding that basis fixed gives bound/N −1.08 against −0.99
+    for this one; see ``benchmarks/blr_covariance.py``.)
     """
 
     rank: int = eqx.field(static=True)
