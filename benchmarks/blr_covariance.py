@@ -45,13 +45,11 @@ import time
 import jax
 
 jax.config.update("jax_enable_x64", True)
-import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
 import vijax as vj
 from vijax.data import synthetic_logistic_regression
-from vijax.methods.gkl import GaussianParams
 
 RESULTS = pathlib.Path(__file__).parent / "results"
 FAMILIES = {

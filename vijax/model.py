@@ -626,6 +626,13 @@ class LatentLinearModel(eqx.Module):
         leaves = [s.projection for s in self.sites if not isinstance(s.projection, Identity)] or [self.prior]
         return jnp.result_type(*[x.dtype for x in jax.tree_util.tree_leaves(leaves)])
 
+    def initial_moments(self):
+        """A starting mean and per-coordinate scale: the Gaussian factor's, or (0, 1) without one."""
+        dtype = self.dtype
+        if self.prior is None:
+            return jnp.zeros(self.dim, dtype), jnp.ones(self.dim, dtype)
+        return tuple(a.astype(dtype) for a in self.prior.initial_moments())
+
     def log_joint(self, w):
         """log f(w) + Σ log φ_n(h_nᵀw + b_n): the unnormalised log target at ``w`` (shape ``(D,)``)."""
         value = self.prior.log_density(w) if self.prior is not None else 0.0

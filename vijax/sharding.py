@@ -35,7 +35,7 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from .model import Dense, Identity, LatentLinearModel, Sites, Sparse
+from .model import Dense, Identity, LatentLinearModel, Sparse
 
 __all__ = ["shard_sites"]
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jax.scipy.linalg import solve_triangular

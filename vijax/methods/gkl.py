@@ -34,7 +34,7 @@ from ..covariance import AbstractCovariance, AbstractFactor, CholeskyFactor, Ful
 from ..model import IsotropicGaussian, LatentLinearModel
 from ..posterior import Diagnostics, Posterior
 from ..quadrature import GaussHermite, safe_sqrt
-from ..solvers import AbstractSolver, NewtonCG
+from ..solvers import AbstractSolver
 
 __all__ = ["GaussianParams", "GKL", "bound", "bound_at", "curvature"]
 
@@ -189,11 +189,7 @@ class GKL(eqx.Module):
             return GaussianParams(init.mean, factor)
         if init is not None:
             raise ValueError(f"GKL: `init` must be a Posterior or GaussianParams, got {type(init).__name__}.")
-        dtype = model.dtype
-        if model.prior is None:
-            mean, scale = jnp.zeros(model.dim, dtype), jnp.ones(model.dim, dtype)
-        else:
-            mean, scale = (a.astype(dtype) for a in model.prior.initial_moments())
+        mean, scale = model.initial_moments()
         return GaussianParams(mean, self.covariance.init(model.dim, scale))
 
     def fit(self, model: LatentLinearModel, init=None) -> Posterior:

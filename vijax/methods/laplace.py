@@ -141,9 +141,7 @@ def initial_point(model: LatentLinearModel, init, owner: str):
     """The solver's starting point: ``init`` (a `Posterior` or an array of shape ``(D,)``) or the prior mean."""
     dtype = model.dtype
     if init is None:
-        if model.prior is None:
-            return jnp.zeros(model.dim, dtype)
-        return model.prior.initial_moments()[0].astype(dtype)
+        return model.initial_moments()[0]
     if isinstance(init, Posterior):
         init = init.mean
     expected = f"`init` must be a Posterior or an array of shape ({model.dim},), one entry per latent coordinate"

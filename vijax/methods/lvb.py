@@ -256,11 +256,7 @@ def initial_xi(model: LatentLinearModel, bound: str = "jaakkola", init=None):
         return _update(model, bound, init.mean, init.factor)
     if init is not None:
         raise ValueError(f"LVB: `init` must be a Posterior or a tuple of ξ arrays, got {type(init).__name__}.")
-    dtype = model.dtype
-    if model.prior is None:
-        mean, scale = jnp.zeros(model.dim, dtype), jnp.ones(model.dim, dtype)
-    else:
-        mean, scale = (t.astype(dtype) for t in model.prior.initial_moments())
+    mean, scale = model.initial_moments()
     return _update(model, bound, mean, DiagonalFactor(scale))
 
 
