@@ -218,3 +218,21 @@ def test_warm_start_and_bad_init(rng):
         for method in (vj.Laplace(), vj.MAP()):
             with pytest.raises(ValueError, match="`init`"):
                 vj.infer(model, method, init=bad)
+
+
+def test_laplace_on_gp_classification_matches_scikit_learn(rng):
+    """A GP classifier with a fixed kernel is a latent linear model with H = diag(y) and prior N(0, K)."""
+    from sklearn.gaussian_process import GaussianProcessClassifier
+    from sklearn.gaussian_process.kernels import RBF, ConstantKernel
+
+    X = rng.normal(size=(40, 2))
+    labels = (X[:, 0] * X[:, 1] + 0.3 * rng.normal(size=40) > 0).astype(int)
+    kernel = ConstantKernel(2.0, "fixed") * RBF(0.8, "fixed")
+    reference = GaussianProcessClassifier(kernel=kernel, optimizer=None, max_iter_predict=500).fit(X, labels)
+    K = kernel(X) + 1e-10 * np.eye(40)
+    y = 2.0 * labels - 1.0
+    model = vj.LatentLinearModel(vj.GaussianFactor.dense(np.zeros(40), K),
+                                 vj.Sites(np.diag(y), vj.potentials.Logistic()))
+    post = vj.infer(model, vj.Laplace(solver=vj.solvers.NewtonCG(tol=1e-10, max_iter=200)))
+    assert bool(post.diagnostics.converged) and not bool(post.diagnostics.fallback)
+    np.testing.assert_allclose(post.log_z, reference.log_marginal_likelihood_value_, rtol=0, atol=1e-6)
