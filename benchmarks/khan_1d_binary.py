@@ -29,6 +29,7 @@ jax.config.update("jax_enable_x64", True)
 import vijax as vj  # noqa: E402
 
 MU, SIGMA_STAR = 2.0, 2.0
+SIGMA_MIN = 0.01  # σ is searched on [SIGMA_MIN, 5]
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 
 
@@ -61,7 +62,7 @@ def piecewise_log_p(site, y, sigma):
 def fitted_sigma(log_p, p_star):
     """argmax over σ of p* log p(1) + (1 − p*) log p(0): a grid, then a bounded refinement."""
     curve = lambda s: p_star * log_p(1, s) + (1 - p_star) * log_p(-1, s)
-    grid = np.linspace(0.01, 5.0, 100)
+    grid = np.linspace(SIGMA_MIN, 5.0, 100)
     values = np.array([curve(s) for s in grid])
     i = int(np.argmax(values))
     lo, hi = grid[max(i - 1, 0)], grid[min(i + 1, grid.size - 1)]
@@ -91,7 +92,8 @@ def main():
         eps = ""
         if name[0] in "LQ":
             eps = f"{vj.piecewise.max_error('linear' if name[0] == 'L' else 'quadratic', int(name[1:])):.1e}"
-        print(f"{name:>9} {eps:>9} {s_hat:>7.3f} {value:>10.5f} {L_star - L(log_p, SIGMA_STAR):>12.2e}")
+        shown = "→ 0" if s_hat <= SIGMA_MIN * (1 + 1e-6) else f"{s_hat:.3f}"  # at the grid's lower end
+        print(f"{name:>9} {eps:>9} {shown:>7} {value:>10.5f} {L_star - L(log_p, SIGMA_STAR):>12.2e}")
         curves[name] = (np.array([L(log_p, s) for s in sigmas]), s_hat, value)
 
     try:
@@ -109,7 +111,7 @@ def main():
         ax.plot([SIGMA_STAR], [L_star], "bo")
         for j, name in enumerate(names):
             values, s_hat, top = curves[name]
-            shade = 0.35 + 0.65 * (j + 1) / len(names)
+            shade = 1.0 - 0.6 * j / max(len(names) - 1, 1)  # darker: more pieces (as in the thesis)
             ax.plot(sigmas, values, "--", color=(shade, 0, 0), label=name)
             ax.plot([s_hat], [top], "x", color=(shade, 0, 0))
         ax.set_xlabel("σ")

@@ -99,7 +99,7 @@ def _quad(fn, m, v, breakpoints):
                           epsabs=0.0, epsrel=1e-12)[0]
 
 
-@pytest.mark.parametrize("kind,R", [("linear", 3), ("linear", 14), ("quadratic", 3), ("quadratic", 20)])
+@pytest.mark.parametrize("kind,R", [("linear", 3), ("quadratic", 3), ("quadratic", 20)])
 def test_closed_form_expectations_match_quadrature(kind, R):
     t, _, _ = pw.table(kind, R)
     bound = _numpy_bound(kind, R)
@@ -118,32 +118,30 @@ def test_closed_form_expectations_match_quadrature(kind, R):
 
 def test_expectation_bounds_the_logistic_expectation_within_max_error(rng):
     mu, sigma = rng.normal(scale=5, size=200), np.exp(rng.uniform(-5, 3, size=200))
-    exact = np.asarray(vj.potentials.Logistic().expected_log_phi(jnp.asarray(mu), jnp.asarray(sigma)))
+    both = lambda site: jax.jit(lambda m, s: (site.expected_log_phi(m, s), site.log_expected_phi(m, s)))(mu, sigma)
+    exact, exact_pred = both(vj.potentials.Logistic())
     for kind, R in (("linear", 6), ("quadratic", 3), ("quadratic", 20)):
         site = vj.potentials.PiecewiseLogistic(R, kind)
-        got = np.asarray(site.expected_log_phi(jnp.asarray(mu), jnp.asarray(sigma)))
+        got, log_pred = both(site)
         assert np.all(got <= exact + 1e-10) and np.all(got >= exact - site.max_error - 1e-10)
-        log_pred = np.asarray(site.log_expected_phi(jnp.asarray(mu), jnp.asarray(sigma)))
-        exact_pred = np.asarray(vj.potentials.Logistic().log_expected_phi(jnp.asarray(mu), jnp.asarray(sigma)))
         assert np.all(log_pred <= exact_pred + 1e-8) and np.all(log_pred >= exact_pred - site.max_error - 1e-8)
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_gradients_are_finite_and_match_finite_differences(kind):
     R = 11
-    fns = (lambda m, s: pw.expected(kind, R, m, s), lambda m, s: pw.log_expected_exp_neg(kind, R, m, s))
-    points = [(0.3, 1.2), (-2.0, 0.05), (5.0, 3.0), (30.0, 1e-2), (-30.0, 10.0), (1.0, 1e-3)]
-    for fn in fns:
-        for m, s in points:
-            g = jax.grad(lambda p: fn(p[0], p[1]))(jnp.array([m, s]))
-            assert np.all(np.isfinite(g)), (m, s, g)
-            h = 1e-6 * max(1.0, abs(m)), 1e-6 * s
-            fd = [(fn(m + h[0], s) - fn(m - h[0], s)) / (2 * h[0]), (fn(m, s + h[1]) - fn(m, s - h[1])) / (2 * h[1])]
-            np.testing.assert_allclose(g, np.array(fd), rtol=1e-5, atol=1e-6 * (1 + abs(m)))
-    # Vectorised over sites, and under jit / vmap.
-    m, s = jnp.linspace(-5, 5, 7), jnp.linspace(0.1, 3, 7)
-    np.testing.assert_allclose(jax.jit(jax.vmap(lambda a, b: pw.expected(kind, R, a, b)))(m, s),
-                               pw.expected(kind, R, m, s), rtol=1e-13)
+    m = jnp.array([0.3, -2.0, 5.0, 30.0, -30.0, 1.0])
+    s = jnp.array([1.2, 0.05, 3.0, 1e-2, 10.0, 1e-3])
+    hm, hs = 1e-6 * jnp.maximum(1.0, jnp.abs(m)), 1e-6 * s
+    for fn in (pw.expected, pw.log_expected_exp_neg):
+        f = jax.jit(lambda a, b: fn(kind, R, a, b))
+        gm, gs = jax.jit(jax.vmap(jax.grad(lambda a, b: fn(kind, R, a, b), argnums=(0, 1))))(m, s)
+        assert np.all(np.isfinite(gm)) and np.all(np.isfinite(gs))
+        scale = 1 + jnp.abs(m)  # finite differences of values of size |m| lose about 1e-10 · |m| / h
+        np.testing.assert_allclose(gm / scale, (f(m + hm, s) - f(m - hm, s)) / (2 * hm) / scale, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(gs / scale, (f(m, s + hs) - f(m, s - hs)) / (2 * hs) / scale, rtol=1e-5, atol=1e-6)
+        # Vectorised over sites, under jit and vmap: the same values.
+        np.testing.assert_allclose(jax.vmap(f)(m, s), fn(kind, R, m, s), rtol=1e-13)
 
 
 def test_potential_flags_errors_and_float32():
@@ -187,7 +185,7 @@ def test_gkl_with_piecewise_sites_is_a_lower_bound_within_n_max_error(rng):
     model = _logistic_regression(rng)
     exact = vj.infer(model, TIGHT_GKL)
     n = model.sites[0].num_sites
-    for kind, R in (("linear", 8), ("quadratic", 5), ("quadratic", 20)):
+    for kind, R in (("linear", 6), ("quadratic", 20)):
         bounded = pw.bound_logistic_sites(model, kind, R)
         assert isinstance(bounded.sites[0].potential, vj.potentials.PiecewiseLogistic)
         post = vj.infer(bounded, TIGHT_GKL)
@@ -198,20 +196,6 @@ def test_gkl_with_piecewise_sites_is_a_lower_bound_within_n_max_error(rng):
         at_q = vj.gkl.bound_at(post, model)
         assert post.log_z - 1e-8 <= at_q <= exact.log_z + 1e-8
     np.testing.assert_allclose(post.mean, exact.mean, atol=1e-3)
-
-
-def test_evidence_gradient_through_piecewise_sites(rng):
-    X = rng.normal(size=(40, 3))
-    y = (rng.random(40) < expit(X @ np.ones(3))).astype(float)
-
-    def log_z(log_var):
-        model = vj.glm.logistic_regression(X, y, prior_variance=jnp.exp(log_var))
-        return vj.infer(pw.bound_logistic_sites(model, "quadratic", 10), TIGHT_GKL).log_z
-
-    g = jax.grad(log_z)(0.2)
-    fd = (log_z(0.2 + 1e-4) - log_z(0.2 - 1e-4)) / 2e-4
-    assert np.isfinite(g)
-    np.testing.assert_allclose(g, fd, rtol=1e-4, atol=1e-6)
 
 
 # ------------------------------------------------ Khan's 1-D binary latent Gaussian model (E3)
@@ -237,7 +221,7 @@ def test_khan_1d_binary_piecewise_recovers_sigma_jaakkola_shrinks_it():
     """Infinite data from μ* = σ* = 2 (p* = 0.7752); maximise the bound on the log likelihood over σ."""
     p_star = _exact_p(SIGMA_STAR)
     np.testing.assert_allclose(p_star, 0.7752, atol=1e-4)
-    sigmas = np.linspace(0.01, 5.0, 500)
+    sigmas = np.linspace(0.01, 5.0, 250)
     exact = np.array([_log_lik_curve(np.log(p), np.log1p(-p), p_star) for p in map(_exact_p, sigmas)])
     sigma_exact = sigmas[np.argmax(exact)]
     assert abs(sigma_exact - SIGMA_STAR) < 0.02

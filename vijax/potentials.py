@@ -232,7 +232,7 @@ class PiecewiseLogistic(AbstractPotential):
     **Arguments:**
 
     - `pieces`: R, 3 … 20 (the shipped tables).
-    - `kind`: ``"quadratic"`` (default; ε_20 ≈ 2e-5) or ``"linear"`` (log-concave: φ is the
+    - `kind`: ``"quadratic"`` (default; ε_20 = 1.4e-4) or ``"linear"`` (ε_20 = 3.3e-3; log-concave: φ is the
       exponential of a concave, piecewise linear function).
     """
 
