@@ -1,6 +1,6 @@
 """vijax: deterministic approximate inference for latent linear models in JAX."""
 
-from . import covariance, glm, potentials, quadrature, solvers
+from . import covariance, glm, piecewise, potentials, quadrature, solvers
 from .inference import infer
 from .methods import GKL, LVB, MAP, Laplace, MeanField, gkl, laplace, lvb
 from .model import GaussianFactor, Identity, LatentLinearModel, Sites
@@ -27,6 +27,7 @@ __all__ = [
     "MeanField",
     "covariance",
     "potentials",
+    "piecewise",
     "quadrature",
     "solvers",
     "glm",

@@ -189,9 +189,18 @@ def _(potential: pot.Gaussian, bound: str = "jaakkola"):
     return Exact(potential)
 
 
-def _site_bounds(model: LatentLinearModel, bound: str):
+def _check_bound(bound):
     if bound not in BOUNDS:
-        raise ValueError(f"LVB: `bound` must be one of {BOUNDS}, got {bound!r}.")
+        hint = ""
+        if isinstance(bound, str) and bound.startswith("piecewise"):
+            hint = (" Piecewise bounds are not exponentiated quadratics, so LVB cannot use them; replace the "
+                    "logistic sites with vj.piecewise.bound_logistic_sites(model, kind, pieces) and fit with "
+                    "vj.GKL(), which gives a lower bound on the logistic model's log Z.")
+        raise ValueError(f"LVB: `bound` must be one of {BOUNDS}, got {bound!r}.{hint}")
+
+
+def _site_bounds(model: LatentLinearModel, bound: str):
+    _check_bound(bound)
     return tuple(local_bound(group.potential, bound) for group in model.sites)
 
 
@@ -292,8 +301,7 @@ class LVB(eqx.Module):
     tol: float = eqx.field(static=True, default=1e-12)
 
     def __check_init__(self):
-        if self.bound not in BOUNDS:
-            raise ValueError(f"LVB: `bound` must be one of {BOUNDS}, got {self.bound!r}.")
+        _check_bound(self.bound)
 
     def _iterate(self, xi, model):
         """Fixed-point steps in one `lax.while_loop`; returns (ξ, value, mean, C, iterations, converged, trace)."""
