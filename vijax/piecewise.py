@@ -35,7 +35,7 @@ import math
 import equinox as eqx
 import numpy as np
 
-from ._piecewise import KINDS, PIECES, check, expected, log_expected_exp_neg, table, value
+from ._piecewise import KINDS, PIECES, expected, log_expected_exp_neg, table, value
 
 __all__ = ["KINDS", "PIECES", "table", "max_error", "value", "expected", "log_expected_exp_neg", "fit",
            "bound_logistic_sites"]
