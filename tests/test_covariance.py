@@ -190,6 +190,7 @@ def test_factor_analysis_full_rank_is_nearly_exact(rng):
     assert log_z - 1e-5 <= post.log_z <= log_z + 1e-10
 
 
+@pytest.mark.slow  # five full fits at D = 7 (~50 s): run with `python -m pytest -m slow`
 def test_constrained_optima_are_ordered(rng):
     """Nested families: Diagonal ⊂ Banded(2) ⊂ Banded(4) ⊂ Full, Diagonal ⊂ Chevron ⊂ Full; all ≤ log Z."""
     model = _logistic_model(rng, n=40)
