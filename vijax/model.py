@@ -624,7 +624,9 @@ class LatentLinearModel(eqx.Module):
     def dtype(self):
         """The floating dtype of the model's data (that of its projections, else of its prior)."""
         leaves = [s.projection for s in self.sites if not isinstance(s.projection, Identity)] or [self.prior]
-        return jnp.result_type(*[x.dtype for x in jax.tree_util.tree_leaves(leaves)])
+        # Only floating leaves: a sparse projection also holds integer column indices.
+        floats = [x.dtype for x in jax.tree_util.tree_leaves(leaves) if jnp.issubdtype(x.dtype, jnp.floating)]
+        return jnp.result_type(*floats)
 
     def initial_moments(self):
         """A starting mean and per-coordinate scale: the Gaussian factor's, or (0, 1) without one."""
