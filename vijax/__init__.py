@@ -2,7 +2,7 @@
 
 from . import covariance, glm, piecewise, potentials, quadrature, solvers
 from .inference import infer
-from .methods import GKL, LVB, MAP, Laplace, MeanField, gkl, laplace, lvb
+from .methods import EP, GKL, LVB, MAP, Laplace, MeanField, ep, gkl, laplace, lvb
 from .model import GaussianFactor, Identity, LatentLinearModel, Sites
 from .posterior import Diagnostics, Posterior
 from .sharding import shard_sites
@@ -18,6 +18,8 @@ __all__ = [
     "Sites",
     "Identity",
     "GKL",
+    "EP",
+    "ep",
     "gkl",
     "Laplace",
     "laplace",

@@ -72,6 +72,14 @@ class AbstractProjection(eqx.Module):
         """The projection ``H @ L`` (used by the change of basis w = μ + L w̃)."""
         raise NotImplementedError
 
+    def row(self, n):
+        """h_n, row ``n`` of H as a dense ``(D,)`` array (``n`` may be traced)."""
+        return self.rmv(jax.nn.one_hot(n, self.shape[0], dtype=self._dtype()))
+
+    def _dtype(self):
+        floats = [x.dtype for x in jax.tree_util.tree_leaves(self) if jnp.issubdtype(x.dtype, jnp.floating)]
+        return jnp.result_type(*floats) if floats else jnp.result_type(float)
+
 
 class Dense(AbstractProjection):
     matrix: jax.Array
@@ -97,6 +105,9 @@ class Dense(AbstractProjection):
 
     def right_multiply(self, L):
         return Dense(self.matrix @ L)
+
+    def row(self, n):
+        return self.matrix[n]
 
 
 class Sparse(AbstractProjection):
@@ -258,6 +269,9 @@ class Identity(AbstractProjection):
 
     def right_multiply(self, L):
         return Dense(L)
+
+    def row(self, n):
+        return jax.nn.one_hot(n, self.dim, dtype=self._dtype())
 
 
 def _as_projection(H) -> AbstractProjection:

@@ -24,6 +24,16 @@ class Diagnostics(eqx.Module):
       Hessian at the optimum is not negative definite); always False for G-KL;
     - `jitter`: what was added to the diagonal of a curvature matrix before factorising it
       (0 unless it was singular).
+
+    Expectation propagation also reports (NaN, False or 0 for other methods):
+
+    - `max_change`: the largest change of a site parameter in the last iteration, in units of
+      the site's marginal (max over sites of |Δτ_n|·V_n and |Δν_n|·√V_n);
+    - `oscillating`: True when the moment-matching residual stopped improving (the symptom of
+      oscillating or diverging EP);
+    - `skipped`: site updates left out because the site's cavity was improper or its tilted
+      moments were not finite;
+    - `shrunk`: steps shortened so that q and every cavity stay proper.
     """
 
     iterations: jax.Array
@@ -37,6 +47,10 @@ class Diagnostics(eqx.Module):
     solver: str = eqx.field(static=True)
     fallback: jax.Array = eqx.field(default_factory=lambda: jnp.array(False))
     jitter: jax.Array = eqx.field(default_factory=lambda: jnp.array(0.0))
+    max_change: jax.Array = eqx.field(default_factory=lambda: jnp.array(jnp.nan))
+    oscillating: jax.Array = eqx.field(default_factory=lambda: jnp.array(False))
+    skipped: jax.Array = eqx.field(default_factory=lambda: jnp.array(0))
+    shrunk: jax.Array = eqx.field(default_factory=lambda: jnp.array(0))
 
     @classmethod
     def from_solution(cls, sol, method: str, solver: str, fallback=False, jitter=0.0) -> "Diagnostics":
@@ -58,6 +72,8 @@ class Posterior(eqx.Module):
     - `is_lower_bound`: whether `log_z` is a guaranteed lower bound.
     - `diagnostics`: a `Diagnostics`.
     - `model`: the model that was fitted (used by predictive functions).
+    - `state`: what the method needs to warm-start from this fit (`vj.EP`: its `vj.ep.SiteParams`);
+      None for methods whose `init` is the posterior itself.
     """
 
     mean: jax.Array
@@ -66,6 +82,7 @@ class Posterior(eqx.Module):
     diagnostics: Diagnostics
     model: LatentLinearModel
     is_lower_bound: bool = eqx.field(static=True)
+    state: object = None
 
     @property
     def covariance(self):

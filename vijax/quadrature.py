@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["GaussHermite", "safe_sqrt"]
+__all__ = ["GaussHermite", "safe_sqrt", "tilted_moments", "moments_from_log_normaliser"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -81,3 +81,114 @@ def safe_sqrt(x):
     """
     positive = x > 0
     return jnp.where(positive, jnp.sqrt(jnp.where(positive, x, 1.0)), 0.0)
+
+
+# ----------------------------------------------------------------------------------------------
+# Tilted moments: the normaliser, mean and variance of φ(x)^η N(x | m, v)
+
+# Panel edges of one window, in units of its width around its centre: fine near the centre, where
+# a peak or a kink sits, coarser in the tails. 0 is an edge, so a kink at a centre is never inside
+# a panel.
+_WINDOW_EDGES = (-12.0, -8.0, -5.0, -3.0, -2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0, 3.0, 5.0, 8.0, 12.0)
+_NODES_PER_PANEL = 8
+_MODE_ITERATIONS = 20
+_MODE_HALVINGS = 60
+
+
+@functools.lru_cache(maxsize=None)
+def _legendre_rule(num_nodes: int):
+    x, w = np.polynomial.legendre.leggauss(num_nodes)
+    return 0.5 * (x + 1), 0.5 * w  # on [0, 1]
+
+
+def _tilted_mode(log_density, x0, curvature_floor):
+    """A local maximum of ``log_density`` (elementwise) by safeguarded Newton from ``x0``.
+
+    The curvature is floored at ``curvature_floor`` (the cavity precision), so every step is an
+    ascent direction even where the log density is convex; a step that lowers the density is
+    halved until it does not (or dropped). Called on constants only (it places the quadrature
+    rule, which is not differentiated), so its loops never need reverse-mode derivatives.
+    """
+    grad = jax.grad(lambda x: jnp.sum(log_density(x)))
+
+    def newton(_, x):
+        g, h = jax.jvp(grad, (x,), (jnp.ones_like(x),))
+        step = jnp.where(jnp.isfinite(g), g / jnp.maximum(-h, curvature_floor), 0.0)
+        f0 = log_density(x)
+
+        def worse(state):
+            step, f, k = state
+            return jnp.any(~(f >= f0)) & (k < _MODE_HALVINGS)
+
+        def halve(state):
+            step, f, k = state
+            step = jnp.where(f >= f0, step, 0.5 * step)
+            return step, log_density(x + step), k + 1
+
+        step, f, _ = jax.lax.while_loop(worse, halve, (step, log_density(x + step), 0))
+        return jnp.where(f >= f0, x + step, x)
+
+    x = jax.lax.fori_loop(0, _MODE_ITERATIONS, newton, x0)
+    _, h = jax.jvp(grad, (x,), (jnp.ones_like(x),))
+    return x, jnp.maximum(-h, curvature_floor)
+
+
+def tilted_moments(potential, mean, var, power=1.0):
+    """log Ẑ, mean and variance of the tilted density p̂(x) ∝ φ(x)^η N(x | mean, var), by quadrature.
+
+    Ẑ = ∫ φ(x)^η N(x | mean, var) dx for a vijax potential φ (its ``log_phi``). The integral is a
+    composite Gauss–Legendre rule on the union of windows (each: panels at
+    ``centre + width · (0, ±½, ±1, ±2, ±3, ±5, ±8, ±12)``, 8 nodes a panel):
+
+    - the cavity N(mean, var);
+    - the tilted density's mode (safeguarded Newton from ``mean``) with its Laplace width, which
+      follows the mass wherever the site moves it (a Poisson site with large counts, a wide cavity);
+    - the potential's own peaks or kinks, ``potential._peaks()`` (a Student-t or Laplace likelihood
+      at its ``loc``), which neither of the others resolves when the cavity is much wider than the
+      site. A bimodal tilted density (a Student-t outlier) gets one window per mode.
+
+    Everything is computed in log space (the weights are normalised by a log-sum-exp), so sites far
+    in the tails underflow nowhere. The rule is placed at constants and not differentiated, so
+    derivatives (in ``mean``, ``var`` or the potential's parameters) are the same rule applied to
+    the derivative of the integrand. Arrays broadcast elementwise; returns three arrays.
+    """
+    mean, var = jnp.broadcast_arrays(mean, var)
+    dtype = jnp.result_type(mean, var)
+    var = jnp.where(var > 0, var, 1.0)  # invalid cavities give garbage; callers mask them
+    log_density = lambda phi, m, v: lambda x: power * phi.log_phi(x) - 0.5 * (x - m) ** 2 / v
+    fixed = jax.lax.stop_gradient((potential, mean, var))
+    mode, curvature = _tilted_mode(log_density(*fixed), fixed[1], 1.0 / fixed[2])
+    windows = [(c, w) for c, w in fixed[0]._peaks()]
+
+    centres = [fixed[1], mode] + [jnp.broadcast_to(c, mean.shape).astype(dtype) for c, _ in windows]
+    widths = [jnp.sqrt(fixed[2]), jnp.sqrt(1.0 / curvature)]
+    widths += [jnp.broadcast_to(w, mean.shape).astype(dtype) for _, w in windows]
+    offsets = jnp.asarray(_WINDOW_EDGES, dtype)
+    edges = jnp.concatenate([c[..., None] + w[..., None] * offsets for c, w in zip(centres, widths)], axis=-1)
+    edges = jnp.sort(edges, axis=-1)
+    left, length = edges[..., :-1, None], jnp.diff(edges, axis=-1)[..., None]
+    u, w = (jnp.asarray(a, dtype) for a in _legendre_rule(_NODES_PER_PANEL))
+    x = (left + length * u).reshape(mean.shape + (-1,))  # (..., panels · nodes)
+    nonempty = length > 0  # repeated edges give empty panels: weight 0, and no 0 · ∞ in gradients
+    log_weights = jnp.where(nonempty, jnp.log(jnp.where(nonempty, length, 1.0) * w), -jnp.inf)
+    # Nodes on the leading axis, so per-site parameters of shape (N,) broadcast against them.
+    log_phi = jnp.moveaxis(potential.log_phi(jnp.moveaxis(x, -1, 0)), 0, -1)
+    log_integrand = power * log_phi - 0.5 * (x - mean[..., None]) ** 2 / var[..., None]
+    terms = log_integrand + log_weights.reshape(mean.shape + (-1,))
+    log_total = jax.scipy.special.logsumexp(terms, axis=-1)
+    p = jnp.exp(terms - log_total[..., None])
+    tilted_mean = jnp.sum(p * x, axis=-1)
+    tilted_var = jnp.sum(p * (x - tilted_mean[..., None]) ** 2, axis=-1)
+    log_z = log_total - 0.5 * jnp.log(2 * jnp.pi * var)
+    return log_z, tilted_mean, tilted_var
+
+
+def moments_from_log_normaliser(log_z_fn, mean, var):
+    """Tilted moments from a closed-form log Ẑ(mean) (elementwise), by the ∇ log Ẑ identities
+
+    E[x] = m + v ∂log Ẑ/∂m,   Var[x] = v + v² ∂²log Ẑ/∂m²   (for p̂ ∝ φ(x) N(x | m, v)).
+    """
+    grad = jax.grad(lambda m: jnp.sum(log_z_fn(m)))
+    log_z = log_z_fn(mean)
+    g, h = jax.jvp(grad, (mean,), (jnp.ones_like(mean),))
+    return log_z, mean + var * g, var + var**2 * h

@@ -1,10 +1,11 @@
 """Inference methods: configuration objects with a ``fit(model, init)`` method."""
 
-from . import gkl, laplace, lvb
+from . import ep, gkl, laplace, lvb
+from .ep import EP
 from .gkl import GKL
 from .laplace import Laplace
 from .lvb import LVB
 from .map import MAP
 from .meanfield import MeanField
 
-__all__ = ["gkl", "laplace", "lvb", "GKL", "Laplace", "LVB", "MAP", "MeanField"]
+__all__ = ["ep", "EP", "gkl", "laplace", "lvb", "GKL", "Laplace", "LVB", "MAP", "MeanField"]

@@ -50,13 +50,12 @@ import math
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jax.scipy.linalg import solve_triangular
 
 from .. import potentials as pot
 from ..covariance import CholeskyFactor, DiagonalFactor
-from ..covariance._dense import _reversed_cholesky
 from ..model import LatentLinearModel
 from ..posterior import Diagnostics, Posterior
+from ._gaussian import integrate
 
 __all__ = ["LVB", "bound", "gaussian", "update", "local_bound", "initial_xi", "AbstractLocalBound",
            "Jaakkola", "Bohning", "ScaleMixture", "Exact"]
@@ -210,25 +209,8 @@ def _site_bounds(model: LatentLinearModel, bound: str):
 
 def _evaluate(xi, model: LatentLinearModel, bound: str):
     """``(B_LVB(ξ), mean, C)`` with q_ξ = N(mean, CᵀC), C = R⁻¹ from the reversed Cholesky P = R Rᵀ."""
-    d, dtype = model.dim, model.dtype
-    if model.prior is None:
-        P, r, const = jnp.zeros((d, d), dtype), jnp.zeros(d, dtype), jnp.zeros((), dtype)
-    else:
-        # log f(w) = −½ wᵀΛw + ηᵀw + κ: κ and η are log f and its gradient at 0.
-        const, r = (t.astype(dtype) for t in jax.value_and_grad(model.prior.log_density)(jnp.zeros(d, dtype)))
-        P = model.prior.precision_matrix().astype(dtype)
-    for group, site, x in zip(model.sites, _site_bounds(model, bound), xi):
-        # The model's dtype (that of H) is the working dtype, whatever the parameters' dtypes.
-        a, A, c = (jnp.broadcast_to(t, (group.num_sites,)).astype(dtype) for t in site.quadratic(x))
-        b = jnp.broadcast_to(group.offset, (group.num_sites,)).astype(dtype)
-        P = P + group.projection.gram(A)
-        r = r + group.projection.rmv(a - A * b)
-        const = const + jnp.sum(a * b - 0.5 * A * b**2 + c)
-    R = _reversed_cholesky(0.5 * (P + P.T))  # NaN where P is not positive definite
-    C = solve_triangular(R, jnp.eye(d, dtype=R.dtype), lower=False)
-    z = C @ r  # R⁻¹ r, so rᵀP⁻¹r = ‖z‖² and the mean is P⁻¹r = Cᵀ z
-    value = const + 0.5 * z @ z + 0.5 * d * _LOG_2PI - jnp.sum(jnp.log(jnp.diag(R)))
-    return value, C.T @ z, C
+    quadratics = tuple(site.quadratic(x) for site, x in zip(_site_bounds(model, bound), xi))
+    return integrate(model, quadratics)
 
 
 def bound(xi, model: LatentLinearModel, bound: str = "jaakkola"):

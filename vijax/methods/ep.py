@@ -1,0 +1,557 @@
+"""Expectation propagation (EP): Gaussian site approximations refined by moment matching.
+
+Every site φ_n(x_n), x_n = h_nᵀw + b_n, is replaced by t̃_n(x) = exp(ν_n x − ½ τ_n x²) (natural
+parameters; τ_n may be negative), the Gaussian factor f is kept exact, and
+
+.. math::
+
+    q(w) \\propto f(w) \\prod_n \\tilde t_n(h_n^\\top w + b_n) = \\mathcal N(w \\mid m, S).
+
+With q's marginal N(m_n, V_n) of x_n and a power η ∈ (0, 1] (η = 1 is standard EP), the cavity
+removes a fraction η of site n, q_{−n}(x) ∝ N(m_n, V_n) t̃_n(x)^{−η}, i.e. precision V_n⁻¹ − ητ_n and
+shift m_n/V_n − ην_n. The tilted density p̂_n ∝ φ_n(x)^η q_{−n}(x) has normaliser Ẑ_n and moments
+(m̂_n, V̂_n) (`AbstractPotential.tilted_moments`), and a damped update (δ ∈ (0, 1]) moves the site
+towards moment matching (Jylänki 2013, eqs. 2.36–2.37):
+
+.. math::
+
+    \\tau_n \\leftarrow \\tau_n + \\tfrac{\\delta}{\\eta}(\\hat V_n^{-1} - V_n^{-1}), \\qquad
+    \\nu_n \\leftarrow \\nu_n + \\tfrac{\\delta}{\\eta}(\\hat m_n/\\hat V_n - m_n/V_n).
+
+At a fixed point the tilted moments equal q's marginals. The EP approximation of log Z (the
+energy, eqs. 2.42 and 2.45 with the thesis's misprints corrected) is
+
+.. math::
+
+    \\log Z_{\\rm EP} = \\log\\!\\int f(w) \\prod_n \\tilde t_n\\, dw
+      + \\frac1\\eta \\sum_n \\big[\\log \\hat Z_n + \\log Z(m_{-n}, V_{-n}) - \\log Z(m_n, V_n)\\big],
+    \\qquad \\log Z(m, V) = \\tfrac12 \\log 2\\pi V + \\tfrac{m^2}{2V},
+
+and it is stationary in the site parameters at every fixed point, so its derivative in the model's
+hyperparameters with the sites frozen is the total derivative (`energy`).
+
+Schedules (`EP.schedule`):
+
+- ``"parallel"``: all sites from one q, then q once (a Cholesky); the step is halved until q and every
+  cavity are proper (``diagnostics.shrunk``).
+- ``"sequential"``: one site at a time with a rank-one update of q (O(D²) a site), q recomputed from
+  the sites after every sweep; a site whose cavity is improper is skipped (``diagnostics.skipped``).
+- ``"double_loop"``: the expectation-consistent min–max form of the energy (Jylänki §2.3.7; Opper &
+  Winther 2005; Heskes & Zoeter 2002). Outer loop: anchor each cavity at q's current marginal.
+  Inner loop: minimise the convex function
+  G(τ, ν) = log ∫ f ∏ t̃ + (1/η) Σ_n log ∫ φ_n^η exp(anchor_n − η·site_n) (∂G/∂ν_n = E_q x_n − E_p̂ x_n,
+  so its minimum matches every tilted distribution to q for the anchored cavities) along the EP
+  step scaled to a diagonal Newton step, a descent direction because the Gaussian moment map is
+  monotone, with Armijo backtracking: G decreases at every accepted inner step. The fixed points
+  are EP's; the outer loop converges linearly, often slowly, so it is the fallback, not the default.
+
+By default a parallel or sequential run that has not converged (the residual stopped improving, or
+``max_iter`` was reached) is continued by the double loop from its last proper state
+(``diagnostics.fallback``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+from ..covariance import CholeskyFactor, DiagonalFactor
+from ..model import LatentLinearModel
+from ..posterior import Diagnostics, Posterior
+from ._gaussian import integrate, working_model
+
+__all__ = ["EP", "SiteParams", "energy", "SCHEDULES"]
+
+SCHEDULES = ("parallel", "sequential", "double_loop")
+_LOG_2PI = math.log(2 * math.pi)
+_MAX_HALVINGS = 30  # steps shortened to keep q and the cavities proper, and inner line searches
+_MAX_EXTRAPOLATION = 64.0  # largest ω of the double loop's outer step
+_ARMIJO = 1e-4  # sufficient-decrease constant of the double loop's inner line search
+_QUADRATURE_NOISE = 1e-9  # relative size of the tilted integrals' rule-placement noise in G
+
+
+class SiteParams(eqx.Module):
+    """EP site approximations t̃_n(x) = exp(ν_n x − ½ τ_n x²), one pair of arrays per site group.
+
+    ``precision`` holds the τ (shape ``(N_g,)`` each; negative values are allowed), ``shift`` the ν.
+    """
+
+    precision: tuple[jax.Array, ...]
+    shift: tuple[jax.Array, ...]
+
+    @staticmethod
+    def zeros(model: LatentLinearModel) -> "SiteParams":
+        """Sites that contribute nothing: q is the model's Gaussian factor."""
+        zeros = tuple(jnp.zeros(g.num_sites, model.dtype) for g in model.sites)
+        return SiteParams(zeros, zeros)
+
+    def __add__(self, other: "SiteParams") -> "SiteParams":
+        return jax.tree_util.tree_map(jnp.add, self, other)
+
+    def scale(self, alpha) -> "SiteParams":
+        return jax.tree_util.tree_map(lambda a: alpha * a, self)
+
+
+def _log_normaliser(mean, var):
+    """log ∫ exp(−x²/2V + mx/V) dx = ½ log 2πV + m²/2V."""
+    return 0.5 * (_LOG_2PI + jnp.log(var)) + 0.5 * mean**2 / var
+
+
+class _Evaluation(NamedTuple):
+    """q at a set of sites, and each site's cavity and tilted moments (tuples: one entry per group)."""
+
+    value: jax.Array  # the energy, or the double loop's inner objective G when anchored
+    mean: jax.Array
+    C: jax.Array
+    marginal_mean: tuple
+    marginal_var: tuple
+    tilted_mean: tuple
+    tilted_var: tuple
+    valid: tuple  # cavity proper and tilted moments finite
+    proper: jax.Array  # q proper and every cavity proper
+
+
+def _evaluate(sites: SiteParams, model, power, work, anchor=None) -> _Evaluation:
+    """q, its marginals, the cavities (anchored at ``anchor`` = (means, variances), else at q's
+    marginals) and the tilted moments; ``value`` is the energy (inner objective when anchored)."""
+    working_sites, whitening = work
+    quadratics = tuple((nu, tau, 0.0) for tau, nu in zip(sites.precision, sites.shift))
+    log_zq, mean, C = integrate(model, quadratics, working_sites, whitening)
+    factor = CholeskyFactor(C)
+    value, proper = log_zq, jnp.isfinite(log_zq)
+    out = ([], [], [], [], [])
+    for k, (group, tau, nu) in enumerate(zip(model.sites, sites.precision, sites.shift)):
+        m, V = group.project(mean), factor.projected_variances(group.projection)
+        m_a, V_a = (m, V) if anchor is None else (anchor[0][k], anchor[1][k])
+        cavity_precision = 1.0 / V_a - power * tau
+        ok = cavity_precision > 0
+        V_c = 1.0 / jnp.where(ok, cavity_precision, 1.0)
+        m_c = (m_a / V_a - power * nu) * V_c
+        log_zhat, m_hat, V_hat = group.potential.tilted_moments(m_c, V_c, power)
+        terms = (log_zhat + _log_normaliser(m_c, V_c) - _log_normaliser(m_a, V_a)) / power
+        proper = proper & jnp.all(ok)
+        ok = ok & jnp.isfinite(terms) & jnp.isfinite(m_hat) & (V_hat > 0)
+        value = value + jnp.sum(terms)
+        for store, item in zip(out, (m, V, m_hat, V_hat, ok)):
+            store.append(item)
+    value = jnp.where(proper, value, jnp.nan)
+    return _Evaluation(value, mean, C, *map(tuple, out), proper)
+
+
+def _direction(ev: _Evaluation, sites: SiteParams, power) -> SiteParams:
+    """(λ̂ − λ_q)/η for every valid site: the undamped EP step, in natural parameters."""
+    dtau, dnu = [], []
+    for m, V, m_hat, V_hat, ok in zip(ev.marginal_mean, ev.marginal_var, ev.tilted_mean, ev.tilted_var, ev.valid):
+        V_hat = jnp.where(ok, V_hat, 1.0)
+        dtau.append(jnp.where(ok, (1.0 / V_hat - 1.0 / V) / power, 0.0))
+        dnu.append(jnp.where(ok, (m_hat / V_hat - m / V) / power, 0.0))
+    return SiteParams(tuple(dtau), tuple(dnu))
+
+
+def _residual(ev: _Evaluation):
+    """max_n |m̂_n − m_n|/√V_n + |log(V̂_n/V_n)| over valid sites: 0 exactly at a fixed point."""
+    worst = jnp.zeros((), ev.value.dtype)
+    for m, V, m_hat, V_hat, ok in zip(ev.marginal_mean, ev.marginal_var, ev.tilted_mean, ev.tilted_var, ev.valid):
+        r = jnp.abs(m_hat - m) / jnp.sqrt(V) + jnp.abs(jnp.log(jnp.where(ok, V_hat, 1.0) / V))
+        worst = jnp.maximum(worst, jnp.max(jnp.where(ok, r, 0.0), initial=0.0))
+    return jnp.where(ev.proper, worst, jnp.inf)
+
+
+def _num_invalid(ev: _Evaluation):
+    return sum(jnp.sum(~ok) for ok in ev.valid)
+
+
+def _change(step: SiteParams, ev: _Evaluation):
+    """max over sites of |Δτ|·V and |Δν|·√V (a site change in units of its marginal)."""
+    worst = jnp.zeros((), ev.value.dtype)
+    for dtau, dnu, V in zip(step.precision, step.shift, ev.marginal_var):
+        worst = jnp.maximum(worst, jnp.max(jnp.maximum(jnp.abs(dtau) * V, jnp.abs(dnu) * jnp.sqrt(V)), initial=0.0))
+    return worst
+
+
+def energy(sites: SiteParams, model: LatentLinearModel, power: float = 1.0):
+    """log Z_EP, the EP approximation of log Z at ``sites`` (a pure, differentiable scalar function).
+
+    Stationary in ``sites`` at every EP fixed point, so ``jax.grad`` with respect to ``model`` at
+    converged, frozen sites is the derivative of EP's log Z in the hyperparameters. NaN where q or a
+    cavity is improper.
+    """
+    return _evaluate(sites, model, power, working_model(model)).value
+
+
+class _Run(NamedTuple):
+    """The loop state every schedule shares."""
+
+    sites: SiteParams
+    ev: _Evaluation
+    residual: jax.Array
+    k: jax.Array
+    trace: jax.Array
+    best: jax.Array
+    since_best: jax.Array
+    evals: jax.Array
+    skipped: jax.Array
+    shrunk: jax.Array
+    change: jax.Array
+    stuck: jax.Array
+    best_sites: SiteParams  # the sites with the smallest residual so far (where a fallback restarts)
+    outer: tuple = ()  # the double loop's (anchor, its inner optimum Φ, extrapolation factor ω)
+
+
+def _site_of(potential, n, num_sites):
+    """The potential of site ``n`` alone (per-site parameters indexed, shared ones kept)."""
+    take = lambda a: jnp.broadcast_to(a, (num_sites,))[n] if jnp.ndim(a) == 1 else a
+    return jax.tree_util.tree_map(take, potential)
+
+
+def _largest_proper_fraction(conditions):
+    """Largest α in {1, ½, ¼, …} with every ``a + α·b > 0`` for the (a, b) pairs given; 0 if none."""
+    def ok(alpha):
+        return jnp.all(jnp.stack([a + alpha * b > 0 for a, b in conditions]))
+
+    def halve(_, alpha):
+        return jnp.where(ok(alpha), alpha, 0.5 * alpha)
+
+    alpha = jax.lax.fori_loop(0, _MAX_HALVINGS, halve, jnp.ones_like(conditions[0][0]))
+    return jnp.where(ok(alpha), alpha, 0.0)
+
+
+class EP(eqx.Module):
+    """Expectation propagation with damping, power EP and a convergent double-loop fallback.
+
+    **Arguments:**
+
+    - `schedule`: ``"parallel"`` (default), ``"sequential"`` or ``"double_loop"`` (see the module
+      docstring).
+    - `damping`: δ ∈ (0, 1], the fraction of each EP step taken; None (default) gives 0.5 for the
+      parallel schedule, which needs it, and 1 for the sequential one.
+    - `power`: η ∈ (0, 1]; η < 1 is power (fractional) EP, which leaves part of each site in its
+      cavity and is more stable on non-log-concave sites.
+    - `max_iter`: the most iterations (sweeps) of the schedule, and again of the double loop's
+      outer loop when it takes over.
+    - `tol`: converged when every site's tilted moments match q's marginal:
+      max_n |m̂_n − m_n|/√V_n + |log(V̂_n/V_n)| ≤ ``tol`` (the energy's error is of order tol²).
+    - `fallback`: continue a parallel or sequential run that has not converged with the double loop.
+    - `patience`: iterations without a 1% improvement of the residual before a run is declared
+      oscillating (and handed to the double loop).
+    - `inner_iter`: the most inner steps per outer iteration of the double loop.
+
+    ``vj.infer(model, vj.EP())`` returns a `Posterior` with q = N(mean, S) (a full `CholeskyFactor`)
+    and ``log_z`` = `energy` at the frozen sites, an approximation (not a bound) whose ``jax.grad``
+    in the model's hyperparameters is the total derivative at convergence. ``post.state`` holds the
+    `SiteParams`, for warm starts (``init=post`` or ``init=sites``). Each evaluation costs one
+    D × D Cholesky, O(N D²) for the marginals, and one 1-D tilted integral per site.
+    """
+
+    schedule: str = eqx.field(static=True, default="parallel")
+    damping: float | None = eqx.field(static=True, default=None)
+    power: float = eqx.field(static=True, default=1.0)
+    max_iter: int = eqx.field(static=True, default=200)
+    tol: float = eqx.field(static=True, default=1e-6)
+    fallback: bool = eqx.field(static=True, default=True)
+    patience: int = eqx.field(static=True, default=20)
+    inner_iter: int = eqx.field(static=True, default=50)
+
+    def __check_init__(self):
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"EP: `schedule` must be one of {SCHEDULES}, got {self.schedule!r}.")
+        if self.damping is not None and not (0 < self.damping <= 1):
+            raise ValueError(f"EP: `damping` must lie in (0, 1], got {self.damping!r}.")
+        if not (0 < self.power <= 1):
+            raise ValueError(f"EP: `power` must lie in (0, 1], got {self.power!r}.")
+        if not (isinstance(self.max_iter, int) and self.max_iter >= 1):
+            raise ValueError(f"EP: `max_iter` must be a positive integer, got {self.max_iter!r}.")
+        if not self.tol > 0:
+            raise ValueError(f"EP: `tol` must be positive, got {self.tol!r}.")
+
+    @property
+    def step_fraction(self) -> float:
+        if self.damping is not None:
+            return float(self.damping)
+        return 1.0 if self.schedule == "sequential" else 0.5
+
+    # ------------------------------------------------------------------------------------------
+    # Shared loop machinery
+
+    def _start(self, sites, ev, k, trace) -> _Run:
+        residual = _residual(ev)
+        zero = jnp.array(0)
+        return _Run(sites, ev, residual, k, trace.at[k].set(ev.value), residual, zero, zero + 1, zero, zero,
+                    jnp.array(jnp.nan, ev.value.dtype), jnp.array(False), sites)
+
+    def _record(self, run: _Run, sites, ev, evals, skipped, shrunk, change, stuck) -> _Run:
+        residual = _residual(ev)
+        improved = residual < 0.99 * run.best
+        best_sites = jax.tree_util.tree_map(lambda a, b: jnp.where(residual < run.best, a, b), sites, run.best_sites)
+        k = run.k + 1
+        return run._replace(sites=sites, ev=ev, residual=residual, k=k, trace=run.trace.at[k].set(ev.value),
+                            best=jnp.minimum(run.best, residual), since_best=jnp.where(improved, 0, run.since_best + 1),
+                            evals=run.evals + evals, skipped=run.skipped + skipped, shrunk=run.shrunk + shrunk,
+                            change=change, stuck=stuck, best_sites=best_sites)
+
+    @staticmethod
+    def _with_anchor(run: _Run) -> _Run:
+        """The double loop's outer state: anchors at q's marginals, Φ unknown, ω = 1."""
+        anchor = (run.ev.marginal_mean, run.ev.marginal_var)
+        dtype = run.ev.value.dtype
+        return run._replace(outer=(anchor, jnp.array(-jnp.inf, dtype), jnp.array(1.0, dtype)))
+
+    def _loop(self, run: _Run, body, limit) -> _Run:
+        def cond(r):
+            return (r.k < limit) & (r.residual > self.tol) & (r.since_best < self.patience) & ~r.stuck
+
+        return jax.lax.while_loop(cond, body, run)
+
+    # ------------------------------------------------------------------------------------------
+    # Schedules
+
+    def _parallel_step(self, model, work):
+        def body(run: _Run) -> _Run:
+            step = _direction(run.ev, run.sites, self.power).scale(self.step_fraction)
+
+            def shorter(state):
+                alpha, ev, n = state
+                return ~ev.proper & (n < _MAX_HALVINGS)
+
+            def halve(state):
+                alpha, _, n = state
+                alpha = 0.5 * alpha
+                return alpha, _evaluate(run.sites + step.scale(alpha), model, self.power, work), n + 1
+
+            one = jnp.ones((), run.ev.value.dtype)
+            first = _evaluate(run.sites + step, model, self.power, work)
+            alpha, ev, n = jax.lax.while_loop(shorter, halve, (one, first, jnp.array(0)))
+            ok = ev.proper
+            sites = jax.tree_util.tree_map(lambda new, old: jnp.where(ok, new, old), run.sites + step.scale(alpha),
+                                           run.sites)
+            ev = jax.tree_util.tree_map(lambda new, old: jnp.where(ok, new, old), ev, run.ev)
+            return self._record(run, sites, ev, n + 1, _num_invalid(run.ev), (n > 0).astype(int),
+                                _change(step.scale(alpha * ok), run.ev), ~ok)
+
+        return body
+
+    def _sequential_step(self, model, work):
+        power, delta = self.power, self.step_fraction
+        dtype = model.dtype
+        working_sites, whitening = work
+
+        def sweep_group(carry, group, k):
+            S, mean, sites, skipped = carry
+            num = group.num_sites
+            offset = jnp.broadcast_to(group.offset, (num,)).astype(dtype)
+
+            def site(n, state):
+                S, mean, tau, nu, skipped = state
+                h = group.projection.row(n).astype(dtype)
+                s = S @ h
+                V, m = h @ s, h @ mean + offset[n]
+                cavity_precision = 1.0 / V - power * tau[n]
+                ok = cavity_precision > 0
+                V_c = 1.0 / jnp.where(ok, cavity_precision, 1.0)
+                m_c = (m / V - power * nu[n]) * V_c
+                _, m_hat, V_hat = _site_of(group.potential, n, num).tilted_moments(m_c, V_c, power)
+                ok = ok & jnp.isfinite(m_hat) & (V_hat > 0)
+                V_hat = jnp.where(ok, V_hat, 1.0)
+                dtau = jnp.where(ok, delta / power * (1.0 / V_hat - 1.0 / V), 0.0)
+                dnu = jnp.where(ok, delta / power * (m_hat / V_hat - m / V), 0.0)
+                # Keep q proper (1/V + Δτ > 0) and this site's next cavity proper.
+                alpha = _largest_proper_fraction([(1.0 / V, dtau), (cavity_precision, (1 - power) * dtau)])
+                dtau, dnu = alpha * dtau, alpha * dnu
+                gain = 1.0 / (1.0 + dtau * V)
+                S = S - (dtau * gain) * jnp.outer(s, s)
+                mean = mean + s * ((dnu - dtau * m) * gain)
+                return S, mean, tau.at[n].add(dtau), nu.at[n].add(dnu), skipped + (~ok).astype(int)
+
+            tau, nu = sites.precision[k], sites.shift[k]
+            S, mean, tau, nu, skipped = jax.lax.fori_loop(0, num, site, (S, mean, tau, nu, skipped))
+            sites = SiteParams(sites.precision[:k] + (tau,) + sites.precision[k + 1:],
+                               sites.shift[:k] + (nu,) + sites.shift[k + 1:])
+            return S, mean, sites, skipped
+
+        def body(run: _Run) -> _Run:
+            # Rank-one updates in the working (whitened) coordinates, where S is well conditioned even
+            # for a GP prior; q is recomputed from the sites after every sweep, as the updates drift.
+            quadratics = tuple((nu, tau, 0.0) for tau, nu in zip(run.sites.precision, run.sites.shift))
+            _, mean, C = integrate(model, quadratics, working_sites, whitening, map_back=False)
+            carry = (C.T @ C, mean, run.sites, jnp.array(0))
+            for k, group in enumerate(working_sites):
+                carry = sweep_group(carry, group, k)
+            _, _, sites, skipped = carry
+            ev = _evaluate(sites, model, self.power, work)
+            change = _change(jax.tree_util.tree_map(jnp.subtract, sites, run.sites), run.ev)
+            # Rounding can still leave q improper (a rank-one downdate of a nearly singular S): keep the
+            # last proper state and stop (the fallback takes over from the best one).
+            keep = lambda new, old: jax.tree_util.tree_map(lambda a, b: jnp.where(ev.proper, a, b), new, old)
+            return self._record(run, keep(sites, run.sites), keep(ev, run.ev), jnp.array(1), skipped, jnp.array(0),
+                                change, ~ev.proper)
+
+        return body
+
+    def _double_loop(self, model, work):
+        power, tol = self.power, self.tol
+        # The EP step ignores that a site moves its own q marginal (its cavity moves with it in EP,
+        # not here): for fixed cavities the diagonal Newton step is η/(1 + η) of it.
+        newton_fraction = power / (1.0 + power)
+
+        def inner(sites, anchor, target):
+            """Minimise G(sites; anchor), convex, along diagonal-Newton EP steps with Armijo backtracking,
+            until the anchored residual is below ``target``."""
+            ev = _evaluate(sites, model, power, work, anchor)
+
+            def cond(state):
+                sites, ev, j, failed, evals = state
+                return (j < self.inner_iter) & ~failed & (_residual(ev) > target)
+
+            def body(state):
+                sites, ev, j, _, evals = state
+                step = _direction(ev, sites, power).scale(newton_fraction)
+                # Slope of G along the step: ∂G/∂ν = E_q x − E_p̂ x, ∂G/∂τ = −½(E_q x² − E_p̂ x²); < 0
+                # because the Gaussian moment map is monotone.
+                slope = sum(jnp.sum(jnp.where(ok, (m - mh) * dnu - 0.5 * (m**2 + V - mh**2 - Vh) * dtau, 0.0))
+                            for m, V, mh, Vh, ok, dtau, dnu in zip(ev.marginal_mean, ev.marginal_var,
+                                                                   ev.tilted_mean, ev.tilted_var, ev.valid,
+                                                                   step.precision, step.shift))
+
+                def sufficient(new, alpha):
+                    # Armijo; or, once the decrease is within the quadrature's noise in G, a smaller residual.
+                    armijo = (new.value <= ev.value + _ARMIJO * alpha * slope) & (new.value < ev.value)
+                    noise = _QUADRATURE_NOISE * (1.0 + jnp.abs(ev.value))
+                    level = (new.value <= ev.value + noise) & (_residual(new) < _residual(ev))
+                    return new.proper & (armijo | level)
+
+                def search(state):
+                    alpha, new, n = state
+                    return ~sufficient(new, alpha) & (n < _MAX_HALVINGS)
+
+                def halve(state):
+                    alpha, _, n = state
+                    alpha = 0.5 * alpha
+                    return alpha, _evaluate(sites + step.scale(alpha), model, power, work, anchor), n + 1
+
+                one = jnp.ones((), ev.value.dtype)
+                first = _evaluate(sites + step, model, power, work, anchor)
+                alpha, new, n = jax.lax.while_loop(search, halve, (one, first, jnp.array(0)))
+                ok = sufficient(new, alpha)
+                sites = jax.tree_util.tree_map(lambda a, b: jnp.where(ok, a, b), sites + step.scale(alpha), sites)
+                ev = jax.tree_util.tree_map(lambda a, b: jnp.where(ok, a, b), new, ev)
+                return sites, ev, j + 1, ~ok, evals + n + 1
+
+            state = (sites, ev, jnp.array(0), jnp.array(False), jnp.array(1))
+            sites, ev, _, _, evals = jax.lax.while_loop(cond, body, state)
+            return sites, ev.value, evals
+
+        def natural(anchor):
+            return tuple((m / V, 1.0 / V) for m, V in zip(*anchor))
+
+        def moments(lam):
+            return tuple(h / p for h, p in lam), tuple(1.0 / p for _, p in lam)
+
+        def body(run: _Run) -> _Run:
+            # Outer step: move the anchors to q's marginals (the CCCP step, which never lowers
+            # Φ(anchor) = min G), or ω times as far when that raises Φ more (ω doubles while it
+            # does, and drops back to 1 when it does not): the linear convergence of the plain
+            # step is often slow.
+            anchor, phi, omega = run.outer
+            lam_s, lam_q = natural(anchor), natural((run.ev.marginal_mean, run.ev.marginal_var))
+            lam_t = tuple((hs + omega * (hq - hs), ps + omega * (pq - ps)) for (hs, ps), (hq, pq) in zip(lam_s, lam_q))
+            proper = jnp.all(jnp.stack([jnp.all(p > 0) for _, p in lam_t]))
+            safe = tuple((jnp.where(proper, h, hq), jnp.where(proper, p, pq)) for (h, p), (hq, pq) in zip(lam_t, lam_q))
+            trial = moments(safe)
+            # Solve the inner problem only as accurately as the outer iterate deserves.
+            target = jnp.maximum(0.1 * tol, 0.1 * run.residual)
+            sites_t, phi_t, evals_t = inner(run.sites, trial, target)
+            extrapolated = omega > 1
+            accept = ~extrapolated | (proper & (phi_t >= phi))
+
+            def plain(_):
+                anchor_q = moments(lam_q)
+                sites, value, evals = inner(run.sites, anchor_q, target)
+                return sites, value, anchor_q, evals
+
+            sites, phi_new, anchor_new, evals = jax.lax.cond(
+                accept, lambda _: (sites_t, phi_t, trial, jnp.array(0)), plain, None)
+            omega = jnp.where(accept & extrapolated, jnp.minimum(2 * omega, _MAX_EXTRAPOLATION),
+                              jnp.where(accept, 2.0, 1.0))
+            ev = _evaluate(sites, model, power, work)
+            change = _change(jax.tree_util.tree_map(jnp.subtract, sites, run.sites), run.ev)
+            stuck = ~ev.proper | (change == 0)
+            keep = lambda new, old: jax.tree_util.tree_map(lambda a, b: jnp.where(ev.proper, a, b), new, old)
+            sites, ev = keep(sites, run.sites), keep(ev, run.ev)
+            run = run._replace(outer=keep((anchor_new, phi_new, omega), run.outer))
+            return self._record(run, sites, ev, evals_t + evals + 1, _num_invalid(run.ev), jnp.array(0), change, stuck)
+
+        return body
+
+    # ------------------------------------------------------------------------------------------
+
+    def initial_sites(self, model: LatentLinearModel, init=None) -> SiteParams:
+        """``init`` (a `SiteParams`, or a `Posterior` from EP), else sites that leave q = the Gaussian
+        factor. Without a Gaussian factor, each site starts as the Gaussian with the site's expected
+        curvature max(−⟨(log φ_n)''⟩, 0) at the prior moments (so q is proper when the sites
+        determine w)."""
+        if isinstance(init, Posterior):
+            init = init.state
+            if not isinstance(init, SiteParams):
+                raise ValueError("EP: `init` is a Posterior from another method; EP warm-starts from an EP "
+                                 "posterior or from vj.ep.SiteParams.")
+        if isinstance(init, SiteParams):
+            shapes = tuple(t.shape for t in init.precision) + tuple(t.shape for t in init.shift)
+            expected = tuple((g.num_sites,) for g in model.sites) * 2
+            if shapes != expected:
+                raise ValueError(f"EP: `init` sites have shapes {shapes}, the model needs {expected}.")
+            return init
+        if init is not None:
+            raise ValueError(f"EP: `init` must be a Posterior from EP or vj.ep.SiteParams, got {type(init).__name__}.")
+        if model.prior is not None:
+            return SiteParams.zeros(model)
+        from .gkl import GaussianParams, curvature
+
+        mean, scale = model.initial_moments()
+        weights = curvature(GaussianParams(mean, DiagonalFactor(scale)), model).weights
+        return SiteParams(tuple(weights),
+                          tuple(w * g.project(mean) for w, g in zip(weights, model.sites)))
+
+    def fit(self, model: LatentLinearModel, init=None) -> Posterior:
+        frozen = jax.lax.stop_gradient(model)
+        sites = jax.lax.stop_gradient(self.initial_sites(frozen, init))
+        work = working_model(frozen)
+        primary = self.schedule != "double_loop"
+        length = (self.max_iter + 1) * (2 if primary and self.fallback else 1)
+        ev = _evaluate(sites, frozen, self.power, work)
+        run = self._start(sites, ev, jnp.array(0), jnp.full((length,), jnp.nan, ev.value.dtype))
+        double_loop = self._double_loop(frozen, work)
+        used_fallback = oscillated = jnp.array(False)
+        if not primary:
+            run = self._loop(self._with_anchor(run), double_loop, self.max_iter)
+        else:
+            body = self._parallel_step(frozen, work) if self.schedule == "parallel" else \
+                self._sequential_step(frozen, work)
+            run = self._loop(run, body, self.max_iter)
+            oscillated = run.since_best >= self.patience
+            if self.fallback:
+                used_fallback = run.residual > self.tol
+
+                def rescue(run):
+                    # Restart from the best sites so far (a diverging run may end far from any fixed
+                    # point), with a fresh patience budget.
+                    ev = _evaluate(run.best_sites, frozen, self.power, work)
+                    fresh = run._replace(sites=run.best_sites, ev=ev, residual=_residual(ev), since_best=jnp.array(0),
+                                         stuck=jnp.array(False), evals=run.evals + 1)
+                    return self._loop(self._with_anchor(fresh), double_loop, run.k + self.max_iter)
+
+                run = jax.lax.cond(used_fallback, rescue, self._with_anchor, run)
+
+        sites = jax.lax.stop_gradient(run.sites)
+        log_z = energy(sites, model, self.power)
+        grad = jax.grad(energy)(sites, frozen, self.power)
+        grad_norm = jnp.max(jnp.stack([jnp.max(jnp.abs(g), initial=0.0) for g in jax.tree_util.tree_leaves(grad)]))
+        diagnostics = Diagnostics(
+            run.k, run.residual <= self.tol, grad_norm, run.trace, run.evals, jnp.array(1), jnp.array(0), "EP",
+            self.schedule, used_fallback, jnp.zeros((), run.trace.dtype), run.change,
+            oscillated | (run.since_best >= self.patience), run.skipped, run.shrunk)
+        factor = CholeskyFactor.from_matrix(run.ev.C).canonical()
+        return Posterior(run.ev.mean, factor, log_z, diagnostics, model, is_lower_bound=False, state=sites)
