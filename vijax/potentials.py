@@ -428,12 +428,10 @@ class Laplace(AbstractPotential):
         wide = jnp.logaddexp(common - d / b + log_ndtr(d / s - s / b), common + d / b + log_ndtr(-d / s - s / b))
         return -jnp.log(2 * b) + jnp.where(sigma > 0, wide, -jnp.abs(d) / b)
 
-    def tilted_moments(self, mean, var, power=1.0):
-        # φ^η = (2b)^{−η} · 2(b/η) · Laplace(loc, b/η): the closed-form predictive of a narrower Laplace.
-        narrower = Laplace(self.loc, self.scale / power)
-        const = (1 - power) * jnp.log(2 * self.scale) - jnp.log(power)
-        log_z = lambda m: const + narrower.log_expected_phi(m, jnp.sqrt(var))
-        return moments_from_log_normaliser(log_z, mean, var)
+    def _peaks(self):
+        # The closed form of log Ẑ (as in `log_expected_phi`) loses digits in its second derivative once
+        # the cavity is much wider than the scale (log Φ far in its tail); the rule resolves the kink.
+        return ((self.loc, self.scale),)
 
     def observe(self, y):
         return Laplace(y, self.scale)
