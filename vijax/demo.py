@@ -30,6 +30,7 @@ METHODS = [
     ("G-KL diagonal, Newton-CG", vj.GKL(covariance=vj.covariance.Diagonal(), solver=vj.solvers.NewtonCG())),
     ("Laplace, Newton-CG", vj.Laplace(solver=vj.solvers.NewtonCG())),
     ("MAP, Newton-CG", vj.MAP(solver=vj.solvers.NewtonCG())),
+    ("EP, parallel", vj.EP()),
 ]
 
 # The two fits whose coefficients the left panel compares.
