@@ -30,6 +30,7 @@ __all__ = [
     "DenseGaussian",
     "NaturalGaussian",
     "Identity",
+    "ScaledIdentity",
     "Sites",
     "LatentLinearModel",
 ]
@@ -272,6 +273,41 @@ class Identity(AbstractProjection):
 
     def row(self, n):
         return jax.nn.one_hot(n, self.dim, dtype=self._dtype())
+
+
+class ScaledIdentity(AbstractProjection):
+    """H = diag(scale): one site per coordinate, each scaled (GP classification folds labels ±1 in here)."""
+
+    scale: jax.Array
+
+    @property
+    def shape(self):
+        return (self.scale.shape[0], self.scale.shape[0])
+
+    def _column(self, x):
+        # the scale along the first axis, so that x may be a vector or a matrix of columns
+        return self.scale.reshape((-1,) + (1,) * (jnp.ndim(x) - 1))
+
+    def mv(self, x):
+        return self._column(x) * x
+
+    def rmv(self, y):
+        return self._column(y) * y
+
+    def squared_mv(self, v):
+        return self._column(v) ** 2 * v
+
+    def squared_rmv(self, w):
+        return self._column(w) ** 2 * w
+
+    def gram(self, w):
+        return jnp.diag(self.scale**2 * w)
+
+    def right_multiply(self, L):
+        return Dense(self.scale[:, None] * L)
+
+    def row(self, n):
+        return self.scale[n] * jax.nn.one_hot(n, self.scale.shape[0], dtype=self.scale.dtype)
 
 
 def _as_projection(H) -> AbstractProjection:

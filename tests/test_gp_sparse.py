@@ -1,0 +1,155 @@
+"""Sparse GP bounds (vijax.gp.sparse) against exact GP regression in NumPy/SciPy."""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import linalg, stats
+
+import vijax as vj
+from vijax.gp.sparse import collapsed_elbo, optimal_inducing_posterior, predict_sparse, svgp_elbo
+
+jax.config.update("jax_enable_x64", True)
+
+
+class _SE(eqx.Module):
+    lengthscale: float
+    variance: float
+
+    def __call__(self, X1, X2=None):
+        X2 = X1 if X2 is None else X2
+        d2 = jnp.sum((X1[:, None, :] - X2[None, :, :]) ** 2, axis=-1)
+        return self.variance * jnp.exp(-0.5 * d2 / self.lengthscale**2)
+
+    def diagonal(self, X):
+        return jnp.full(X.shape[0], self.variance, dtype=X.dtype)
+
+
+KERN = _SE(lengthscale=0.7, variance=1.3)
+NOISE = 0.1
+
+
+@pytest.fixture
+def data(rng):
+    N = 40
+    X = rng.uniform(-3, 3, size=(N, 1))
+    y = np.sin(2 * X[:, 0]) + np.sqrt(NOISE) * rng.standard_normal(N)
+    return X, y
+
+
+def _exact_lml(X, y):
+    K = np.asarray(KERN(jnp.asarray(X)))
+    return stats.multivariate_normal(np.zeros(len(y)), K + NOISE * np.eye(len(y))).logpdf(y)
+
+
+def _optimal(X, y, Z, jitter=1e-6):
+    m, S = optimal_inducing_posterior(KERN, X, y, NOISE, Z, jitter=jitter)
+    return m, jnp.linalg.cholesky(S)
+
+
+def test_collapsed_equals_exact_when_inducing_is_data(data):
+    X, y = data
+    assert float(collapsed_elbo(KERN, X, y, NOISE, X, jitter=1e-10)) == pytest.approx(_exact_lml(X, y), abs=1e-6)
+
+
+def test_collapsed_is_lower_bound_and_monotone_in_nested_inducing_sets(data):
+    X, y = data
+    exact = _exact_lml(X, y)
+    values = [float(collapsed_elbo(KERN, X, y, NOISE, X[:M])) for M in (2, 4, 8, 16, 32)]
+    assert all(v <= exact + 1e-8 for v in values)
+    assert all(b >= a - 1e-8 for a, b in zip(values, values[1:]))
+    assert values[-1] > values[0]
+
+
+def test_svgp_at_optimal_q_equals_collapsed_and_is_stationary(data, rng):
+    X, y = data
+    Z = X[:8]
+    lik = vj.potentials.Gaussian(loc=y, scale=np.sqrt(NOISE))
+    m, R = _optimal(X, y, Z)
+    best = svgp_elbo(m, R, KERN, Z, X, lik)
+    assert float(best) == pytest.approx(float(collapsed_elbo(KERN, X, y, NOISE, Z)), abs=1e-8)
+
+    gm, gR = jax.grad(svgp_elbo, argnums=(0, 1))(m, R, KERN, Z, X, lik)
+    assert np.max(np.abs(gm)) < 1e-6 and np.max(np.abs(jnp.tril(gR))) < 1e-6
+
+    dm = 0.05 * rng.standard_normal(m.shape)
+    dR = 0.05 * np.tril(rng.standard_normal(R.shape))
+    assert svgp_elbo(m + dm, R, KERN, Z, X, lik) < best
+    assert svgp_elbo(m, R + dR, KERN, Z, X, lik) < best
+
+
+def test_svgp_below_collapsed_at_random_q_and_minibatch_scaling(data, rng):
+    X, y = data
+    Z = X[:6]
+    lik = vj.potentials.Gaussian(loc=y, scale=np.sqrt(NOISE))
+    collapsed = collapsed_elbo(KERN, X, y, NOISE, Z)
+    for _ in range(5):
+        m = rng.standard_normal(6)
+        R = np.tril(0.3 * rng.standard_normal((6, 6))) + 0.5 * np.eye(6)
+        assert svgp_elbo(m, R, KERN, Z, X, lik) < collapsed
+    # Minibatch: the expected-log-likelihood term is rescaled by num_data / batch.
+    batch = vj.potentials.Gaussian(loc=y[:10], scale=np.sqrt(NOISE))
+    m, R = _optimal(X, y, Z)
+    kl_only = -svgp_elbo(m, R, KERN, Z, X[:10], batch, num_data=0)
+    full_batch = svgp_elbo(m, R, KERN, Z, X[:10], batch) + kl_only
+    assert float(svgp_elbo(m, R, KERN, Z, X[:10], batch, num_data=40)) == pytest.approx(float(4 * full_batch - kl_only))
+
+
+def test_svgp_with_student_t_likelihood_is_finite_and_differentiable(data):
+    X, y = data
+    Z = X[:6]
+    lik = vj.potentials.StudentT(df=4.0, loc=y, scale=0.3)
+    m, R = _optimal(X, y, Z)
+    value, grads = jax.value_and_grad(svgp_elbo, argnums=(0, 1))(m, R, KERN, Z, X, lik)
+    assert np.isfinite(value) and all(np.all(np.isfinite(g)) for g in grads)
+
+
+def test_predict_sparse_matches_exact_gp_when_inducing_is_data(data):
+    X, y = data
+    Xs = np.linspace(-3.5, 3.5, 15)[:, None]
+    m, S = optimal_inducing_posterior(KERN, X, y, NOISE, X, jitter=1e-10)
+    mean, var = predict_sparse(KERN, X, m, S, Xs, jitter=1e-10)
+
+    K = np.asarray(KERN(jnp.asarray(X)))
+    Ks = np.asarray(KERN(jnp.asarray(Xs), jnp.asarray(X)))
+    cf = linalg.cho_factor(K + NOISE * np.eye(len(y)))
+    exact_mean = Ks @ linalg.cho_solve(cf, y)
+    exact_var = KERN.variance - np.sum(Ks * linalg.cho_solve(cf, Ks.T).T, axis=1)
+    np.testing.assert_allclose(mean, exact_mean, atol=1e-6)
+    np.testing.assert_allclose(var, exact_var, atol=1e-6)
+
+
+def test_collapsed_gradients_match_finite_differences(data):
+    X, y = data
+    X, y = X[:20], y[:20]
+    Z = np.array([[-2.0], [-0.5], [0.7], [2.1]])
+    f = jax.jit(lambda Z, s2: collapsed_elbo(KERN, X, y, s2, Z))
+    gZ, gs = jax.grad(f, argnums=(0, 1))(Z, NOISE)
+    h = 1e-5
+    for i in range(Z.shape[0]):
+        e = np.zeros_like(Z)
+        e[i, 0] = h
+        fd = float(f(Z + e, NOISE) - f(Z - e, NOISE)) / (2 * h)
+        assert float(gZ[i, 0]) == pytest.approx(fd, rel=1e-5, abs=1e-6)
+    fd = float(f(Z, NOISE + h) - f(Z, NOISE - h)) / (2 * h)
+    assert float(gs) == pytest.approx(fd, rel=1e-5, abs=1e-6)
+
+
+def test_input_validation(data):
+    X, y = data
+    Z = X[:5]
+    with pytest.raises(ValueError, match="y"):
+        collapsed_elbo(KERN, X, y[:-1], NOISE, Z)
+    with pytest.raises(ValueError, match="input dimension"):
+        collapsed_elbo(KERN, X, y, NOISE, np.zeros((5, 2)))
+    with pytest.raises(ValueError, match="X"):
+        optimal_inducing_posterior(KERN, X[:, 0], y, NOISE, Z)
+    with pytest.raises(ValueError, match="noise_variance"):
+        collapsed_elbo(KERN, X, y, 0.0, Z)
+    with pytest.raises(ValueError, match="mean_u"):
+        predict_sparse(KERN, Z, np.zeros(4), np.eye(5), X)
+    with pytest.raises(ValueError, match="chol_u"):
+        svgp_elbo(np.zeros(5), np.eye(4), KERN, Z, X, vj.potentials.Gaussian(loc=y, scale=0.3))

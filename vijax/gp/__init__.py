@@ -1,0 +1,29 @@
+"""Gaussian processes: kernels, GP models for every method, prediction, ML-II and sparse bounds.
+
+    k = vj.gp.kernels.SquaredExponential(lengthscale=jnp.ones(d), variance=1.0)
+    model = vj.gp.model(k, X, likelihood=vj.potentials.StudentT(df=3.0, scale=0.1, loc=y))
+    post = vj.infer(model, vj.EP())                    # any method
+    f_mean, f_var = vj.gp.predict(post, k, X, X_test)  # latent predictive at test inputs
+
+Sparse GPs with inducing inputs Z: `collapsed_elbo` (Titsias) with `optimal_inducing_posterior`,
+`svgp_elbo` for any likelihood (minibatches via ``num_data``), `predict_sparse`.
+"""
+
+from . import kernels
+from .hyper import HyperparameterFit, fit_hyperparameters
+from .models import log_predictive, model, predict, predict_proba
+from .sparse import collapsed_elbo, optimal_inducing_posterior, predict_sparse, svgp_elbo
+
+__all__ = [
+    "kernels",
+    "model",
+    "predict",
+    "predict_proba",
+    "log_predictive",
+    "fit_hyperparameters",
+    "HyperparameterFit",
+    "collapsed_elbo",
+    "optimal_inducing_posterior",
+    "predict_sparse",
+    "svgp_elbo",
+]

@@ -1,0 +1,272 @@
+"""Covariance functions k(x, x') as equinox modules.
+
+A kernel is called on inputs of shape ``(N, d)`` (a 1-D array is read as ``(N, 1)``):
+
+    kernel(X1, X2)   # (N1, N2) cross-covariance
+    kernel(X)        # (N, N) covariance of X with itself (white noise included)
+    kernel.diagonal(X)   # (N,) = diag(kernel(X))
+
+Positive parameters are stored as logarithms (``log_variance``, ``log_lengthscale``, …), so any
+gradient step keeps them positive; the properties ``variance``, ``lengthscale``, … give the
+values. Constructors take the positive values and raise `ValueError` on anything else.
+
+Stationary kernels use the scaled distance r² = Σ_j (x_j − x'_j)² / ℓ_j² (one ℓ per input
+dimension for ARD, or a scalar):
+
+=====================  ========================================
+`SquaredExponential`   v exp(−r²/2)
+`Matern12`             v exp(−r)
+`Matern32`             v (1 + √3 r) exp(−√3 r)
+`Matern52`             v (1 + √5 r + 5r²/3) exp(−√5 r)
+`Periodic`             v exp(−2 Σ_j sin²(π |x_j − x'_j| / p) / ℓ_j²)
+`Linear`               Σ_j v_j x_j x'_j
+`White`                v δ(x, x') — only in ``kernel(X)``; cross-covariances are zero
+=====================  ========================================
+
+Kernels add and multiply: ``k1 + k2`` and ``k1 * k2``.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+import equinox as eqx
+
+from .. import _checks
+
+__all__ = [
+    "AbstractKernel",
+    "SquaredExponential",
+    "Matern12",
+    "Matern32",
+    "Matern52",
+    "Periodic",
+    "Linear",
+    "White",
+    "Sum",
+    "Product",
+]
+
+
+def _inputs(X, owner):
+    X = _checks.as_float_array("X", X, owner)
+    if X.ndim == 1:
+        X = X[:, None]
+    if X.ndim != 2:
+        raise ValueError(f"{owner}: inputs must have shape (N, d) or (N,), got {X.shape}.")
+    _checks.check_finite("X", X, owner)
+    return X
+
+
+def _log_positive(name, value, owner):
+    value = _checks.as_float_array(name, value, owner)
+    _checks.check_positive(name, value, owner)
+    return jnp.log(value)
+
+
+class AbstractKernel(eqx.Module):
+    """Base class: subclasses define ``_matrix(X1, X2, same)`` and ``_diagonal(X)``."""
+
+    def __call__(self, X1, X2=None):
+        owner = type(self).__name__
+        X1 = _inputs(X1, owner)
+        X2 = X1 if X2 is None else _inputs(X2, owner)
+        if X1.shape[1] != X2.shape[1]:
+            raise ValueError(f"{owner}: inputs have {X1.shape[1]} and {X2.shape[1]} columns; they must agree.")
+        return self._matrix(X1, X2, X2 is X1)
+
+    def diagonal(self, X):
+        """k(x_n, x_n) for each row: shape ``(N,)``."""
+        return self._diagonal(_inputs(X, type(self).__name__))
+
+    def _matrix(self, X1, X2, same):
+        raise NotImplementedError
+
+    def _diagonal(self, X):
+        raise NotImplementedError
+
+    def __add__(self, other):
+        return Sum(self, other)
+
+    def __mul__(self, other):
+        return Product(self, other)
+
+
+class Sum(AbstractKernel):
+    """k₁ + k₂."""
+
+    first: AbstractKernel
+    second: AbstractKernel
+
+    def _matrix(self, X1, X2, same):
+        return self.first._matrix(X1, X2, same) + self.second._matrix(X1, X2, same)
+
+    def _diagonal(self, X):
+        return self.first._diagonal(X) + self.second._diagonal(X)
+
+
+class Product(AbstractKernel):
+    """k₁ · k₂ (elementwise)."""
+
+    first: AbstractKernel
+    second: AbstractKernel
+
+    def _matrix(self, X1, X2, same):
+        return self.first._matrix(X1, X2, same) * self.second._matrix(X1, X2, same)
+
+    def _diagonal(self, X):
+        return self.first._diagonal(X) * self.second._diagonal(X)
+
+
+class _Stationary(AbstractKernel):
+    """v · profile(r²) with r² = Σ_j (x_j − x'_j)² / ℓ_j²."""
+
+    log_lengthscale: jnp.ndarray
+    log_variance: jnp.ndarray
+
+    def __init__(self, lengthscale=1.0, variance=1.0):
+        owner = type(self).__name__
+        self.log_lengthscale = _log_positive("lengthscale", lengthscale, owner)
+        self.log_variance = _log_positive("variance", variance, owner)
+        if self.log_lengthscale.ndim > 1:
+            raise ValueError(f"{owner}: `lengthscale` must be a scalar or one value per input dimension.")
+
+    @property
+    def lengthscale(self):
+        return jnp.exp(self.log_lengthscale)
+
+    @property
+    def variance(self):
+        return jnp.exp(self.log_variance)
+
+    def _scaled(self, X):
+        ell = self.lengthscale
+        if ell.ndim == 1 and ell.shape[0] != X.shape[1]:
+            raise ValueError(f"{type(self).__name__}: {ell.shape[0]} lengthscales for inputs with {X.shape[1]} columns.")
+        return X / ell
+
+    def _squared_distance(self, X1, X2, same):
+        A, B = self._scaled(X1), self._scaled(X2)
+        r2 = jnp.sum(A**2, 1)[:, None] + jnp.sum(B**2, 1)[None, :] - 2 * A @ B.T
+        r2 = jnp.maximum(r2, 0.0)
+        if same:  # the expansion leaves rounding error where the distance is exactly zero
+            r2 = r2 * (1 - jnp.eye(r2.shape[0], dtype=r2.dtype))
+        return r2
+
+    def _matrix(self, X1, X2, same):
+        return self.variance * self._profile(self._squared_distance(X1, X2, same))
+
+    def _diagonal(self, X):
+        return jnp.full(X.shape[0], self.variance * self._profile(jnp.zeros((), X.dtype)), X.dtype)
+
+    def _profile(self, r2):
+        raise NotImplementedError
+
+
+def _distance(r2):
+    # √r² with a zero (not infinite) derivative at r = 0, so gradients stay finite on the diagonal.
+    positive = r2 > 0
+    return jnp.where(positive, jnp.sqrt(jnp.where(positive, r2, 1.0)), 0.0)
+
+
+class SquaredExponential(_Stationary):
+    """v exp(−r²/2) (ARD when ``lengthscale`` has one entry per input dimension)."""
+
+    def _profile(self, r2):
+        return jnp.exp(-0.5 * r2)
+
+
+class Matern12(_Stationary):
+    """v exp(−r) (Ornstein–Uhlenbeck)."""
+
+    def _profile(self, r2):
+        return jnp.exp(-_distance(r2))
+
+
+class Matern32(_Stationary):
+    """v (1 + √3 r) exp(−√3 r)."""
+
+    def _profile(self, r2):
+        s = jnp.sqrt(3.0) * _distance(r2)
+        return (1 + s) * jnp.exp(-s)
+
+
+class Matern52(_Stationary):
+    """v (1 + √5 r + 5r²/3) exp(−√5 r)."""
+
+    def _profile(self, r2):
+        s = jnp.sqrt(5.0) * _distance(r2)
+        return (1 + s + s**2 / 3) * jnp.exp(-s)
+
+
+class Periodic(AbstractKernel):
+    """v exp(−2 Σ_j sin²(π |x_j − x'_j| / p) / ℓ_j²) (MacKay's periodic kernel)."""
+
+    log_lengthscale: jnp.ndarray
+    log_period: jnp.ndarray
+    log_variance: jnp.ndarray
+
+    def __init__(self, lengthscale=1.0, period=1.0, variance=1.0):
+        self.log_lengthscale = _log_positive("lengthscale", lengthscale, "Periodic")
+        self.log_period = _log_positive("period", period, "Periodic")
+        self.log_variance = _log_positive("variance", variance, "Periodic")
+
+    @property
+    def lengthscale(self):
+        return jnp.exp(self.log_lengthscale)
+
+    @property
+    def period(self):
+        return jnp.exp(self.log_period)
+
+    @property
+    def variance(self):
+        return jnp.exp(self.log_variance)
+
+    def _matrix(self, X1, X2, same):
+        diff = X1[:, None, :] - X2[None, :, :]
+        s = jnp.sin(jnp.pi * diff / self.period) / self.lengthscale
+        return self.variance * jnp.exp(-2 * jnp.sum(s**2, axis=-1))
+
+    def _diagonal(self, X):
+        return jnp.full(X.shape[0], self.variance, X.dtype)
+
+
+class Linear(AbstractKernel):
+    """Σ_j v_j x_j x'_j (``variance`` a scalar or one value per input dimension)."""
+
+    log_variance: jnp.ndarray
+
+    def __init__(self, variance=1.0):
+        self.log_variance = _log_positive("variance", variance, "Linear")
+
+    @property
+    def variance(self):
+        return jnp.exp(self.log_variance)
+
+    def _matrix(self, X1, X2, same):
+        return (X1 * self.variance) @ X2.T
+
+    def _diagonal(self, X):
+        return jnp.sum(X**2 * self.variance, axis=1)
+
+
+class White(AbstractKernel):
+    """v δ(x, x'): v I in ``kernel(X)``, zero between different input sets (independent noise)."""
+
+    log_variance: jnp.ndarray
+
+    def __init__(self, variance=1.0):
+        self.log_variance = _log_positive("variance", variance, "White")
+
+    @property
+    def variance(self):
+        return jnp.exp(self.log_variance)
+
+    def _matrix(self, X1, X2, same):
+        if same:
+            return self.variance * jnp.eye(X1.shape[0], dtype=X1.dtype)
+        return jnp.zeros((X1.shape[0], X2.shape[0]), X1.dtype)
+
+    def _diagonal(self, X):
+        return jnp.full(X.shape[0], self.variance, X.dtype)

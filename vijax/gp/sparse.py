@@ -1,0 +1,202 @@
+r"""Sparse variational GPs with inducing points (Titsias 2009; Hensman et al. 2013).
+
+Notation: inputs ``X`` (N, d), targets ``y`` (N,), inducing inputs ``Z`` (M, d),
+:math:`K_{ZZ} = k(Z, Z) + \text{jitter}\, I = L L^\top`, :math:`K_{ZX} = k(Z, X)`,
+:math:`Q_{XX} = K_{XZ} K_{ZZ}^{-1} K_{ZX}`, noise variance :math:`\sigma^2`.
+The jittered :math:`K_{ZZ}` is used consistently everywhere, so that all functions
+describe one model, :math:`p(u) = \mathcal N(0, K_{ZZ})`.
+
+A kernel is callable as ``kernel(X1, X2=None)`` -> (N1, N2) covariance and has
+``kernel.diagonal(X)`` -> (N,) with :math:`k(x_n, x_n)`.
+
+Everything costs :math:`O(N M^2)`: no N x N matrix and no explicit inverse is formed.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+from jax.scipy.linalg import solve_triangular
+
+from .. import _checks
+
+__all__ = ["collapsed_elbo", "optimal_inducing_posterior", "predict_sparse", "svgp_elbo"]
+
+_LOG_2PI = float(np.log(2 * np.pi))
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _inputs(owner, X, inducing, y=None, noise_variance=None):
+    X = _checks.as_float_array("X", X, owner, ndim=2)
+    Z = _checks.as_float_array("inducing", inducing, owner, ndim=2)
+    if X.shape[1] != Z.shape[1]:
+        raise ValueError(f"{owner}: `X` has {X.shape[1]} input dimension(s) but `inducing` has "
+                         f"{Z.shape[1]} (shapes {X.shape} and {Z.shape}).")
+    if y is not None:
+        y = _checks.as_float_array("y", y, owner, ndim=1)
+        if y.shape[0] != X.shape[0]:
+            raise ValueError(f"{owner}: `y` has shape {y.shape} but `X` has {X.shape[0]} rows.")
+    if noise_variance is not None:
+        noise_variance = _checks.as_float_array("noise_variance", noise_variance, owner, ndim=0)
+        if _checks.is_concrete(noise_variance) and not float(noise_variance) > 0:
+            raise ValueError(f"{owner}: `noise_variance` must be > 0, got {float(noise_variance)}.")
+    return X, Z, y, noise_variance
+
+
+def _q_u(owner, mean_u, cov_name, cov_u, M):
+    mean_u = _checks.as_float_array("mean_u", mean_u, owner, ndim=1)
+    cov_u = _checks.as_float_array(cov_name, cov_u, owner, ndim=2)
+    if mean_u.shape != (M,) or cov_u.shape != (M, M):
+        raise ValueError(f"{owner}: with {M} inducing points `mean_u` must have shape ({M},) and "
+                         f"`{cov_name}` shape ({M}, {M}); got {mean_u.shape} and {cov_u.shape}.")
+    return mean_u, cov_u
+
+
+def _chol_kzz(kernel, Z, jitter):
+    Kzz = kernel(Z)
+    return jnp.linalg.cholesky(Kzz + jitter * jnp.eye(Z.shape[0], dtype=Kzz.dtype))
+
+
+def _titsias_terms(kernel, X, y, noise_variance, Z, jitter):
+    r"""Shared pieces: :math:`L`, :math:`A = \sigma^{-1} L^{-1} K_{ZX}`, :math:`L_B = \mathrm{chol}(I + A A^\top)`,
+    :math:`c = \sigma^{-1} L_B^{-1} A y`."""
+    L = _chol_kzz(kernel, Z, jitter)
+    sigma = jnp.sqrt(noise_variance)
+    A = solve_triangular(L, kernel(Z, X), lower=True) / sigma
+    AAT = A @ A.T
+    LB = jnp.linalg.cholesky(jnp.eye(Z.shape[0], dtype=A.dtype) + AAT)
+    c = solve_triangular(LB, A @ y, lower=True) / sigma
+    return L, A, AAT, LB, c
+
+
+# --------------------------------------------------------------------------- collapsed bound
+
+
+def collapsed_elbo(kernel, X, y, noise_variance, inducing, jitter=1e-6):
+    r"""Titsias' collapsed bound on :math:`\log p(y)` for Gaussian-likelihood regression.
+
+    .. math::
+
+        \mathcal L_2 = \log \mathcal N(y \mid 0, Q_{XX} + \sigma^2 I)
+                       - \frac{1}{2\sigma^2} \operatorname{tr}(K_{XX} - Q_{XX}).
+
+    With :math:`A = \sigma^{-1} L^{-1} K_{ZX}`, :math:`B = I + A A^\top = L_B L_B^\top` and
+    :math:`c = \sigma^{-1} L_B^{-1} A y`, the matrix determinant lemma and Woodbury give
+
+    .. math::
+
+        \log \mathcal N(y \mid 0, Q_{XX} + \sigma^2 I)
+          = -\tfrac N2 \log 2\pi - \tfrac N2 \log\sigma^2 - \textstyle\sum_m \log (L_B)_{mm}
+            - \frac{y^\top y}{2\sigma^2} + \tfrac12 c^\top c,
+
+        \operatorname{tr}(Q_{XX}) / \sigma^2 = \operatorname{tr}(A A^\top).
+
+    Equals the exact log marginal likelihood when ``inducing = X`` (up to jitter) and is
+    below it otherwise.
+    """
+    X, Z, y, noise_variance = _inputs("collapsed_elbo", X, inducing, y, noise_variance)
+    N = X.shape[0]
+    _, _, AAT, LB, c = _titsias_terms(kernel, X, y, noise_variance, Z, jitter)
+    log_marginal = (-0.5 * N * (_LOG_2PI + jnp.log(noise_variance))
+                    - jnp.sum(jnp.log(jnp.diag(LB)))
+                    - 0.5 * jnp.dot(y, y) / noise_variance + 0.5 * jnp.dot(c, c))
+    trace = jnp.sum(kernel.diagonal(X)) / noise_variance - jnp.trace(AAT)
+    return log_marginal - 0.5 * trace
+
+
+def optimal_inducing_posterior(kernel, X, y, noise_variance, inducing, jitter=1e-6):
+    r"""The optimal :math:`q(u)` of the collapsed bound.
+
+    .. math::
+
+        q(u) = \mathcal N\big(\sigma^{-2} K_{ZZ} \Lambda^{-1} K_{ZX} y,\;
+                              K_{ZZ} \Lambda^{-1} K_{ZZ}\big),
+        \qquad \Lambda = K_{ZZ} + \sigma^{-2} K_{ZX} K_{XZ} = L B L^\top,
+
+    so that, with :math:`W = L L_B^{-\top}`, mean :math:`= W c` and covariance :math:`= W W^\top`.
+
+    Returns ``(mean_u, cov_u)`` of shapes (M,) and (M, M).
+    """
+    X, Z, y, noise_variance = _inputs("optimal_inducing_posterior", X, inducing, y, noise_variance)
+    L, _, _, LB, c = _titsias_terms(kernel, X, y, noise_variance, Z, jitter)
+    W = solve_triangular(LB, L.T, lower=True).T  # W = L L_B^{-T}
+    return W @ c, W @ W.T
+
+
+# --------------------------------------------------------------------------- predictions
+
+
+def _marginals(kernel, Z, L, mean_u, chol_or_cov, X, is_chol):
+    r"""Means and variances of :math:`q(f_n) = \int p(f_n \mid u) q(u)\,du` at the rows of ``X``."""
+    A = solve_triangular(L, kernel(Z, X), lower=True)        # L^{-1} K_ZX
+    P = solve_triangular(L, A, lower=True, trans="T")         # K_ZZ^{-1} K_ZX: columns a_n
+    mean = P.T @ mean_u
+    if is_chol:
+        extra = jnp.sum((chol_or_cov.T @ P) ** 2, axis=0)     # a_n^T R R^T a_n
+    else:
+        extra = jnp.sum(P * (chol_or_cov @ P), axis=0)        # a_n^T S a_n
+    var = kernel.diagonal(X) - jnp.sum(A**2, axis=0) + extra
+    return mean, var
+
+
+def predict_sparse(kernel, inducing, mean_u, cov_u, X_test, jitter=1e-6):
+    r"""Predictive marginals of the latent function under :math:`q(u) = \mathcal N(\mu, S)`.
+
+    .. math::
+
+        q(f_*) = \mathcal N\big(K_{*Z} K_{ZZ}^{-1}\mu,\;
+            k_{**} - \operatorname{diag}(K_{*Z} K_{ZZ}^{-1} K_{Z*})
+                   + \operatorname{diag}(K_{*Z} K_{ZZ}^{-1} S K_{ZZ}^{-1} K_{Z*})\big).
+
+    Returns ``(mean, var)``, each of shape (T,). Add the noise variance to ``var`` for
+    the predictive distribution of noisy observations.
+    """
+    X_test, Z, _, _ = _inputs("predict_sparse", X_test, inducing)
+    mean_u, cov_u = _q_u("predict_sparse", mean_u, "cov_u", cov_u, Z.shape[0])
+    L = _chol_kzz(kernel, Z, jitter)
+    return _marginals(kernel, Z, L, mean_u, cov_u, X_test, is_chol=False)
+
+
+# --------------------------------------------------------------------------- uncollapsed bound
+
+
+def svgp_elbo(mean_u, chol_u, kernel, inducing, X, likelihood, num_data=None, jitter=1e-6):
+    r"""Uncollapsed SVGP bound (Hensman et al. 2013) for any factorising likelihood.
+
+    .. math::
+
+        \mathcal L = \frac{N_\text{data}}{N_\text{batch}} \sum_{n \in \text{batch}}
+            \big\langle \log p(y_n \mid f_n) \big\rangle_{q(f_n)}
+            - \mathrm{KL}\big(\mathcal N(\mu, S) \,\|\, \mathcal N(0, K_{ZZ})\big),
+
+    with :math:`S = R R^\top` (:math:`R` = ``tril(chol_u)``), :math:`a_n = K_{ZZ}^{-1} k_{Zn}`,
+    :math:`q(f_n) = \mathcal N(a_n^\top \mu,\; k_{nn} - a_n^\top K_{ZZ} a_n + a_n^\top S a_n)` and
+
+    .. math::
+
+        2\,\mathrm{KL} = \|L^{-1} R\|_F^2 + \|L^{-1}\mu\|^2 - M
+                         + 2\textstyle\sum_m \log L_{mm} - 2\sum_m \log |R_{mm}|.
+
+    ``likelihood`` is a vijax potential over the batch (e.g.
+    ``vijax.potentials.Gaussian(loc=y, scale=sigma)``); its ``expected_log_phi(mu, sigma)``
+    gives :math:`\langle \log \varphi(\mu + \sigma z)\rangle`. ``num_data`` defaults to the
+    batch size. For a Gaussian likelihood the maximum over :math:`q(u)` is `collapsed_elbo`,
+    attained at `optimal_inducing_posterior`.
+    """
+    X, Z, _, _ = _inputs("svgp_elbo", X, inducing)
+    M, N = Z.shape[0], X.shape[0]
+    mean_u, R = _q_u("svgp_elbo", mean_u, "chol_u", chol_u, M)
+    R = jnp.tril(R)
+    L = _chol_kzz(kernel, Z, jitter)
+    f_mean, f_var = _marginals(kernel, Z, L, mean_u, R, X, is_chol=True)
+    f_std = jnp.sqrt(jnp.maximum(f_var, 1e-300))
+    expected = jnp.sum(likelihood.expected_log_phi(f_mean, f_std))
+    scale = 1.0 if num_data is None else num_data / N
+
+    LinvR = solve_triangular(L, R, lower=True)
+    Linvm = solve_triangular(L, mean_u, lower=True)
+    kl = 0.5 * (jnp.sum(LinvR**2) + jnp.dot(Linvm, Linvm) - M
+                + 2 * jnp.sum(jnp.log(jnp.diag(L))) - 2 * jnp.sum(jnp.log(jnp.abs(jnp.diag(R)))))
+    return scale * expected - kl
