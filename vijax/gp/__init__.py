@@ -6,13 +6,14 @@
     f_mean, f_var = vj.gp.predict(post, k, X, X_test)  # latent predictive at test inputs
 
 Sparse GPs with inducing inputs Z: `collapsed_elbo` (Titsias) with `optimal_inducing_posterior`,
-`svgp_elbo` for any likelihood (minibatches via ``num_data``), `predict_sparse`.
+`svgp_elbo` for any likelihood (minibatches via ``num_data``) with `svgp_natural_step` for q(u),
+`predict_sparse`.
 """
 
 from . import kernels
 from .hyper import HyperparameterFit, fit_hyperparameters
 from .models import log_predictive, model, predict, predict_proba
-from .sparse import collapsed_elbo, optimal_inducing_posterior, predict_sparse, svgp_elbo
+from .sparse import collapsed_elbo, optimal_inducing_posterior, predict_sparse, svgp_elbo, svgp_natural_step
 
 __all__ = [
     "kernels",
@@ -26,4 +27,5 @@ __all__ = [
     "optimal_inducing_posterior",
     "predict_sparse",
     "svgp_elbo",
+    "svgp_natural_step",
 ]

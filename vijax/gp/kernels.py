@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import equinox as eqx
 
 from .. import _checks
+from ..quadrature import safe_sqrt
 
 __all__ = [
     "AbstractKernel",
@@ -163,12 +164,6 @@ class _Stationary(AbstractKernel):
         raise NotImplementedError
 
 
-def _distance(r2):
-    # √r² with a zero (not infinite) derivative at r = 0, so gradients stay finite on the diagonal.
-    positive = r2 > 0
-    return jnp.where(positive, jnp.sqrt(jnp.where(positive, r2, 1.0)), 0.0)
-
-
 class SquaredExponential(_Stationary):
     """v exp(−r²/2) (ARD when ``lengthscale`` has one entry per input dimension)."""
 
@@ -180,14 +175,14 @@ class Matern12(_Stationary):
     """v exp(−r) (Ornstein–Uhlenbeck)."""
 
     def _profile(self, r2):
-        return jnp.exp(-_distance(r2))
+        return jnp.exp(-safe_sqrt(r2))
 
 
 class Matern32(_Stationary):
     """v (1 + √3 r) exp(−√3 r)."""
 
     def _profile(self, r2):
-        s = jnp.sqrt(3.0) * _distance(r2)
+        s = jnp.sqrt(3.0) * safe_sqrt(r2)
         return (1 + s) * jnp.exp(-s)
 
 
@@ -195,7 +190,7 @@ class Matern52(_Stationary):
     """v (1 + √5 r + 5r²/3) exp(−√5 r)."""
 
     def _profile(self, r2):
-        s = jnp.sqrt(5.0) * _distance(r2)
+        s = jnp.sqrt(5.0) * safe_sqrt(r2)
         return (1 + s + s**2 / 3) * jnp.exp(-s)
 
 

@@ -14,13 +14,15 @@ Everything costs :math:`O(N M^2)`: no N x N matrix and no explicit inverse is fo
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.scipy.linalg import solve_triangular
 
 from .. import _checks
+from ..quadrature import safe_sqrt
 
-__all__ = ["collapsed_elbo", "optimal_inducing_posterior", "predict_sparse", "svgp_elbo"]
+__all__ = ["collapsed_elbo", "optimal_inducing_posterior", "predict_sparse", "svgp_elbo", "svgp_natural_step"]
 
 _LOG_2PI = float(np.log(2 * np.pi))
 
@@ -191,8 +193,7 @@ def svgp_elbo(mean_u, chol_u, kernel, inducing, X, likelihood, num_data=None, ji
     R = jnp.tril(R)
     L = _chol_kzz(kernel, Z, jitter)
     f_mean, f_var = _marginals(kernel, Z, L, mean_u, R, X, is_chol=True)
-    f_std = jnp.sqrt(jnp.maximum(f_var, 1e-300))
-    expected = jnp.sum(likelihood.expected_log_phi(f_mean, f_std))
+    expected = jnp.sum(likelihood.expected_log_phi(f_mean, safe_sqrt(f_var)))
     scale = 1.0 if num_data is None else num_data / N
 
     LinvR = solve_triangular(L, R, lower=True)
@@ -200,3 +201,53 @@ def svgp_elbo(mean_u, chol_u, kernel, inducing, X, likelihood, num_data=None, ji
     kl = 0.5 * (jnp.sum(LinvR**2) + jnp.dot(Linvm, Linvm) - M
                 + 2 * jnp.sum(jnp.log(jnp.diag(L))) - 2 * jnp.sum(jnp.log(jnp.abs(jnp.diag(R)))))
     return scale * expected - kl
+
+
+def svgp_natural_step(mean_u, chol_u, kernel, inducing, X, likelihood, num_data=None, learning_rate=1.0,
+                      jitter=1e-6):
+    r"""One natural-gradient step on q(u) for `svgp_elbo` (Hensman et al. 2013; Salimbeni et al. 2018).
+
+    In whitened coordinates v = L⁻¹u (prior N(0, I)), q(v) = N(m̃, S̃) has natural parameters
+    θ = (S̃⁻¹m̃, S̃⁻¹). The natural gradient of the bound is the ordinary gradient in the
+    expectation parameters, so with g_m, g_v the derivatives of the scaled expected log-likelihood
+    with respect to each marginal's mean and variance, and ã_n = L⁻¹k_Zn,
+
+    .. math::
+
+        S̃^{-1} \leftarrow (1-\rho) S̃^{-1} + \rho \big(I - 2 \tilde A \operatorname{diag}(g_v) \tilde A^\top\big),
+        \qquad
+        S̃^{-1}m̃ \leftarrow (1-\rho) S̃^{-1}m̃ + \rho \big(\tilde A g_m - 2 \tilde A \operatorname{diag}(g_v) \tilde A^\top m̃\big).
+
+    With ρ = ``learning_rate`` = 1 and a Gaussian likelihood on the full data, one step lands on
+    `optimal_inducing_posterior`. Minibatches pass ``num_data`` as in `svgp_elbo`; use ρ < 1 then.
+    Likelihoods that are not log-concave can make S̃⁻¹ indefinite for large ρ (the result is NaN).
+
+    Returns the new ``(mean_u, chol_u)`` (unwhitened, ``chol_u`` lower-triangular).
+    """
+    X, Z, _, _ = _inputs("svgp_natural_step", X, inducing)
+    M, N = Z.shape[0], X.shape[0]
+    mean_u, R = _q_u("svgp_natural_step", mean_u, "chol_u", chol_u, M)
+    L = _chol_kzz(kernel, Z, jitter)
+    eye = jnp.eye(M, dtype=L.dtype)
+    A = solve_triangular(L, kernel(Z, X), lower=True)                 # columns ã_n
+    m_w = solve_triangular(L, mean_u, lower=True)
+    R_w = solve_triangular(L, jnp.tril(R), lower=True)                 # S̃ = R̃ R̃ᵀ
+    R_w_inv = solve_triangular(R_w, eye, lower=True)
+    precision = R_w_inv.T @ R_w_inv
+    prior_var = kernel.diagonal(X) - jnp.sum(A**2, axis=0)
+
+    def expected(f_mean, f_var):
+        return jnp.sum(likelihood.expected_log_phi(f_mean, safe_sqrt(f_var)))
+
+    f_mean = A.T @ m_w
+    f_var = prior_var + jnp.sum((R_w.T @ A) ** 2, axis=0)
+    scale = 1.0 if num_data is None else num_data / N
+    g_m, g_v = (scale * g for g in jax.grad(expected, argnums=(0, 1))(f_mean, f_var))
+    curvature = -2 * (A * g_v) @ A.T
+    rho = learning_rate
+    new_precision = (1 - rho) * precision + rho * (eye + curvature)
+    new_shift = (1 - rho) * precision @ m_w + rho * (A @ g_m + curvature @ m_w)
+    P = jnp.linalg.cholesky(new_precision)
+    new_mean = jax.scipy.linalg.cho_solve((P, True), new_shift)
+    new_chol = jnp.linalg.cholesky(jax.scipy.linalg.cho_solve((P, True), eye))
+    return L @ new_mean, L @ new_chol
