@@ -30,7 +30,8 @@ class HyperparameterFit(eqx.Module):
     - `kernel`, `likelihood`: at the optimum.
     - `posterior`: the method's fit at the optimum.
     - `log_z`: ``posterior.log_z`` per outer step (a NumPy array; the first entry is at the start).
-    - `converged`: whether the change of log Ẑ fell below ``tol`` before ``num_steps``.
+    - `converged`: whether the change of log Ẑ fell below ``tol`` before ``num_steps``. A step whose
+      log Ẑ is not finite stops the run at the last finite point (``converged`` False).
     """
 
     kernel: AbstractKernel
@@ -90,6 +91,7 @@ def fit_hyperparameters(kernel, X, likelihood, method, *, labels=None, mean=0.0,
     post = eqx.filter_jit(lambda p: infer(build(p)[0], method))(params)
     opt_state = optimizer.init(params)
     trace, converged = [], False
+    good = (params, post)  # the last point whose fit was finite
     for it in range(num_steps):
         # ``post`` (the fit at the previous point) warm-starts the fit at ``params`` inside the step.
         new_params, opt_state, post = step(params, opt_state, post)
@@ -97,7 +99,9 @@ def fit_hyperparameters(kernel, X, likelihood, method, *, labels=None, mean=0.0,
         if progress:
             print(f"{owner}: step {it:4d}  log Z = {value:.6f}", flush=True)
         if not np.isfinite(value):
+            params, post = good
             break
+        good = (params, post)
         trace.append(value)
         if it > 0 and abs(trace[-1] - trace[-2]) <= tol * (1 + abs(value)):
             converged = True
