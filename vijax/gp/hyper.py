@@ -66,35 +66,17 @@ def fit_hyperparameters(kernel, X, likelihood, method, *, labels=None, mean=0.0,
             raise ValueError(f"{owner}: the {type(likelihood).__name__} likelihood has no parameter `{name}`.")
     if not (isinstance(num_steps, int) and num_steps >= 1):
         raise ValueError(f"{owner}: `num_steps` must be a positive integer, got {num_steps!r}.")
-    optimizer = optax.lbfgs() if optimizer is None else optimizer
-
-    def build(params):
-        kern, logs = params
-        lik = likelihood
-        for name, value in logs.items():
-            lik = eqx.tree_at(lambda p, name=name: getattr(p, name), lik, jnp.exp(value))
-        return model(kern, X, lik, labels=labels, mean=mean, jitter=jitter), lik
-
-    def negative_log_z(params, init):
-        post = infer(build(params)[0], method, init=init)
-        return -post.log_z, post
-
-    @eqx.filter_jit
-    def step(params, opt_state, init):
-        (value, post), grad = eqx.filter_value_and_grad(negative_log_z, has_aux=True)(params, init)
-        updates, opt_state = optimizer.update(grad, opt_state, params, value=value, grad=grad,
-                                              value_fn=lambda p: negative_log_z(p, init)[0])
-        return optax.apply_updates(params, updates), opt_state, post
-
+    optimizer = _LBFGS if optimizer is None else optimizer
+    # Everything the jitted functions need travels as arguments (arrays traced, the rest static), so
+    # a second call with data of the same shapes reuses the compiled fit and step.
+    data = (X, likelihood, labels, mean, jitter)
     params = (kernel, {name: jnp.log(jnp.asarray(getattr(likelihood, name))) for name in train_likelihood})
-    refit = eqx.filter_jit(lambda p, init: infer(build(p)[0], method, init=init))
-    post = eqx.filter_jit(lambda p: infer(build(p)[0], method))(params)
+    post = _fit(params, data, method, None)
     opt_state = optimizer.init(params)
     trace, converged = [], False
     good = (params, post)  # the last point whose fit was finite
     for it in range(num_steps):
-        # ``post`` (the fit at the previous point) warm-starts the fit at ``params`` inside the step.
-        new_params, opt_state, post = step(params, opt_state, post)
+        new_params, opt_state, post = _step(params, opt_state, post, data, method, optimizer)
         value = float(post.log_z)
         if progress:
             print(f"{owner}: step {it:4d}  log Z = {value:.6f}", flush=True)
@@ -107,6 +89,36 @@ def fit_hyperparameters(kernel, X, likelihood, method, *, labels=None, mean=0.0,
             converged = True
             break
         params = new_params
-    post = refit(params, post)
+    post = _fit(params, data, method, post)
     trace.append(float(post.log_z))
-    return HyperparameterFit(params[0], build(params)[1], post, np.asarray(trace), converged)
+    return HyperparameterFit(params[0], _build(params, data)[1], post, np.asarray(trace), converged)
+
+
+_LBFGS = optax.lbfgs()  # one instance, so the default optimizer hashes equal across calls
+
+
+def _build(params, data):
+    kern, logs = params
+    X, lik, labels, mean, jitter = data
+    for name, value in logs.items():
+        lik = eqx.tree_at(lambda p, name=name: getattr(p, name), lik, jnp.exp(value))
+    return model(kern, X, lik, labels=labels, mean=mean, jitter=jitter), lik
+
+
+def _negative_log_z(params, data, method, init):
+    post = infer(_build(params, data)[0], method, init=init)
+    return -post.log_z, post
+
+
+@eqx.filter_jit
+def _fit(params, data, method, init):
+    return infer(_build(params, data)[0], method, init=init)
+
+
+@eqx.filter_jit
+def _step(params, opt_state, init, data, method, optimizer):
+    """One optimizer step on −log Ẑ; ``init`` (the fit at the previous point) warm-starts the fits."""
+    (value, post), grad = eqx.filter_value_and_grad(_negative_log_z, has_aux=True)(params, data, method, init)
+    updates, opt_state = optimizer.update(grad, opt_state, params, value=value, grad=grad,
+                                          value_fn=lambda p: _negative_log_z(p, data, method, init)[0])
+    return optax.apply_updates(params, updates), opt_state, post

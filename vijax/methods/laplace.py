@@ -28,6 +28,7 @@ The pure functions `log_joint`, `site_curvatures`, `negative_hessian` and `evide
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import equinox as eqx
 import jax
@@ -37,9 +38,10 @@ from jax.scipy.linalg import cho_factor, cho_solve, solve_triangular
 from .. import _checks
 from ..covariance import CholeskyFactor
 from ..covariance._dense import _reversed_cholesky
-from ..model import LatentLinearModel
+from ..model import GaussianFactor, LatentLinearModel
 from ..posterior import Diagnostics, Posterior
-from ..solvers import AbstractSolver, NewtonCG
+from ..solvers import AbstractSolver, NewtonCG, Solution
+from ._gaussian import working_model
 from .gkl import Curvature
 
 __all__ = ["Laplace", "log_joint", "site_curvatures", "negative_hessian", "evidence", "find_mode"]
@@ -70,8 +72,9 @@ def site_curvatures(w, model: LatentLinearModel, gauss_newton=False) -> tuple[ja
 
 def negative_hessian(w, model: LatentLinearModel, gauss_newton=False):
     """A = Λ + Σ_g H_gᵀ diag(ω_g) H_g = −∇²ℓ(w), dense ``(D, D)`` (Gauss–Newton with ``gauss_newton``)."""
-    curvature = Curvature(model, site_curvatures(w, model, gauss_newton))
-    A = curvature.mv(jnp.eye(model.dim, dtype=w.dtype))
+    A = model.prior.precision_matrix().astype(w.dtype) if model.prior is not None else 0.0
+    for group, omega in zip(model.sites, site_curvatures(w, model, gauss_newton)):
+        A = A + group.projection.gram(omega)
     return 0.5 * (A + A.T)
 
 
@@ -91,10 +94,29 @@ def find_mode(model: LatentLinearModel, w0, solver: AbstractSolver):
     Newton-CG is preconditioned by the Gauss–Newton curvature, factorised densely (O(D³)).
     """
 
-    def preconditioner(w):
-        P = Curvature(model, site_curvatures(w, model, gauss_newton=True)).dense()
-        factor = cho_factor(P)
-        return lambda v: cho_solve(factor, v)
+    prior, sites = model.prior, model.sites
+    if prior is not None and prior.diagonal_precision and len(sites) == 1 and sites[0].num_sites <= model.dim:
+        # P = Λ + HᵀWH with Λ diagonal and no more sites than coordinates (a whitened GP): by Woodbury,
+        # P⁻¹ = Λ⁻¹ − Λ⁻¹Hᵀ W½ B⁻¹ W½ HΛ⁻¹ with B = I + W½ HΛ⁻¹Hᵀ W½, an N × N factorisation per
+        # step once G = HΛ⁻¹Hᵀ is formed (cf. Rasmussen & Williams Alg. 3.1).
+        projection = sites[0].projection
+        inv_prec = 1.0 / prior.precision_diagonal()
+        G = projection.mv(inv_prec[:, None] * projection.rmv(jnp.eye(sites[0].num_sites, dtype=model.dtype)))
+
+        def preconditioner(w):
+            root = jnp.sqrt(site_curvatures(w, model, gauss_newton=True)[0])
+            factor = cho_factor(jnp.eye(G.shape[0], dtype=G.dtype) + root[:, None] * G * root[None, :], lower=True)
+
+            def solve(v):
+                u = inv_prec * v
+                return u - inv_prec * projection.rmv(root * cho_solve(factor, root * projection.mv(u)))
+
+            return solve
+    else:
+        def preconditioner(w):
+            P = Curvature(model, site_curvatures(w, model, gauss_newton=True)).dense()
+            factor = cho_factor(P)
+            return lambda v: cho_solve(factor, v)
 
     return solver.maximise(lambda w: log_joint(w, model), w0, preconditioner)
 
@@ -155,29 +177,41 @@ def initial_point(model: LatentLinearModel, init, owner: str):
     return w0.astype(dtype)
 
 
-def fit_mode(model: LatentLinearModel, init, solver: AbstractSolver, owner: str):
-    """The shared first half of `Laplace` and `MAP`: the mode of the frozen model and its curvature.
+class ModeFit(NamedTuple):
+    """The mode of the frozen model and its curvature A = R Rᵀ (R upper-triangular)."""
 
-    Returns ``(mode, factor, fallback, jitter, solution)`` with ``factor`` a `CholeskyFactor`
-    of S = A⁻¹ = CᵀC, C = R⁻¹.
-    """
+    mode: jax.Array
+    R: jax.Array
+    fallback: jax.Array
+    jitter: jax.Array
+    solution: Solution
+
+    def factor(self, basis=None) -> CholeskyFactor:
+        """The `CholeskyFactor` of S = A⁻¹ = CᵀC (C = R⁻¹), or with a lower-triangular ``basis`` B
+        of B A⁻¹ Bᵀ (C = R⁻¹Bᵀ, upper × upper, still upper-triangular)."""
+        rhs = jnp.eye(self.R.shape[0], dtype=self.R.dtype) if basis is None else basis.T
+        return CholeskyFactor.from_matrix(solve_triangular(self.R, rhs, lower=False))
+
+
+def fit_mode(model: LatentLinearModel, init, solver: AbstractSolver, owner: str) -> ModeFit:
+    """The shared first half of `Laplace` and `MAP`: the mode of the frozen model and its curvature."""
     frozen = jax.lax.stop_gradient(model)
     w0 = jax.lax.stop_gradient(initial_point(frozen, init, owner))
     sol = find_mode(frozen, w0, solver)
     mode = jax.lax.stop_gradient(sol.x)
     R, fallback, jitter = curvature_at_mode(mode, frozen)
-    C = solve_triangular(R, jnp.eye(R.shape[0], dtype=R.dtype), lower=False)
-    return mode, CholeskyFactor.from_matrix(C), fallback, jitter, sol
+    return ModeFit(mode, R, fallback, jitter, sol)
 
 
-def differentiable_mode(mode, factor: CholeskyFactor, model: LatentLinearModel):
-    """``mode`` in value, with the derivative of the mode in the model's hyperparameters θ.
+def differentiable_mode(fit: ModeFit, model: LatentLinearModel):
+    """The mode in value, with the derivative of the mode in the model's hyperparameters θ.
 
     At the mode ∇ℓ(w*; θ) = 0, so by the implicit function theorem dw*/dθ = A⁻¹ ∂_θ∇ℓ: the
-    derivative of one Newton step S ∇ℓ(w*; θ) from the frozen mode, whose value (≈ 0) is removed.
+    derivative of one Newton step A⁻¹ ∇ℓ(w*; θ) from the frozen mode, whose value (≈ 0) is removed.
     """
-    step = factor.dense() @ jax.grad(log_joint)(mode, model)
-    return mode + (step - jax.lax.stop_gradient(step))
+    g = jax.grad(log_joint)(fit.mode, model)
+    step = solve_triangular(fit.R, solve_triangular(fit.R, g, lower=False), lower=False, trans="T")
+    return fit.mode + (step - jax.lax.stop_gradient(step))
 
 
 class Laplace(eqx.Module):
@@ -204,8 +238,22 @@ class Laplace(eqx.Module):
     solver: AbstractSolver = NewtonCG()
 
     def fit(self, model: LatentLinearModel, init=None) -> Posterior:
-        mode, factor, fallback, jitter, sol = fit_mode(model, init, self.solver, "Laplace")
-        w = differentiable_mode(mode, factor, model)
-        log_z = evidence(w, model, fallback, jitter)
-        diagnostics = Diagnostics.from_solution(sol, "Laplace", type(self.solver).__name__, fallback, jitter)
+        whitening = model.prior.whitening() if model.prior is not None else None
+        if whitening is None:
+            fit = fit_mode(model, init, self.solver, "Laplace")
+            log_z = evidence(differentiable_mode(fit, model), model, fit.fallback, fit.jitter)
+            mode, factor = fit.mode, fit.factor()
+        else:
+            # A dense prior N(μ, LLᵀ) (a GP prior): work in w = μ + L w̃, where the prior is N(0, I) and
+            # the curvature I + L̃ᵀWL̃ stays well conditioned however ill-conditioned LLᵀ is. The
+            # Laplace approximation and its evidence are invariant to this change of basis.
+            loc, L = whitening
+            work = LatentLinearModel(GaussianFactor.isotropic(model.dim, 1.0), working_model(model)[0])
+            loc0, L0 = jax.lax.stop_gradient((loc, L))
+            w0 = solve_triangular(L0, initial_point(model, init, "Laplace") - loc0, lower=True)
+            fit = fit_mode(work, w0, self.solver, "Laplace")
+            log_z = evidence(differentiable_mode(fit, work), work, fit.fallback, fit.jitter)
+            mode, factor = loc0 + L0 @ fit.mode, fit.factor(basis=L0)  # S = L S̃ Lᵀ
+        diagnostics = Diagnostics.from_solution(fit.solution, "Laplace", type(self.solver).__name__,
+                                                fit.fallback, fit.jitter)
         return Posterior(mode, factor, log_z, diagnostics, model, is_lower_bound=False)

@@ -39,6 +39,6 @@ class MAP(eqx.Module):
     solver: AbstractSolver = NewtonCG()
 
     def fit(self, model: LatentLinearModel, init=None) -> Posterior:
-        mode, factor, fallback, jitter, sol = fit_mode(model, init, self.solver, "MAP")
-        diagnostics = Diagnostics.from_solution(sol, "MAP", type(self.solver).__name__, fallback, jitter)
-        return Posterior(mode, factor, log_joint(mode, model), diagnostics, model, is_lower_bound=False)
+        fit = fit_mode(model, init, self.solver, "MAP")
+        diagnostics = Diagnostics.from_solution(fit.solution, "MAP", type(self.solver).__name__, fit.fallback, fit.jitter)
+        return Posterior(fit.mode, fit.factor(), log_joint(fit.mode, model), diagnostics, model, is_lower_bound=False)
