@@ -65,12 +65,12 @@ def integrate(model: LatentLinearModel, quadratics, sites=None, whitening=None, 
         P = P + group.projection.gram(A)
         r = r + group.projection.rmv(a - A * b)
         const = const + jnp.sum(a * b - 0.5 * A * b**2 + c)
-    R = _reversed_cholesky(0.5 * (P + P.T))  # NaN where P is not positive definite
-    C = solve_triangular(R, jnp.eye(d, dtype=R.dtype), lower=False)
-    z = C @ r  # R⁻¹ r, so rᵀP⁻¹r = ‖z‖² and the mean is P⁻¹r = Cᵀ z
+    R = _reversed_cholesky(0.5 * (P + P.T))  # P = RRᵀ; NaN where P is not positive definite
+    z = solve_triangular(R, r, lower=False)  # rᵀP⁻¹r = ‖z‖², and the mean is P⁻¹r = R⁻ᵀz
     value = const + 0.5 * z @ z + 0.5 * d * _LOG_2PI - jnp.sum(jnp.log(jnp.diag(R)))
-    mean = C.T @ z
+    mean = solve_triangular(R, z, lower=False, trans="T")
     if whitening is not None and map_back:
+        # S = L P⁻¹ Lᵀ = CᵀC with C = R⁻¹Lᵀ (upper × upper: still upper-triangular), one solve.
         loc, L = whitening
-        mean, C = loc + L @ mean, C @ L.T  # upper × upper: still upper-triangular
-    return value, mean, C
+        return value, loc + L @ mean, solve_triangular(R, L.T, lower=False)
+    return value, mean, solve_triangular(R, jnp.eye(d, dtype=R.dtype), lower=False)
