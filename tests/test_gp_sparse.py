@@ -186,3 +186,36 @@ def test_natural_gradient_steps_raise_a_classification_bound():
     assert np.all(np.diff(values) > -1e-8), values
     grads = jax.grad(vj.gp.svgp_elbo, argnums=(0, 1))(mean, chol, kernel, Z, X, likelihood)
     assert max(float(jnp.abs(g).max()) for g in grads) < 1e-5
+
+
+def test_classification_labels_and_inducing_input_gradients():
+    import vijax as vj
+
+    rng = np.random.default_rng(7)
+    X = rng.normal(size=(40, 2))
+    labels = (X[:, 0] - X[:, 1] + 0.3 * rng.normal(size=40) > 0).astype(float)
+    signs = 2 * labels - 1
+    kernel, Z = _SE(0.9, 1.5), X[:6] + 0.1
+    mean, chol = 0.3 * rng.normal(size=6), np.tril(0.2 * rng.normal(size=(6, 6))) + np.eye(6)
+    folded = vj.potentials.Custom(lambda f: jax.nn.log_sigmoid(signs * f))
+    logistic = vj.potentials.Logistic()
+    # Labels fold into the latent as a potential written on y_n f_n (the two differ only by the
+    # quadrature rule: Logistic's own against Gauss–Hermite for Custom).
+    np.testing.assert_allclose(vj.gp.svgp_elbo(mean, chol, kernel, Z, X, logistic, labels=labels),
+                               vj.gp.svgp_elbo(mean, chol, kernel, Z, X, folded), rtol=1e-5)
+    for a, b in zip(vj.gp.svgp_natural_step(mean, chol, kernel, Z, X, logistic, labels=labels, learning_rate=0.5),
+                    vj.gp.svgp_natural_step(mean, chol, kernel, Z, X, folded, learning_rate=0.5)):
+        np.testing.assert_allclose(a, b, atol=1e-4)
+    with pytest.raises(ValueError, match="labels"):
+        vj.gp.svgp_elbo(mean, chol, kernel, Z, X, logistic)
+    with pytest.raises(ValueError, match="labels"):
+        vj.gp.svgp_natural_step(mean, chol, kernel, Z, X, logistic, labels=labels[:-1])
+    # Inducing inputs are learnable: the bound's gradient in Z matches central differences.
+    elbo_z = lambda Z: vj.gp.svgp_elbo(mean, chol, kernel, Z, X, logistic, labels=labels)
+    grad = jax.grad(elbo_z)(jnp.asarray(Z))
+    h = 1e-5
+    for i, j in ((0, 0), (3, 1), (5, 0)):
+        e = np.zeros_like(Z)
+        e[i, j] = h
+        fd = (elbo_z(Z + e) - elbo_z(Z - e)) / (2 * h)
+        np.testing.assert_allclose(grad[i, j], fd, rtol=1e-5, atol=1e-7)

@@ -20,6 +20,7 @@ import numpy as np
 from jax.scipy.linalg import solve_triangular
 
 from .. import _checks
+from ..glm import signed_labels
 from ..quadrature import safe_sqrt
 
 __all__ = ["collapsed_elbo", "optimal_inducing_posterior", "predict_sparse", "svgp_elbo", "svgp_natural_step"]
@@ -54,6 +55,22 @@ def _q_u(owner, mean_u, cov_name, cov_u, M):
         raise ValueError(f"{owner}: with {M} inducing points `mean_u` must have shape ({M},) and "
                          f"`{cov_name}` shape ({M}, {M}); got {mean_u.shape} and {cov_u.shape}.")
     return mean_u, cov_u
+
+
+def _signs(owner, likelihood, labels, N):
+    """±1 per data point for a classification likelihood (which acts on y_n f_n), else None."""
+    if not getattr(likelihood, "labels_in_projection", False):  # duck-typed likelihoods carry their own data
+        if labels is not None:
+            raise ValueError(f"{owner}: `labels` is only for classification likelihoods; a "
+                             f"{type(likelihood).__name__} likelihood carries its observations (`loc` or `counts`).")
+        return None
+    if labels is None:
+        raise ValueError(f"{owner}: a {type(likelihood).__name__} likelihood needs `labels` "
+                         "(in {0, 1} or {-1, +1}, one per row of X).")
+    labels = _checks.as_float_array("labels", labels, owner, ndim=1)
+    if labels.shape[0] != N:
+        raise ValueError(f"{owner}: X has {N} rows but `labels` has {labels.shape[0]} entries.")
+    return signed_labels(labels, owner).astype(labels.dtype)
 
 
 def _chol_kzz(kernel, Z, jitter):
@@ -164,7 +181,7 @@ def predict_sparse(kernel, inducing, mean_u, cov_u, X_test, jitter=1e-6):
 # --------------------------------------------------------------------------- uncollapsed bound
 
 
-def svgp_elbo(mean_u, chol_u, kernel, inducing, X, likelihood, num_data=None, jitter=1e-6):
+def svgp_elbo(mean_u, chol_u, kernel, inducing, X, likelihood, num_data=None, jitter=1e-6, labels=None):
     r"""Uncollapsed SVGP bound (Hensman et al. 2013) for any factorising likelihood.
 
     .. math::
@@ -184,15 +201,19 @@ def svgp_elbo(mean_u, chol_u, kernel, inducing, X, likelihood, num_data=None, ji
     ``likelihood`` is a vijax potential over the batch (e.g.
     ``vijax.potentials.Gaussian(loc=y, scale=sigma)``); its ``expected_log_phi(mu, sigma)``
     gives :math:`\langle \log \varphi(\mu + \sigma z)\rangle`. ``num_data`` defaults to the
-    batch size. For a Gaussian likelihood the maximum over :math:`q(u)` is `collapsed_elbo`,
-    attained at `optimal_inducing_posterior`.
+    batch size. Classification likelihoods (``Probit()``, ``Logistic()``) act on y_n f_n and need
+    the batch's ``labels`` (in {0, 1} or {−1, +1}), as in `vj.gp.model`. For a Gaussian likelihood
+    the maximum over :math:`q(u)` is `collapsed_elbo`, attained at `optimal_inducing_posterior`.
     """
     X, Z, _, _ = _inputs("svgp_elbo", X, inducing)
     M, N = Z.shape[0], X.shape[0]
     mean_u, R = _q_u("svgp_elbo", mean_u, "chol_u", chol_u, M)
+    signs = _signs("svgp_elbo", likelihood, labels, N)
     R = jnp.tril(R)
     L = _chol_kzz(kernel, Z, jitter)
     f_mean, f_var = _marginals(kernel, Z, L, mean_u, R, X, is_chol=True)
+    if signs is not None:
+        f_mean = signs * f_mean
     expected = jnp.sum(likelihood.expected_log_phi(f_mean, safe_sqrt(f_var)))
     scale = 1.0 if num_data is None else num_data / N
 
@@ -204,7 +225,7 @@ def svgp_elbo(mean_u, chol_u, kernel, inducing, X, likelihood, num_data=None, ji
 
 
 def svgp_natural_step(mean_u, chol_u, kernel, inducing, X, likelihood, num_data=None, learning_rate=1.0,
-                      jitter=1e-6):
+                      jitter=1e-6, labels=None):
     r"""One natural-gradient step on q(u) for `svgp_elbo` (Hensman et al. 2013; Salimbeni et al. 2018).
 
     In whitened coordinates v = L⁻¹u (prior N(0, I)), q(v) = N(m̃, S̃) has natural parameters
@@ -219,7 +240,8 @@ def svgp_natural_step(mean_u, chol_u, kernel, inducing, X, likelihood, num_data=
         S̃^{-1}m̃ \leftarrow (1-\rho) S̃^{-1}m̃ + \rho \big(\tilde A g_m - 2 \tilde A \operatorname{diag}(g_v) \tilde A^\top m̃\big).
 
     With ρ = ``learning_rate`` = 1 and a Gaussian likelihood on the full data, one step lands on
-    `optimal_inducing_posterior`. Minibatches pass ``num_data`` as in `svgp_elbo`; use ρ < 1 then.
+    `optimal_inducing_posterior`. Minibatches pass ``num_data`` (and classification ``labels``) as
+    in `svgp_elbo`; use ρ < 1 then.
     Likelihoods that are not log-concave can make S̃⁻¹ indefinite for large ρ (the result is NaN).
 
     Returns the new ``(mean_u, chol_u)`` (unwhitened, ``chol_u`` lower-triangular).
@@ -227,6 +249,7 @@ def svgp_natural_step(mean_u, chol_u, kernel, inducing, X, likelihood, num_data=
     X, Z, _, _ = _inputs("svgp_natural_step", X, inducing)
     M, N = Z.shape[0], X.shape[0]
     mean_u, R = _q_u("svgp_natural_step", mean_u, "chol_u", chol_u, M)
+    signs = _signs("svgp_natural_step", likelihood, labels, N)
     L = _chol_kzz(kernel, Z, jitter)
     eye = jnp.eye(M, dtype=L.dtype)
     A = solve_triangular(L, kernel(Z, X), lower=True)                 # columns ã_n
@@ -237,6 +260,8 @@ def svgp_natural_step(mean_u, chol_u, kernel, inducing, X, likelihood, num_data=
     prior_var = kernel.diagonal(X) - jnp.sum(A**2, axis=0)
 
     def expected(f_mean, f_var):
+        if signs is not None:
+            f_mean = signs * f_mean
         return jnp.sum(likelihood.expected_log_phi(f_mean, safe_sqrt(f_var)))
 
     f_mean = A.T @ m_w
