@@ -74,7 +74,7 @@ Run (float64 is switched on by this script)::
     python benchmarks/gp_robust.py --quick          # Neal only, 1 split, 2 scales, 5 ML-II steps
 
 Options: ``--splits K``, ``--datasets neal,friedman,boston,slump``, ``--steps S``, ``--scales 0.1,0.3``.
-Writes ``benchmarks/results/gp_robust[_quick].json`` and ``.txt``.
+Writes ``benchmarks/results/gp_robust[_quick][_<datasets>].json`` and ``.txt``.
 """
 
 from __future__ import annotations
@@ -357,7 +357,7 @@ def main():
     table += "".join(f"skipped {d}: {why}\n" for d, why in skipped.items()) + f"wall time {wall:.0f} s\n"
     print(table)
     RESULTS.mkdir(exist_ok=True)
-    stem = f"gp_robust{'_quick' if args.quick else ''}"
+    stem = f"gp_robust{'_quick' if args.quick else ''}" + ("_" + "_".join(datasets) if args.datasets else "")
     (RESULTS / f"{stem}.txt").write_text(" ".join(sys.argv) + "\n" + table)
     (RESULTS / f"{stem}.json").write_text(json.dumps(dict(
         settings=dict(splits=splits, steps=steps, scales=list(scales), datasets=datasets, skipped=skipped,
