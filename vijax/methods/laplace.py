@@ -91,7 +91,8 @@ def evidence(w, model: LatentLinearModel, gauss_newton=False, jitter=0.0):
 def find_mode(model: LatentLinearModel, w0, solver: AbstractSolver):
     """Maximise ℓ from ``w0``; returns the solver's `Solution` (the mode is ``sol.x``).
 
-    Newton-CG is preconditioned by the Gauss–Newton curvature, factorised densely (O(D³)).
+    Newton-CG is preconditioned by the Gauss–Newton curvature, factorised densely (O(D³)), or by
+    Woodbury as an N × N factorisation when the prior precision is diagonal and N ≤ D.
     """
 
     prior, sites = model.prior, model.sites
@@ -225,7 +226,9 @@ class Laplace(eqx.Module):
     ``vj.infer(model, vj.Laplace())`` returns a `Posterior` with a full `CholeskyFactor`
     (S = CᵀC, C upper-triangular) and ``log_z`` = ℓ(w*) + (D/2) log 2π − ½ log det A, an
     approximation (``is_lower_bound=False``), exact for Gaussian sites. It costs O(D³) per
-    Newton iteration and at the end.
+    Newton iteration and at the end. A dense prior N(μ, LLᵀ) (a GP prior) is handled in the
+    whitened coordinates w = μ + L w̃, where the curvature I + L̃ᵀWL̃ is well conditioned however
+    ill-conditioned LLᵀ is (the approximation and its evidence do not depend on the basis).
 
     ``jax.grad`` of ``log_z`` in the model's hyperparameters θ is the total derivative of the
     Laplace evidence: ℓ(w*) contributes its partial derivative (the envelope theorem, ∇ℓ = 0
