@@ -61,20 +61,29 @@ def model(kernel, X, likelihood, labels=None, mean=0.0, jitter=DEFAULT_JITTER) -
     n = X.shape[0]
     K = kernel(X)
     prior = GaussianFactor.dense(jnp.full(n, mean, K.dtype), K, jitter=jitter)
-    if likelihood.labels_in_projection:
-        if labels is None:
-            raise ValueError(f"{owner}: a {type(likelihood).__name__} likelihood needs `labels` "
-                             "(in {0, 1} or {-1, +1}, one per input).")
-        labels = _checks.as_float_array("labels", labels, owner, ndim=1)
-        if labels.shape[0] != n:
-            raise ValueError(f"{owner}: X has {n} rows but `labels` has {labels.shape[0]} entries.")
-        H = ScaledIdentity(signed_labels(labels, owner).astype(K.dtype))
-    else:
+    signs = label_signs(likelihood, labels, n, owner)
+    H = Identity(n) if signs is None else ScaledIdentity(signs.astype(K.dtype))
+    return LatentLinearModel(prior, Sites(H, likelihood))
+
+
+def label_signs(likelihood, labels, n, owner):
+    """±1 per input for a classification likelihood (which acts on y_n f_n), else None.
+
+    Raises where a classification likelihood has no ``labels`` (or the wrong number), or where
+    another likelihood, which carries its own observations, is given some.
+    """
+    if not getattr(likelihood, "labels_in_projection", False):  # duck-typed likelihoods carry their own data
         if labels is not None:
             raise ValueError(f"{owner}: `labels` is only for classification likelihoods; a "
                              f"{type(likelihood).__name__} likelihood carries its observations (`loc` or `counts`).")
-        H = Identity(n)
-    return LatentLinearModel(prior, Sites(H, likelihood))
+        return None
+    if labels is None:
+        raise ValueError(f"{owner}: a {type(likelihood).__name__} likelihood needs `labels` "
+                         "(in {0, 1} or {-1, +1}, one per row of X).")
+    labels = _checks.as_float_array("labels", labels, owner, ndim=1)
+    if labels.shape[0] != n:
+        raise ValueError(f"{owner}: X has {n} rows but `labels` has {labels.shape[0]} entries.")
+    return signed_labels(labels, owner).astype(labels.dtype)
 
 
 def _gp_prior(post, owner):

@@ -20,8 +20,8 @@ import numpy as np
 from jax.scipy.linalg import solve_triangular
 
 from .. import _checks
-from ..glm import signed_labels
 from ..quadrature import safe_sqrt
+from .models import label_signs
 
 __all__ = ["collapsed_elbo", "optimal_inducing_posterior", "predict_sparse", "svgp_elbo", "svgp_natural_step"]
 
@@ -55,22 +55,6 @@ def _q_u(owner, mean_u, cov_name, cov_u, M):
         raise ValueError(f"{owner}: with {M} inducing points `mean_u` must have shape ({M},) and "
                          f"`{cov_name}` shape ({M}, {M}); got {mean_u.shape} and {cov_u.shape}.")
     return mean_u, cov_u
-
-
-def _signs(owner, likelihood, labels, N):
-    """±1 per data point for a classification likelihood (which acts on y_n f_n), else None."""
-    if not getattr(likelihood, "labels_in_projection", False):  # duck-typed likelihoods carry their own data
-        if labels is not None:
-            raise ValueError(f"{owner}: `labels` is only for classification likelihoods; a "
-                             f"{type(likelihood).__name__} likelihood carries its observations (`loc` or `counts`).")
-        return None
-    if labels is None:
-        raise ValueError(f"{owner}: a {type(likelihood).__name__} likelihood needs `labels` "
-                         "(in {0, 1} or {-1, +1}, one per row of X).")
-    labels = _checks.as_float_array("labels", labels, owner, ndim=1)
-    if labels.shape[0] != N:
-        raise ValueError(f"{owner}: X has {N} rows but `labels` has {labels.shape[0]} entries.")
-    return signed_labels(labels, owner).astype(labels.dtype)
 
 
 def _chol_kzz(kernel, Z, jitter):
@@ -208,7 +192,7 @@ def svgp_elbo(mean_u, chol_u, kernel, inducing, X, likelihood, num_data=None, ji
     X, Z, _, _ = _inputs("svgp_elbo", X, inducing)
     M, N = Z.shape[0], X.shape[0]
     mean_u, R = _q_u("svgp_elbo", mean_u, "chol_u", chol_u, M)
-    signs = _signs("svgp_elbo", likelihood, labels, N)
+    signs = label_signs(likelihood, labels, N, "svgp_elbo")
     R = jnp.tril(R)
     L = _chol_kzz(kernel, Z, jitter)
     f_mean, f_var = _marginals(kernel, Z, L, mean_u, R, X, is_chol=True)
@@ -249,7 +233,7 @@ def svgp_natural_step(mean_u, chol_u, kernel, inducing, X, likelihood, num_data=
     X, Z, _, _ = _inputs("svgp_natural_step", X, inducing)
     M, N = Z.shape[0], X.shape[0]
     mean_u, R = _q_u("svgp_natural_step", mean_u, "chol_u", chol_u, M)
-    signs = _signs("svgp_natural_step", likelihood, labels, N)
+    signs = label_signs(likelihood, labels, N, "svgp_natural_step")
     L = _chol_kzz(kernel, Z, jitter)
     eye = jnp.eye(M, dtype=L.dtype)
     A = solve_triangular(L, kernel(Z, X), lower=True)                 # columns ã_n
