@@ -24,9 +24,10 @@ Variants of EP, each run on every (data set, likelihood, seed):
 
 - ``plain``: vj.EP(damping=1.0, fallback=False) (undamped parallel EP);
 - ``damped``: vj.EP(damping=0.5, fallback=False);
-- ``power 0.5`` / ``power 0.9``: vj.EP(power=η, fallback=False) (power EP, default damping 0.5);
+- ``power 0.5`` / ``power 0.9``: vj.EP(power=η, fallback=False) (power EP, default adaptive damping);
 - ``double loop``: vj.EP(schedule="double_loop", max_iter=100) (the convergent min–max scheme);
-- ``default``: vj.EP() (parallel, damping 0.5, double-loop fallback when the parallel run stalls).
+- ``default``: vj.EP() (parallel with adaptive damping: δ = 1, halved whenever the moment-matching
+  residual rises; double-loop fallback when the parallel run stalls).
 
 References, computed in the same run for every (data set, likelihood, seed):
 

@@ -207,6 +207,64 @@ def test_model_validation(classification):
 
 
 # ----------------------------------------------------------------------------------------------
+# The site form: GP models' fast paths for EP and G-KL
+
+
+def test_site_form_integral_matches_the_general_one(rng):
+    """`marginals` (site form B = I + W½KW½ when W ≥ 0, else the whitened general path) against `integrate`."""
+    from vijax.covariance import CholeskyFactor
+    from vijax.methods import _gaussian
+
+    n = 12
+    X = rng.normal(size=(n, 2))
+    K = np.asarray(K_.Matern32(0.7, 1.3)(X)) + 1e-6 * np.eye(n)
+    scale = rng.choice([-1.0, 1.0, 2.5], size=n)
+    model = vj.LatentLinearModel(
+        vj.GaussianFactor.dense(rng.normal(size=n), K),
+        (vj.Sites(vj.Identity(n), P.Gaussian(loc=rng.normal(size=n), scale=1.0), offset=0.3),
+         vj.Sites(vj.model.ScaledIdentity(jnp.asarray(scale)), P.Logistic())))
+    assert _gaussian.diagonal_form(model) is not None
+
+    def general(quadratics):
+        value, mean, C = _gaussian.integrate(model, quadratics)
+        factor = CholeskyFactor(C)
+        return value, [g.project(mean) for g in model.sites], [factor.projected_variances(g.projection) for g in model.sites]
+
+    A = rng.uniform(0, 2, size=n)
+    A[3] = 0.0
+    for A2 in (A, np.where(np.arange(n) == 5, -0.05, A)):  # the second: W < 0 at one site, the general path
+        quadratics = ((rng.normal(size=n), rng.uniform(0, 1, size=n), 0.1), (rng.normal(size=n), A2, -0.2))
+        value, means, variances = _gaussian.marginals(model, quadratics)
+        v0, m0, s0 = general(quadratics)
+        np.testing.assert_allclose(value, v0, rtol=1e-12)
+        for a, b in zip(means + variances, m0 + s0):
+            np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
+        grad = jax.grad(lambda A: _gaussian.marginals(model, (quadratics[0], (quadratics[1][0], A, 0.0)))[0])
+        grad0 = jax.grad(lambda A: _gaussian.integrate(model, (quadratics[0], (quadratics[1][0], A, 0.0)))[0])
+        np.testing.assert_allclose(grad(jnp.asarray(A2)), grad0(jnp.asarray(A2)), rtol=1e-8, atol=1e-12)
+
+
+@pytest.mark.parametrize("likelihood", ["logistic", "probit", "poisson"])
+def test_site_form_gkl_reaches_the_cholesky_optimum(classification, likelihood):
+    X, labels = classification
+    kernel = K_.SquaredExponential(0.9, 10.0)  # ill-conditioned K: the hard case for the Cholesky factor
+    potential, y = {"logistic": (P.Logistic(), labels), "probit": (P.Probit(), labels),
+                    "poisson": (P.Poisson(counts=np.random.default_rng(0).poisson(2.0, len(labels))), None)}[likelihood]
+    model = vj.gp.model(kernel, X, potential, labels=y, mean=0.2)
+    fast = vj.infer(model, vj.GKL())
+    newton = vj.infer(model, vj.GKL(solver=vj.solvers.NewtonCG(tol=1e-10)))
+    d = fast.diagnostics
+    assert d.solver == "site-form coordinate ascent" and bool(d.converged) and int(d.iterations) < 30
+    trace = np.asarray(d.objective_trace)[: int(d.iterations) + 1]
+    assert np.all(np.diff(trace) >= -1e-12 * np.abs(trace[1:])), trace  # a monotone ascent
+    np.testing.assert_allclose(fast.log_z, newton.log_z, rtol=1e-9)
+    np.testing.assert_allclose(fast.mean, newton.mean, atol=1e-4)
+    np.testing.assert_allclose(fast.covariance, newton.covariance, atol=1e-4)
+    # The returned log Z is the G-KL bound at the returned Gaussian (so a lower bound).
+    np.testing.assert_allclose(fast.log_z, vj.gkl.bound_at(fast, model), rtol=1e-12)
+
+
+# ----------------------------------------------------------------------------------------------
 # Hyperparameters
 
 
@@ -218,7 +276,7 @@ def test_hyperparameter_gradient_matches_refitted_finite_differences(classificat
         return vj.infer(vj.gp.model(kernel, X, P.Probit(), labels=labels), method).log_z
 
     # Laplace's gradient also carries the mode's dependence on θ (implicit differentiation, whitened).
-    for method in (vj.EP(tol=1e-10), vj.GKL(solver=vj.solvers.NewtonCG(tol=1e-10)),
+    for method in (vj.EP(tol=1e-10), vj.GKL(), vj.GKL(solver=vj.solvers.NewtonCG(tol=1e-10)),
                    vj.Laplace(solver=vj.solvers.NewtonCG(tol=1e-10))):
         x0, h = jnp.asarray(0.1), 1e-4
         grad = jax.grad(log_z)(x0, method)

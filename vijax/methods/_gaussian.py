@@ -9,20 +9,27 @@ For a dense Gaussian factor N(μ, LLᵀ) (a GP prior) the integral is taken in t
 coordinates w = μ + L w̃ (dw = |L| dw̃ turns f into N(w̃ | 0, I)), so P̃ = I + Σ A_n h̃_n h̃_nᵀ with
 h̃ = Lᵀh and nothing ever inverts the prior covariance; the Gaussian maps back as mean = μ + L m̃,
 S = L S̃ Lᵀ.
+
+When, in addition, every site group has one site per coordinate (H = I or diag(s), as in GP
+models), the quadratics add a diagonal W = Σ_g s_g² A_g to the precision, and for W ≥ 0 the
+marginals come from the site form of Rasmussen & Williams (§3.4.3, §3.6):
+B = I + W½KW½ = L_B L_Bᵀ, Σ = K − VᵀV with V = L_B⁻¹W½K, about 4/3 D³ flops against some 5 D³ for
+the general path (`integrate_diagonal`, used by `marginals`).
 """
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax.scipy.linalg import solve_triangular
 
-from ..covariance._dense import _reversed_cholesky
-from ..model import LatentLinearModel
+from ..covariance._dense import CholeskyFactor, _reversed_cholesky
+from ..model import DenseGaussian, Identity, LatentLinearModel, ScaledIdentity
 
-__all__ = ["integrate", "working_model"]
+__all__ = ["integrate", "working_model", "diagonal_form", "integrate_diagonal", "marginals"]
 
 _LOG_2PI = math.log(2 * math.pi)
 
@@ -74,3 +81,93 @@ def integrate(model: LatentLinearModel, quadratics, sites=None, whitening=None, 
         loc, L = whitening
         return value, loc + L @ mean, solve_triangular(R, L.T, lower=False)
     return value, mean, solve_triangular(R, jnp.eye(d, dtype=R.dtype), lower=False)
+
+
+def diagonal_form(model: LatentLinearModel):
+    """``(K, μ, scales)`` when the Gaussian factor is a dense N(μ, K) and every site group has one site
+    per coordinate, x_gn = s_gn w_n + b_gn (H = I or diag(s): GP models); ``scales`` holds one s_g per
+    group. None otherwise."""
+    if not isinstance(model.prior, DenseGaussian) or not model.sites:
+        return None
+    scales = []
+    for group in model.sites:
+        if isinstance(group.projection, Identity) and group.projection.dim == model.dim:
+            scales.append(jnp.ones(model.dim, model.dtype))
+        elif isinstance(group.projection, ScaledIdentity) and group.num_sites == model.dim:
+            scales.append(group.projection.scale.astype(model.dtype))
+        else:
+            return None
+    return model.prior.cov.astype(model.dtype), model.prior.mean.astype(model.dtype), tuple(scales)
+
+
+class DiagonalIntegral(NamedTuple):
+    """log ∫ N(w | μ, K) exp(rᵀw − ½ wᵀ diag(W) w) dw, its Gaussian N(mean, Σ) and the factor B."""
+
+    value: jax.Array
+    mean: jax.Array
+    alpha: jax.Array  # K⁻¹(mean − μ), so that (mean − μ)ᵀK⁻¹(mean − μ) = αᵀ(mean − μ)
+    variances: jax.Array | None  # diag Σ (None unless asked for)
+    logdet_b: jax.Array  # log det(I + W½KW½) = log det(I + KW)
+
+
+def integrate_diagonal(K, mu, W, r, variances=True) -> DiagonalIntegral:
+    """The integral of a dense Gaussian N(μ, K) times exp(rᵀw − ½ wᵀdiag(W)w), for W ≥ 0.
+
+    With u = w − μ ~ N(0, K) and r' = r − Wμ the integral is
+    exp(rᵀμ − ½μᵀWμ) · det(B)^{−½} · exp(½ r'ᵀΣr'), Σ = (K⁻¹ + W)⁻¹ = K − K W½ B⁻¹ W½ K, B = I + W½KW½,
+    so no inverse of K is formed (R&W Alg. 3.2 and eq. 3.65). One Cholesky of B and, for the
+    variances, one triangular solve with D right-hand sides.
+    """
+    s = jnp.sqrt(jnp.maximum(W, 0.0))  # clipped so that an unselected branch of a `cond` stays finite
+    B = jnp.eye(K.shape[0], dtype=K.dtype) + s[:, None] * K * s[None, :]
+    L = jnp.linalg.cholesky(B)
+    r0 = r - W * mu
+    u = K @ r0
+    z = solve_triangular(L, s * u, lower=True)
+    logdet_b = 2 * jnp.sum(jnp.log(jnp.diag(L)))
+    value = r @ mu - 0.5 * mu @ (W * mu) + 0.5 * (r0 @ u - z @ z) - 0.5 * logdet_b
+    alpha = r0 - s * solve_triangular(L, z, lower=True, trans="T")
+    mean = mu + K @ alpha
+    var = None
+    if variances:
+        V = solve_triangular(L, s[:, None] * K, lower=True)  # L_B⁻¹ W½ K
+        var = jnp.diag(K) - jnp.sum(V**2, axis=0)
+    return DiagonalIntegral(value, mean, alpha, var, logdet_b)
+
+
+def _diagonal_quadratics(scales, sites, quadratics, dtype):
+    """The quadratics in x_g = s_g w + b_g as (W, r, const) on w."""
+    W = r = const = 0.0
+    for s, group, (a, A, c) in zip(scales, sites, quadratics):
+        a, A, c = (jnp.broadcast_to(t, s.shape).astype(dtype) for t in (a, A, c))
+        b = jnp.broadcast_to(group.offset, s.shape).astype(dtype)
+        W = W + s**2 * A
+        r = r + s * (a - A * b)
+        const = const + jnp.sum(a * b - 0.5 * A * b**2 + c)
+    return W, r, const
+
+
+def marginals(model: LatentLinearModel, quadratics, work=None):
+    """``(log ∫, means, variances)``: the integral of `integrate` and, per site group, the means and
+    variances of x_gn under its Gaussian (tuples, one entry per group); NaN where P is not positive
+    definite. Uses the site form (`integrate_diagonal`) where `diagonal_form` applies and W ≥ 0."""
+    work = working_model(model) if work is None else work
+
+    def general(_):
+        value, mean, C = integrate(model, quadratics, *work)
+        factor = CholeskyFactor(C)
+        return (value, tuple(g.project(mean) for g in model.sites),
+                tuple(factor.projected_variances(g.projection) for g in model.sites))
+
+    form = diagonal_form(model)
+    if form is None:
+        return general(None)
+    K, mu, scales = form
+    W, r, const = _diagonal_quadratics(scales, model.sites, quadratics, model.dtype)
+
+    def diagonal(_):
+        out = integrate_diagonal(K, mu, W, r)
+        means = tuple(s * out.mean + jnp.broadcast_to(g.offset, s.shape) for s, g in zip(scales, model.sites))
+        return const + out.value, means, tuple(s**2 * out.variances for s in scales)
+
+    return jax.lax.cond(jnp.all(W >= 0), diagonal, general, None)

@@ -33,7 +33,8 @@ hyperparameters with the sites frozen is the total derivative (`energy`).
 Schedules (`EP.schedule`):
 
 - ``"parallel"``: all sites from one q, then q once (a Cholesky); the step is halved until q and every
-  cavity are proper (``diagnostics.shrunk``).
+  cavity are proper (``diagnostics.shrunk``). By default the damping adapts: full steps while the
+  moment-matching residual falls; the first step that raises it is undone, and δ = ½ from then on.
 - ``"sequential"``: one site at a time with a rank-one update of q (O(D²) a site), q recomputed from
   the sites after every sweep; a site whose cavity is improper is skipped (``diagnostics.skipped``).
 - ``"double_loop"``: the expectation-consistent min–max form of the energy (Jylänki §2.3.7; Opper &
@@ -62,12 +63,13 @@ import jax.numpy as jnp
 from ..covariance import CholeskyFactor, DiagonalFactor
 from ..model import LatentLinearModel
 from ..posterior import Diagnostics, Posterior
-from ._gaussian import integrate, working_model
+from ._gaussian import integrate, marginals, working_model
 
 __all__ = ["EP", "SiteParams", "energy", "SCHEDULES"]
 
 SCHEDULES = ("parallel", "sequential", "double_loop")
 _LOG_2PI = math.log(2 * math.pi)
+_SAFE_DAMPING = 0.5  # adaptive damping's step fraction once a full step has raised the residual
 _MAX_HALVINGS = 30  # steps shortened to keep q and the cavities proper, and inner line searches
 _MAX_EXTRAPOLATION = 64.0  # largest ω of the double loop's outer step
 _ARMIJO = 1e-4  # sufficient-decrease constant of the double loop's inner line search
@@ -105,8 +107,6 @@ class _Evaluation(NamedTuple):
     """q at a set of sites, and each site's cavity and tilted moments (tuples: one entry per group)."""
 
     value: jax.Array  # the energy, or the double loop's inner objective G when anchored
-    mean: jax.Array
-    C: jax.Array
     marginal_mean: tuple
     marginal_var: tuple
     tilted_mean: tuple
@@ -118,14 +118,11 @@ class _Evaluation(NamedTuple):
 def _evaluate(sites: SiteParams, model, power, work, anchor=None) -> _Evaluation:
     """q, its marginals, the cavities (anchored at ``anchor`` = (means, variances), else at q's
     marginals) and the tilted moments; ``value`` is the energy (inner objective when anchored)."""
-    working_sites, whitening = work
-    quadratics = tuple((nu, tau, 0.0) for tau, nu in zip(sites.precision, sites.shift))
-    log_zq, mean, C = integrate(model, quadratics, working_sites, whitening)
-    factor = CholeskyFactor(C)
+    # Only q's marginals are needed here (the site form for GP models); q itself is formed once, at the end.
+    log_zq, means, variances = marginals(model, _quadratics(sites), work)
     value, proper = log_zq, jnp.isfinite(log_zq)
     out = ([], [], [], [], [])
-    for k, (group, tau, nu) in enumerate(zip(model.sites, sites.precision, sites.shift)):
-        m, V = group.project(mean), factor.projected_variances(group.projection)
+    for k, (group, tau, nu, m, V) in enumerate(zip(model.sites, sites.precision, sites.shift, means, variances)):
         m_a, V_a = (m, V) if anchor is None else (anchor[0][k], anchor[1][k])
         cavity_precision = 1.0 / V_a - power * tau
         ok = cavity_precision > 0
@@ -139,7 +136,12 @@ def _evaluate(sites: SiteParams, model, power, work, anchor=None) -> _Evaluation
         for store, item in zip(out, (m, V, m_hat, V_hat, ok)):
             store.append(item)
     value = jnp.where(proper, value, jnp.nan)
-    return _Evaluation(value, mean, C, *map(tuple, out), proper)
+    return _Evaluation(value, *map(tuple, out), proper)
+
+
+def _quadratics(sites: SiteParams):
+    """The sites as the (a, A, c) quadratics of the shared Gaussian integral."""
+    return tuple((nu, tau, 0.0) for tau, nu in zip(sites.precision, sites.shift))
 
 
 def _direction(ev: _Evaluation, sites: SiteParams, power) -> SiteParams:
@@ -199,6 +201,7 @@ class _Run(NamedTuple):
     change: jax.Array
     stuck: jax.Array
     best_sites: SiteParams  # the sites with the smallest residual so far (where a fallback restarts)
+    damping: jax.Array  # the parallel schedule's current step fraction δ
     outer: tuple = ()  # the double loop's (anchor, its inner optimum Φ, extrapolation factor ω)
 
 
@@ -227,8 +230,9 @@ class EP(eqx.Module):
 
     - `schedule`: ``"parallel"`` (default), ``"sequential"`` or ``"double_loop"`` (see the module
       docstring).
-    - `damping`: δ ∈ (0, 1], the fraction of each EP step taken; None (default) gives 0.5 for the
-      parallel schedule, which needs it, and 1 for the sequential one.
+    - `damping`: δ ∈ (0, 1], the fraction of each EP step taken. None (default) gives δ = 1 for the
+      sequential schedule and adaptive damping for the parallel one: δ = 1 until a step raises the
+      moment-matching residual; that step is undone and δ = ½ from then on.
     - `power`: η ∈ (0, 1]; η < 1 is power (fractional) EP, which leaves part of each site in its
       cavity and is more stable on non-log-concave sites.
     - `max_iter`: the most iterations (sweeps) of the schedule, and again of the double loop's
@@ -244,7 +248,9 @@ class EP(eqx.Module):
     and ``log_z`` = `energy` at the frozen sites, an approximation (not a bound) whose ``jax.grad``
     in the model's hyperparameters is the total derivative at convergence. ``post.state`` holds the
     `SiteParams`, for warm starts (``init=post`` or ``init=sites``). Each evaluation costs one
-    D × D Cholesky, O(N D²) for the marginals, and one 1-D tilted integral per site.
+    D × D Cholesky, O(N D²) for the marginals, and one 1-D tilted integral per site; for GP models
+    (a dense prior, one site per coordinate) with every τ ≥ 0 the marginals come from the site form
+    B = I + T½KT½ (R&W §3.6), about 4/3 D³ flops.
     """
 
     schedule: str = eqx.field(static=True, default="parallel")
@@ -270,9 +276,8 @@ class EP(eqx.Module):
 
     @property
     def step_fraction(self) -> float:
-        if self.damping is not None:
-            return float(self.damping)
-        return 1.0 if self.schedule == "sequential" else 0.5
+        """δ (the first δ of the adaptive parallel schedule)."""
+        return 1.0 if self.damping is None else float(self.damping)
 
     # ------------------------------------------------------------------------------------------
     # Shared loop machinery
@@ -281,7 +286,8 @@ class EP(eqx.Module):
         residual = _residual(ev)
         zero = jnp.array(0)
         return _Run(sites, ev, residual, k, trace.at[k].set(ev.value), residual, zero, zero + 1, zero, zero,
-                    jnp.array(jnp.nan, ev.value.dtype), jnp.array(False), sites)
+                    jnp.array(jnp.nan, ev.value.dtype), jnp.array(False), sites,
+                    jnp.asarray(self.step_fraction, ev.value.dtype))
 
     def _record(self, run: _Run, sites, ev, evals, skipped, shrunk, change, stuck) -> _Run:
         residual = _residual(ev)
@@ -311,7 +317,7 @@ class EP(eqx.Module):
 
     def _parallel_step(self, model, work):
         def body(run: _Run) -> _Run:
-            step = _direction(run.ev, run.sites, self.power).scale(self.step_fraction)
+            step = _direction(run.ev, run.sites, self.power).scale(run.damping)
 
             def shorter(state):
                 alpha, ev, n = state
@@ -325,12 +331,20 @@ class EP(eqx.Module):
             one = jnp.ones((), run.ev.value.dtype)
             first = _evaluate(run.sites + step, model, self.power, work)
             alpha, ev, n = jax.lax.while_loop(shorter, halve, (one, first, jnp.array(0)))
-            ok = ev.proper
-            sites = jax.tree_util.tree_map(lambda new, old: jnp.where(ok, new, old), run.sites + step.scale(alpha),
-                                           run.sites)
-            ev = jax.tree_util.tree_map(lambda new, old: jnp.where(ok, new, old), ev, run.ev)
+            ok = accept = ev.proper
+            if self.damping is None:
+                # Adaptive damping: full steps while the residual falls. The first full step that raises
+                # it (a sign of the oscillation undamped parallel EP can fall into) is undone, and δ = ½
+                # from then on, whatever the residual does (damped EP's residual need not fall
+                # monotonically on its way to convergence, so it is no guide to smaller steps).
+                rose = _residual(ev) > run.residual
+                accept = ok & ~(rose & (run.damping > _SAFE_DAMPING))
+                run = run._replace(damping=jnp.where(ok & rose, jnp.minimum(run.damping, _SAFE_DAMPING),
+                                                     run.damping))
+            keep = lambda new, old: jax.tree_util.tree_map(lambda a, b: jnp.where(accept, a, b), new, old)
+            sites, ev = keep(run.sites + step.scale(alpha), run.sites), keep(ev, run.ev)
             return self._record(run, sites, ev, n + 1, _num_invalid(run.ev), (n > 0).astype(int),
-                                _change(step.scale(alpha * ok), run.ev), ~ok)
+                                _change(step.scale(alpha * accept), run.ev), ~ok)
 
         return body
 
@@ -375,8 +389,7 @@ class EP(eqx.Module):
         def body(run: _Run) -> _Run:
             # Rank-one updates in the working (whitened) coordinates, where S is well conditioned even
             # for a GP prior; q is recomputed from the sites after every sweep, as the updates drift.
-            quadratics = tuple((nu, tau, 0.0) for tau, nu in zip(run.sites.precision, run.sites.shift))
-            _, mean, C = integrate(model, quadratics, working_sites, whitening, map_back=False)
+            _, mean, C = integrate(model, _quadratics(run.sites), working_sites, whitening, map_back=False)
             carry = (C.T @ C, mean, run.sites, jnp.array(0))
             for k, group in enumerate(working_sites):
                 carry = sweep_group(carry, group, k)
@@ -553,5 +566,6 @@ class EP(eqx.Module):
             run.k, run.residual <= self.tol, grad_norm, run.trace, run.evals, jnp.array(1), jnp.array(0), "EP",
             self.schedule, used_fallback, jnp.zeros((), run.trace.dtype), run.change,
             oscillated | (run.since_best >= self.patience), run.skipped, run.shrunk)
-        factor = CholeskyFactor.from_matrix(run.ev.C).canonical()
-        return Posterior(run.ev.mean, factor, log_z, diagnostics, model, is_lower_bound=False, state=sites)
+        _, mean, C = integrate(frozen, _quadratics(sites), *work)
+        factor = CholeskyFactor.from_matrix(C).canonical()
+        return Posterior(mean, factor, log_z, diagnostics, model, is_lower_bound=False, state=sites)

@@ -55,7 +55,7 @@ from .. import potentials as pot
 from ..covariance import CholeskyFactor, DiagonalFactor
 from ..model import LatentLinearModel
 from ..posterior import Diagnostics, Posterior
-from ._gaussian import integrate
+from ._gaussian import integrate, marginals, working_model
 
 __all__ = ["LVB", "bound", "gaussian", "update", "local_bound", "initial_xi", "AbstractLocalBound",
            "Jaakkola", "Bohning", "ScaleMixture", "Exact"]
@@ -207,10 +207,13 @@ def _site_bounds(model: LatentLinearModel, bound: str):
 # The bound and its Gaussian
 
 
+def _quadratics(xi, model: LatentLinearModel, bound: str):
+    return tuple(site.quadratic(x) for site, x in zip(_site_bounds(model, bound), xi))
+
+
 def _evaluate(xi, model: LatentLinearModel, bound: str):
     """``(B_LVB(ξ), mean, C)`` with q_ξ = N(mean, CᵀC), C = R⁻¹ from the reversed Cholesky P = R Rᵀ."""
-    quadratics = tuple(site.quadratic(x) for site, x in zip(_site_bounds(model, bound), xi))
-    return integrate(model, quadratics)
+    return integrate(model, _quadratics(xi, model, bound))
 
 
 def bound(xi, model: LatentLinearModel, bound: str = "jaakkola"):
@@ -231,8 +234,13 @@ def gaussian(xi, model: LatentLinearModel, bound: str = "jaakkola"):
 
 def _update(model, bound, mean, factor):
     """The optimal ξ for q = N(mean, S), S given by a covariance-family factor."""
-    return tuple(site.update(group.project(mean), factor.projected_variances(group.projection))
-                 for group, site in zip(model.sites, _site_bounds(model, bound)))
+    return _update_from_marginals(model, bound, tuple(g.project(mean) for g in model.sites),
+                                  tuple(factor.projected_variances(g.projection) for g in model.sites))
+
+
+def _update_from_marginals(model, bound, means, variances):
+    """The optimal ξ given q's marginals of every site's x_n."""
+    return tuple(site.update(m, v) for site, m, v in zip(_site_bounds(model, bound), means, variances))
 
 
 def update(xi, model: LatentLinearModel, bound: str = "jaakkola"):
@@ -286,8 +294,11 @@ class LVB(eqx.Module):
         _check_bound(self.bound)
 
     def _iterate(self, xi, model):
-        """Fixed-point steps in one `lax.while_loop`; returns (ξ, value, mean, C, iterations, converged, trace)."""
-        value, mean, C = _evaluate(xi, model, self.bound)
+        """Fixed-point steps in one `lax.while_loop`; returns (ξ, iterations, converged, trace).
+
+        A step needs only q_ξ's marginals (`marginals`: the site form for GP models)."""
+        work = working_model(model)
+        value, means, variances = marginals(model, _quadratics(xi, model, self.bound), work)
         trace = jnp.full((self.max_iter + 1,), jnp.nan, value.dtype).at[0].set(value)
 
         # Below the rounding of B a step is no progress, whatever `tol` says.
@@ -299,20 +310,21 @@ class LVB(eqx.Module):
             return (k < self.max_iter) & ~small(value, previous) & jnp.isfinite(value)
 
         def body(state):
-            k, xi, value, _, mean, C, trace = state
-            xi = _update(model, self.bound, mean, CholeskyFactor(C))
-            new, mean, C = _evaluate(xi, model, self.bound)
-            return k + 1, xi, new, value, mean, C, trace.at[k + 1].set(new)
+            k, xi, value, _, means, variances, trace = state
+            xi = _update_from_marginals(model, self.bound, means, variances)
+            new, means, variances = marginals(model, _quadratics(xi, model, self.bound), work)
+            return k + 1, xi, new, value, means, variances, trace.at[k + 1].set(new)
 
-        state = (jnp.array(0), xi, value, jnp.array(-jnp.inf, value.dtype), mean, C, trace)
-        k, xi, value, previous, mean, C, trace = jax.lax.while_loop(cond, body, state)
-        return xi, mean, C, k, small(value, previous) & jnp.isfinite(value), trace
+        state = (jnp.array(0), xi, value, jnp.array(-jnp.inf, value.dtype), means, variances, trace)
+        k, xi, value, previous, *_, trace = jax.lax.while_loop(cond, body, state)
+        return xi, k, small(value, previous) & jnp.isfinite(value), trace
 
     def fit(self, model: LatentLinearModel, init=None) -> Posterior:
         frozen = jax.lax.stop_gradient(model)
         xi = init if isinstance(init, tuple) else initial_xi(frozen, self.bound, init)
         xi = jax.lax.stop_gradient(xi)
-        xi, mean, C, k, converged, trace = self._iterate(xi, frozen)
+        xi, k, converged, trace = self._iterate(xi, frozen)
+        _, mean, C = _evaluate(xi, frozen, self.bound)
         grad = jax.grad(bound)(xi, frozen, self.bound)
         grad_norm = max((jnp.max(jnp.abs(g)) for g in jax.tree_util.tree_leaves(grad)),
                         default=jnp.zeros((), trace.dtype))
