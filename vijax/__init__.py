@@ -1,6 +1,6 @@
 """vijax: deterministic approximate inference for latent linear models in JAX."""
 
-from . import covariance, glm, gp, piecewise, potentials, quadrature, solvers
+from . import covariance, factor, glm, gp, piecewise, potentials, quadrature, solvers
 from .inference import infer
 from .methods import EP, GKL, LVB, MAP, Laplace, MeanField, ep, gkl, laplace, lvb
 from .model import GaussianFactor, Identity, LatentLinearModel, Sites
@@ -33,6 +33,7 @@ __all__ = [
     "quadrature",
     "solvers",
     "glm",
+    "factor",
     "gp",
     "shard_sites",
 ]

@@ -1,0 +1,24 @@
+"""Latent Gaussian factor models of discrete and mixed data (Khan thesis), fitted by variational EM.
+
+    z_n ~ N(μ, Σ),   η_dn = W_d z_n + w_0d,   y_dn ~ p_d(y | η_dn)
+
+>>> model = vj.factor.factor_analysis(vj.factor.Bernoulli(), latent_dim=3, key=key, num_columns=D)
+>>> result = vj.factor.fit(model, Y, mask, progress=True)     # bound per EM iteration, never falling
+>>> log_p = vj.factor.log_predictive(result.model, result.posteriors, Y_true, held_out)
+
+Likelihoods (`likelihoods`): `Gaussian`, `Bernoulli` (piecewise / Jaakkola / Böhning bounds),
+`Poisson`, `Ordinal` (cumulative logit), `StickBreaking` and `Multinomial` (Böhning / log / tilted)
+for categorical data; mixed data are blocks of columns with different likelihoods. `graphical_model`
+builds the latent Gaussian graphical model (W = I), with an ℓ1 penalty on Σ⁻¹ for the sparse variant.
+"""
+
+from .em import FactorFit, Posteriors, e_step, fit, initial_posteriors, m_step, penalty_term
+from .likelihoods import (AbstractLikelihood, Bernoulli, Gaussian, Multinomial, Ordinal, Poisson,
+                          StickBreaking)
+from .model import Block, FactorModel, elbo_point, factor_analysis, graphical_model
+from .predict import impute, log_predictive, probabilities
+
+__all__ = ["FactorModel", "Block", "factor_analysis", "graphical_model", "fit", "e_step", "m_step",
+           "initial_posteriors", "Posteriors", "FactorFit", "elbo_point", "penalty_term", "log_predictive",
+           "probabilities", "impute", "AbstractLikelihood", "Gaussian", "Bernoulli", "Poisson", "Ordinal",
+           "StickBreaking", "Multinomial"]

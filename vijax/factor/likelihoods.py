@@ -1,0 +1,457 @@
+"""Per-column likelihoods p(y_d | η_d) of a latent Gaussian factor model, with their Gaussian bounds.
+
+A column d has K predictors η_d = W_d z + w_0d ∈ R^K (K = 1 except for categorical data). Under
+q(z) = N(m, V) they are Gaussian, η_d ~ N(m̃_d, Ṽ_d) with m̃_d = W_d m + w_0d and Ṽ_d = W_d V W_dᵀ, and
+each likelihood gives a lower bound
+
+    f̲(y, m̃, Ṽ) ≤ ⟨log p(y | η)⟩_{N(η | m̃, Ṽ)}
+
+(Khan thesis eq. 3.20), with any local variational parameters already at their optimum (Jaakkola
+ξ = √(m̃² + ṽ), Böhning ψ = m̃, the tilted bound's a by its fixed point). By the envelope theorem
+the gradients of f̲ in (m̃, Ṽ) are then those of the bound at fixed local parameters, which is all the
+E- and M-steps need.
+
+Every method is written for the D_b columns of a block at once: ``y`` has shape ``(D_b,)``,
+``mean`` ``(D_b, K)``, ``cov`` ``(D_b, K, K)``; per-column parameters (Gaussian noise, ordinal
+thresholds) carry a leading axis of length D_b (`for_columns` broadcasts scalars to it).
+
+Binary, ordinal and stick-breaking likelihoods are written through the logistic log-partition
+llp(x) = log(1 + eˣ), and take ``bound``:
+
+- ``"piecewise"`` (default): the R-piece upper bound of `vijax.piecewise` (error ≤ ε_R, Marlin, Khan
+  & Murphy 2011); ``pieces`` (3 … 20) and ``kind`` (``"quadratic"`` or ``"linear"``) choose it;
+- ``"jaakkola"``: ⟨llp⟩ ≤ (m̃ − ξ)/2 + llp(ξ), ξ = √(m̃² + ṽ) (thesis eq. 4.43);
+- ``"bohning"``: ⟨llp⟩ ≤ llp(m̃) + ṽ/8 (eq. 4.41): fixed curvature ¼, so the posterior covariance
+  of every data point is the same (`constant_curvature`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.scipy.special import gammaln, logsumexp
+
+from .. import _checks, _piecewise
+from ..quadrature import GaussHermite
+
+__all__ = ["AbstractLikelihood", "Gaussian", "Bernoulli", "Poisson", "Ordinal", "StickBreaking",
+           "Multinomial", "LOGISTIC_BOUNDS", "MULTINOMIAL_BOUNDS"]
+
+LOGISTIC_BOUNDS = ("piecewise", "jaakkola", "bohning")
+MULTINOMIAL_BOUNDS = ("bohning", "log", "tilted")
+_LOG_2PI = math.log(2 * math.pi)
+_QUADRATURE = GaussHermite(32)
+_TILTED_ITERATIONS = 30
+
+
+class AbstractLikelihood(eqx.Module):
+    """A column likelihood p(y | η), η ∈ R^K, and its bound f̲ on ⟨log p(y | η)⟩ under N(m̃, Ṽ).
+
+    Class flags: ``constant_curvature`` (−2 ∂f̲/∂Ṽ does not depend on y or q, so all data points share
+    one posterior covariance: Gaussian, Böhning), ``intercept`` (whether the column has an offset
+    w_0d; ordinal thresholds absorb it), ``num_outcomes`` (number of discrete values, None for
+    continuous data).
+    """
+
+    constant_curvature: ClassVar[bool] = False
+    intercept: ClassVar[bool] = True
+
+    @property
+    def num_predictors(self) -> int:
+        return 1
+
+    @property
+    def num_outcomes(self) -> int | None:
+        return None
+
+    def expected(self, y, mean, cov):
+        """The bound f̲(y, m̃, Ṽ), shape ``(D_b,)``."""
+        raise NotImplementedError
+
+    def log_prob(self, y, eta):
+        """The exact log p(y | η) for ``eta`` of shape ``(D_b, K)``."""
+        raise NotImplementedError
+
+    def curvature(self, num_columns: int, dtype):
+        """−2 ∂f̲/∂Ṽ, shape ``(D_b, K, K)``, for likelihoods with ``constant_curvature``."""
+        raise NotImplementedError
+
+    def check(self, y: np.ndarray, owner: str) -> None:
+        """Raise `ValueError` if observed values ``y`` (NumPy, shape ``(N, D_b)``) are out of range."""
+        if not np.all(np.isfinite(y)):
+            raise ValueError(f"{owner}: observed entries must be finite; mark missing ones with `mask`.")
+
+    def for_columns(self, num_columns: int) -> "AbstractLikelihood":
+        """This likelihood with its per-column parameters broadcast to ``num_columns`` columns."""
+        return self
+
+    def update(self, y, mask, mean, cov) -> "AbstractLikelihood":
+        """M-step for the likelihood's own parameters given q's predictors (``(N, D_b, ...)``)."""
+        return self
+
+    def predictive_mean(self, mean, cov):
+        """⟨E[y | η]⟩ under N(m̃, Ṽ), shape ``(D_b,)`` (continuous data)."""
+        raise NotImplementedError
+
+
+def _is_integer_in(y, lo, hi):
+    return np.all((y == np.round(y)) & (y >= lo) & (y <= hi))
+
+
+class _LogPartitionBound(eqx.Module):
+    """An upper bound on ⟨llp(x)⟩ for x ~ N(m, v), llp(x) = log(1 + eˣ)."""
+
+    bound: str = eqx.field(static=True)
+    pieces: int = eqx.field(static=True)
+    kind: str = eqx.field(static=True)
+
+    def __check_init__(self):
+        if self.bound not in LOGISTIC_BOUNDS:
+            raise ValueError(f"`bound` must be one of {LOGISTIC_BOUNDS}, got {self.bound!r}.")
+        if self.bound == "piecewise":
+            _piecewise.check(self.kind, self.pieces, "bound='piecewise'")
+
+    def __call__(self, m, v):
+        if self.bound == "piecewise":
+            return _piecewise.expected(self.kind, self.pieces, m, jnp.sqrt(v))
+        if self.bound == "jaakkola":
+            xi = jnp.sqrt(m**2 + v)
+            return 0.5 * (m - xi) + jax.nn.softplus(xi)
+        return jax.nn.softplus(m) + v / 8.0
+
+
+def _llp_bound(bound, pieces, kind):
+    return _LogPartitionBound(bound, int(pieces), kind)
+
+
+class Gaussian(AbstractLikelihood):
+    """y ~ N(η, ψ) with per-column noise variance ψ (``noise``), learned in closed form by the M-step
+    (ψ_d = mean over observed n of (y − m̃)² + ṽ) unless ``learn_noise=False``. The bound is exact."""
+
+    noise: jax.Array
+    learn_noise: bool = eqx.field(static=True, default=True)
+    constant_curvature: ClassVar[bool] = True
+
+    def __init__(self, noise=1.0, learn_noise: bool = True):
+        noise = jnp.asarray(noise, dtype=jnp.result_type(float))
+        if _checks.is_concrete(noise) and not bool(jnp.all(noise > 0)):
+            raise ValueError("Gaussian: `noise` (a variance) must be positive.")
+        self.noise, self.learn_noise = noise, bool(learn_noise)
+
+    def for_columns(self, num_columns):
+        return Gaussian(jnp.broadcast_to(self.noise, (num_columns,)), self.learn_noise)
+
+    def expected(self, y, mean, cov):
+        return -0.5 * (_LOG_2PI + jnp.log(self.noise) + ((y - mean[:, 0]) ** 2 + cov[:, 0, 0]) / self.noise)
+
+    def log_prob(self, y, eta):
+        return -0.5 * (_LOG_2PI + jnp.log(self.noise) + (y - eta[:, 0]) ** 2 / self.noise)
+
+    def curvature(self, num_columns, dtype):
+        return jnp.broadcast_to(1.0 / self.noise, (num_columns,)).astype(dtype)[:, None, None]
+
+    def update(self, y, mask, mean, cov):
+        if not self.learn_noise:
+            return self
+        resid = jnp.where(mask, (y - mean[..., 0]) ** 2 + cov[..., 0, 0], 0.0)
+        noise = jnp.sum(resid, 0) / jnp.maximum(jnp.sum(mask, 0), 1)
+        floor = 1e-6 * jnp.maximum(jnp.max(noise), jnp.finfo(noise.dtype).tiny)
+        noise = jnp.where(jnp.sum(mask, 0) > 0, jnp.maximum(noise, floor), self.noise)
+        return eqx.tree_at(lambda g: g.noise, self, noise)
+
+    def predictive_mean(self, mean, cov):
+        return mean[:, 0]
+
+
+class Bernoulli(AbstractLikelihood):
+    """Bernoulli-logit, p(y = 1 | η) = σ(η), y ∈ {0, 1}: f̲ = y m̃ − ⟨llp(η)⟩ bounded by ``bound``."""
+
+    llp: _LogPartitionBound
+
+    def __init__(self, bound: str = "piecewise", pieces: int = 20, kind: str = "quadratic"):
+        self.llp = _llp_bound(bound, pieces, kind)
+
+    @property
+    def constant_curvature(self):  # type: ignore[override]
+        return self.llp.bound == "bohning"
+
+    @property
+    def num_outcomes(self):
+        return 2
+
+    def expected(self, y, mean, cov):
+        return y * mean[:, 0] - self.llp(mean[:, 0], cov[:, 0, 0])
+
+    def log_prob(self, y, eta):
+        return y * eta[:, 0] - jax.nn.softplus(eta[:, 0])
+
+    def curvature(self, num_columns, dtype):
+        return jnp.full((num_columns, 1, 1), 0.25, dtype)
+
+    def check(self, y, owner):
+        if not _is_integer_in(y, 0, 1):
+            raise ValueError(f"{owner}: Bernoulli columns take values 0 or 1.")
+
+
+class Poisson(AbstractLikelihood):
+    """Poisson counts with log link, p(y | η) = e^{yη − e^η}/y!: f̲ = y m̃ − e^{m̃ + ṽ/2} − log y! (exact)."""
+
+    def expected(self, y, mean, cov):
+        return y * mean[:, 0] - jnp.exp(mean[:, 0] + 0.5 * cov[:, 0, 0]) - gammaln(y + 1)
+
+    def log_prob(self, y, eta):
+        return y * eta[:, 0] - jnp.exp(eta[:, 0]) - gammaln(y + 1)
+
+    def check(self, y, owner):
+        if not np.all((y >= 0) & (y == np.round(y))):
+            raise ValueError(f"{owner}: Poisson columns take non-negative integer counts.")
+
+    def predictive_mean(self, mean, cov):
+        return jnp.exp(mean[:, 0] + 0.5 * cov[:, 0, 0])
+
+
+class Ordinal(AbstractLikelihood):
+    """Cumulative logit (proportional odds), y ∈ {0, …, C−1}: P(y ≤ k | η) = σ(φ_{k+1} − η).
+
+    With thresholds φ_1 < … < φ_{C−1} (φ_0 = −∞, φ_C = ∞), for 0 < k < C−1
+
+        log p(y = k | η) = η − llp(η − φ_{k+1}) − llp(η − φ_k) + log(e^{−φ_k} − e^{−φ_{k+1}})
+
+    (thesis eq. 6.4 with its sign corrected), log p(y = 0 | η) = −llp(η − φ_1) and
+    log p(y = C−1 | η) = η − φ_{C−1} − llp(η − φ_{C−1}); each ⟨llp⟩ is bounded by ``bound``.
+    The thresholds are φ_1 = ``first`` and φ_{k+1} = φ_k + exp(``log_gaps``_k), so they stay ordered;
+    the M-step learns them per column by Newton's method on the bound. The column has no intercept
+    (the thresholds absorb it).
+    """
+
+    first: jax.Array
+    log_gaps: jax.Array
+    llp: _LogPartitionBound
+    num_levels: int = eqx.field(static=True)
+    intercept: ClassVar[bool] = False
+
+    def __init__(self, num_levels: int, bound: str = "piecewise", pieces: int = 20, kind: str = "quadratic",
+                 thresholds=None):
+        if not (isinstance(num_levels, (int, np.integer)) and num_levels >= 2):
+            raise ValueError(f"Ordinal: `num_levels` must be an integer ≥ 2, got {num_levels!r}.")
+        self.num_levels, self.llp = int(num_levels), _llp_bound(bound, pieces, kind)
+        if thresholds is None:  # logistic quantiles of equally likely levels
+            p = np.arange(1, num_levels) / num_levels
+            thresholds = np.log(p / (1 - p))
+        t = jnp.asarray(thresholds, dtype=jnp.result_type(float))
+        if t.shape[-1] != num_levels - 1 or (not isinstance(t, jax.core.Tracer) and not bool(jnp.all(jnp.diff(t) > 0))):
+            raise ValueError(f"Ordinal: `thresholds` must be {num_levels - 1} increasing values.")
+        self.first, self.log_gaps = t[..., 0], jnp.log(jnp.diff(t, axis=-1))
+
+    @property
+    def constant_curvature(self):  # type: ignore[override]
+        return False
+
+    @property
+    def num_outcomes(self):
+        return self.num_levels
+
+    @property
+    def thresholds(self):
+        """φ_1 … φ_{C−1}, shape ``(..., C−1)``."""
+        steps = jnp.concatenate([self.first[..., None], jnp.exp(self.log_gaps)], -1)
+        return jnp.cumsum(steps, -1)
+
+    def for_columns(self, num_columns):
+        t = jnp.broadcast_to(self.thresholds, (num_columns, self.num_levels - 1))
+        return Ordinal(self.num_levels, self.llp.bound, self.llp.pieces, self.llp.kind, t)
+
+    def _terms(self, y, eta, llp):
+        """(linear part, the two llp arguments' thresholds, constant) of log p(y = k | η)."""
+        k = y.astype(jnp.int32)
+        c = self.num_levels
+        phi = jnp.broadcast_to(self.thresholds, k.shape + (c - 1,))
+        upper = jnp.take_along_axis(phi, jnp.clip(k, 0, c - 2)[:, None], 1)[:, 0]
+        lower = jnp.take_along_axis(phi, jnp.clip(k - 1, 0, c - 2)[:, None], 1)[:, 0]
+        has_upper, has_lower = k < c - 1, k > 0
+        gap = jnp.where(has_upper & has_lower, upper - lower, 1.0)
+        const = jnp.where(has_upper & has_lower, -lower + jnp.log(-jnp.expm1(-gap)), jnp.where(has_lower, -lower, 0.0))
+        linear = jnp.where(has_lower, eta, 0.0)
+        return (linear + const - jnp.where(has_upper, llp(eta - upper), 0.0)
+                - jnp.where(has_lower, llp(eta - lower), 0.0))
+
+    def expected(self, y, mean, cov):
+        v = cov[:, 0, 0]
+        return self._terms(y, mean[:, 0], lambda x: self.llp(x, v))
+
+    def log_prob(self, y, eta):
+        return self._terms(y, eta[:, 0], jax.nn.softplus)
+
+    def check(self, y, owner):
+        if not _is_integer_in(y, 0, self.num_levels - 1):
+            raise ValueError(f"{owner}: Ordinal({self.num_levels}) columns take integer levels 0 … "
+                             f"{self.num_levels - 1}.")
+
+    def update(self, y, mask, mean, cov, steps: int = 5):
+        def column(first, log_gaps, yd, md, meand, vard):
+            # Newton on one column's C − 1 threshold parameters, backtracked so the bound never falls.
+            def fn(x):
+                lik = eqx.tree_at(lambda o: (o.first, o.log_gaps), self, (x[0], x[1:]))
+                return jnp.sum(jnp.where(md, lik.expected(yd, meand[:, None], vard[:, None, None]), 0.0))
+
+            def step(_, x):
+                f0, g, h = fn(x), jax.grad(fn)(x), jax.hessian(fn)(x)
+                w, q = jnp.linalg.eigh(0.5 * (h + h.T))
+                w = jnp.minimum(w, -1e-8 * (1.0 + jnp.max(jnp.abs(w))))  # ascent direction even if not concave
+                direction = -(q / w) @ (q.T @ g)
+                halve = lambda c: (0.5 * c[0], fn(x + 0.5 * c[0] * direction))
+                t, f = jax.lax.while_loop(lambda c: (c[1] < f0) & (c[0] > 1e-6), halve, (1.0, fn(x + direction)))
+                return jnp.where(f >= f0, x + t * direction, x)
+
+            x = jax.lax.fori_loop(0, steps, step, jnp.concatenate([first[None], log_gaps]))
+            return x[0], x[1:]
+
+        first, log_gaps = jax.vmap(column, in_axes=(0, 0, 1, 1, 1, 1))(
+            self.first, self.log_gaps, y, mask, mean[..., 0], cov[..., 0, 0])
+        return eqx.tree_at(lambda o: (o.first, o.log_gaps), self, (first, log_gaps))
+
+
+class StickBreaking(AbstractLikelihood):
+    """Stick-breaking categorical likelihood (Khan et al. 2012), y ∈ {0, …, C−1}, K = C − 1 sticks:
+
+        p(y = k | η) = σ(η_k) ∏_{j<k} (1 − σ(η_j)),   p(y = C−1 | η) = ∏_{j<C−1} (1 − σ(η_j)),
+
+    so log p(y = k | η) = [k < C−1] η_k − Σ_{j ≤ min(k, C−2)} llp(η_j) (thesis eq. 5.35, the last
+    category's product over j = 0 … C−2). Only the sticks' marginals enter the bound, each ⟨llp⟩ bounded
+    by ``bound`` (piecewise by default). The category order is the label order: relabel to try others.
+    """
+
+    llp: _LogPartitionBound
+    num_classes: int = eqx.field(static=True)
+
+    def __init__(self, num_classes: int, bound: str = "piecewise", pieces: int = 20, kind: str = "quadratic"):
+        if not (isinstance(num_classes, (int, np.integer)) and num_classes >= 2):
+            raise ValueError(f"StickBreaking: `num_classes` must be an integer ≥ 2, got {num_classes!r}.")
+        self.num_classes, self.llp = int(num_classes), _llp_bound(bound, pieces, kind)
+
+    @property
+    def constant_curvature(self):  # type: ignore[override]
+        return self.llp.bound == "bohning"
+
+    @property
+    def num_predictors(self):
+        return self.num_classes - 1
+
+    @property
+    def num_outcomes(self):
+        return self.num_classes
+
+    def _weights(self, y):
+        j = jnp.arange(self.num_classes - 1)
+        k = y.astype(jnp.int32)[:, None]
+        return (j == k).astype(float), (j <= k).astype(float)
+
+    def expected(self, y, mean, cov):
+        a, b = self._weights(y)
+        return jnp.sum(a * mean - b * self.llp(mean, jnp.diagonal(cov, axis1=-2, axis2=-1)), -1)
+
+    def log_prob(self, y, eta):
+        a, b = self._weights(y)
+        return jnp.sum(a * eta - b * jax.nn.softplus(eta), -1)
+
+    def curvature(self, num_columns, dtype):
+        return jnp.broadcast_to(0.25 * jnp.eye(self.num_classes - 1, dtype=dtype),
+                                (num_columns, self.num_classes - 1, self.num_classes - 1))
+
+    def check(self, y, owner):
+        if not _is_integer_in(y, 0, self.num_classes - 1):
+            raise ValueError(f"{owner}: StickBreaking({self.num_classes}) columns take integer classes 0 … "
+                             f"{self.num_classes - 1}.")
+
+
+class Multinomial(AbstractLikelihood):
+    """Multinomial logit, y ∈ {0, …, C−1}, p(y = k | η) = e^{η_k}/Σ_j e^{η_j} with η_0 = 0 and
+    K = C − 1 predictors (η_1 … η_{C−1}). ⟨lse⟩ is bounded by ``bound``:
+
+    - ``"bohning"`` (Khan thesis §5.4): f̲ = eᵀm̃ − lse₁(m̃) − ½ tr(AṼ), A = ½(I − 11ᵀ/C), at the
+      optimal ψ = m̃; fixed curvature A, so all data points share one covariance;
+    - ``"log"`` (Blei & Lafferty): f̲ = eᵀm̃ − lse₁(m̃ + ṽ/2);
+    - ``"tilted"``: ⟨lse(η)⟩ ≤ aᵀm̃ + log Σ_k exp(β_kᵀm̃ + ½β_kᵀṼβ_k), β_k = e_k − a, over all C
+      coordinates (η_0 ≡ 0): the full-covariance form of the tilted bound (thesis A.59), valid for
+      every Ṽ (the diagonal form of Knowles & Minka is not, see the errata), with a at its fixed
+      point a = softmax(β-shifted means), the bound's stationarity condition Ṽ(p − a) = 0. a = 0
+      is the log bound, so "tilted" ≥ "log".
+    """
+
+    num_classes: int = eqx.field(static=True)
+    bound: str = eqx.field(static=True)
+
+    def __init__(self, num_classes: int, bound: str = "bohning"):
+        if not (isinstance(num_classes, (int, np.integer)) and num_classes >= 2):
+            raise ValueError(f"Multinomial: `num_classes` must be an integer ≥ 2, got {num_classes!r}.")
+        if bound not in MULTINOMIAL_BOUNDS:
+            raise ValueError(f"Multinomial: `bound` must be one of {MULTINOMIAL_BOUNDS}, got {bound!r}.")
+        self.num_classes, self.bound = int(num_classes), bound
+
+    @property
+    def constant_curvature(self):  # type: ignore[override]
+        return self.bound == "bohning"
+
+    @property
+    def num_predictors(self):
+        return self.num_classes - 1
+
+    @property
+    def num_outcomes(self):
+        return self.num_classes
+
+    def _onehot(self, y):
+        return jax.nn.one_hot(y.astype(jnp.int32) - 1, self.num_classes - 1)  # class 0 → all zeros
+
+    def _bohning_matrix(self, dtype):
+        k = self.num_classes - 1
+        return 0.5 * (jnp.eye(k, dtype=dtype) - jnp.ones((k, k), dtype) / self.num_classes)
+
+    def expected(self, y, mean, cov):
+        linear = jnp.sum(self._onehot(y) * mean, -1)
+        if self.bound == "bohning":
+            return linear - _lse1(mean) - 0.5 * jnp.einsum("kj,dkj->d", self._bohning_matrix(mean.dtype), cov)
+        if self.bound == "log":
+            return linear - _lse1(mean + 0.5 * jnp.diagonal(cov, axis1=-2, axis2=-1))
+        return linear - jax.vmap(_tilted_lse)(mean, cov)
+
+    def log_prob(self, y, eta):
+        return jnp.sum(self._onehot(y) * eta, -1) - _lse1(eta)
+
+    def curvature(self, num_columns, dtype):
+        return jnp.broadcast_to(self._bohning_matrix(dtype), (num_columns,) + (self.num_classes - 1,) * 2)
+
+    def check(self, y, owner):
+        if not _is_integer_in(y, 0, self.num_classes - 1):
+            raise ValueError(f"{owner}: Multinomial({self.num_classes}) columns take integer classes 0 … "
+                             f"{self.num_classes - 1}.")
+
+
+def _lse1(x):
+    """log(1 + Σ_k e^{x_k}) over the last axis."""
+    return logsumexp(jnp.concatenate([jnp.zeros_like(x[..., :1]), x], -1), axis=-1)
+
+
+def _tilted_lse(mean, cov):
+    """The full-covariance tilted bound on ⟨lse(0, η)⟩ for η ~ N(mean, cov), one column."""
+    m = jnp.concatenate([jnp.zeros_like(mean[:1]), mean])
+    v = jnp.pad(cov, ((1, 0), (1, 0)))
+
+    def bound(a):
+        beta = jnp.eye(m.shape[0], dtype=m.dtype) - a  # row k: β_k = e_k − a
+        return a @ m + logsumexp(beta @ m + 0.5 * jnp.einsum("ki,ij,kj->k", beta, v, beta))
+
+    def fixed_point(a, _):
+        beta = jnp.eye(m.shape[0], dtype=m.dtype) - a
+        return jax.nn.softmax(beta @ m + 0.5 * jnp.einsum("ki,ij,kj->k", beta, v, beta)), None
+
+    a0 = jax.nn.softmax(m)
+    a, _ = jax.lax.scan(fixed_point, a0, None, length=_TILTED_ITERATIONS)
+    # Every a gives a valid bound; take the better of the fixed point and the log bound (a = 0).
+    a = jax.lax.stop_gradient(jnp.where(bound(a) <= bound(jnp.zeros_like(a)), a, jnp.zeros_like(a)))
+    return bound(a)
