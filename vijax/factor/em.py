@@ -65,8 +65,8 @@ def _logdet_from_precision(chol):
     return -2 * jnp.sum(jnp.log(jnp.diagonal(chol)))
 
 
-def _point_step_parts(model, prior, y, mask, mean, cov):
-    """(P*, gradient in m, L_n) at q = N(mean, cov) for one point."""
+def _point_step_parts(model, prior, y, mask, mean, cov, logdet):
+    """(L_n, P*, gradient in m) at q = N(mean, cov) for one point: one value-and-gradient of the sites."""
     preds = tuple(b.predictors(mean, cov) for b in model.blocks)
     sites, grads = jax.value_and_grad(lambda p: site_terms(model, y, mask, p))(preds)
     p_star, grad = prior.precision, -prior.precision @ (mean - prior.mean)
@@ -76,7 +76,7 @@ def _point_step_parts(model, prior, y, mask, mean, cov):
             lam = jnp.maximum(lam, 0.0)  # a concave bound has G ≤ 0; guard against round-off
         p_star = p_star + jnp.einsum("dkl,dkj,djm->lm", block.loadings, lam, block.loadings)
         grad = grad + jnp.einsum("dkl,dk->l", block.loadings, gm)
-    return 0.5 * (p_star + p_star.T), grad, sites
+    return neg_kl(prior, mean, cov, logdet) + sites, 0.5 * (p_star + p_star.T), grad
 
 
 class _PointState(NamedTuple):
@@ -85,44 +85,45 @@ class _PointState(NamedTuple):
     precision: jax.Array
     logdet: jax.Array
     bound: jax.Array
+    target: jax.Array  # P* at (mean, cov)
+    grad: jax.Array    # ∂L_n/∂m at (mean, cov)
     rho: jax.Array
     iterations: jax.Array
     done: jax.Array
 
 
 def _point_e_step(model, prior, y, mask, mean, cov, precision, shared, max_iter, tol):
-    """Monotone natural-gradient ascent of L_n for one point (``shared``: a fixed (V, P, log|V|) or None)."""
+    """Monotone natural-gradient ascent of L_n for one point (``shared``: a fixed (V, P, log|V|) or None).
+
+    Each iteration evaluates the sites once, with their gradient, at the proposed q: if the step is
+    accepted that gradient drives the next step, so rejected steps are the only wasted work.
+    """
     eye = jnp.eye(model.latent_dim, dtype=mean.dtype)
-
-    def evaluate(m, v, logdet):
-        preds = tuple(b.predictors(m, v) for b in model.blocks)
-        return neg_kl(prior, m, v, logdet) + site_terms(model, y, mask, preds)
-
     if shared is None:
         logdet0 = _logdet_from_precision(jnp.linalg.cholesky(precision))
     else:
         cov, precision, logdet0 = shared
-    state = _PointState(mean, cov, precision, logdet0, evaluate(mean, cov, logdet0), jnp.asarray(1.0, mean.dtype),
-                        jnp.asarray(0, jnp.int32), jnp.asarray(False))
+    state = _PointState(mean, cov, precision, logdet0, *_point_step_parts(model, prior, y, mask, mean, cov, logdet0),
+                        jnp.asarray(1.0, mean.dtype), jnp.asarray(0, jnp.int32), jnp.asarray(False))
 
     def body(s: _PointState) -> _PointState:
-        p_star, grad, _ = _point_step_parts(model, prior, y, mask, s.mean, s.cov)
         if shared is None:
-            p_new = (1 - s.rho) * s.precision + s.rho * p_star
+            p_new = (1 - s.rho) * s.precision + s.rho * s.target
             chol = jnp.linalg.cholesky(p_new)
             v_new = jax.scipy.linalg.cho_solve((chol, True), eye)
             v_new, logdet = 0.5 * (v_new + v_new.T), _logdet_from_precision(chol)
         else:
             p_new, v_new, logdet = s.precision, s.cov, s.logdet
-        m_new = s.mean + s.rho * (v_new @ grad)
-        value = evaluate(m_new, v_new, logdet)
+        m_new = s.mean + s.rho * (v_new @ s.grad)
+        value, target, grad = _point_step_parts(model, prior, y, mask, m_new, v_new, logdet)
         accept = jnp.isfinite(value) & (value >= s.bound)
         gain = jnp.where(accept, value - s.bound, 0.0)
         converged = accept & (gain <= tol * (1.0 + jnp.abs(s.bound)))
         stalled = (~accept) & (s.rho <= 2.0**-_HALVINGS)
         pick = lambda a, b: jnp.where(accept, a, b)
         return _PointState(pick(m_new, s.mean), pick(v_new, s.cov), pick(p_new, s.precision), pick(logdet, s.logdet),
-                           pick(value, s.bound), jnp.where(accept, jnp.minimum(2 * s.rho, 1.0), 0.5 * s.rho),
+                           pick(value, s.bound), pick(target, s.target), pick(grad, s.grad),
+                           jnp.where(accept, jnp.minimum(2 * s.rho, 1.0), 0.5 * s.rho),
                            s.iterations + 1, converged | stalled)
 
     out = jax.lax.while_loop(lambda s: (~s.done) & (s.iterations < max_iter), body, state)
@@ -237,8 +238,15 @@ def _update_loadings(block, Y, mask, q: Posteriors, steps: int):
         fixed = jnp.diag(jnp.tile(~free, k).astype(curv.dtype))
         n = k * (l + 1)
         curv = curv.reshape(d, n, n)
-        curv = curv + fixed + 1e-10 * jnp.trace(curv, axis1=1, axis2=2)[:, None, None] / n * jnp.eye(n, dtype=curv.dtype)
+        # A small ridge keeps the step finite where the bound is flat in ṽ (linear piecewise bounds).
+        ridge = 1e-10 * jnp.trace(curv, axis1=1, axis2=2) / n + jnp.finfo(curv.dtype).eps
+        curv = curv + fixed + ridge[:, None, None] * jnp.eye(n, dtype=curv.dtype)
         step = jnp.linalg.solve(curv, grad.reshape(d, n, 1)).reshape(d, k, l + 1)
+        step = jnp.where(jnp.isfinite(step), step, 0.0)
+        # Trust region ‖step‖ ≤ 1 + ‖θ_d‖: where the curvature vanishes the step is a long gradient step.
+        size = jnp.sqrt(jnp.sum(step**2, (1, 2)))
+        radius = 1.0 + jnp.sqrt(jnp.sum(w**2, (1, 2)) + jnp.sum(w0**2, 1))
+        step = step * jnp.minimum(1.0, radius / jnp.maximum(size, jnp.finfo(size.dtype).tiny))[:, None, None]
 
         def trial(t):
             return _block_values(block, Y, mask, q, w + t[:, None, None] * step[..., :l],
@@ -251,8 +259,9 @@ def _update_loadings(block, Y, mask, q: Posteriors, steps: int):
 
         t0 = jnp.ones(d, f0.dtype)
         t, f = jax.lax.while_loop(lambda c: jnp.any((c[1] < f0) & (c[0] > 2.0**-_HALVINGS)), halve, (t0, trial(t0)))
-        t = jnp.where(f >= f0, t, 0.0)
-        return w + t[:, None, None] * step[..., :l], w0 + t[:, None] * step[..., l]
+        ok = f >= f0
+        return (jnp.where(ok[:, None, None], w + t[:, None, None] * step[..., :l], w),
+                jnp.where(ok[:, None], w0 + t[:, None] * step[..., l], w0))
 
     w, w0 = jax.lax.fori_loop(0, steps, one_step, (block.loadings, block.offsets))
     return eqx.tree_at(lambda b: (b.loadings, b.offsets), block, (w, w0))
