@@ -11,6 +11,7 @@ Sparse GPs with inducing inputs Z: `collapsed_elbo` (Titsias) with `optimal_indu
 """
 
 from . import kernels
+from . import multiclass
 from .hyper import HyperparameterFit, fit_hyperparameters
 from .models import log_predictive, model, predict, predict_proba
 from .sparse import collapsed_elbo, optimal_inducing_posterior, predict_sparse, svgp_elbo, svgp_natural_step
