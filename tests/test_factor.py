@@ -77,7 +77,7 @@ def test_categorical_bounds_are_below_the_exact_expectation(rng):
         for y in range(4):
             exact = {}
             for lik in [F.StickBreaking(4), F.StickBreaking(4, "jaakkola"), F.Multinomial(4, "bohning"),
-                        F.Multinomial(4, "log"), F.Multinomial(4, "tilted")]:
+                        F.Multinomial(4, "log"), F.Multinomial(4, "tilted"), F.Multinomial(4, "pos")]:
                 truth = exact.setdefault(type(lik), _expected_exact_categorical(lik, y, m, V))
                 fb = float(lik.expected(jnp.array([float(y)]), jnp.asarray(m)[None], jnp.asarray(V)[None])[0])
                 assert fb <= truth + 1e-6, (lik, y)

@@ -271,3 +271,23 @@ def test_inputs_are_validated(rng):
         mc.nested_ep(KERNEL, X, y, 3, damping=1.5)
     with pytest.raises(ValueError, match="method"):
         mc.predict_proba(None, KERNEL, X, X, method="mc")
+
+
+def test_softmax_bounds_are_ordered_and_below_the_exact_gkl_bound():
+    """C = 2: softmax(f) is a logistic likelihood on f_1 − f_0 ~ GP(0, 2K); every local bound on
+    ⟨log softmax⟩ is below the G-KL bound with exact expectations, and "tilted" ≥ "log" (a = 0 is the log bound)."""
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(20, 2))
+    labels = (X[:, 0] + 0.3 * rng.normal(size=20) > 0).astype(int)
+    exact = vj.infer(vj.gp.model(vj.gp.kernels.SquaredExponential(1.0, 4.0), X, vj.potentials.Logistic(),
+                                 labels=labels), vj.GKL()).log_z
+    k = vj.gp.kernels.SquaredExponential(1.0, 2.0)
+    fits = {b: vj.gp.softmax.fit(k, X, labels, 2, b) for b in ("bohning", "log", "tilted", "pos")}
+    for b, r in fits.items():
+        assert bool(r.converged), b
+        assert float(r.log_z) <= float(exact) + 1e-8, b
+    assert float(fits["tilted"].log_z) >= float(fits["log"].log_z) - 1e-8
+    assert float(exact) - float(fits["tilted"].log_z) < 1.0
+    probs = vj.gp.softmax.predict_proba(fits["tilted"], k, X, X[:6])
+    np.testing.assert_allclose(probs.sum(1), 1.0, atol=1e-12)
+    assert np.mean((probs[:, 1] > 0.5) == (labels[:6] == 1)) >= 0.8

@@ -43,7 +43,7 @@ __all__ = ["AbstractLikelihood", "Gaussian", "Bernoulli", "Poisson", "Ordinal", 
            "Multinomial", "LOGISTIC_BOUNDS", "MULTINOMIAL_BOUNDS"]
 
 LOGISTIC_BOUNDS = ("piecewise", "jaakkola", "bohning")
-MULTINOMIAL_BOUNDS = ("bohning", "log", "tilted")
+MULTINOMIAL_BOUNDS = ("bohning", "log", "tilted", "pos")
 _LOG_2PI = math.log(2 * math.pi)
 _QUADRATURE = GaussHermite(32)
 _TILTED_ITERATIONS = 30
@@ -380,18 +380,23 @@ class Multinomial(AbstractLikelihood):
       coordinates (η_0 ≡ 0): the full-covariance form of the tilted bound (thesis A.59), valid for
       every Ṽ (the diagonal form of Knowles & Minka is not, see the errata), with a at its fixed
       point a = softmax(β-shifted means), the bound's stationarity condition Ṽ(p − a) = 0. a = 0
-      is the log bound, so "tilted" ≥ "log".
+      is the log bound, so "tilted" ≥ "log";
+    - ``"pos"`` (product of sigmoids, Bouchard 2007): lse(η) ≤ β + Σ_{k=0}^{C−1} llp(η_k − β), each
+      ⟨llp⟩ by the ``pieces``-piece ``kind`` bound (η_0 ≡ 0 exactly), with β at its optimum by Newton's
+      method. Accurate only near the direction of one predictor (thesis §5.3).
     """
 
     num_classes: int = eqx.field(static=True)
     bound: str = eqx.field(static=True)
+    llp: _LogPartitionBound
 
-    def __init__(self, num_classes: int, bound: str = "bohning"):
+    def __init__(self, num_classes: int, bound: str = "bohning", pieces: int = 20, kind: str = "quadratic"):
         if not (isinstance(num_classes, (int, np.integer)) and num_classes >= 2):
             raise ValueError(f"Multinomial: `num_classes` must be an integer ≥ 2, got {num_classes!r}.")
         if bound not in MULTINOMIAL_BOUNDS:
             raise ValueError(f"Multinomial: `bound` must be one of {MULTINOMIAL_BOUNDS}, got {bound!r}.")
         self.num_classes, self.bound = int(num_classes), bound
+        self.llp = _llp_bound("piecewise", pieces, kind)
 
     @property
     def constant_curvature(self):  # type: ignore[override]
@@ -418,6 +423,8 @@ class Multinomial(AbstractLikelihood):
             return linear - _lse1(mean) - 0.5 * jnp.einsum("kj,dkj->d", self._bohning_matrix(mean.dtype), cov)
         if self.bound == "log":
             return linear - _lse1(mean + 0.5 * jnp.diagonal(cov, axis1=-2, axis2=-1))
+        if self.bound == "pos":
+            return linear - jax.vmap(lambda m, v: _pos_lse(m, v, self.llp))(mean, jnp.diagonal(cov, axis1=-2, axis2=-1))
         return linear - jax.vmap(_tilted_lse)(mean, cov)
 
     def log_prob(self, y, eta):
@@ -455,3 +462,21 @@ def _tilted_lse(mean, cov):
     # Every a gives a valid bound; take the better of the fixed point and the log bound (a = 0).
     a = jax.lax.stop_gradient(jnp.where(bound(a) <= bound(jnp.zeros_like(a)), a, jnp.zeros_like(a)))
     return bound(a)
+
+
+def _pos_lse(mean, var, llp):
+    """The product-of-sigmoids bound β + llp(−β) + Σ_k ⟨llp(η_k − β)⟩ on ⟨lse(0, η)⟩, one column."""
+
+    def bound(beta):
+        return beta + jax.nn.softplus(-beta) + jnp.sum(llp(mean - beta, var))
+
+    slope, curvature = jax.grad(bound), jax.grad(jax.grad(bound))
+
+    def newton(beta, _):  # the bound is convex in β up to the piecewise bound's jumps: floor the curvature
+        return beta - slope(beta) / jnp.maximum(curvature(beta), 1e-6), None
+
+    start = _lse1(mean)
+    beta, _ = jax.lax.scan(newton, start, None, length=_TILTED_ITERATIONS)
+    # Every β gives a valid bound; keep the better of the Newton iterate and the start.
+    beta = jax.lax.stop_gradient(jnp.where(bound(beta) <= bound(start), beta, start))
+    return bound(beta)

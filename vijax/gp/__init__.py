@@ -5,13 +5,13 @@
     post = vj.infer(model, vj.EP())                    # any method
     f_mean, f_var = vj.gp.predict(post, k, X, X_test)  # latent predictive at test inputs
 
-Multi-class classification (nested EP, stick-breaking): `vj.gp.multiclass`.
+Multi-class classification: `vj.gp.multiclass` (nested EP, stick-breaking), `vj.gp.softmax` (softmax bounds).
 Sparse GPs with inducing inputs Z: `collapsed_elbo` (Titsias) with `optimal_inducing_posterior`,
 `svgp_elbo` for any likelihood (minibatches via ``num_data``) with `svgp_natural_step` for q(u),
 `predict_sparse`.
 """
 
-from . import kernels, multiclass
+from . import kernels, multiclass, softmax
 from .hyper import HyperparameterFit, fit_hyperparameters
 from .models import log_predictive, model, predict, predict_proba
 from .sparse import collapsed_elbo, optimal_inducing_posterior, predict_sparse, svgp_elbo, svgp_natural_step
@@ -19,6 +19,7 @@ from .sparse import collapsed_elbo, optimal_inducing_posterior, predict_sparse, 
 __all__ = [
     "kernels",
     "multiclass",
+    "softmax",
     "model",
     "predict",
     "predict_proba",

@@ -1,0 +1,100 @@
+"""Multi-class GP classification with the softmax (multinomial-logit) likelihood and its local bounds.
+
+C classes, f_c ~ GP(0, K_c) independently, p(y_i = c | f_i) = softmax(f_i)_c. Only the differences
+η_ik = f_ik − f_i0 (k = 1 … C−1) enter the likelihood, which is `vj.factor.Multinomial` with η_0 = 0,
+so the model is a latent Gaussian model with one "data point": the latents are the whitened values
+f̃ with f_c = L_c f̃_c (K_c + εI = L_c L_cᵀ), prior N(0, I) (no K⁻¹ is ever formed), and column i's
+loadings map f̃ to (η_i1 … η_i,C−1). `fit` runs the factor model's E-step — monotone natural-gradient
+ascent of the bound
+
+    log Z ≥ −KL(q(f̃) ‖ N(0, I)) + Σ_i f̲(y_i, m̃_i, Ṽ_i)
+
+with the Böhning, log, tilted or product-of-sigmoids bound f̲ on ⟨log softmax⟩ (Khan thesis ch. 5) —
+and `predict_proba` averages the softmax over q's predictive at test inputs by Monte Carlo.
+"""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.scipy.linalg import solve_triangular
+
+from ..factor import Block, FactorModel, Multinomial, e_step, initial_posteriors
+from .multiclass import _kernels, _labels, _prior_covariances
+
+__all__ = ["SoftmaxFit", "fit", "predict", "predict_proba"]
+
+
+class SoftmaxFit(eqx.Module):
+    """q(f̃) = N(mean, cov) over the whitened latents (class-major, C·N), the bound ``log_z``, the
+    prior Cholesky factors ``chol`` (C, N, N), and the E-step's ``iterations`` and ``converged``."""
+
+    mean: jax.Array
+    cov: jax.Array
+    chol: jax.Array
+    log_z: jax.Array
+    iterations: jax.Array
+    converged: jax.Array
+
+
+def _loadings(chol, num_classes):
+    """W̃ (N, C−1, C·N): row (i, k) is e_{k,i}ᵀ L − e_{0,i}ᵀ L, the map from f̃ to η_ik = f_ik − f_i0."""
+    c, n = num_classes, chol.shape[-1]
+    blocks = jnp.zeros((n, c - 1, c, n), chol.dtype)
+    blocks = blocks.at[:, :, 0, :].set(-chol[0][:, None, :])
+    idx = jnp.arange(1, c)
+    blocks = blocks.at[:, idx - 1, idx, :].set(jnp.transpose(chol[1:], (1, 0, 2)))
+    return blocks.reshape(n, c - 1, c * n)
+
+
+def fit(kernel, X, labels, num_classes: int, bound: str = "log", jitter: float = 1e-6, max_iter: int = 500,
+        tol: float = 1e-10) -> SoftmaxFit:
+    """Fit q(f) under the softmax likelihood with ``bound`` ("bohning", "log", "tilted" or "pos").
+
+    ``kernel`` is one kernel shared by the classes or a sequence of C kernels; ``labels`` are integers
+    0 … C−1.
+    """
+    owner = "vj.gp.softmax.fit"
+    X = jnp.asarray(X)
+    n = X.shape[0]
+    y = _labels(labels, n, num_classes, owner)
+    chol = jnp.linalg.cholesky(_prior_covariances(kernel, X, num_classes, jitter, owner))
+    return _fit(chol, jnp.asarray(y, X.dtype), Multinomial(num_classes, bound), max_iter, tol)
+
+
+@eqx.filter_jit
+def _fit(chol, y, likelihood, max_iter, tol):
+    num_classes, n = chol.shape[0], chol.shape[1]
+    latent = num_classes * n
+    block = Block(tuple(range(n)), likelihood, _loadings(chol, num_classes), jnp.zeros((n, num_classes - 1), chol.dtype))
+    model = FactorModel(jnp.zeros(latent, chol.dtype), jnp.eye(latent, dtype=chol.dtype), (block,),
+                        learn_prior=False, learn_loadings=False)
+    q = e_step(model, y[None], jnp.ones((1, n), bool), initial_posteriors(model, 1), max_iter, tol)
+    return SoftmaxFit(q.mean[0], q.cov[0], chol, q.bound[0], q.iterations[0], q.converged[0])
+
+
+def predict(result: SoftmaxFit, kernel, X, X_test):
+    """Predictive latent means (M, C) and covariances (M, C, C) at ``X_test``."""
+    num_classes, n = result.chol.shape[0], result.chol.shape[1]
+    kernels = _kernels(kernel, num_classes, "vj.gp.softmax.predict")
+    X, X_test = jnp.asarray(X), jnp.asarray(X_test)
+    # A_c = K_*c L_c⁻ᵀ maps the whitened f̃_c to the conditional mean of f_*c.
+    A = jnp.stack([solve_triangular(result.chol[c], k(X, X_test), lower=True).T for c, k in enumerate(kernels)])
+    m = result.mean.reshape(num_classes, n)
+    V = result.cov.reshape(num_classes, n, num_classes, n)
+    mean = jnp.einsum("cmn,cn->mc", A, m)
+    cov = jnp.einsum("cmn,cndo,dmo->mcd", A, V, A)
+    prior_var = jnp.stack([k.diagonal(X_test) for k in kernels], -1) - jnp.sum(A**2, -1).T
+    return mean, cov + jax.vmap(jnp.diag)(prior_var)
+
+
+def predict_proba(result: SoftmaxFit, kernel, X, X_test, key=None, num_samples: int = 4000):
+    """Class probabilities (M, C): ⟨softmax(f_*)⟩ under the predictive Gaussian, by Monte Carlo."""
+    mean, cov = predict(result, kernel, X, X_test)
+    key = jax.random.PRNGKey(0) if key is None else key
+    chol = jnp.linalg.cholesky(cov + 1e-10 * jnp.eye(cov.shape[-1], dtype=cov.dtype))
+    eps = jax.random.normal(key, (num_samples,) + mean.shape, mean.dtype)
+    samples = mean + jnp.einsum("mcd,smd->smc", chol, eps)
+    return np.asarray(jnp.mean(jax.nn.softmax(samples, -1), 0))
