@@ -4,7 +4,7 @@ under 10 s per EM iteration on a 2-core CPU).
 For each bound (Böhning with the shared-covariance E-step, Jaakkola, 20-piece quadratic piecewise) it
 runs EM on synthetic data from a random binary factor model and reports the time of each EM
 iteration after the first (which includes compilation), the E-step iterations, the bound, and the
-process's peak resident memory. Run: ``python benchmarks/factor_scale.py [--n 100000] [--iters 4]``.
+process's peak resident memory. Run: ``python benchmarks/factor_scale.py [--n 100000] [--iters 4] [--dtype float32]``.
 Results go to ``benchmarks/results/factor_scale.txt``.
 """
 
@@ -33,9 +33,10 @@ def data(n, d, l, seed=0):
     return (rng.uniform(size=(n, d)) < 1 / (1 + np.exp(-eta))).astype(float)
 
 
-def run(bound, Y, l, iters):
-    model = vj.factor.factor_analysis(vj.factor.Bernoulli(bound), l, jax.random.PRNGKey(0), num_columns=Y.shape[1])
-    Yj, mask = jnp.asarray(Y), jnp.ones(Y.shape, bool)
+def run(bound, Y, l, iters, dtype):
+    model = vj.factor.factor_analysis(vj.factor.Bernoulli(bound), l, jax.random.PRNGKey(0), num_columns=Y.shape[1],
+                                      dtype=dtype)
+    Yj, mask = jnp.asarray(Y, dtype), jnp.ones(Y.shape, bool)
     q = vj.factor.initial_posteriors(model, Y.shape[0])
     times, e_its, bounds = [], [], []
     for _ in range(iters):
@@ -56,14 +57,16 @@ def main():
     parser.add_argument("--l", type=int, default=10)
     parser.add_argument("--iters", type=int, default=4)
     parser.add_argument("--bounds", default="bohning,jaakkola,piecewise")
+    parser.add_argument("--dtype", default="float64", choices=("float64", "float32"))
     args = parser.parse_args()
+    dtype = jnp.dtype(args.dtype)
     Y = data(args.n, args.d, args.l)
-    lines = [f"binary factor analysis, N = {args.n}, D = {args.d}, L = {args.l}, float64, "
+    lines = [f"binary factor analysis, N = {args.n}, D = {args.d}, L = {args.l}, {args.dtype}, "
              f"{jax.device_count()} {jax.devices()[0].platform} device(s); target < 10 s per EM iteration",
              f"{'bound':<10} {'first (compile) s':>18} {'later iterations s':>22} {'E-step its':>11} {'bound after E-step':>22}"]
     print(lines[0]); print(lines[1])
     for bound in args.bounds.split(","):
-        times, e_its, bounds = run(bound, Y, args.l, args.iters)
+        times, e_its, bounds = run(bound, Y, args.l, args.iters, dtype)
         later = " ".join(f"{t:.2f}" for t in times[1:])
         line = f"{bound:<10} {times[0]:>18.2f} {later:>22} {max(e_its[1:] or e_its):>11d} {bounds[-1]:>22.2f}"
         print(line, flush=True)
@@ -72,7 +75,8 @@ def main():
     lines.append(f"peak resident memory of the process: {peak:.0f} MiB")
     print(lines[-1])
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "factor_scale.txt").write_text("\n".join(lines) + "\n")
+    suffix = "" if args.dtype == "float64" else "_" + args.dtype
+    (RESULTS / f"factor_scale{suffix}.txt").write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

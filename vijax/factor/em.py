@@ -200,16 +200,20 @@ def _update_prior(model: FactorModel, q: Posteriors) -> FactorModel:
     return eqx.tree_at(lambda m: (m.mean, m.cov), model, (mu, s))
 
 
+def _column_sums(block, Y, mask, mean, cov):
+    """Per-column Σ_n mask f̲ of one block given every point's predictor moments m̃ (N, D_b, K), Ṽ (N, D_b, K, K)."""
+
+    def point(y, mk, m, v):
+        yb, mb = block_data(block, y, mk)
+        return jnp.where(mb, block.likelihood.expected(yb, m, v), 0.0)
+
+    return jnp.sum(jax.vmap(point)(Y, mask, mean, cov), 0)
+
+
 def _block_values(block, Y, mask, q, loadings, offsets):
     """Per-column Σ_n mask f̲ of one block at loadings W, offsets w_0, shape (D_b,)."""
     blk = eqx.tree_at(lambda b: (b.loadings, b.offsets), block, (loadings, offsets))
-
-    def point(y, mk, m, v):
-        yb, mb = block_data(blk, y, mk)
-        mt, vt = blk.predictors(m, v)
-        return jnp.where(mb, blk.likelihood.expected(yb, mt, vt), 0.0)
-
-    return jnp.sum(jax.vmap(point)(Y, mask, q.mean, q.cov), 0)
+    return _column_sums(blk, Y, mask, *jax.vmap(blk.predictors)(q.mean, q.cov))
 
 
 def _update_loadings(block, Y, mask, q: Posteriors, steps: int):
@@ -221,18 +225,15 @@ def _update_loadings(block, Y, mask, q: Posteriors, steps: int):
 
     def one_step(_, params):
         w, w0 = params
-        f0 = _block_values(block, Y, mask, q, w, w0)
-
-        def predictor_terms(mt, vt, y, mk):
-            yb, mb = block_data(block, y, mk)
-            return jnp.sum(jnp.where(mb, block.likelihood.expected(yb, mt, vt), 0.0))
-
-        preds = jax.vmap(lambda m, v: eqx.tree_at(lambda b: (b.loadings, b.offsets), block, (w, w0)).predictors(m, v))(
-            q.mean, q.cov)
-        g_v = jax.vmap(jax.grad(predictor_terms, argnums=1))(preds[0], preds[1], Y, mask)  # (N, D_b, K, K)
-        lam = -(g_v + jnp.swapaxes(g_v, -1, -2))
-        grad_w, grad_w0 = jax.grad(lambda a, b: jnp.sum(_block_values(block, Y, mask, q, a, b)), argnums=(0, 1))(w, w0)
-        grad = jnp.concatenate([grad_w, grad_w0[..., None]], -1) * free         # (D_b, K, L+1)
+        blk = eqx.tree_at(lambda b: (b.loadings, b.offsets), block, (w, w0))
+        # One pass over the sites: the column values and ∂/∂(m̃, Ṽ), which give both the gradient in
+        # (W_d, w_0d) — ∂m̃/∂W_d = m, ∂Ṽ/∂W_d through W_d V W_dᵀ — and the curvature Λ = −2 sym ∂/∂Ṽ.
+        f0, vjp = jax.vjp(lambda m, v: _column_sums(blk, Y, mask, m, v), *jax.vmap(blk.predictors)(q.mean, q.cov))
+        g_m, g_v = vjp(jnp.ones_like(f0))
+        g_sym = g_v + jnp.swapaxes(g_v, -1, -2)
+        lam = -g_sym
+        grad_w = jnp.einsum("ndk,nl->dkl", g_m, q.mean) + jnp.einsum("ndkj,djl,nlm->dkm", g_sym, w, q.cov)
+        grad = jnp.concatenate([grad_w, jnp.sum(g_m, 0)[..., None]], -1) * free   # (D_b, K, L+1)
         curv = jnp.einsum("ndkj,nab->dkajb", lam, moments)                       # (D_b, K, L+1, K, L+1)
         curv = curv * (free[None, None, :, None, None] & free[None, None, None, None, :])
         fixed = jnp.diag(jnp.tile(~free, k).astype(curv.dtype))
