@@ -324,6 +324,8 @@ class StickBreaking(AbstractLikelihood):
     so log p(y = k | η) = [k < C−1] η_k − Σ_{j ≤ min(k, C−2)} llp(η_j) (thesis eq. 5.35, the last
     category's product over j = 0 … C−2). Only the sticks' marginals enter the bound, each ⟨llp⟩ bounded
     by ``bound`` (piecewise by default). The category order is the label order: relabel to try others.
+    Even with the Böhning bound the curvature depends on y (sticks after y's do not enter), so the
+    covariance is not shared between data points.
     """
 
     llp: _LogPartitionBound
@@ -333,10 +335,6 @@ class StickBreaking(AbstractLikelihood):
         if not (isinstance(num_classes, (int, np.integer)) and num_classes >= 2):
             raise ValueError(f"StickBreaking: `num_classes` must be an integer ≥ 2, got {num_classes!r}.")
         self.num_classes, self.llp = int(num_classes), _llp_bound(bound, pieces, kind)
-
-    @property
-    def constant_curvature(self):  # type: ignore[override]
-        return self.llp.bound == "bohning"
 
     @property
     def num_predictors(self):
@@ -358,10 +356,6 @@ class StickBreaking(AbstractLikelihood):
     def log_prob(self, y, eta):
         a, b = self._weights(y)
         return jnp.sum(a * eta - b * jax.nn.softplus(eta), -1)
-
-    def curvature(self, num_columns, dtype):
-        return jnp.broadcast_to(0.25 * jnp.eye(self.num_classes - 1, dtype=dtype),
-                                (num_columns, self.num_classes - 1, self.num_classes - 1))
 
     def check(self, y, owner):
         if not _is_integer_in(y, 0, self.num_classes - 1):
