@@ -10,6 +10,8 @@ covariance at its fixed point: for a bound that is a Gaussian expectation of a f
 (piecewise, Gaussian, Poisson, Jaakkola at fixed ξ) the Hessian in m̃ is 2G (Price's theorem), and for
 quadratic bounds one step is the thesis's closed-form E-step (Algs. 2, 4, 5). A step that would lower
 L_n is rejected and ρ halved; an accepted one doubles ρ (up to 1), so every L_n rises monotonically.
+A point stops once a step changes L_n by less than ``tol`` (relative, and never below the dtype's
+resolution) in either direction, or after ``max_iter`` steps.
 The step is written for one point and mapped over all of them with `jax.vmap` inside one `jax.jit`.
 When every likelihood has constant curvature (Gaussian, Böhning) and no entry is missing, P* is the
 same for every point: V is computed once and only the means iterate (the shared-covariance
