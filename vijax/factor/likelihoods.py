@@ -316,7 +316,31 @@ class Ordinal(AbstractLikelihood):
         return eqx.tree_at(lambda o: (o.first, o.log_gaps), self, (first, log_gaps))
 
 
-class StickBreaking(AbstractLikelihood):
+class _Categorical(AbstractLikelihood):
+    """Shared by the categorical likelihoods: y ∈ {0, …, C−1} with K = C − 1 predictors."""
+
+    num_classes: int = eqx.field(static=True)
+
+    def _set_classes(self, num_classes):
+        if not (isinstance(num_classes, (int, np.integer)) and num_classes >= 2):
+            raise ValueError(f"{type(self).__name__}: `num_classes` must be an integer ≥ 2, got {num_classes!r}.")
+        self.num_classes = int(num_classes)
+
+    @property
+    def num_predictors(self):
+        return self.num_classes - 1
+
+    @property
+    def num_outcomes(self):
+        return self.num_classes
+
+    def check(self, y, owner):
+        if not _is_integer_in(y, 0, self.num_classes - 1):
+            raise ValueError(f"{owner}: {type(self).__name__}({self.num_classes}) columns take integer classes 0 … "
+                             f"{self.num_classes - 1}.")
+
+
+class StickBreaking(_Categorical):
     """Stick-breaking categorical likelihood (Khan et al. 2012), y ∈ {0, …, C−1}, K = C − 1 sticks:
 
         p(y = k | η) = σ(η_k) ∏_{j<k} (1 − σ(η_j)),   p(y = C−1 | η) = ∏_{j<C−1} (1 − σ(η_j)),
@@ -329,20 +353,10 @@ class StickBreaking(AbstractLikelihood):
     """
 
     llp: _LogPartitionBound
-    num_classes: int = eqx.field(static=True)
 
     def __init__(self, num_classes: int, bound: str = "piecewise", pieces: int = 20, kind: str = "quadratic"):
-        if not (isinstance(num_classes, (int, np.integer)) and num_classes >= 2):
-            raise ValueError(f"StickBreaking: `num_classes` must be an integer ≥ 2, got {num_classes!r}.")
-        self.num_classes, self.llp = int(num_classes), _llp_bound(bound, pieces, kind)
-
-    @property
-    def num_predictors(self):
-        return self.num_classes - 1
-
-    @property
-    def num_outcomes(self):
-        return self.num_classes
+        self._set_classes(num_classes)
+        self.llp = _llp_bound(bound, pieces, kind)
 
     def _weights(self, y):
         j = jnp.arange(self.num_classes - 1)
@@ -357,13 +371,8 @@ class StickBreaking(AbstractLikelihood):
         a, b = self._weights(y)
         return jnp.sum(a * eta - b * jax.nn.softplus(eta), -1)
 
-    def check(self, y, owner):
-        if not _is_integer_in(y, 0, self.num_classes - 1):
-            raise ValueError(f"{owner}: StickBreaking({self.num_classes}) columns take integer classes 0 … "
-                             f"{self.num_classes - 1}.")
 
-
-class Multinomial(AbstractLikelihood):
+class Multinomial(_Categorical):
     """Multinomial logit, y ∈ {0, …, C−1}, p(y = k | η) = e^{η_k}/Σ_j e^{η_j} with η_0 = 0 and
     K = C − 1 predictors (η_1 … η_{C−1}). ⟨lse⟩ is bounded by ``bound``:
 
@@ -380,29 +389,19 @@ class Multinomial(AbstractLikelihood):
       method. Accurate only near the direction of one predictor (thesis §5.3).
     """
 
-    num_classes: int = eqx.field(static=True)
     bound: str = eqx.field(static=True)
     llp: _LogPartitionBound
 
     def __init__(self, num_classes: int, bound: str = "bohning", pieces: int = 20, kind: str = "quadratic"):
-        if not (isinstance(num_classes, (int, np.integer)) and num_classes >= 2):
-            raise ValueError(f"Multinomial: `num_classes` must be an integer ≥ 2, got {num_classes!r}.")
+        self._set_classes(num_classes)
         if bound not in MULTINOMIAL_BOUNDS:
             raise ValueError(f"Multinomial: `bound` must be one of {MULTINOMIAL_BOUNDS}, got {bound!r}.")
-        self.num_classes, self.bound = int(num_classes), bound
+        self.bound = bound
         self.llp = _llp_bound("piecewise", pieces, kind)
 
     @property
     def constant_curvature(self):  # type: ignore[override]
         return self.bound == "bohning"
-
-    @property
-    def num_predictors(self):
-        return self.num_classes - 1
-
-    @property
-    def num_outcomes(self):
-        return self.num_classes
 
     def _onehot(self, y):
         return jax.nn.one_hot(y.astype(jnp.int32) - 1, self.num_classes - 1)  # class 0 → all zeros
@@ -426,11 +425,6 @@ class Multinomial(AbstractLikelihood):
 
     def curvature(self, num_columns, dtype):
         return jnp.broadcast_to(self._bohning_matrix(dtype), (num_columns,) + (self.num_classes - 1,) * 2)
-
-    def check(self, y, owner):
-        if not _is_integer_in(y, 0, self.num_classes - 1):
-            raise ValueError(f"{owner}: Multinomial({self.num_classes}) columns take integer classes 0 … "
-                             f"{self.num_classes - 1}.")
 
 
 def _lse1(x):
