@@ -37,7 +37,6 @@ import numpy as np
 from jax.scipy.special import gammaln, logsumexp
 
 from .. import _checks, _piecewise
-from ..quadrature import GaussHermite
 
 __all__ = ["AbstractLikelihood", "Gaussian", "Bernoulli", "Poisson", "Ordinal", "StickBreaking",
            "Multinomial", "LOGISTIC_BOUNDS", "MULTINOMIAL_BOUNDS"]
@@ -45,7 +44,6 @@ __all__ = ["AbstractLikelihood", "Gaussian", "Bernoulli", "Poisson", "Ordinal", 
 LOGISTIC_BOUNDS = ("piecewise", "jaakkola", "bohning")
 MULTINOMIAL_BOUNDS = ("bohning", "log", "tilted", "pos")
 _LOG_2PI = math.log(2 * math.pi)
-_QUADRATURE = GaussHermite(32)
 _TILTED_ITERATIONS = 30
 
 
