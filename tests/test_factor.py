@@ -145,6 +145,24 @@ def test_vmapped_e_step_equals_a_loop_over_points(rng):
                                batch.bound[0], rtol=1e-12)
 
 
+@pytest.mark.parametrize("likelihood", [F.Multinomial(4, "log"), F.Bernoulli("jaakkola")], ids=["log", "jaakkola"])
+def test_newton_mean_steps_reach_the_same_optimum_in_fewer_steps(rng, likelihood):
+    """Bounds with optimised local parameters: Newton steps in m (the bound's own curvature) and the
+    fixed-point steps converge to the same q, where ∂L_n/∂(m, V) = 0; Newton in fewer steps."""
+    n, l = 6, 3
+    Y = rng.integers(0, likelihood.num_predictors + 1 if likelihood.num_predictors > 1 else 2, size=(n, 8)).astype(float)
+    model = F.factor_analysis(likelihood, l, jax.random.PRNGKey(2), num_columns=8, scale=2.0)
+    q0, mask = F.initial_posteriors(model, n), jnp.ones(Y.shape, bool)
+    plain = F.e_step(model, jnp.asarray(Y), mask, q0, max_iter=2000, tol=1e-14)
+    newton = F.e_step(model, jnp.asarray(Y), mask, q0, max_iter=2000, tol=1e-14, newton=True)
+    assert bool(jnp.all(newton.converged)) and bool(jnp.all(plain.converged))
+    np.testing.assert_allclose(newton.bound, plain.bound, rtol=1e-9)
+    np.testing.assert_allclose(newton.mean, plain.mean, atol=1e-5)
+    assert int(jnp.sum(newton.iterations)) < int(jnp.sum(plain.iterations))
+    grad = jax.grad(F.elbo_point, argnums=(3, 4))(model, jnp.asarray(Y[0]), mask[0], newton.mean[0], newton.cov[0])
+    assert max(float(jnp.max(jnp.abs(g))) for g in grad) < 1e-5
+
+
 def test_bohning_em_equals_gaussian_em_on_pseudo_data(rng):
     """Böhning EM is Gaussian EM on ỹ = 4(y + b_ψ) with noise 4, ψ = m̃ (thesis §4.4): same q, same M-step."""
     n, d, l = 50, 5, 2
@@ -207,6 +225,29 @@ def test_em_bound_never_decreases_on_mixed_data_with_missing_entries(rng):
     assert set(np.unique(filled[:, 3])) <= {0.0, 1.0, 2.0}
 
 
+def test_row_weights_equal_repeated_rows(rng):
+    """Σ_n w_n L_n with integer weights is the bound of the data with row n repeated w_n times: the
+    whole EM (every M-step update: penalised prior, loadings, Gaussian noise, ordinal thresholds)
+    must agree."""
+    n, l = 30, 2
+    z = rng.normal(size=(n, l))
+    lin = lambda k: z @ rng.normal(size=(l, k))
+    Y = np.concatenate([(rng.uniform(size=(n, 1)) < 1 / (1 + np.exp(-lin(1)))).astype(float),
+                        np.digitize(lin(1)[:, 0] + rng.logistic(size=n), [-1.0, 1.0])[:, None].astype(float),
+                        lin(1) + 0.3 * rng.normal(size=(n, 1))], 1)
+    mask = rng.uniform(size=Y.shape) > 0.1
+    counts = rng.permutation(np.repeat([0, 1, 2], [8, n - 16, 8]))  # as many rows repeated: one compilation
+    likelihoods = [(0, F.Bernoulli("jaakkola")), (1, F.Ordinal(3)), (2, F.Gaussian())]
+    fa = F.factor_analysis(likelihoods, l, jax.random.PRNGKey(1))
+    model = F.FactorModel(fa.mean, fa.cov, fa.blocks, learn_prior=True, learn_loadings=True, penalty=0.05)
+    weighted = F.fit(model, Y, mask, weights=counts.astype(float), num_iters=6, tol=0.0)
+    rows = np.repeat(np.arange(n), counts)
+    repeated = F.fit(model, Y[rows], mask[rows], num_iters=6, tol=0.0)
+    np.testing.assert_allclose(weighted.bound, repeated.bound, rtol=1e-8)
+    for a, b in zip(jax.tree.leaves(weighted.model), jax.tree.leaves(repeated.model)):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
 @pytest.mark.parametrize("bound", ["jaakkola"])  # piecewise: in the mixed-data test
 def test_em_bound_never_decreases_for_binary_factor_analysis(rng, bound):
     Y = _binary_data(rng, n=60)
@@ -260,3 +301,6 @@ def test_bad_input_is_rejected(rng):
         F.factor_analysis([((0, 1), F.Bernoulli()), ((1, 2), F.Poisson())], 2, jax.random.PRNGKey(0))
     with pytest.raises(ValueError, match="classes 0"):
         F.fit(F.factor_analysis([(0, F.StickBreaking(3))], 1, jax.random.PRNGKey(0)), np.array([[3.0]]))
+    for weights in ([1.0, 2.0], [1.0, -1.0, 1.0, 1.0], [0.0] * 4):
+        with pytest.raises(ValueError, match="weights"):
+            F.fit(model, np.zeros((4, 3)), weights=weights)

@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .model import FactorModel, Prior, block_data, check_data, neg_kl, site_terms
+from .model import FactorModel, Prior, block_data, check_data, check_weights, neg_kl, site_terms
 
 __all__ = ["Posteriors", "FactorFit", "e_step", "m_step", "fit", "initial_posteriors"]
 
@@ -67,8 +67,33 @@ def _logdet_from_precision(chol):
     return -2 * jnp.sum(jnp.log(jnp.diagonal(chol)))
 
 
-def _point_step_parts(model, prior, y, mask, mean, cov, logdet):
-    """(L_n, P*, gradient in m) at q = N(mean, cov) for one point: one value-and-gradient of the sites."""
+def _psd(h):
+    """Per-column curvature matrices (D_b, K, K) clipped to be positive semi-definite (a bound that is
+    not concave in m̃, e.g. Jaakkola's, must not give an indefinite Newton matrix)."""
+    if h.shape[-1] == 1:
+        return jnp.maximum(h, 0.0)
+    w, q = jnp.linalg.eigh(0.5 * (h + jnp.swapaxes(h, -1, -2)))
+    return jnp.einsum("dij,dj,dkj->dik", q, jnp.maximum(w, 0.0), q)
+
+
+def _mean_curvatures(model, y, mask, preds):
+    """Each block's −∂²f̲/∂m̃² per column (D_b, K, K) at fixed Ṽ. Columns are independent, so K
+    forward-over-reverse products with the k-th unit vector in every column give all columns at once."""
+    out = []
+    for i in range(len(model.blocks)):
+        sites = lambda m, i=i: site_terms(model, y, mask, preds[:i] + ((m, preds[i][1]),) + preds[i + 1:])
+        grad_m = jax.grad(sites)
+        m = preds[i][0]
+        k = m.shape[-1]
+        units = jnp.broadcast_to(jnp.eye(k, dtype=m.dtype)[:, None, :], (k,) + m.shape)
+        cols = jax.vmap(lambda t: jax.jvp(grad_m, (m,), (t,))[1])(units)   # (K, D_b, K): [k, d, j] = H_d[j, k]
+        out.append(_psd(-jnp.transpose(cols, (1, 2, 0))))
+    return out
+
+
+def _point_step_parts(model, prior, y, mask, mean, cov, logdet, newton):
+    """(L_n, P*, gradient in m, mean-step matrix) at q = N(mean, cov) for one point: one
+    value-and-gradient of the sites (and, with ``newton``, their curvature in m̃)."""
     preds = tuple(b.predictors(mean, cov) for b in model.blocks)
     sites, grads = jax.value_and_grad(lambda p: site_terms(model, y, mask, p))(preds)
     p_star, grad = prior.precision, -prior.precision @ (mean - prior.mean)
@@ -78,7 +103,14 @@ def _point_step_parts(model, prior, y, mask, mean, cov, logdet):
             lam = jnp.maximum(lam, 0.0)  # a concave bound has G ≤ 0; guard against round-off
         p_star = p_star + jnp.einsum("dkl,dkj,djm->lm", block.loadings, lam, block.loadings)
         grad = grad + jnp.einsum("dkl,dk->l", block.loadings, gm)
-    return neg_kl(prior, mean, cov, logdet) + sites, 0.5 * (p_star + p_star.T), grad
+    p_star = 0.5 * (p_star + p_star.T)
+    hessian = p_star
+    if newton:
+        hessian = prior.precision
+        for block, h in zip(model.blocks, _mean_curvatures(model, y, mask, preds)):
+            hessian = hessian + jnp.einsum("dkl,dkj,djm->lm", block.loadings, h, block.loadings)
+        hessian = 0.5 * (hessian + hessian.T)
+    return neg_kl(prior, mean, cov, logdet) + sites, p_star, grad, hessian
 
 
 class _PointState(NamedTuple):
@@ -89,12 +121,13 @@ class _PointState(NamedTuple):
     bound: jax.Array
     target: jax.Array  # P* at (mean, cov)
     grad: jax.Array    # ∂L_n/∂m at (mean, cov)
+    hessian: jax.Array  # −∂²L_n/∂m² at (mean, cov) with ``newton``, else P*
     rho: jax.Array
     iterations: jax.Array
     done: jax.Array
 
 
-def _point_e_step(model, prior, y, mask, mean, cov, precision, shared, max_iter, tol):
+def _point_e_step(model, prior, y, mask, mean, cov, precision, shared, max_iter, tol, newton):
     """Monotone natural-gradient ascent of L_n for one point (``shared``: a fixed (V, P, log|V|) or None).
 
     Each iteration evaluates the sites once, with their gradient, at the proposed q: if the step is
@@ -107,7 +140,8 @@ def _point_e_step(model, prior, y, mask, mean, cov, precision, shared, max_iter,
         logdet0 = _logdet_from_precision(jnp.linalg.cholesky(precision))
     else:
         cov, precision, logdet0 = shared
-    state = _PointState(mean, cov, precision, logdet0, *_point_step_parts(model, prior, y, mask, mean, cov, logdet0),
+    parts = lambda m, v, ld: _point_step_parts(model, prior, y, mask, m, v, ld, newton)
+    state = _PointState(mean, cov, precision, logdet0, *parts(mean, cov, logdet0),
                         jnp.asarray(1.0, mean.dtype), jnp.asarray(0, jnp.int32), jnp.asarray(False))
 
     def body(s: _PointState) -> _PointState:
@@ -118,8 +152,11 @@ def _point_e_step(model, prior, y, mask, mean, cov, precision, shared, max_iter,
             v_new, logdet = 0.5 * (v_new + v_new.T), _logdet_from_precision(chol)
         else:
             p_new, v_new, logdet = s.precision, s.cov, s.logdet
-        m_new = s.mean + s.rho * (v_new @ s.grad)
-        value, target, grad = _point_step_parts(model, prior, y, mask, m_new, v_new, logdet)
+        if newton:
+            m_new = s.mean + s.rho * jax.scipy.linalg.cho_solve((jnp.linalg.cholesky(s.hessian), True), s.grad)
+        else:
+            m_new = s.mean + s.rho * (v_new @ s.grad)
+        value, target, grad, hessian = parts(m_new, v_new, logdet)
         accept = jnp.isfinite(value) & (value >= s.bound)
         # Converged once a step changes L_n by less than tol (relative), up or down: a step that loses
         # less than that is rounding, not a worse q.
@@ -127,7 +164,7 @@ def _point_e_step(model, prior, y, mask, mean, cov, precision, shared, max_iter,
         stalled = (~accept) & (s.rho <= 2.0**-_HALVINGS)
         pick = lambda a, b: jnp.where(accept, a, b)
         return _PointState(pick(m_new, s.mean), pick(v_new, s.cov), pick(p_new, s.precision), pick(logdet, s.logdet),
-                           pick(value, s.bound), pick(target, s.target), pick(grad, s.grad),
+                           pick(value, s.bound), pick(target, s.target), pick(grad, s.grad), pick(hessian, s.hessian),
                            jnp.where(accept, jnp.minimum(2 * s.rho, 1.0), 0.5 * s.rho),
                            s.iterations + 1, converged | stalled)
 
@@ -149,14 +186,21 @@ def _shared_covariance(model: FactorModel, prior: Prior):
 
 @eqx.filter_jit
 def e_step(model: FactorModel, Y, mask, q: Posteriors, max_iter: int = 100, tol: float = 1e-10,
-           complete: bool = False) -> Posteriors:
+           complete: bool = False, newton: bool = False) -> Posteriors:
     """Fit every q(z_n), warm-started at ``q``, by `jax.vmap` of the per-point ascent.
 
     ``complete`` (static) says no entry is missing, which allows the shared-covariance shortcut.
+    ``newton`` (static) steps the means with the bound's own curvature in m̃, −∂²f̲/∂m̃², instead of
+    the fixed-point curvature −2∂f̲/∂Ṽ. The two agree for bounds that are Gaussian expectations of a
+    fixed function (piecewise, Poisson, Gaussian); for bounds with optimised local parameters
+    (Böhning, Jaakkola, log, tilted) the fixed-point curvature is a majoriser and its steps converge
+    linearly, slowly where the likelihood dominates the prior, while Newton's converge quadratically.
+    It costs one more L × L factorisation per step, so it pays for large latent spaces with few
+    points (`vj.gp.softmax`), not for many small ones.
     """
     prior = Prior.of(model)
-    shared = _shared_covariance(model, prior) if (complete and model.shared_covariance) else None
-    step = lambda y, mk, m, v, p: _point_e_step(model, prior, y, mk, m, v, p, shared, max_iter, tol)
+    shared = _shared_covariance(model, prior) if (complete and model.shared_covariance and not newton) else None
+    step = lambda y, mk, m, v, p: _point_e_step(model, prior, y, mk, m, v, p, shared, max_iter, tol, newton)
     mean, cov, precision, bound, its, done = jax.vmap(step)(Y, mask, q.mean, q.cov, q.precision)
     return Posteriors(mean, cov, precision, bound, its, done)
 
@@ -184,7 +228,8 @@ def _graphical_lasso(sample_cov, penalty, precision0, iterations: int = 500, rho
 
 
 def penalty_term(model: FactorModel, num_points):
-    """(N/2) λ Σ_{i≠j} |Σ⁻¹_ij|, subtracted from the bound of a sparse graphical model."""
+    """(N/2) λ Σ_{i≠j} |Σ⁻¹_ij|, subtracted from the bound of a sparse graphical model (N: the total
+    weight of the data points)."""
     if model.penalty == 0.0:
         return 0.0
     prec = Prior.of(model).precision
@@ -192,10 +237,11 @@ def penalty_term(model: FactorModel, num_points):
     return 0.5 * num_points * model.penalty * off
 
 
-def _update_prior(model: FactorModel, q: Posteriors) -> FactorModel:
-    mu = jnp.mean(q.mean, 0)
+def _update_prior(model: FactorModel, q: Posteriors, weights) -> FactorModel:
+    w = weights / jnp.sum(weights)
+    mu = w @ q.mean
     d = q.mean - mu
-    s = jnp.mean(q.cov, 0) + d.T @ d / d.shape[0]
+    s = jnp.einsum("n,nij->ij", w, q.cov) + (d * w[:, None]).T @ d
     s = 0.5 * (s + s.T)
     if model.penalty > 0:
         precision, _ = _graphical_lasso(s, model.penalty, Prior.of(model).precision)
@@ -205,23 +251,23 @@ def _update_prior(model: FactorModel, q: Posteriors) -> FactorModel:
     return eqx.tree_at(lambda m: (m.mean, m.cov), model, (mu, s))
 
 
-def _column_sums(block, Y, mask, mean, cov):
-    """Per-column Σ_n mask f̲ of one block given every point's predictor moments m̃ (N, D_b, K), Ṽ (N, D_b, K, K)."""
+def _column_sums(block, Y, mask, weights, mean, cov):
+    """Per-column Σ_n w_n mask f̲ of one block given every point's predictor moments m̃ (N, D_b, K), Ṽ (N, D_b, K, K)."""
 
     def point(y, mk, m, v):
         yb, mb = block_data(block, y, mk)
         return jnp.where(mb, block.likelihood.expected(yb, m, v), 0.0)
 
-    return jnp.sum(jax.vmap(point)(Y, mask, mean, cov), 0)
+    return weights @ jax.vmap(point)(Y, mask, mean, cov)
 
 
-def _block_values(block, Y, mask, q, loadings, offsets):
-    """Per-column Σ_n mask f̲ of one block at loadings W, offsets w_0, shape (D_b,)."""
+def _block_values(block, Y, mask, weights, q, loadings, offsets):
+    """Per-column Σ_n w_n mask f̲ of one block at loadings W, offsets w_0, shape (D_b,)."""
     blk = eqx.tree_at(lambda b: (b.loadings, b.offsets), block, (loadings, offsets))
-    return _column_sums(blk, Y, mask, *jax.vmap(blk.predictors)(q.mean, q.cov))
+    return _column_sums(blk, Y, mask, weights, *jax.vmap(blk.predictors)(q.mean, q.cov))
 
 
-def _update_loadings(block, Y, mask, q: Posteriors, steps: int):
+def _update_loadings(block, Y, mask, weights, q: Posteriors, steps: int):
     """Backtracked curvature steps on each column's (W_d, w_0d); never lowers a column's bound."""
     d, k, l = block.loadings.shape
     moments = jnp.concatenate([jnp.concatenate([q.cov + q.mean[:, :, None] * q.mean[:, None, :], q.mean[:, :, None]], 2),
@@ -233,7 +279,8 @@ def _update_loadings(block, Y, mask, q: Posteriors, steps: int):
         blk = eqx.tree_at(lambda b: (b.loadings, b.offsets), block, (w, w0))
         # One pass over the sites: the column values and ∂/∂(m̃, Ṽ), which give both the gradient in
         # (W_d, w_0d) — ∂m̃/∂W_d = m, ∂Ṽ/∂W_d through W_d V W_dᵀ — and the curvature Λ = −2 sym ∂/∂Ṽ.
-        f0, vjp = jax.vjp(lambda m, v: _column_sums(blk, Y, mask, m, v), *jax.vmap(blk.predictors)(q.mean, q.cov))
+        f0, vjp = jax.vjp(lambda m, v: _column_sums(blk, Y, mask, weights, m, v),
+                          *jax.vmap(blk.predictors)(q.mean, q.cov))
         g_m, g_v = vjp(jnp.ones_like(f0))
         g_sym = g_v + jnp.swapaxes(g_v, -1, -2)
         lam = -g_sym
@@ -255,7 +302,7 @@ def _update_loadings(block, Y, mask, q: Posteriors, steps: int):
         step = step * jnp.minimum(1.0, radius / jnp.maximum(size, jnp.finfo(size.dtype).tiny))[:, None, None]
 
         def trial(t):
-            return _block_values(block, Y, mask, q, w + t[:, None, None] * step[..., :l],
+            return _block_values(block, Y, mask, weights, q, w + t[:, None, None] * step[..., :l],
                                  w0 + t[:, None] * step[..., l])
 
         def halve(c):
@@ -273,23 +320,26 @@ def _update_loadings(block, Y, mask, q: Posteriors, steps: int):
     return eqx.tree_at(lambda b: (b.loadings, b.offsets), block, (w, w0))
 
 
-def _update_likelihood(block, Y, mask, q):
+def _update_likelihood(block, Y, mask, weights, q):
     idx = jnp.asarray(block.columns)
     preds = jax.vmap(block.predictors)(q.mean, q.cov)
     y, mk = Y[:, idx], mask[:, idx]
-    return eqx.tree_at(lambda b: b.likelihood, block, block.likelihood.update(jnp.where(mk, y, 0.0), mk, *preds))
+    weight = jnp.where(mk, weights[:, None], 0.0)
+    return eqx.tree_at(lambda b: b.likelihood, block, block.likelihood.update(jnp.where(mk, y, 0.0), weight, *preds))
 
 
 @eqx.filter_jit
-def m_step(model: FactorModel, Y, mask, q: Posteriors, loading_steps: int = 1) -> FactorModel:
-    """Update μ, Σ (if ``learn_prior``), each block's loadings (if ``learn_loadings``) and likelihood."""
+def m_step(model: FactorModel, Y, mask, q: Posteriors, loading_steps: int = 1, weights=None) -> FactorModel:
+    """Update μ, Σ (if ``learn_prior``), each block's loadings (if ``learn_loadings``) and likelihood,
+    maximising Σ_n w_n L_n (``weights`` w_n: default 1)."""
+    weights = jnp.ones(Y.shape[0], Y.dtype) if weights is None else weights
     if model.learn_prior:
-        model = _update_prior(model, q)
+        model = _update_prior(model, q, weights)
     blocks = []
     for block in model.blocks:
         if model.learn_loadings:
-            block = _update_loadings(block, Y, mask, q, loading_steps)
-        blocks.append(_update_likelihood(block, Y, mask, q))
+            block = _update_loadings(block, Y, mask, weights, q, loading_steps)
+        blocks.append(_update_likelihood(block, Y, mask, weights, q))
     return eqx.tree_at(lambda m: m.blocks, model, tuple(blocks))
 
 
@@ -299,7 +349,7 @@ def m_step(model: FactorModel, Y, mask, q: Posteriors, loading_steps: int = 1) -
 
 class FactorFit(NamedTuple):
     """Result of `fit`: the learned model, the per-point posteriors after the last E-step, the bound
-    Σ_n L_n (minus the ℓ1 penalty, if any) after each E-step, and whether the relative change fell
+    Σ_n w_n L_n (minus the ℓ1 penalty, if any) after each E-step, and whether the relative change fell
     below ``tol``."""
 
     model: FactorModel
@@ -316,22 +366,25 @@ def _report(progress, it, value, change, elapsed):
         print(line, flush=True)
 
 
-def fit(model: FactorModel, Y, mask=None, *, num_iters: int = 100, tol: float = 1e-6, e_step_iters: int = 100,
-        loading_steps: int = 1, progress: bool | Callable = False) -> FactorFit:
+def fit(model: FactorModel, Y, mask=None, *, weights=None, num_iters: int = 100, tol: float = 1e-6,
+        e_step_iters: int = 100, loading_steps: int = 1, progress: bool | Callable = False) -> FactorFit:
     """Variational EM: alternate `e_step` (all q(z_n), vmapped, warm-started) and `m_step` until the
     bound's relative change is below ``tol`` or ``num_iters`` iterations.
 
     ``Y`` is (N, D) with the columns the model's blocks name (classes and levels as integers 0 … C−1);
-    ``mask`` (N, D) booleans mark the observed entries (default: all). ``progress=True`` prints the
+    ``mask`` (N, D) booleans mark the observed entries (default: all). ``weights`` (N,) are
+    non-negative row weights w_n, e.g. the counts of distinct rows: the bound is Σ_n w_n L_n, so
+    a row of weight 2 counts as that row twice (default: 1 each). ``progress=True`` prints the
     bound at each iteration; a callable is called as ``progress(iteration, bound)``.
     """
     Y, mask = check_data(model, Y, mask, "vj.factor.fit")
+    weights = check_weights(weights, Y.shape[0], Y.dtype, "vj.factor.fit")
     complete = bool(np.all(np.asarray(mask)))
     q = initial_posteriors(model, Y.shape[0])
     trace, converged, start = [], False, time.perf_counter()
     for it in range(num_iters):
         q = e_step(model, Y, mask, q, e_step_iters, complete=complete)
-        value = float(jnp.sum(q.bound) - penalty_term(model, Y.shape[0]))
+        value = float(weights @ q.bound - penalty_term(model, jnp.sum(weights)))
         change = abs(value - trace[-1]) / (1.0 + abs(value)) if trace else np.inf
         trace.append(value)
         if progress:
@@ -339,5 +392,5 @@ def fit(model: FactorModel, Y, mask=None, *, num_iters: int = 100, tol: float = 
         if change < tol:
             converged = True
             break
-        model = m_step(model, Y, mask, q, loading_steps)
+        model = m_step(model, Y, mask, q, loading_steps, weights)
     return FactorFit(model, q, np.asarray(trace), converged)

@@ -88,8 +88,11 @@ class AbstractLikelihood(eqx.Module):
         """This likelihood with its per-column parameters broadcast to ``num_columns`` columns."""
         return self
 
-    def update(self, y, mask, mean, cov) -> "AbstractLikelihood":
-        """M-step for the likelihood's own parameters given q's predictors (``(N, D_b, ...)``)."""
+    def update(self, y, weight, mean, cov) -> "AbstractLikelihood":
+        """M-step for the likelihood's own parameters given q's predictors (``(N, D_b, ...)``).
+
+        ``weight`` (N, D_b) is each entry's weight in the bound: the row's weight where observed, 0
+        where missing (``y`` holds a valid placeholder there)."""
         return self
 
     def predictive_mean(self, mean, cov):
@@ -153,13 +156,14 @@ class Gaussian(AbstractLikelihood):
     def curvature(self, num_columns, dtype):
         return jnp.broadcast_to(1.0 / self.noise, (num_columns,)).astype(dtype)[:, None, None]
 
-    def update(self, y, mask, mean, cov):
+    def update(self, y, weight, mean, cov):
         if not self.learn_noise:
             return self
-        resid = jnp.where(mask, (y - mean[..., 0]) ** 2 + cov[..., 0, 0], 0.0)
-        noise = jnp.sum(resid, 0) / jnp.maximum(jnp.sum(mask, 0), 1)
+        total = jnp.sum(weight, 0)
+        resid = jnp.sum(weight * ((y - mean[..., 0]) ** 2 + cov[..., 0, 0]), 0)
+        noise = resid / jnp.where(total > 0, total, 1.0)
         floor = 1e-6 * jnp.maximum(jnp.max(noise), jnp.finfo(noise.dtype).tiny)
-        noise = jnp.where(jnp.sum(mask, 0) > 0, jnp.maximum(noise, floor), self.noise)
+        noise = jnp.where(total > 0, jnp.maximum(noise, floor), self.noise)
         return eqx.tree_at(lambda g: g.noise, self, noise)
 
     def predictive_mean(self, mean, cov):
@@ -290,12 +294,12 @@ class Ordinal(AbstractLikelihood):
             raise ValueError(f"{owner}: Ordinal({self.num_levels}) columns take integer levels 0 … "
                              f"{self.num_levels - 1}.")
 
-    def update(self, y, mask, mean, cov, steps: int = 5):
-        def column(first, log_gaps, yd, md, meand, vard):
+    def update(self, y, weight, mean, cov, steps: int = 5):
+        def column(first, log_gaps, yd, wd, meand, vard):
             # Newton on one column's C − 1 threshold parameters, backtracked so the bound never falls.
             def fn(x):
                 lik = eqx.tree_at(lambda o: (o.first, o.log_gaps), self, (x[0], x[1:]))
-                return jnp.sum(jnp.where(md, lik.expected(yd, meand[:, None], vard[:, None, None]), 0.0))
+                return jnp.sum(wd * lik.expected(yd, meand[:, None], vard[:, None, None]))
 
             def step(_, x):
                 f0, g, h = fn(x), jax.grad(fn)(x), jax.hessian(fn)(x)
@@ -310,7 +314,7 @@ class Ordinal(AbstractLikelihood):
             return x[0], x[1:]
 
         first, log_gaps = jax.vmap(column, in_axes=(0, 0, 1, 1, 1, 1))(
-            self.first, self.log_gaps, y, mask, mean[..., 0], cov[..., 0, 0])
+            self.first, self.log_gaps, y, weight, mean[..., 0], cov[..., 0, 0])
         return eqx.tree_at(lambda o: (o.first, o.log_gaps), self, (first, log_gaps))
 
 

@@ -197,3 +197,16 @@ def check_data(model: FactorModel, Y, mask, owner: str):
         block.likelihood.check(Y[:, cols][mask[:, cols]], owner)
     dtype = model.mean.dtype
     return jnp.asarray(np.where(mask, Y, 0.0), dtype), jnp.asarray(mask)
+
+
+def check_weights(weights, num_points: int, dtype, owner: str):
+    """Validate row weights (default: ones); returns them as an array."""
+    if weights is None:
+        return jnp.ones(num_points, dtype)
+    if isinstance(weights, jax.core.Tracer):
+        return weights
+    w = np.asarray(weights, dtype=float)
+    if w.shape != (num_points,) or not np.all(np.isfinite(w)) or np.any(w < 0) or not np.sum(w) > 0:
+        raise ValueError(f"{owner}: `weights` must be {num_points} finite non-negative numbers, one per row of `Y`, "
+                         f"not all zero; got shape {w.shape}.")
+    return jnp.asarray(w, dtype)

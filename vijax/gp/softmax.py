@@ -4,8 +4,9 @@ C classes, f_c ~ GP(0, K_c) independently, p(y_i = c | f_i) = softmax(f_i)_c. On
 η_ik = f_ik − f_i0 (k = 1 … C−1) enter the likelihood, which is `vj.factor.Multinomial` with η_0 = 0,
 so the model is a latent Gaussian model with one "data point": the latents are the whitened values
 f̃ with f_c = L_c f̃_c (K_c + εI = L_c L_cᵀ), prior N(0, I) (no K⁻¹ is ever formed), and column i's
-loadings map f̃ to (η_i1 … η_i,C−1). `fit` runs the factor model's E-step — monotone natural-gradient
-ascent of the bound
+loadings map f̃ to (η_i1 … η_i,C−1). `fit` runs the factor model's E-step — monotone ascent of the
+bound, with the covariance by natural-gradient steps and the mean by Newton steps (``newton=True``:
+the bounds' own curvature in m̃, which their fixed-point curvature only majorises)
 
     log Z ≥ −KL(q(f̃) ‖ N(0, I)) + Σ_i f̲(y_i, m̃_i, Ṽ_i)
 
@@ -71,7 +72,7 @@ def _fit(chol, y, likelihood, max_iter, tol):
     block = Block(tuple(range(n)), likelihood, _loadings(chol, num_classes), jnp.zeros((n, num_classes - 1), chol.dtype))
     model = FactorModel(jnp.zeros(latent, chol.dtype), jnp.eye(latent, dtype=chol.dtype), (block,),
                         learn_prior=False, learn_loadings=False)
-    q = e_step(model, y[None], jnp.ones((1, n), bool), initial_posteriors(model, 1), max_iter, tol)
+    q = e_step(model, y[None], jnp.ones((1, n), bool), initial_posteriors(model, 1), max_iter, tol, newton=True)
     return SoftmaxFit(q.mean[0], q.cov[0], chol, q.bound[0], q.iterations[0], q.converged[0])
 
 
