@@ -151,6 +151,7 @@ def test_factor_analysis_is_not_concave(rng):
     assert worst > 1e-6
 
 
+@pytest.mark.slow
 def test_sparse_mask_with_band_pattern_equals_banded(rng):
     band = np.triu(np.ones((D, D), bool)) & ~np.triu(np.ones((D, D), bool), 3)
     model = _logistic_model(rng)
@@ -204,6 +205,7 @@ def test_constrained_optima_are_ordered(rng):
 
 
 @pytest.mark.parametrize("update", ["fixed_point", "gradient"])
+@pytest.mark.slow
 def test_subspace_basis_updates_help(rng, update):
     X = rng.normal(size=(50, D)) * np.linspace(0.3, 2.0, D)
     y = np.where(rng.random(50) < 0.5, -1.0, 1.0)
@@ -217,6 +219,7 @@ def test_subspace_basis_updates_help(rng, update):
     np.testing.assert_allclose(E.T @ E, np.eye(2), atol=1e-10)
 
 
+@pytest.mark.slow
 def test_warm_start_across_families(rng):
     model = _logistic_model(rng)
     full = vj.infer(model, vj.GKL())
@@ -245,6 +248,7 @@ def test_sparse_mask_validation():
         cov.Subspace(2, basis_update="lanczos")
 
 
+@pytest.mark.slow
 def test_float32_fits(rng):
     X = rng.normal(size=(80, D)).astype(np.float32)
     y = np.where(rng.random(80) < 0.5, -1.0, 1.0).astype(np.float32)

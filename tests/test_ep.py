@@ -258,6 +258,7 @@ def test_many_sites_in_two_dimensions_against_brute_force():
     assert np.linalg.norm(ep.covariance - cov) / np.linalg.norm(cov) < 0.25
 
 
+@pytest.mark.slow
 def test_hyperparameter_gradient_matches_finite_differences_of_reconverged_ep():
     """d log Z_EP / dθ with frozen sites equals finite differences of fully re-converged EP."""
     x, y = _neal(2, 15)
@@ -282,6 +283,7 @@ def test_hyperparameter_gradient_matches_finite_differences_of_reconverged_ep():
 # Robustness and diagnostics
 
 
+@pytest.mark.slow
 def test_power_ep_converges_to_a_different_fixed_point(probit_gp):
     model, _ = probit_gp
     full, half = vj.infer(model, vj.EP()), vj.infer(model, vj.EP(power=0.5))
@@ -315,6 +317,7 @@ def test_plain_ep_on_a_hard_problem_stays_proper_and_reports_it():
     assert bool(vj.infer(model, vj.EP(power=0.5, fallback=False)).diagnostics.converged)
 
 
+@pytest.mark.slow
 def test_no_gaussian_factor_and_warm_start():
     """Without a Gaussian factor EP starts from the sites' curvature; a warm start from the result
     is already converged."""

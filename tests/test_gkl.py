@@ -180,6 +180,7 @@ def test_bound_is_concave_for_log_concave_sites(rng, name):
         assert eig.max() <= 1e-8 * max(1.0, np.abs(eig).max()), eig.max()
 
 
+@pytest.mark.slow
 def test_student_t_bound_is_not_concave(rng):
     """Student-t sites are not log-concave: some point has a positive curvature direction."""
     X = np.eye(2)
@@ -203,6 +204,7 @@ def test_univariate_reduction_by_monte_carlo(rng):
     np.testing.assert_allclose(float(vj.gkl.bound(params, model)) - entropy, mc, atol=0.01)
 
 
+@pytest.mark.slow
 def test_whitening_leaves_the_bound_unchanged(rng):
     """Appendix B.5: the change of basis is exact, so whitened and plain fits agree on a non-conjugate model."""
     X = rng.normal(size=(40, 4))
@@ -242,6 +244,7 @@ def test_log_z_gradient_equals_derivative_of_optimal_bound(rng, case):
 # ------------------------------------------------------------------------------------------ transformations
 
 
+@pytest.mark.slow
 def test_jit_vmap_and_grad_compose(rng):
     Xs = rng.normal(size=(3, 50, 3))
     ys = (rng.random((3, 50)) < 0.5).astype(float)
@@ -256,6 +259,7 @@ def test_jit_vmap_and_grad_compose(rng):
     np.testing.assert_allclose(grads[1], jax.grad(log_z, argnums=2)(Xs[1], ys[1], 0.0), rtol=1e-8)
 
 
+@pytest.mark.slow
 def test_warm_start_from_posterior(rng):
     X = rng.normal(size=(60, 4))
     y = (rng.random(60) < 0.5).astype(float)

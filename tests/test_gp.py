@@ -166,6 +166,7 @@ def test_laplace_classification_matches_scikit_learn(classification):
     np.testing.assert_allclose(vj.gp.predict(post, kernel, X, X_test)[0], expected, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_labels_folded_into_projection_match_dense_h(classification):
     X, labels = classification
     kernel = K_.SquaredExponential(1.0, 1.5)
@@ -284,6 +285,7 @@ def test_hyperparameter_gradient_matches_refitted_finite_differences(classificat
         np.testing.assert_allclose(grad, fd, rtol=1e-4, err_msg=type(method).__name__)
 
 
+@pytest.mark.slow
 def test_ml2_reaches_the_exact_optimum(regression):
     from sklearn.gaussian_process import GaussianProcessRegressor
     from sklearn.gaussian_process.kernels import RBF, ConstantKernel, WhiteKernel
@@ -304,6 +306,7 @@ def test_ml2_reaches_the_exact_optimum(regression):
     assert fit.posterior.log_z >= best.log_marginal_likelihood_value_ - 1e-4
 
 
+@pytest.mark.slow
 def test_ml2_with_ep_raises_log_z_on_classification(classification):
     X, labels = classification
     fit = vj.gp.fit_hyperparameters(K_.SquaredExponential(1.0, 1.0), X, P.Probit(), vj.EP(fallback=False),

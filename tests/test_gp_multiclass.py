@@ -225,6 +225,7 @@ def test_stick_model_with_two_classes_is_binary_logistic(rng):
     np.testing.assert_allclose(float(stick.log_z), float(binary.log_z), rtol=1e-10)
 
 
+@pytest.mark.slow
 def test_stick_model_bounds_and_predictions(rng):
     X, y = _three_class_data(rng, 10)
     exact = mc.stick_breaking_model(KERNEL, X, y, 3, pieces=None)

@@ -74,6 +74,7 @@ def test_labels_in_either_convention_give_the_same_model(data):
     np.testing.assert_allclose(a.log_z, b.log_z, rtol=1e-12)
 
 
+@pytest.mark.slow
 def test_predict_proba_and_log_predictive_by_quadrature(rng, data):
     X, y = data
     post = vj.infer(vj.glm.logistic_regression(X, y), vj.GKL())
@@ -116,6 +117,7 @@ def test_other_glms_fit_and_converge(rng, kind):
     assert np.linalg.norm(np.asarray(post.mean) - w) < 0.6
 
 
+@pytest.mark.slow
 def test_float32_breast_cancer_has_no_nans():
     """The demo problem in float32: finite bound, converged to the float32 tolerance."""
     from sklearn.datasets import load_breast_cancer

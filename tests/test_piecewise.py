@@ -272,6 +272,7 @@ def test_bound_logistic_sites_replaces_only_logistic_groups(rng):
     assert second is model.sites[1].potential and bounded.prior is model.prior
 
 
+@pytest.mark.slow
 def test_gkl_with_piecewise_sites_is_a_lower_bound_within_n_max_error(rng):
     model = _logistic_regression(rng)
     exact = vj.infer(model, TIGHT_GKL)

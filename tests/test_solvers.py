@@ -62,6 +62,7 @@ def test_nonlinear_cg_under_jit_and_vmap(rng):
 
 
 @pytest.mark.parametrize("family", [vj.covariance.Full(), vj.covariance.Chevron(3), vj.covariance.Banded(2)])
+@pytest.mark.slow
 def test_nonlinear_cg_fits_gkl_like_newton_cg(rng, family):
     X = rng.normal(size=(120, 10))
     y = (X @ rng.normal(size=10) + rng.normal(size=120) > 0).astype(float)
