@@ -68,7 +68,8 @@ class _State(NamedTuple):
 
 
 def fit(model, quadrature, max_iter: int, tol: float):
-    """``(mean, C, diagnostics)`` with q = N(mean, CᵀC) the G-KL optimum (C upper-triangular)."""
+    """``(mean, C, diagnostics, bound)`` with q = N(mean, CᵀC) the G-KL optimum (C upper-triangular)
+    and the bound there."""
     K, mu, scales = diagonal_form(model)
     dtype = K.dtype
 
@@ -159,4 +160,4 @@ def fit(model, quadrature, max_iter: int, tol: float):
     converged = st.stalled & (grad_norm <= _GRAD_TOL)
     diagnostics = Diagnostics(st.k, converged, grad_norm, st.trace, st.evals, st.k, jnp.array(0), "GKL",
                               "site-form coordinate ascent")
-    return st.m, C, diagnostics
+    return st.m, C, diagnostics, st.value
