@@ -42,6 +42,9 @@ Run (float64 is switched on here; 2 shared CPU cores)::
 
     python benchmarks/glass_multiclass.py            # full grid, 1 split
     python benchmarks/glass_multiclass.py --quick    # 2 × 2 grid
+    python benchmarks/glass_multiclass.py --methods Softmax-Boh --update   # add or redo rows
+
+``--update`` keeps the other methods' results from the existing ``.json`` (same splits and grid).
 
 Writes ``benchmarks/results/glass_multiclass.txt`` and ``.json`` (``--quick``:
 ``/tmp/glass_multiclass_quick.*``; ``--out DIR`` overrides).
@@ -154,6 +157,7 @@ def main():
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     parser.add_argument("--data", type=pathlib.Path, default=SHARED / "data" / "uci" / "glass.data")
     parser.add_argument("--out", type=pathlib.Path, default=None)
+    parser.add_argument("--update", action="store_true", help="keep other methods' rows from the existing .json")
     args = parser.parse_args()
     out_dir = args.out or (pathlib.Path("/tmp") if args.quick else RESULTS)
     stem = "glass_multiclass_quick" if args.quick else "glass_multiclass"
@@ -161,6 +165,15 @@ def main():
     X, y = load(args.data)
 
     results = {m: [] for m in args.methods}
+    previous = out_dir / f"{stem}.json"
+    if args.update and previous.exists():
+        old = json.loads(previous.read_text())
+        same = (old["meta"]["log_s"] == list(log_s) and old["meta"]["log_sigma"] == list(log_sigma)
+                and all(len(runs) == args.splits and runs[0]["seed"] == args.seed for runs in old["results"].values()))
+        if not same:
+            raise SystemExit(f"--update: {previous} has other splits or another grid; run without --update.")
+        results = {m: old["results"].get(m, []) for m in METHODS if m in old["results"] or m in args.methods}
+        results.update({m: [] for m in args.methods})
     for i in range(args.splits):
         data = split(X, y, args.seed + i)
         for m in args.methods:
@@ -182,7 +195,7 @@ def main():
               f"{'best pE':>8s} {'s/fit':>7s} {'1st fit':>8s} {'conv':>6s}")
     print(header, file=text)
     print("-" * len(header), file=text)
-    for m in args.methods:
+    for m in results:
         runs = results[m]
         mean = lambda f: float(np.mean([f(r) for r in runs]))
         star = runs[0]["star"]
