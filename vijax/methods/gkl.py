@@ -134,7 +134,7 @@ def curvature(params: GaussianParams, model: LatentLinearModel, quadrature=_DEFA
 def _bound_at_optimum(value, opt, model, *, quadrature):
     """``value``, the bound at its optimum ``opt`` as the fit computed it, with the envelope-theorem
     derivative ∂bound(opt, model)/∂model at fixed ``opt``: the bound is evaluated afresh only when
-    differentiated (for a millisecond GP fit that evaluation is a fifth of the time)."""
+    differentiated (a few percent of a millisecond GP fit)."""
     return value
 
 
