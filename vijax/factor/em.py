@@ -68,8 +68,9 @@ def _logdet_from_precision(chol):
 
 
 def _psd(h):
-    """Per-column curvature matrices (D_b, K, K) clipped to be positive semi-definite (a bound that is
-    not concave in m̃, e.g. Jaakkola's, must not give an indefinite Newton matrix)."""
+    """Per-column curvature matrices (D_b, K, K) clipped to be positive semi-definite (round-off in a
+    concave bound's curvature, or a bound that is not concave in m̃, must not give an indefinite
+    step matrix)."""
     if h.shape[-1] == 1:
         return jnp.maximum(h, 0.0)
     w, q = jnp.linalg.eigh(0.5 * (h + jnp.swapaxes(h, -1, -2)))
@@ -100,7 +101,7 @@ def _point_step_parts(model, prior, y, mask, mean, cov, logdet, newton):
     for block, (gm, gv) in zip(model.blocks, grads):
         lam = -(gv + jnp.swapaxes(gv, -1, -2))
         if block.likelihood.num_predictors == 1:
-            lam = jnp.maximum(lam, 0.0)  # a concave bound has G ≤ 0; guard against round-off
+            lam = _psd(lam)  # a concave bound has G ≤ 0; guard against round-off
         p_star = p_star + jnp.einsum("dkl,dkj,djm->lm", block.loadings, lam, block.loadings)
         grad = grad + jnp.einsum("dkl,dk->l", block.loadings, gm)
     p_star = 0.5 * (p_star + p_star.T)
