@@ -60,6 +60,9 @@ __all__ = [
 # Python floats (weakly typed), so that float32 inputs stay float32 when x64 is enabled.
 _LOG_2PI = float(np.log(2 * np.pi))
 _SQRT_2PI = float(np.sqrt(2 * np.pi))
+_WIDE_SIGMOID = 1.5  # σ from which ⟨σ(x)⟩ is computed by Gauss–Laguerre, not Gauss–Hermite
+_LAGUERRE_NODES = 48
+_TILTED_RULE = GaussHermite(64)  # EP's moments need ⟨σ(x)⟩ to ~1e-11 up to σ = 1.5
 _SQRT_2 = float(np.sqrt(2))
 _DEFAULT_QUADRATURE = GaussHermite()
 
@@ -216,17 +219,47 @@ class Logistic(AbstractPotential):
         return jnp.where(wide, large, small)
 
     def log_expected_phi(self, mu, sigma, quadrature: GaussHermite = _DEFAULT_QUADRATURE):
-        # ⟨σ(x)⟩ = Φ(μ/σ) + ⟨σ(x) − 1[x > 0]⟩; the odd remainder −sign(x)σ(−|x|) is integrated by
-        # Gauss–Laguerre when the step sits inside a wide Gaussian, where Gauss–Hermite is inaccurate.
+        # Below μ = −σ²/2 the identity σ(x) = eˣσ(−x) moves the mass to the other side:
+        # ⟨σ(x)⟩_{N(μ, σ²)} = e^{μ + σ²/2} ⟨σ(x)⟩_{N(−μ − σ², σ²)}, so the rules below only see μ ≥ −σ²/2.
         mu, sigma = jnp.broadcast_arrays(mu, sigma)
-        wide = (sigma >= 1.5) & (jnp.abs(mu) <= 8 * sigma)
-        small = quadrature.log_expect_exp(self.log_phi, jnp.where(wide, 0.0, mu), jnp.where(wide, 1.0, sigma))
-        m, s = jnp.where(wide, mu, 0.0)[..., None], jnp.where(wide, sigma, 1.5)[..., None]
-        x, w = (jnp.asarray(a, jnp.result_type(mu, sigma)) for a in _laguerre_rule(32))
-        dens = lambda t: jnp.exp(-0.5 * ((t - m) / s) ** 2) / (s * _SQRT_2PI)
-        remainder = jnp.sum(w * jax.nn.sigmoid(x) * (dens(-x) - dens(x)), axis=-1)
-        large = jnp.log(ndtr(m[..., 0] / s[..., 0]) + remainder)
-        return jnp.where(wide, large, small)
+        var = sigma**2
+        reflect = mu < -0.5 * var
+        value = self._log_expected_sigmoid(jnp.where(reflect, -mu - var, mu), sigma, quadrature)
+        return jnp.where(reflect, mu + 0.5 * var + value, value)
+
+    def tilted_moments(self, mean, var, power=1.0):
+        if not (isinstance(power, (int, float)) and power == 1):
+            return super().tilted_moments(mean, var, power)
+        # Ẑ = ⟨σ(x)⟩ in closed form up to one smooth 1-D rule (`log_expected_phi`); moments by its derivatives.
+        sigma = jnp.sqrt(var)
+        return moments_from_log_normaliser(lambda m: self.log_expected_phi(m, sigma, _TILTED_RULE), mean, var)
+
+    @staticmethod
+    def _log_expected_sigmoid(mu, sigma, quadrature):
+        """log⟨σ(x)⟩ for μ ≥ −σ²/2. Narrow Gaussians: Gauss–Hermite on log σ, in log space. Wide ones:
+        ⟨σ(x)⟩ = Φ(μ/σ) + ⟨σ(x) − 1[x > 0]⟩, the odd remainder −sign(x)σ(−|x|) integrated by
+        Gauss–Laguerre, where Gauss–Hermite would have to resolve the step inside the Gaussian:
+
+        ⟨σ(x) − 1[x > 0]⟩ = ∫₀^∞ e^{−t} · N(−t | μ, σ²)(1 − e^{2tμ/σ²}) / (1 + e^{−t}) dt,
+
+        summed relative to the largest term, so that nothing underflows where ⟨σ(x)⟩ is tiny.
+        """
+        wide = sigma >= _WIDE_SIGMOID
+        small = quadrature.log_expect_exp(jax.nn.log_sigmoid, mu, jnp.where(wide, 1.0, sigma))
+        m, s = jnp.where(wide, mu, 1.0)[..., None], jnp.where(wide, sigma, 1.0)[..., None]
+        t, w = (jnp.asarray(a, jnp.result_type(mu, sigma)) for a in _laguerre_rule(_LAGUERRE_NODES))
+        # N(−t)·(1 − e^y), y = 2tμ/σ², with each sign of μ in a form that neither overflows nor has a
+        # singular derivative at μ = 0.
+        y = 2.0 * t * m / s**2
+        negative = m <= 0
+        y_neg, y_pos = jnp.where(negative, y, 0.0), jnp.where(negative, 0.0, y)
+        log_base = jnp.log(w) - jnp.log1p(jnp.exp(-t)) - 0.5 * ((t + m) / s) ** 2 - jnp.log(s * _SQRT_2PI)
+        log_step = log_ndtr(m[..., 0] / s[..., 0])
+        top = jnp.maximum(log_step, jnp.max(log_base + y_pos, axis=-1))
+        terms = jnp.where(negative, -jnp.exp(log_base - top[..., None]) * jnp.expm1(y_neg),
+                          jnp.exp(log_base + y_pos - top[..., None]) * jnp.expm1(-y_pos))
+        total = jnp.exp(log_step - top) + jnp.sum(terms, axis=-1)
+        return jnp.where(wide, top + jnp.log(total), small)
 
 
 class PiecewiseLogistic(AbstractPotential):

@@ -63,7 +63,8 @@ import jax.numpy as jnp
 from ..covariance import CholeskyFactor, DiagonalFactor
 from ..model import LatentLinearModel
 from ..posterior import Diagnostics, Posterior
-from ._gaussian import integrate, marginals, working_model
+from ._envelope import computed
+from ._gaussian import diagonal_form, integrate, marginals, working_model
 
 __all__ = ["EP", "SiteParams", "energy", "SCHEDULES"]
 
@@ -115,11 +116,12 @@ class _Evaluation(NamedTuple):
     proper: jax.Array  # q proper and every cavity proper
 
 
-def _evaluate(sites: SiteParams, model, power, work, anchor=None) -> _Evaluation:
+def _evaluate(sites: SiteParams, model, power, work, anchor=None, q=None) -> _Evaluation:
     """q, its marginals, the cavities (anchored at ``anchor`` = (means, variances), else at q's
-    marginals) and the tilted moments; ``value`` is the energy (inner objective when anchored)."""
+    marginals) and the tilted moments; ``value`` is the energy (inner objective when anchored).
+    ``q``: (log ∫ f ∏ t̃, means, variances) where already known."""
     # Only q's marginals are needed here (the site form for GP models); q itself is formed once, at the end.
-    log_zq, means, variances = marginals(model, _quadratics(sites), work)
+    log_zq, means, variances = marginals(model, _quadratics(sites), work) if q is None else q
     value, proper = log_zq, jnp.isfinite(log_zq)
     out = ([], [], [], [], [])
     for k, (group, tau, nu, m, V) in enumerate(zip(model.sites, sites.precision, sites.shift, means, variances)):
@@ -137,6 +139,17 @@ def _evaluate(sites: SiteParams, model, power, work, anchor=None) -> _Evaluation
             store.append(item)
     value = jnp.where(proper, value, jnp.nan)
     return _Evaluation(value, *map(tuple, out), proper)
+
+
+def _prior_marginals(model):
+    """(log ∫ f, means, variances) of q = the Gaussian factor (sites at zero) for GP-type models, whose
+    marginals are read off the prior; None otherwise (and without a Gaussian factor)."""
+    form = diagonal_form(model)
+    if form is None:
+        return None
+    K, mu, scales = form
+    means = tuple(s * mu + jnp.broadcast_to(g.offset, s.shape) for s, g in zip(scales, model.sites))
+    return jnp.zeros((), model.dtype), means, tuple(s**2 * jnp.diag(K) for s in scales)
 
 
 def _quadratics(sites: SiteParams):
@@ -183,6 +196,28 @@ def energy(sites: SiteParams, model: LatentLinearModel, power: float = 1.0):
     cavity is improper.
     """
     return _evaluate(sites, model, power, working_model(model)).value
+
+
+def _energy_gradient(ev: _Evaluation, sites: SiteParams, model, power, work) -> SiteParams:
+    """∂ log Z_EP / ∂sites at the evaluation ``ev`` of ``sites``, without differentiating the tilted integrals.
+
+    With θ_n = (m_n/V_n, 1/V_n) q's n-th marginal in natural parameters and δ_n the gap between the
+    tilted and q's mean parameters, (m̂ − m, −½(V̂ + m̂² − V − m²)), the energy's gradient in the
+    site parameters (ν_n, τ_n) is (1/η) Jᵀδ − δ, J = ∂θ/∂(ν, τ): one reverse pass through q's
+    marginals (∂ log ∫ f ∏ t̃ / ∂(ν_n, τ_n) and ∂T_n/∂θ are the moments).
+    """
+    gaps = []
+    for m, V, m_hat, V_hat, ok in zip(ev.marginal_mean, ev.marginal_var, ev.tilted_mean, ev.tilted_var, ev.valid):
+        gaps.append((jnp.where(ok, m_hat - m, 0.0), jnp.where(ok, -0.5 * (V_hat + m_hat**2 - V - m**2), 0.0)))
+
+    def natural(s):
+        _, means, variances = marginals(model, _quadratics(s), work)
+        return tuple((m / V, 1.0 / V) for m, V in zip(means, variances))
+
+    _, pullback = jax.vjp(natural, sites)
+    (g,) = pullback(tuple((d1 / power, d2 / power) for d1, d2 in gaps))
+    return SiteParams(tuple(p - d2 for p, (_, d2) in zip(g.precision, gaps)),
+                      tuple(n - d1 for n, (d1, _) in zip(g.shift, gaps)))
 
 
 class _Run(NamedTuple):
@@ -534,7 +569,7 @@ class EP(eqx.Module):
         work = working_model(frozen)
         primary = self.schedule != "double_loop"
         length = (self.max_iter + 1) * (2 if primary and self.fallback else 1)
-        ev = _evaluate(sites, frozen, self.power, work)
+        ev = _evaluate(sites, frozen, self.power, work, q=_prior_marginals(frozen) if init is None else None)
         run = self._start(sites, ev, jnp.array(0), jnp.full((length,), jnp.nan, ev.value.dtype))
         double_loop = self._double_loop(frozen, work)
         used_fallback = oscillated = jnp.array(False)
@@ -559,8 +594,8 @@ class EP(eqx.Module):
                 run = jax.lax.cond(used_fallback, rescue, self._with_anchor, run)
 
         sites = jax.lax.stop_gradient(run.sites)
-        log_z = energy(sites, model, self.power)
-        grad = jax.grad(energy)(sites, frozen, self.power)
+        log_z = computed(run.ev.value, lambda s, m: energy(s, m, self.power), sites, model)  # = energy at sites
+        grad = _energy_gradient(run.ev, sites, frozen, self.power, work)
         grad_norm = jnp.max(jnp.stack([jnp.max(jnp.abs(g), initial=0.0) for g in jax.tree_util.tree_leaves(grad)]))
         diagnostics = Diagnostics(
             run.k, run.residual <= self.tol, grad_norm, run.trace, run.evals, jnp.array(1), jnp.array(0), "EP",

@@ -36,6 +36,7 @@ from ..posterior import Diagnostics, Posterior
 from ..quadrature import GaussHermite, safe_sqrt
 from ..solvers import AbstractSolver
 from . import _gkl_sites
+from ._envelope import computed
 
 __all__ = ["GaussianParams", "GKL", "bound", "bound_at", "curvature"]
 
@@ -130,24 +131,6 @@ def curvature(params: GaussianParams, model: LatentLinearModel, quadrature=_DEFA
     return Curvature(model, tuple(weights))
 
 
-@eqx.filter_custom_jvp
-def _bound_at_optimum(value, opt, model, *, quadrature):
-    """``value``, the bound at its optimum ``opt`` as the fit computed it, with the envelope-theorem
-    derivative ∂bound(opt, model)/∂model at fixed ``opt``: the bound is evaluated afresh only when
-    differentiated (a few percent of a millisecond GP fit)."""
-    return value
-
-
-@_bound_at_optimum.def_jvp
-def _bound_at_optimum_jvp(primals, tangents, *, quadrature):
-    value, opt, model = primals
-    _, _, t_model = tangents
-    if t_model is None:
-        return value, jnp.zeros_like(value)
-    _, t_out = eqx.filter_jvp(lambda m: bound(opt, m, quadrature), (model,), (t_model,))
-    return value, t_out
-
-
 class GKL(eqx.Module):
     """Gaussian KL approximate inference: maximise `bound` over (m, C).
 
@@ -228,8 +211,8 @@ class GKL(eqx.Module):
             mean, C, diagnostics, value = _gkl_sites.fit(jax.lax.stop_gradient(model), self.quadrature,
                                                          _SITE_FORM_MAX_ITER, _SITE_FORM_TOL)
             opt = jax.lax.stop_gradient(GaussianParams(mean, CholeskyFactor.from_matrix(C).canonical()))
-            return Posterior(opt.mean, opt.factor, _bound_at_optimum(value, opt, model, quadrature=self.quadrature),
-                             diagnostics, model, is_lower_bound=True)
+            log_z = computed(value, lambda opt, model: bound(opt, model, self.quadrature), opt, model)
+            return Posterior(opt.mean, opt.factor, log_z, diagnostics, model, is_lower_bound=True)
         params = self.init_params(model, init)
         frozen = jax.lax.stop_gradient(model)
         params = jax.lax.stop_gradient(params)

@@ -41,6 +41,7 @@ from ..covariance._dense import _reversed_cholesky
 from ..model import GaussianFactor, LatentLinearModel
 from ..posterior import Diagnostics, Posterior
 from ..solvers import AbstractSolver, NewtonCG, Solution
+from ._envelope import computed
 from ._gaussian import working_model
 from .gkl import Curvature
 
@@ -215,6 +216,11 @@ def differentiable_mode(fit: ModeFit, model: LatentLinearModel):
     return fit.mode + (step - jax.lax.stop_gradient(step))
 
 
+def _whitened(model: LatentLinearModel) -> LatentLinearModel:
+    """The model in w̃ = L⁻¹(w − μ) for a dense prior N(μ, LLᵀ): prior N(0, I), sites in the new basis."""
+    return LatentLinearModel(GaussianFactor.isotropic(model.dim, 1.0), working_model(model)[0])
+
+
 class Laplace(eqx.Module):
     """The Laplace approximation q(w) = N(w*, (−∇²ℓ(w*))⁻¹) and its evidence estimate.
 
@@ -244,19 +250,25 @@ class Laplace(eqx.Module):
         whitening = model.prior.whitening() if model.prior is not None else None
         if whitening is None:
             fit = fit_mode(model, init, self.solver, "Laplace")
-            log_z = evidence(differentiable_mode(fit, model), model, fit.fallback, fit.jitter)
+            working = lambda model: model
             mode, factor = fit.mode, fit.factor()
         else:
             # A dense prior N(μ, LLᵀ) (a GP prior): work in w = μ + L w̃, where the prior is N(0, I) and
             # the curvature I + L̃ᵀWL̃ stays well conditioned however ill-conditioned LLᵀ is. The
             # Laplace approximation and its evidence are invariant to this change of basis.
             loc, L = whitening
-            work = LatentLinearModel(GaussianFactor.isotropic(model.dim, 1.0), working_model(model)[0])
+            working = _whitened
             loc0, L0 = jax.lax.stop_gradient((loc, L))
             w0 = solve_triangular(L0, initial_point(model, init, "Laplace") - loc0, lower=True)
-            fit = fit_mode(work, w0, self.solver, "Laplace")
-            log_z = evidence(differentiable_mode(fit, work), work, fit.fallback, fit.jitter)
+            fit = fit_mode(working(model), w0, self.solver, "Laplace")
             mode, factor = loc0 + L0 @ fit.mode, fit.factor(basis=L0)  # S = L S̃ Lᵀ
+        # `evidence` at the mode, from the factor of A already at hand (A + jitter·I = RRᵀ).
+        value = log_joint(fit.mode, working(model)) + 0.5 * model.dim * _LOG_2PI - jnp.sum(jnp.log(jnp.diag(fit.R)))
+
+        def log_z(fit, model):
+            work = working(model)
+            return evidence(differentiable_mode(fit, work), work, fit.fallback, fit.jitter)
+
         diagnostics = Diagnostics.from_solution(fit.solution, "Laplace", type(self.solver).__name__,
                                                 fit.fallback, fit.jitter)
-        return Posterior(mode, factor, log_z, diagnostics, model, is_lower_bound=False)
+        return Posterior(mode, factor, computed(value, log_z, fit, model), diagnostics, model, is_lower_bound=False)
