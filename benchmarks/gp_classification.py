@@ -25,7 +25,8 @@ Methods at the fixed hyperparameters:
 - ``sklearn Laplace``: ``GaussianProcessClassifier(ConstantKernel(v) * RBF(ℓ), optimizer=None)``
   (Laplace approximation, logistic link; Rasmussen & Williams Alg. 3.1–3.2);
 - ``vijax Laplace``: ``vj.infer(model, vj.Laplace())``;
-- ``vijax EP``: ``vj.EP()`` with the logistic likelihood (tilted moments by quadrature);
+- ``vijax EP``: ``vj.EP()`` with the logistic likelihood (tilted moments from the derivatives of
+  log⟨σ(x)⟩, itself Φ(m/s) plus a 1-D Gauss–Laguerre or Gauss–Hermite sum);
 - ``vijax EP probit``: ``vj.EP()`` with ``vj.potentials.Probit()`` instead (closed-form tilted
   moments; a different likelihood, so its log Z and predictions are not directly comparable);
 - ``vijax G-KL``: ``vj.infer(model, vj.GKL())`` (Gaussian KL lower bound, full N × N covariance).
@@ -47,6 +48,10 @@ fits after one warm-up fit, vijax fits being ahead-of-time compiled ``jax.jit`` 
 ``post.log_z``, the Laplace / EP / G-KL-bound estimate); test mean log predictive density (vijax:
 ``vj.gp.log_predictive(post, k, X, X_test, y_test).mean()``; sklearn: mean log ``predict_proba`` of the
 true class); and test error rate (threshold 0.5 on the predictive probability).
+
+Fits under 0.5 s (all of Ripley's) are timed over ``--rounds`` rounds (default 5): each round runs
+every such method once more in a fresh child process, in turn, and the median over the rounds is
+reported, so that a slow spell of the (shared) machine does not land on one method only.
 
 Every (data set, method) runs in a child process (this script with ``--worker``) under a wall-clock
 limit (``--timeout``, default 150 s for the child, including start-up and compilation); if the warm-up
@@ -244,6 +249,8 @@ def fmt(rec):
         extra.append(f"jitter {rec['jitter']:.0e}")
     if rec.get("includes_compile"):
         extra.append("time incl. compile")
+    if "round_seconds" in rec:
+        extra.append(f"{len(rec['round_seconds'])} rounds {min(rec['round_seconds']):.3f}–{max(rec['round_seconds']):.3f} s")
     mark = "!" if rec["over_limit"] else " "
     return (f"  {rec['method']:<16} {rec['seconds']:>9.3f}{mark} {rec['log_z']:>11.3f} {rec['mlpd']:>8.4f} "
             f"{100 * rec['error']:>6.2f}%  " + "; ".join(extra))
@@ -257,6 +264,7 @@ def main():
     parser.add_argument("--timeout", type=float, default=150.0, help="wall-clock limit per child (s)")
     parser.add_argument("--fit-limit", type=float, default=60.0, help="skip repetitions above this (s)")
     parser.add_argument("--mlii-steps", type=int, default=None)
+    parser.add_argument("--rounds", type=int, default=5, help="rounds of timing for fits under 0.5 s")
     parser.add_argument("--out", default=None, help="output folder (default benchmarks/results; /tmp with --quick)")
     parser.add_argument("--worker", nargs=2, metavar=("DATA", "METHOD"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -289,10 +297,20 @@ def main():
         log(f"\n{data}: N = {len(y)} train, {len(yt)} test")
         log(f"  {'method':<16} {'time s':>10} {'log Z':>11} {'mlpd':>8} {'error':>7}  notes")
         log("  " + "-" * 78)
-        recs = {}
-        for method in args.methods:
-            rec = run_child(data, method, args)
-            recs[method] = rec
+        recs = {method: run_child(data, method, args) for method in args.methods}
+        # Fits of a few milliseconds: the machine's state drifts between worker processes by tens of
+        # percent, so such fits are timed over several rounds, each method once a round, and the
+        # median of the rounds' medians is reported.
+        fast = [m for m, r in recs.items() if "ML-II" not in m and r.get("seconds", 1.0) < 0.5]
+        for _ in range(args.rounds - 1 if fast else 0):
+            for method in fast:
+                again = run_child(data, method, args)
+                if "seconds" in again:
+                    recs[method].setdefault("round_seconds", [recs[method]["seconds"]]).append(again["seconds"])
+                    recs[method]["times"] += again["times"]
+        for method, rec in recs.items():
+            if "round_seconds" in rec:
+                rec["seconds"] = float(np.median(rec["round_seconds"]))
             records.append(rec)
             log(fmt(rec))
         ok = lambda m: m in recs and "seconds" in recs[m]
@@ -307,15 +325,19 @@ def main():
                     passed = ratio <= bound
                     checks.append(dict(data=data, method=m, ratio=ratio, bound=bound, passed=passed,
                                        informational=bool(info)))
+                    # The fastest repetition of each (timeit's convention), for the short fits only.
+                    best = (f"; fastest fits: {min(recs[m]['times']) / min(recs['sklearn Laplace']['times']):.2f}"
+                            if "round_seconds" in recs[m] and "round_seconds" in recs["sklearn Laplace"] else "")
                     log(f"  {'PASS' if passed else 'FAIL'}: {data}: {m} / sklearn Laplace time = "
-                        f"{ratio:.2f} (target <= {bound:g}){info}")
+                        f"{ratio:.2f} (target <= {bound:g}){best}{info}")
                 else:
                     checks.append(dict(data=data, method=m, ratio=None, bound=bound, passed=False,
                                        informational=bool(info)))
                     log(f"  FAIL: {data}: {m} did not finish (timeout/failure; target <= {bound:g}x){info}")
     wall = time.perf_counter() - start
     log("\ntime: fixed-kernel fits: median of 3 (25 under 0.5 s) after a warm-up, compilation excluded ('!': one fit only, "
-        f"over {args.fit_limit:g} s);\nML-II: one call (vijax's includes compilation). log Z: sklearn "
+        f"over {args.fit_limit:g} s);\nfits under 0.5 s: the median over {args.rounds} rounds of fresh worker processes "
+        "(each round every such method once, in turn);\nML-II: one call (vijax's includes compilation). log Z: sklearn "
         "log_marginal_likelihood_value_, vijax post.log_z (G-KL: a lower bound;\nEP probit: a probit "
         "model). mlpd: test mean log predictive density; error: test error rate at p = 0.5.")
     log(f"wall time {wall:.0f} s")
