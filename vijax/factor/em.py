@@ -93,7 +93,7 @@ def _mean_curvatures(model, y, mask, preds):
 
 
 def _point_step_parts(model, prior, y, mask, mean, cov, logdet, newton):
-    """(L_n, P*, gradient in m, mean-step matrix) at q = N(mean, cov) for one point: one
+    """(L_n, P*, gradient in m, Newton matrix or None) at q = N(mean, cov) for one point: one
     value-and-gradient of the sites (and, with ``newton``, their curvature in m̃)."""
     preds = tuple(b.predictors(mean, cov) for b in model.blocks)
     sites, grads = jax.value_and_grad(lambda p: site_terms(model, y, mask, p))(preds)
@@ -104,14 +104,13 @@ def _point_step_parts(model, prior, y, mask, mean, cov, logdet, newton):
             lam = _psd(lam)  # a concave bound has G ≤ 0; guard against round-off
         p_star = p_star + jnp.einsum("dkl,dkj,djm->lm", block.loadings, lam, block.loadings)
         grad = grad + jnp.einsum("dkl,dk->l", block.loadings, gm)
-    p_star = 0.5 * (p_star + p_star.T)
-    hessian = p_star
+    hessian = None  # the plain step uses P* itself
     if newton:
         hessian = prior.precision
         for block, h in zip(model.blocks, _mean_curvatures(model, y, mask, preds)):
             hessian = hessian + jnp.einsum("dkl,dkj,djm->lm", block.loadings, h, block.loadings)
         hessian = 0.5 * (hessian + hessian.T)
-    return neg_kl(prior, mean, cov, logdet) + sites, p_star, grad, hessian
+    return neg_kl(prior, mean, cov, logdet) + sites, 0.5 * (p_star + p_star.T), grad, hessian
 
 
 class _PointState(NamedTuple):
@@ -122,7 +121,7 @@ class _PointState(NamedTuple):
     bound: jax.Array
     target: jax.Array  # P* at (mean, cov)
     grad: jax.Array    # ∂L_n/∂m at (mean, cov)
-    hessian: jax.Array  # −∂²L_n/∂m² at (mean, cov) with ``newton``, else P*
+    hessian: jax.Array | None  # −∂²L_n/∂m² at (mean, cov) with ``newton``, else None
     rho: jax.Array
     iterations: jax.Array
     done: jax.Array
@@ -163,7 +162,7 @@ def _point_e_step(model, prior, y, mask, mean, cov, precision, shared, max_iter,
         # less than that is rounding, not a worse q.
         converged = jnp.abs(value - s.bound) <= tol * (1.0 + jnp.abs(s.bound))
         stalled = (~accept) & (s.rho <= 2.0**-_HALVINGS)
-        pick = lambda a, b: jnp.where(accept, a, b)
+        pick = lambda a, b: jax.tree.map(lambda x, y: jnp.where(accept, x, y), a, b)  # (None for hessian)
         return _PointState(pick(m_new, s.mean), pick(v_new, s.cov), pick(p_new, s.precision), pick(logdet, s.logdet),
                            pick(value, s.bound), pick(target, s.target), pick(grad, s.grad), pick(hessian, s.hessian),
                            jnp.where(accept, jnp.minimum(2 * s.rho, 1.0), 0.5 * s.rho),
