@@ -187,6 +187,26 @@ def test_gkl_dominates_lvb_on_laplace_prior_regression(sparse):
     np.testing.assert_allclose(_relaxed_gkl(xi, model, "jaakkola"), value, rtol=1e-10)
 
 
+def test_stops_where_the_bound_is_flat_below_its_rounding():
+    """A GP with a nearly singular prior (white noise 1e-8): B_LVB carries rounding noise of ~1e-9, so
+    steps never change it by less than tol = 1e-12 relative; the run ends on the ξ test instead, at
+    the EM fixed point (checked against 300 plain EM steps)."""
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=30)
+    y = 0.3 + 0.4 * x + 0.5 * np.sin(2.7 * x) + 1.1 / (1 + x**2) + np.where(rng.uniform(size=30) < 0.1, 1.0, 0.1) * rng.normal(size=30)
+    kernel = vj.gp.kernels.SquaredExponential(1.0, 4.0) + vj.gp.kernels.White(1e-8)
+    model = vj.gp.model(kernel, x[:, None], vj.potentials.StudentT(3.0, y, 0.1))
+    post = vj.infer(model, vj.LVB())
+    d = post.diagnostics
+    assert bool(d.converged) and int(d.iterations) < 50
+    xi = jax.jit(lambda xi: jax.lax.fori_loop(0, 300, lambda _, xi: vj.lvb.update(xi, model), xi))(
+        vj.lvb.initial_xi(model))
+    np.testing.assert_allclose(post.log_z, vj.lvb.bound(xi, model), rtol=1e-10)
+    mean, factor = vj.lvb.gaussian(xi, model)
+    np.testing.assert_allclose(post.mean, mean, atol=1e-5)
+    np.testing.assert_allclose(post.covariance, factor.dense(), atol=1e-5)
+
+
 # --------------------------------------------------------------------------- gradients, transforms
 
 

@@ -46,7 +46,7 @@ from ._gaussian import diagonal_form, integrate_diagonal
 __all__ = ["applies", "fit"]
 
 _MAX_HALVINGS = 20
-_GRAD_TOL = 1e-4  # largest |∂B/∂m_n|, |∂B/∂v_n| reported as converged
+_GRAD_TOL = 1e-4  # largest |∂B/∂m_n|·√v_n, |∂B/∂v_n|·v_n (unit-free) reported as converged
 
 
 def applies(model) -> bool:
@@ -73,15 +73,26 @@ def fit(model, quadrature, max_iter: int, tol: float):
     K, mu, scales = diagonal_form(model)
     dtype = K.dtype
 
-    def expected(m, v):
-        """F(m, v): the sites' expected log-potentials, a sum of functions of (m_n, v_n)."""
+    def terms(m, v):
+        """F's terms by coordinate: F(m, v) = Σ_n f_n(m_n, v_n), the sites' expected log-potentials."""
         total = 0.0
         for s, group in zip(scales, model.sites):
             x = s * m + jnp.broadcast_to(group.offset, s.shape)
-            total = total + jnp.sum(group.potential.expected_log_phi(x, safe_sqrt(s**2 * v), quadrature))
+            total = total + group.potential.expected_log_phi(x, safe_sqrt(s**2 * v), quadrature)
         return total
 
-    grads = jax.grad(expected, argnums=(0, 1))
+    expected = lambda m, v: jnp.sum(terms(m, v))
+    # Each f_n depends on (m_n, v_n) only, so forward mode with a unit tangent gives all of ∇F, and
+    # forward over forward the diagonal of ∇²F, each in one pass.
+    ones = jnp.ones_like(mu)
+
+    def mean_derivatives(m, v):
+        """(∂F/∂m, ∂²F/∂m²) elementwise."""
+        first = lambda m: jax.jvp(lambda m: terms(m, v), (m,), (ones,))[1]
+        return jax.jvp(first, (m,), (ones,))
+
+    def var_gradient(m, v):
+        return jax.jvp(lambda v: terms(m, v), (v,), (ones,))[1]
 
     def bound(m, alpha, lam, var, logdet_b):
         return 0.5 * (-logdet_b + lam @ var - alpha @ (m - mu)) + expected(m, var)
@@ -107,9 +118,8 @@ def fit(model, quadrature, max_iter: int, tol: float):
 
     def step(st: _State) -> _State:
         # 1. Newton in m for fixed v: maximise −½(m − μ)ᵀK⁻¹(m − μ) + F(m, v) through its quadratic model.
-        g_m, _ = grads(st.m, st.var)
-        omega = -jax.jvp(lambda m: grads(m, st.var)[0], (st.m,), (jnp.ones_like(st.m),))[1]
-        omega = jnp.maximum(omega, 0.0)
+        g_m, curvature = mean_derivatives(st.m, st.var)
+        omega = jnp.maximum(-curvature, 0.0)
         newton = integrate_diagonal(K, mu, omega, g_m + omega * st.m, variances=False)
 
         def mean_trial(t):
@@ -121,7 +131,7 @@ def fit(model, quadrature, max_iter: int, tol: float):
         value = jnp.where(ok, value, st.value)
 
         # 2. λ towards its fixed point λ* = −2 ∂F/∂v for fixed m.
-        _, g_v = grads(m, st.var)
+        g_v = var_gradient(m, st.var)
         direction = jnp.maximum(-2.0 * g_v, 0.0) - st.lam
 
         def lam_trial(t):
@@ -138,7 +148,7 @@ def fit(model, quadrature, max_iter: int, tol: float):
         return _State(m, alpha, lam, var, logdet_b, new_value, k, st.trace.at[k].set(new_value),
                       st.evals + n_m + n_l, stalled)
 
-    _, g_v = grads(mu, jnp.diag(K))
+    g_v = var_gradient(mu, jnp.diag(K))
     lam = jnp.maximum(-2.0 * g_v, 0.0)
     var, logdet_b = covariance(lam)
     zeros = jnp.zeros_like(mu)
@@ -148,16 +158,19 @@ def fit(model, quadrature, max_iter: int, tol: float):
     st = jax.lax.while_loop(lambda s: (s.k < max_iter) & ~s.stalled, step, st)
 
     # Optimality: ∂B/∂m = ∂F/∂m − α and ∂B/∂v_n = ½(λ_n − λ*_n).
-    g_m, g_v = grads(st.m, st.var)
-    grad_norm = jnp.maximum(jnp.max(jnp.abs(g_m - st.alpha)), 0.5 * jnp.max(jnp.abs(st.lam + 2.0 * g_v)))
+    g_m, g_v = mean_derivatives(st.m, st.var)[0], var_gradient(st.m, st.var)
+    d_m, d_v = jnp.abs(g_m - st.alpha), 0.5 * jnp.abs(st.lam + 2.0 * g_v)
+    grad_norm = jnp.maximum(jnp.max(d_m), jnp.max(d_v))
     # q's covariance (once): V = L(I + LᵀΛL)⁻¹Lᵀ = CᵀC with C = R⁻¹Lᵀ, I + LᵀΛL = RRᵀ (whitened, as in
     # `integrate`, so K is never inverted).
     L = model.prior.chol.astype(dtype)
     G = jnp.sqrt(st.lam)[:, None] * L
     R = _reversed_cholesky(jnp.eye(L.shape[0], dtype=dtype) + G.T @ G)
     C = solve_triangular(R, L.T, lower=False)
-    # Stalled (no rise above tol) is convergence only where the bound is also flat.
-    converged = st.stalled & (grad_norm <= _GRAD_TOL)
+    # Stalled (no rise above tol) is convergence only where the bound is also flat, in units of q's
+    # marginals: a site at the kink of a Laplace potential has a tiny v_n, and |∂B/∂v_n| = |λ_n − λ*_n|/2
+    # of order 1e-3 there moves the bound by about (∂B/∂v_n · v_n)², nothing.
+    converged = st.stalled & (jnp.maximum(jnp.max(d_m * jnp.sqrt(st.var)), jnp.max(d_v * st.var)) <= _GRAD_TOL)
     diagnostics = Diagnostics(st.k, converged, grad_norm, st.trace, st.evals, st.k, jnp.array(0), "GKL",
                               "site-form coordinate ascent")
     return st.m, C, diagnostics, st.value
