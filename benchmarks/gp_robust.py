@@ -67,8 +67,9 @@ count the rows (data set × split) where G-KL LML ≥ LVB LML for each likelihoo
 in every row; each method's ML-II may stop at its own local optimum and validation may pick different
 scales), the same at equal hyperparameters (G-KL fitted at LVB's ML-II kernel and scale, where the
 G-KL optimum is never below LVB's bound: the Gaussian that LVB's bound implies has a G-KL bound at
-least as high; only a local G-KL optimum, possible for the Student-t, could fall below), EP non-convergence (``post.diagnostics.converged`` False at the chosen scale, and
-over all grid fits) and ML-II non-convergence (``HyperparameterFit.converged`` False, i.e. the
+least as high; only a local G-KL optimum, possible for the Student-t, could fall below), EP
+non-convergence (``post.diagnostics.converged`` False at the chosen scale, and over all grid fits)
+and ML-II non-convergence (``HyperparameterFit.converged`` False, i.e. the
 outer loop hit ``num_steps`` without log Ẑ settling; expected with small ``--steps``).
 Exact numbers are not expected to match (different generators, splits, grids, optimisers and
 initialisation); orderings are the checkable targets.
