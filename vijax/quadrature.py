@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["GaussHermite", "safe_sqrt", "tilted_moments", "moments_from_log_normaliser"]
+__all__ = ["GaussHermite", "safe_sqrt", "tilted_moments", "moments_from_log_normaliser", "elementwise_derivatives"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -192,13 +192,21 @@ def tilted_moments(potential, mean, var, power=1.0):
     return log_z, tilted_mean, tilted_var
 
 
+def elementwise_derivatives(fn, x):
+    """``(f, f', f'')`` at ``x`` of an elementwise ``fn`` (output n depends on x_n only).
+
+    Forward over forward with a unit tangent: every element's derivatives in one pass, no reverse sweep.
+    """
+    ones = jnp.ones_like(x)
+    first = lambda x: jax.jvp(fn, (x,), (ones,))
+    (value, d1), (_, d2) = jax.jvp(first, (x,), (ones,))
+    return value, d1, d2
+
+
 def moments_from_log_normaliser(log_z_fn, mean, var):
     """Tilted moments from a closed-form log Ẑ(mean) (elementwise), by the ∇ log Ẑ identities
 
     E[x] = m + v ∂log Ẑ/∂m,   Var[x] = v + v² ∂²log Ẑ/∂m²   (for p̂ ∝ φ(x) N(x | m, v)).
     """
-    # Forward over forward: log Ẑ is elementwise, so a unit tangent gives every site's derivative at once.
-    ones = jnp.ones_like(mean)
-    first = lambda m: jax.jvp(log_z_fn, (m,), (ones,))
-    (log_z, g), (_, h) = jax.jvp(first, (mean,), (ones,))
+    log_z, g, h = elementwise_derivatives(log_z_fn, mean)
     return log_z, mean + var * g, var + var**2 * h
