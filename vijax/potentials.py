@@ -107,6 +107,12 @@ class AbstractPotential(eqx.Module):
         """The same potential with observation ``y`` (used for predictive densities)."""
         raise ValueError(f"{type(self).__name__} carries no observation; labels enter through H.")
 
+    def site(self, n, num_sites: int) -> "AbstractPotential":
+        """The potential of site ``n`` alone: per-site parameters (arrays of shape ``(num_sites,)``)
+        indexed at ``n`` (which may be traced), shared ones kept."""
+        take = lambda a: jnp.broadcast_to(a, (num_sites,))[n] if jnp.ndim(a) == 1 else a
+        return jax.tree_util.tree_map(take, self)
+
     def check_num_sites(self, num_sites: int) -> None:
         """Raise if a per-site parameter does not broadcast against ``num_sites`` sites."""
         for name, value in _array_fields(self):

@@ -67,30 +67,47 @@ class _State(NamedTuple):
     stalled: jax.Array
 
 
-def fit(model, quadrature, max_iter: int, tol: float):
-    """``(mean, C, diagnostics, bound)`` with q = N(mean, CᵀC) the G-KL optimum (C upper-triangular)
-    and the bound there."""
-    K, mu, scales = diagonal_form(model)
-    dtype = K.dtype
-
+def _site_terms(model, quadrature, scales):
+    """F's terms by coordinate, f_n(m_n, v_n): F(m, v) = Σ_n f_n, the sites' expected log-potentials."""
     def terms(m, v):
-        """F's terms by coordinate: F(m, v) = Σ_n f_n(m_n, v_n), the sites' expected log-potentials."""
         total = 0.0
         for s, group in zip(scales, model.sites):
             x = s * m + jnp.broadcast_to(group.offset, s.shape)
             total = total + group.potential.expected_log_phi(x, safe_sqrt(s**2 * v), quadrature)
         return total
 
+    return terms
+
+
+def _var_gradient(terms, m, v):
+    # Each f_n depends on (m_n, v_n) only, so forward mode with a unit tangent gives all of ∂F/∂v.
+    return jax.jvp(lambda v: terms(m, v), (v,), (jnp.ones_like(v),))[1]
+
+
+def fixed_point_precisions(model, mean, variances, quadrature):
+    """λ* = max(−2 ∂F/∂v, 0) at q's marginals (``mean``, ``variances``): the site precisions that a
+    q with these marginals implies (thesis eq. 3.61), where a warm start from any Gaussian begins."""
+    _, _, scales = diagonal_form(model)
+    return jnp.maximum(-2.0 * _var_gradient(_site_terms(model, quadrature, scales), mean, variances), 0.0)
+
+
+def is_state(state, model) -> bool:
+    """Whether ``state`` (a `Posterior.state`) is site-form λ for ``model``."""
+    return isinstance(state, jax.Array) and state.shape == (model.dim,)
+
+
+def fit(model, quadrature, max_iter: int, tol: float, mean, lam):
+    """``(mean, λ, C, diagnostics)`` with q = N(mean, CᵀC) the G-KL optimum (C upper-triangular) and
+    V⁻¹ = K⁻¹ + diag λ, by ascent from (``mean``, ``lam``). Where the bound is not finite there, λ is
+    raised (λ ← 4λ + 3/K_nn, about a quarter of each variance) until it is."""
+    K, mu, scales = diagonal_form(model)
+    dtype = K.dtype
+    terms = _site_terms(model, quadrature, scales)
     expected = lambda m, v: jnp.sum(terms(m, v))
-    # Each f_n depends on (m_n, v_n) only, so forward mode with a unit tangent gives all of ∇F, and
-    # forward over forward the diagonal of ∇²F, each in one pass.
     ones = jnp.ones_like(mu)
 
     def mean_gradient(m, v):
         return jax.jvp(lambda m: terms(m, v), (m,), (ones,))[1]
-
-    def var_gradient(m, v):
-        return jax.jvp(lambda v: terms(m, v), (v,), (ones,))[1]
 
     def bound(m, alpha, lam, var, logdet_b):
         return 0.5 * (-logdet_b + lam @ var - alpha @ (m - mu)) + expected(m, var)
@@ -129,7 +146,7 @@ def fit(model, quadrature, max_iter: int, tol: float):
         value = jnp.where(ok, value, st.value)
 
         # 2. λ towards its fixed point λ* = −2 ∂F/∂v for fixed m.
-        g_v = var_gradient(m, st.var)
+        g_v = _var_gradient(terms, m, st.var)
         direction = jnp.maximum(-2.0 * g_v, 0.0) - st.lam
 
         def lam_trial(t):
@@ -146,29 +163,38 @@ def fit(model, quadrature, max_iter: int, tol: float):
         return _State(m, alpha, lam, var, logdet_b, new_value, k, st.trace.at[k].set(new_value),
                       st.evals + n_m + n_l, stalled)
 
-    g_v = var_gradient(mu, jnp.diag(K))
-    lam = jnp.maximum(-2.0 * g_v, 0.0)
-    var, logdet_b = covariance(lam)
-    zeros = jnp.zeros_like(mu)
-    value = bound(mu, zeros, lam, var, logdet_b)
+    L = model.prior.chol.astype(dtype)
+    alpha = jax.scipy.linalg.cho_solve((L, True), mean - mu)
+
+    def start(lam):
+        var, logdet_b = covariance(lam)
+        return lam, var, logdet_b, bound(mean, alpha, lam, var, logdet_b)
+
+    def raise_precisions(state):
+        (lam, *_), k = state
+        return start(4.0 * lam + 3.0 / jnp.diag(K)), k + 1
+
+    first = start(jnp.maximum(lam, 0.0))
+    (lam, var, logdet_b, value), n_start = jax.lax.while_loop(
+        lambda s: ~jnp.isfinite(s[0][3]) & (s[1] < _MAX_HALVINGS), raise_precisions, (first, jnp.array(0)))
     trace = jnp.full((max_iter + 1,), jnp.nan, dtype).at[0].set(value)
-    st = _State(mu, zeros, lam, var, logdet_b, value, jnp.array(0), trace, jnp.array(1), jnp.array(False))
+    st = _State(mean, alpha, lam, var, logdet_b, value, jnp.array(0), trace, 1 + n_start, jnp.array(False))
     st = jax.lax.while_loop(lambda s: (s.k < max_iter) & ~s.stalled, step, st)
 
     # Optimality: ∂B/∂m = ∂F/∂m − α and ∂B/∂v_n = ½(λ_n − λ*_n).
-    g_m, g_v = mean_gradient(st.m, st.var), var_gradient(st.m, st.var)
+    g_m, g_v = mean_gradient(st.m, st.var), _var_gradient(terms, st.m, st.var)
     d_m, d_v = jnp.abs(g_m - st.alpha), 0.5 * jnp.abs(st.lam + 2.0 * g_v)
     grad_norm = jnp.maximum(jnp.max(d_m), jnp.max(d_v))
     # q's covariance (once): V = L(I + LᵀΛL)⁻¹Lᵀ = CᵀC with C = R⁻¹Lᵀ, I + LᵀΛL = RRᵀ (whitened, as in
     # `integrate`, so K is never inverted).
-    L = model.prior.chol.astype(dtype)
     G = jnp.sqrt(st.lam)[:, None] * L
     R = _reversed_cholesky(jnp.eye(L.shape[0], dtype=dtype) + G.T @ G)
     C = solve_triangular(R, L.T, lower=False)
     # Stalled (no rise above tol) is convergence only where the bound is also flat, in units of q's
     # marginals: a site at the kink of a Laplace potential has a tiny v_n, and |∂B/∂v_n| = |λ_n − λ*_n|/2
     # of order 1e-3 there moves the bound by about (∂B/∂v_n · v_n)², nothing.
-    converged = st.stalled & (jnp.maximum(jnp.max(d_m * jnp.sqrt(st.var)), jnp.max(d_v * st.var)) <= _GRAD_TOL)
+    stationarity = jnp.maximum(jnp.max(d_m * jnp.sqrt(st.var)), jnp.max(d_v * st.var))
+    converged = st.stalled & jnp.isfinite(st.value) & (stationarity <= _GRAD_TOL)
     diagnostics = Diagnostics(st.k, converged, grad_norm, st.trace, st.evals, st.k, jnp.array(0), "GKL",
-                              "site-form coordinate ascent")
-    return st.m, C, diagnostics, st.value
+                              "site-form coordinate ascent", stationarity=stationarity)
+    return st.m, st.lam, C, diagnostics

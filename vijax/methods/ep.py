@@ -46,9 +46,16 @@ Schedules (`EP.schedule`):
   monotone, with Armijo backtracking: G decreases at every accepted inner step. The fixed points
   are EP's; the outer loop converges linearly, often slowly, so it is the fallback, not the default.
 
-By default a parallel or sequential run that has not converged (the residual stopped improving, or
-``max_iter`` was reached) is continued by the double loop from its last proper state
-(``diagnostics.fallback``).
+EP starts from every site's second-order expansion at the mode of the log joint (q = the Laplace
+approximation; `EP.initial_sites`), so a wide, flat or singular Gaussian factor never leaves q
+improper or the cavities as wide as the prior.
+
+By default a run that has not converged (the residual stopped improving for ``patience`` iterations,
+or ``max_iter`` was reached) is continued from its best sites by the next, more robust schedule
+(``diagnostics.fallback``): parallel by sequential sweeps (many sites sharing few directions, where
+parallel steps overshoot together, are where sequential EP is at its best, and a sweep costs about
+what a parallel iteration does there), sequential by the double loop. Each gets ``max_iter``
+iterations, so a fit ends in bounded time.
 """
 
 from __future__ import annotations
@@ -60,15 +67,19 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from ..covariance import CholeskyFactor, DiagonalFactor
+from ..covariance import CholeskyFactor
 from ..model import LatentLinearModel
 from ..posterior import Diagnostics, Posterior
 from ._envelope import computed
 from ._gaussian import diagonal_form, integrate, marginals, working_model
+from .laplace import expand_at_mode, whitened
 
 __all__ = ["EP", "SiteParams", "energy", "SCHEDULES"]
 
 SCHEDULES = ("parallel", "sequential", "double_loop")
+# What a run that has not converged continues with (`EP.fallback`): each schedule is slower per
+# iteration, or in the number of iterations, and more robust than the one before it.
+_FALLBACK = {"parallel": ("sequential",), "sequential": ("double_loop",), "double_loop": ()}
 _LOG_2PI = math.log(2 * math.pi)
 _SAFE_DAMPING = 0.5  # adaptive damping's step fraction once a full step has raised the residual
 _MAX_HALVINGS = 30  # steps shortened to keep q and the cavities proper, and inner line searches
@@ -139,17 +150,6 @@ def _evaluate(sites: SiteParams, model, power, work, anchor=None, q=None) -> _Ev
             store.append(item)
     value = jnp.where(proper, value, jnp.nan)
     return _Evaluation(value, *map(tuple, out), proper)
-
-
-def _prior_marginals(model):
-    """(log ∫ f, means, variances) of q = the Gaussian factor (sites at zero) for GP-type models, whose
-    marginals are read off the prior; None otherwise (and without a Gaussian factor)."""
-    form = diagonal_form(model)
-    if form is None:
-        return None
-    K, mu, scales = form
-    means = tuple(s * mu + jnp.broadcast_to(g.offset, s.shape) for s, g in zip(scales, model.sites))
-    return jnp.zeros((), model.dtype), means, tuple(s**2 * jnp.diag(K) for s in scales)
 
 
 def _quadratics(sites: SiteParams):
@@ -251,12 +251,6 @@ class _Run(NamedTuple):
     outer: tuple = ()  # the double loop's (anchor, its inner optimum Φ, extrapolation factor ω)
 
 
-def _site_of(potential, n, num_sites):
-    """The potential of site ``n`` alone (per-site parameters indexed, shared ones kept)."""
-    take = lambda a: jnp.broadcast_to(a, (num_sites,))[n] if jnp.ndim(a) == 1 else a
-    return jax.tree_util.tree_map(take, potential)
-
-
 def _largest_proper_fraction(conditions):
     """Largest α in {1, ½, ¼, …} with every ``a + α·b > 0`` for the (a, b) pairs given; 0 if none."""
     def ok(alpha):
@@ -270,7 +264,7 @@ def _largest_proper_fraction(conditions):
 
 
 class EP(eqx.Module):
-    """Expectation propagation with damping, power EP and a convergent double-loop fallback.
+    """Expectation propagation with damping, power EP and fallbacks to more robust schedules.
 
     **Arguments:**
 
@@ -281,13 +275,13 @@ class EP(eqx.Module):
       moment-matching residual; that step is undone and δ = ½ from then on.
     - `power`: η ∈ (0, 1]; η < 1 is power (fractional) EP, which leaves part of each site in its
       cavity and is more stable on non-log-concave sites.
-    - `max_iter`: the most iterations (sweeps) of the schedule, and again of the double loop's
-      outer loop when it takes over.
+    - `max_iter`: the most iterations (sweeps) of the schedule, and again of each fallback.
     - `tol`: converged when every site's tilted moments match q's marginal:
       max_n |m̂_n − m_n|/√V_n + |log(V̂_n/V_n)| ≤ ``tol`` (the energy's error is of order tol²).
-    - `fallback`: continue a parallel or sequential run that has not converged with the double loop.
+    - `fallback`: continue a run that has not converged with the next schedule: parallel → sequential
+      → double loop (see the module docstring).
     - `patience`: iterations without a 1% improvement of the residual before a run is declared
-      oscillating (and handed to the double loop).
+      oscillating (and handed to the fallback).
     - `inner_iter`: the most inner steps per outer iteration of the double loop.
 
     ``vj.infer(model, vj.EP())`` returns a `Posterior` with q = N(mean, S) (a full `CholeskyFactor`)
@@ -346,8 +340,9 @@ class EP(eqx.Module):
                             change=change, stuck=stuck, best_sites=best_sites)
 
     @staticmethod
-    def _with_anchor(run: _Run) -> _Run:
-        """The double loop's outer state: anchors at q's marginals, Φ unknown, ω = 1."""
+    def _prepared(run: _Run, schedule: str) -> _Run:
+        """``run`` with the state ``schedule`` needs: the double loop's outer state (anchors at q's
+        marginals, Φ unknown, ω = 1); the same loop state for every schedule, so a fallback can follow."""
         anchor = (run.ev.marginal_mean, run.ev.marginal_var)
         dtype = run.ev.value.dtype
         return run._replace(outer=(anchor, jnp.array(-jnp.inf, dtype), jnp.array(1.0, dtype)))
@@ -413,7 +408,7 @@ class EP(eqx.Module):
                 ok = cavity_precision > 0
                 V_c = 1.0 / jnp.where(ok, cavity_precision, 1.0)
                 m_c = (m / V - power * nu[n]) * V_c
-                _, m_hat, V_hat = _site_of(group.potential, n, num).tilted_moments(m_c, V_c, power)
+                _, m_hat, V_hat = group.potential.site(n, num).tilted_moments(m_c, V_c, power)
                 ok = ok & jnp.isfinite(m_hat) & (V_hat > 0)
                 V_hat = jnp.where(ok, V_hat, 1.0)
                 dtau = jnp.where(ok, delta / power * (1.0 / V_hat - 1.0 / V), 0.0)
@@ -548,10 +543,11 @@ class EP(eqx.Module):
     # ------------------------------------------------------------------------------------------
 
     def initial_sites(self, model: LatentLinearModel, init=None) -> SiteParams:
-        """``init`` (a `SiteParams`, or a `Posterior` from EP), else sites that leave q = the Gaussian
-        factor. Without a Gaussian factor, each site starts as the Gaussian with the site's expected
-        curvature max(−⟨(log φ_n)''⟩, 0) at the prior moments (so q is proper when the sites
-        determine w)."""
+        """``init`` (a `SiteParams`, or a `Posterior` from EP), else every site's second-order expansion
+        at the mode of the log joint (`vj.laplace.expand_at_mode`, with negative curvatures clipped to
+        zero), so that q starts at the Laplace approximation: proper whatever the Gaussian factor (a
+        singular precision, a flat or very wide prior), and near the fixed point, where zero sites
+        (q = the prior) would start EP from cavities of the prior's width."""
         if isinstance(init, Posterior):
             init = init.state
             if not isinstance(init, SiteParams):
@@ -565,44 +561,38 @@ class EP(eqx.Module):
             return init
         if init is not None:
             raise ValueError(f"EP: `init` must be a Posterior from EP or vj.ep.SiteParams, got {type(init).__name__}.")
-        if model.prior is not None:
-            return SiteParams.zeros(model)
-        from .gkl import GaussianParams, curvature
-
-        mean, scale = model.initial_moments()
-        weights = curvature(GaussianParams(mean, DiagonalFactor(scale)), model).weights
-        return SiteParams(tuple(weights),
-                          tuple(w * g.project(mean) for w, g in zip(weights, model.sites)))
+        start = expand_at_mode(whitened(model))
+        dtype = model.dtype
+        return SiteParams(tuple(t.astype(dtype) for t in start.precision), tuple(n.astype(dtype) for n in start.shift))
 
     def fit(self, model: LatentLinearModel, init=None) -> Posterior:
         frozen = jax.lax.stop_gradient(model)
         sites = jax.lax.stop_gradient(self.initial_sites(frozen, init))
         work = working_model(frozen)
-        primary = self.schedule != "double_loop"
-        length = (self.max_iter + 1) * (2 if primary and self.fallback else 1)
-        ev = _evaluate(sites, frozen, self.power, work, q=_prior_marginals(frozen) if init is None else None)
+        length = (self.max_iter + 1) * (1 + (len(_FALLBACK[self.schedule]) if self.fallback else 0))
+        ev = _evaluate(sites, frozen, self.power, work)
         run = self._start(sites, ev, jnp.array(0), jnp.full((length,), jnp.nan, ev.value.dtype))
-        double_loop = self._double_loop(frozen, work)
+        schedules = {"parallel": self._parallel_step, "sequential": self._sequential_step,
+                     "double_loop": self._double_loop}
+        # A run that has not converged continues with the next, more robust schedule from its best sites.
+        chain = (self.schedule,) + (_FALLBACK[self.schedule] if self.fallback else ())
         used_fallback = oscillated = jnp.array(False)
-        if not primary:
-            run = self._loop(self._with_anchor(run), double_loop, self.max_iter)
-        else:
-            body = self._parallel_step(frozen, work) if self.schedule == "parallel" else \
-                self._sequential_step(frozen, work)
-            run = self._loop(run, body, self.max_iter)
-            oscillated = run.since_best >= self.patience
-            if self.fallback:
-                used_fallback = run.residual > self.tol
+        run = self._loop(self._prepared(run, chain[0]), schedules[chain[0]](frozen, work), self.max_iter)
+        for schedule in chain[1:]:
+            unconverged = run.residual > self.tol
+            oscillated = oscillated | (run.since_best >= self.patience)
+            used_fallback = used_fallback | unconverged
 
-                def rescue(run):
-                    # Restart from the best sites so far (a diverging run may end far from any fixed
-                    # point), with a fresh patience budget.
-                    ev = _evaluate(run.best_sites, frozen, self.power, work)
-                    fresh = run._replace(sites=run.best_sites, ev=ev, residual=_residual(ev), since_best=jnp.array(0),
-                                         stuck=jnp.array(False), evals=run.evals + 1)
-                    return self._loop(self._with_anchor(fresh), double_loop, run.k + self.max_iter)
+            def rescue(run, schedule=schedule):
+                # Restart from the best sites so far (a diverging run may end far from any fixed
+                # point), with a fresh patience budget.
+                ev = _evaluate(run.best_sites, frozen, self.power, work)
+                fresh = run._replace(sites=run.best_sites, ev=ev, residual=_residual(ev), since_best=jnp.array(0),
+                                     stuck=jnp.array(False), evals=run.evals + 1)
+                return self._loop(self._prepared(fresh, schedule), schedules[schedule](frozen, work),
+                                  run.k + self.max_iter)
 
-                run = jax.lax.cond(used_fallback, rescue, self._with_anchor, run)
+            run = jax.lax.cond(unconverged, rescue, lambda run, schedule=schedule: self._prepared(run, schedule), run)
 
         sites = jax.lax.stop_gradient(run.sites)
         log_z = computed(run.ev.value, lambda s, m: energy(s, m, self.power), sites, model)  # = energy at sites
@@ -612,6 +602,6 @@ class EP(eqx.Module):
         diagnostics = Diagnostics(
             run.k, run.residual <= self.tol, grad_norm, run.trace, run.evals, jnp.array(1), jnp.array(0), "EP",
             self.schedule, used_fallback, jnp.zeros((), run.trace.dtype), run.change,
-            oscillated | (run.since_best >= self.patience), run.skipped, run.shrunk)
+            oscillated | (run.since_best >= self.patience), run.skipped, run.shrunk, stationarity=run.residual)
         factor = CholeskyFactor.from_matrix(C).canonical()
         return Posterior(mean, factor, log_z, diagnostics, model, is_lower_bound=False, state=sites)

@@ -30,15 +30,17 @@ import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 from jax.scipy.linalg import solve_triangular
 
+from .._curvature import Curvature
 from ..covariance import AbstractCovariance, AbstractFactor, CholeskyFactor, Full
-from ..model import IsotropicGaussian, LatentLinearModel
+from ..model import LatentLinearModel
 from ..posterior import Diagnostics, Posterior
 from ..quadrature import GaussHermite, safe_sqrt
 from ..solvers import AbstractSolver
 from . import _gkl_sites
-from ._envelope import computed
+from ._gaussian import diagonal_form
+from .laplace import expand_at_mode, whitened
 
-__all__ = ["GaussianParams", "GKL", "bound", "bound_at", "curvature"]
+__all__ = ["GaussianParams", "GKL", "bound", "bound_at", "curvature", "shrunk_until_finite"]
 
 _DEFAULT_QUADRATURE = GaussHermite()
 _SITE_FORM_MAX_ITER = 200
@@ -81,45 +83,6 @@ def bound_at(q, *args, quadrature: GaussHermite = _DEFAULT_QUADRATURE):
     return bound(GaussianParams(mean, factor), model, quadrature)
 
 
-class Curvature(eqx.Module):
-    """P = Λ + Σ_g H_gᵀ diag(w_g) H_g: the negative Hessian of the bound in m (a Newton preconditioner)."""
-
-    model: LatentLinearModel
-    weights: tuple[jax.Array, ...]
-
-    def _ridge(self, diag):
-        # P is singular without a proper Gaussian term and with too few sites; keep it positive definite.
-        return 1e-8 * jnp.maximum(jnp.mean(diag), 1e-12) + 1e-30
-
-    def dense(self):
-        d, dtype = self.model.dim, self.weights[0].dtype
-        P = self.model.prior.precision_matrix() if self.model.prior is not None else jnp.zeros((d, d), dtype)
-        for group, w in zip(self.model.sites, self.weights):
-            P = P + group.projection.gram(w)
-        return (P + self._ridge(jnp.diag(P)) * jnp.eye(d, dtype=dtype)).astype(dtype)
-
-    def sites_mv(self, V):
-        """Σ_g H_gᵀ diag(w_g) H_g V for ``V`` of shape ``(D, K)`` (O(nnz(H) K), no D × D matrix)."""
-        return sum(group.projection.rmv(w[:, None] * group.projection.mv(V))
-                   for group, w in zip(self.model.sites, self.weights))
-
-    def mv(self, V):
-        """P V for ``V`` of shape ``(D, K)`` (ridge not included)."""
-        prior = self.model.prior
-        if prior is None:
-            return self.sites_mv(V)
-        if prior.diagonal_precision:
-            return prior.precision_diagonal()[:, None] * V + self.sites_mv(V)
-        return prior.precision_matrix() @ V + self.sites_mv(V)
-
-    def diagonal(self):
-        d, dtype = self.model.dim, self.weights[0].dtype
-        p = self.model.prior.precision_diagonal() if self.model.prior is not None else jnp.zeros(d, dtype)
-        for group, w in zip(self.model.sites, self.weights):
-            p = p + group.projection.squared_rmv(w)
-        return (p + self._ridge(p)).astype(dtype)
-
-
 def curvature(params: GaussianParams, model: LatentLinearModel, quadrature=_DEFAULT_QUADRATURE) -> Curvature:
     """Site curvatures w_n = max(−2 ∂⟨log φ_n⟩/∂σ_n², 0) = max(−⟨(log φ_n)''⟩, 0) at ``params``."""
     weights = []
@@ -129,6 +92,30 @@ def curvature(params: GaussianParams, model: LatentLinearModel, quadrature=_DEFA
         grad_var = jax.grad(lambda v: jnp.sum(group.potential.expected_log_phi(mu, safe_sqrt(v), quadrature)))(var)
         weights.append(jnp.maximum(-2.0 * grad_var, 0.0))
     return Curvature(model, tuple(weights))
+
+
+def shrunk_until_finite(params: GaussianParams, objective, max_halvings: int = 60) -> GaussianParams:
+    """``params`` with S scaled by 4⁻ᵏ, for the smallest k ≥ 0 at which ``objective`` is finite.
+
+    Every family's S is quadratic in its trainable leaves (CᵀC, ΘΘᵀ + diag d², …), so halving them
+    quarters S; a site expectation that overflows for a wide q (⟨eˣ⟩ = e^{m + v/2}) is finite for a
+    narrow enough one."""
+    free, fixed = eqx.partition(params.factor, params.factor.trainable())
+
+    def at(t):
+        return GaussianParams(params.mean, eqx.combine(jax.tree_util.tree_map(lambda a: t * a, free), fixed))
+
+    def cond(state):
+        t, value, k = state
+        return ~jnp.isfinite(value) & (k < max_halvings)
+
+    def body(state):
+        t, _, k = state
+        return 0.5 * t, objective(at(0.5 * t)), k + 1
+
+    one = jnp.ones((), params.mean.dtype)
+    t, _, _ = jax.lax.while_loop(cond, body, (one, objective(params), jnp.array(0)))
+    return at(t)
 
 
 class GKL(eqx.Module):
@@ -190,6 +177,8 @@ class GKL(eqx.Module):
         return as_params(sol.x), sol
 
     def init_params(self, model, init=None) -> GaussianParams:
+        """The starting point in ``model``'s coordinates: ``init`` (a `Posterior` or `GaussianParams`), or
+        the data-driven start of `initial_params`."""
         if isinstance(init, GaussianParams):
             return init
         if isinstance(init, Posterior):
@@ -199,37 +188,59 @@ class GKL(eqx.Module):
             return GaussianParams(init.mean, factor)
         if init is not None:
             raise ValueError(f"GKL: `init` must be a Posterior or GaussianParams, got {type(init).__name__}.")
-        mean, scale = model.initial_moments()
-        return GaussianParams(mean, self.covariance.init(model.dim, scale))
+        return self.initial_params(model)
 
-    def _site_form(self, model, init) -> bool:
-        return (init is None and self.solver is None and self.whiten and isinstance(self.covariance, Full)
+    def initial_params(self, model) -> GaussianParams:
+        """Where a fit without ``init`` starts: the mode of the log joint, with S the family's fit to the
+        inverse of the (Gauss–Newton) curvature there — the Laplace approximation — shrunk by factors of
+        4 until the bound is finite. Never the prior: under a wide prior a site expectation such as a
+        Poisson site's ⟨eˣ⟩ = e^{m + v/2} overflows, while at the mode the data have set the scale."""
+        start = expand_at_mode(model)
+        params = GaussianParams(start.mode, self.covariance.from_curvature(Curvature(model, start.precision)))
+        return shrunk_until_finite(params, lambda p: bound(p, model, self.quadrature))
+
+    def _site_form(self, model) -> bool:
+        return (self.solver is None and self.whiten and isinstance(self.covariance, Full)
                 and _gkl_sites.applies(model))
 
-    def fit(self, model: LatentLinearModel, init=None) -> Posterior:
-        if self._site_form(model, init):
-            mean, C, diagnostics, value = _gkl_sites.fit(jax.lax.stop_gradient(model), self.quadrature,
-                                                         _SITE_FORM_MAX_ITER, _SITE_FORM_TOL)
-            opt = jax.lax.stop_gradient(GaussianParams(mean, CholeskyFactor.from_matrix(C).canonical()))
-            log_z = computed(value, lambda opt, model: bound(opt, model, self.quadrature), opt, model)
-            return Posterior(opt.mean, opt.factor, log_z, diagnostics, model, is_lower_bound=True)
-        params = self.init_params(model, init)
-        frozen = jax.lax.stop_gradient(model)
-        params = jax.lax.stop_gradient(params)
-
-        whitening = self._whitening(frozen)
-        if whitening is not None:
-            loc, L = whitening
-            work_model = LatentLinearModel(IsotropicGaussian(model.dim, 1.0),
-                                           tuple(group.change_basis(loc, L) for group in frozen.sites))
-            C = params.factor.cholesky()
-            params = GaussianParams(solve_triangular(L, params.mean - loc, lower=True),
-                                    CholeskyFactor.from_matrix(solve_triangular(L, C.T, lower=True).T))
-        else:
-            work_model = frozen
+    def _fit_site_form(self, model, frozen, init) -> Posterior:
         if init is None:
-            # One step of the fixed point S⁻¹ = Λ + Σ H diag(w) Hᵀ sets the scale of S before Newton starts.
-            params = GaussianParams(params.mean, self.covariance.from_curvature(curvature(params, work_model, self.quadrature)))
+            start = expand_at_mode(whitened(frozen))
+            loc, L = frozen.prior.whitening()
+            _, _, scales = diagonal_form(frozen)
+            mean = loc + L @ start.mode
+            lam = sum(s**2 * tau for s, tau in zip(scales, start.precision))
+        elif isinstance(init, Posterior) and _gkl_sites.is_state(init.state, frozen):
+            mean, lam = init.mean, init.state
+        else:
+            params = self.init_params(frozen, init)
+            mean, lam = params.mean, _gkl_sites.fixed_point_precisions(frozen, params.mean, params.factor.variances(),
+                                                                       self.quadrature)
+        mean, lam = jax.lax.stop_gradient((mean, lam))
+        mean, lam, C, diagnostics = _gkl_sites.fit(frozen, self.quadrature, _SITE_FORM_MAX_ITER, _SITE_FORM_TOL,
+                                                   mean, lam)
+        opt = jax.lax.stop_gradient(GaussianParams(mean, CholeskyFactor.from_matrix(C).canonical()))
+        # The bound at the q returned (not the site form's running value), with the live model: envelope theorem.
+        log_z = bound(opt, model, self.quadrature)
+        return Posterior(opt.mean, opt.factor, log_z, diagnostics, model, is_lower_bound=True,
+                         state=jax.lax.stop_gradient(lam))
+
+    def fit(self, model: LatentLinearModel, init=None) -> Posterior:
+        frozen = jax.lax.stop_gradient(model)
+        if self._site_form(frozen):
+            return self._fit_site_form(model, frozen, init)
+        whitening = self._whitening(frozen)
+        work_model = whitened(frozen) if whitening is not None else frozen
+        if init is None:
+            params = self.initial_params(work_model)
+        else:
+            params = jax.lax.stop_gradient(self.init_params(frozen, init))
+            if whitening is not None:
+                loc, L = whitening
+                C = params.factor.cholesky()
+                params = GaussianParams(solve_triangular(L, params.mean - loc, lower=True),
+                                        CholeskyFactor.from_matrix(solve_triangular(L, C.T, lower=True).T))
+        params = jax.lax.stop_gradient(params)
 
         solver = self._solver()
         opt, sol = self._solve(solver, params, work_model)

@@ -36,6 +36,7 @@ import jax.numpy as jnp
 from jax.scipy.linalg import cho_factor, cho_solve, solve_triangular
 
 from .. import _checks
+from .._curvature import Curvature, site_curvatures, site_derivatives
 from ..covariance import CholeskyFactor
 from ..covariance._dense import _reversed_cholesky
 from ..model import GaussianFactor, LatentLinearModel
@@ -43,9 +44,9 @@ from ..posterior import Diagnostics, Posterior
 from ..solvers import AbstractSolver, NewtonCG, Solution
 from ._envelope import computed
 from ._gaussian import working_model
-from .gkl import Curvature
 
-__all__ = ["Laplace", "log_joint", "site_curvatures", "negative_hessian", "evidence", "find_mode"]
+__all__ = ["Laplace", "log_joint", "site_curvatures", "negative_hessian", "evidence", "find_mode",
+           "SiteExpansion", "expand_at_mode", "whitened"]
 
 _LOG_2PI = math.log(2 * math.pi)
 _MAX_JITTER_TRIES = 12
@@ -54,21 +55,6 @@ _MAX_JITTER_TRIES = 12
 def log_joint(w, model: LatentLinearModel):
     """ℓ(w) = log f(w) + Σ_n log φ_n(h_nᵀw + b_n), the unnormalised log posterior at ``w`` (shape ``(D,)``)."""
     return model.log_joint(w)
-
-
-def site_curvatures(w, model: LatentLinearModel, gauss_newton=False) -> tuple[jax.Array, ...]:
-    """ω_n = −(log φ_n)''(h_nᵀw + b_n) for each site group (one array of shape ``(N_g,)`` per group).
-
-    With ``gauss_newton`` (a bool, possibly traced) the curvatures are clipped at zero.
-    """
-    weights = []
-    for group in model.sites:
-        x = group.project(w)
-        # log φ acts elementwise, so the directional derivative along ones of its gradient is its diagonal.
-        slope = jax.grad(lambda t: jnp.sum(group.potential.log_phi(t)))
-        omega = -jax.jvp(slope, (x,), (jnp.ones_like(x),))[1]
-        weights.append(jnp.where(gauss_newton, jnp.maximum(omega, 0.0), omega))
-    return tuple(weights)
 
 
 def negative_hessian(w, model: LatentLinearModel, gauss_newton=False):
@@ -216,9 +202,53 @@ def differentiable_mode(fit: ModeFit, model: LatentLinearModel):
     return fit.mode + (step - jax.lax.stop_gradient(step))
 
 
-def _whitened(model: LatentLinearModel) -> LatentLinearModel:
-    """The model in w̃ = L⁻¹(w − μ) for a dense prior N(μ, LLᵀ): prior N(0, I), sites in the new basis."""
-    return LatentLinearModel(GaussianFactor.isotropic(model.dim, 1.0), working_model(model)[0])
+def whitened(model: LatentLinearModel) -> LatentLinearModel:
+    """The model in w̃ = L⁻¹(w − μ) for a dense prior N(μ, LLᵀ): prior N(0, I), sites in the new basis.
+    Other models are returned as they are."""
+    sites, whitening = working_model(model)
+    if whitening is None:
+        return model
+    return LatentLinearModel(GaussianFactor.isotropic(model.dim, 1.0), sites)
+
+
+class SiteExpansion(NamedTuple):
+    """Every site replaced by its second-order expansion at the mode w* of the log joint,
+    log φ_n(x) ≈ ν_n x − ½ τ_n x² + const, with τ_n = max(−(log φ_n)''(x*_n), 0) (Gauss–Newton) and
+    ν_n = (log φ_n)'(x*_n) + τ_n x*_n, or ν_n = 0 where τ_n = 0: Gaussian sites whose q is the Laplace
+    approximation where every site is curved at the mode. ``precision`` and ``shift`` hold one array
+    per group."""
+
+    mode: jax.Array
+    precision: tuple
+    shift: tuple
+    solution: Solution
+
+
+# A starting point needs no more than a rough mode: the method started from it converges on its own terms.
+_START_SOLVER = NewtonCG(tol=1e-6, max_iter=50)
+
+
+def expand_at_mode(model: LatentLinearModel, solver: AbstractSolver = _START_SOLVER) -> SiteExpansion:
+    """`SiteExpansion` at the mode of ``model`` (searched from the Gaussian factor's mean).
+
+    The starting point G-KL, EP and LVB compute from the data: unlike the prior, it is where the
+    posterior is, so no site expectation under it overflows however wide the prior (a Poisson site's
+    ⟨eˣ⟩ = e^{m + v/2} under a prior of variance 1e6, say). Pass the model in the coordinates the
+    method works in (`whitened` for a dense prior, where the mode search is well conditioned); the
+    site parameters live in x = h_nᵀw + b_n and are the same in any basis. Where the search fails
+    (a non-finite log joint), the expansion is taken at the starting point instead.
+    """
+    w0 = jax.lax.stop_gradient(model.initial_moments()[0])
+    sol = find_mode(model, w0, solver)
+    mode = jnp.where(jnp.isfinite(sol.value) & jnp.all(jnp.isfinite(sol.x)), sol.x, w0)
+    precision, shift = [], []
+    for x, slope, omega in site_derivatives(mode, model):
+        tau = jnp.where(jnp.isfinite(omega), jnp.maximum(omega, 0.0), 0.0)
+        precision.append(tau)
+        # A site without curvature at the mode (a Laplace potential off its kink, a Student-t outlier) is
+        # left out: its slope says where the mode is, not how wide the site is.
+        shift.append(jnp.where(tau > 0, slope + tau * x, 0.0))
+    return SiteExpansion(mode, tuple(precision), tuple(shift), sol)
 
 
 class Laplace(eqx.Module):
@@ -257,7 +287,7 @@ class Laplace(eqx.Module):
             # the curvature I + L̃ᵀWL̃ stays well conditioned however ill-conditioned LLᵀ is. The
             # Laplace approximation and its evidence are invariant to this change of basis.
             loc, L = whitening
-            working = _whitened
+            working = whitened
             loc0, L0 = jax.lax.stop_gradient((loc, L))
             w0 = solve_triangular(L0, initial_point(model, init, "Laplace") - loc0, lower=True)
             fit = fit_mode(working(model), w0, self.solver, "Laplace")

@@ -1,0 +1,75 @@
+"""Curvature of the log target: P = Λ + Σ_g H_gᵀ diag(w_g) H_g, and the site terms it is built from.
+
+Every second-order method needs a positive-definite stand-in for the negative Hessian of its
+objective in the mean: Newton-CG preconditioners, G-KL's starting covariance, Laplace's mode search,
+EP's and LVB's starting sites. It always has this form, with weights w_n ≥ 0 from the sites (pointwise
+at a point for Laplace, ⟨·⟩ under q for G-KL) and Λ the precision of the model's Gaussian factor.
+"""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+from .model import LatentLinearModel
+from .quadrature import elementwise_derivatives
+
+__all__ = ["Curvature", "site_derivatives", "site_curvatures"]
+
+
+class Curvature(eqx.Module):
+    """P = Λ + Σ_g H_gᵀ diag(w_g) H_g: the negative Hessian of a bound in m (a Newton preconditioner)."""
+
+    model: LatentLinearModel
+    weights: tuple[jax.Array, ...]
+
+    def _ridge(self, diag):
+        # P is singular without a proper Gaussian term and with too few sites; keep it positive definite.
+        return 1e-8 * jnp.maximum(jnp.mean(diag), 1e-12) + 1e-30
+
+    def dense(self):
+        d, dtype = self.model.dim, self.weights[0].dtype
+        P = self.model.prior.precision_matrix() if self.model.prior is not None else jnp.zeros((d, d), dtype)
+        for group, w in zip(self.model.sites, self.weights):
+            P = P + group.projection.gram(w)
+        return (P + self._ridge(jnp.diag(P)) * jnp.eye(d, dtype=dtype)).astype(dtype)
+
+    def sites_mv(self, V):
+        """Σ_g H_gᵀ diag(w_g) H_g V for ``V`` of shape ``(D, K)`` (O(nnz(H) K), no D × D matrix)."""
+        return sum(group.projection.rmv(w[:, None] * group.projection.mv(V))
+                   for group, w in zip(self.model.sites, self.weights))
+
+    def mv(self, V):
+        """P V for ``V`` of shape ``(D, K)`` (ridge not included)."""
+        prior = self.model.prior
+        if prior is None:
+            return self.sites_mv(V)
+        if prior.diagonal_precision:
+            return prior.precision_diagonal()[:, None] * V + self.sites_mv(V)
+        return prior.precision_matrix() @ V + self.sites_mv(V)
+
+    def diagonal(self):
+        d, dtype = self.model.dim, self.weights[0].dtype
+        p = self.model.prior.precision_diagonal() if self.model.prior is not None else jnp.zeros(d, dtype)
+        for group, w in zip(self.model.sites, self.weights):
+            p = p + group.projection.squared_rmv(w)
+        return (p + self._ridge(p)).astype(dtype)
+
+
+def site_derivatives(w, model: LatentLinearModel):
+    """Per site group, ``(x, (log φ)'(x), −(log φ)''(x))`` at x = H w + b (each of shape ``(N_g,)``)."""
+    out = []
+    for group in model.sites:
+        x = group.project(w)
+        _, slope, second = elementwise_derivatives(group.potential.log_phi, x)
+        out.append((x, slope, -second))
+    return tuple(out)
+
+
+def site_curvatures(w, model: LatentLinearModel, gauss_newton=False) -> tuple[jax.Array, ...]:
+    """ω_n = −(log φ_n)''(h_nᵀw + b_n) for each site group (one array of shape ``(N_g,)`` per group).
+
+    With ``gauss_newton`` (a bool, possibly traced) the curvatures are clipped at zero.
+    """
+    return tuple(jnp.where(gauss_newton, jnp.maximum(omega, 0.0), omega) for _, _, omega in site_derivatives(w, model))
