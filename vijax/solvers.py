@@ -43,7 +43,8 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-__all__ = ["AbstractSolver", "NewtonCG", "Newton", "LBFGS", "NonlinearCG", "Solution", "extrapolated_distance"]
+__all__ = ["AbstractSolver", "NewtonCG", "Newton", "GaussNewton", "LBFGS", "NonlinearCG", "Solution",
+           "extrapolated_distance"]
 
 _ROUNDING = 64  # f is known to about this many ulps: a smaller increase of f is no evidence of progress
 _DECREMENT_ROUNDING = 4  # a predicted gain ½λ² below a few ulps of f cannot be realised
@@ -322,6 +323,34 @@ class Newton(AbstractSolver):
             floor = 10 * jnp.finfo(lam.dtype).eps * jnp.max(jnp.abs(lam)) + jnp.finfo(lam.dtype).tiny
             lam = jnp.maximum(jnp.abs(lam), floor)
             return V @ ((V.T @ g) / lam), jnp.array(x.shape[0])
+
+        return _newton_loop(self, fn, x0, local_model, direction)
+
+
+class GaussNewton(AbstractSolver):
+    """Newton steps with the preconditioner as the inverse Hessian: d = M(x) ∇f(x).
+
+    For vijax's log joints M is the inverse of the Gauss–Newton curvature Λ + Σ H diag(ω⁺) Hᵀ, so
+    these are exact Newton steps wherever the sites are log-concave (and ascent directions
+    elsewhere), at the cost of the one factorisation M makes and no Hessian-vector products: the
+    cheapest solver to compile and run where the preconditioner is that good. Without a
+    preconditioner it is gradient ascent with backtracking (not recommended).
+
+    **Arguments:** `tol` (the squared decrement gᵀMg at which the last step is taken), `max_iter`.
+    """
+
+    tol: float = eqx.field(static=True, default=1e-10)
+    max_iter: int = eqx.field(static=True, default=100)
+
+    def maximise(self, fn, x0, preconditioner=None):
+        value_and_grad = jax.value_and_grad(fn)
+
+        def local_model(x):
+            f, g = value_and_grad(x)
+            return f, g, None
+
+        def direction(x, g, _):
+            return (preconditioner(x)(g) if preconditioner is not None else g), jnp.array(0)
 
         return _newton_loop(self, fn, x0, local_model, direction)
 

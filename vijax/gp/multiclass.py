@@ -427,7 +427,7 @@ def nested_ep_log_z(K, labels, tau, nu):
     return _evaluate(K, tau, nu, onehot)[2]
 
 
-def nested_ep(kernel, X, labels, num_classes, damping=0.7, min_damping=0.05, tol=1e-6, max_iter=500,
+def nested_ep(kernel, X, labels, num_classes, damping=0.7, min_damping=0.05, tol=1e-8, max_iter=500,
               jitter=DEFAULT_JITTER, init=None) -> NestedEPResult:
     """Nested EP for multi-class GP classification with the multinomial-probit likelihood.
 

@@ -51,8 +51,11 @@ def _loadings(chol, num_classes):
 
 
 def fit(kernel, X, labels, num_classes: int, bound: str = "log", jitter: float = 1e-6, max_iter: int = 500,
-        tol: float = 1e-10) -> SoftmaxFit:
+        tol: float = 1e-9) -> SoftmaxFit:
     """Fit q(f) under the softmax likelihood with ``bound`` ("bohning", "log", "tilted" or "pos").
+
+    ``max_iter`` and ``tol`` are those of the E-step (`vj.factor.e_step`: q within ``tol`` of its
+    optimum in units of its marginal standard deviations).
 
     ``kernel`` is one kernel shared by the classes or a sequence of C kernels; ``labels`` are integers
     0 … C−1.

@@ -297,7 +297,7 @@ class EP(eqx.Module):
     damping: float | None = eqx.field(static=True, default=None)
     power: float = eqx.field(static=True, default=1.0)
     max_iter: int = eqx.field(static=True, default=200)
-    tol: float = eqx.field(static=True, default=1e-6)
+    tol: float = eqx.field(static=True, default=1e-8)
     fallback: bool = eqx.field(static=True, default=True)
     patience: int = eqx.field(static=True, default=20)
     inner_iter: int = eqx.field(static=True, default=50)

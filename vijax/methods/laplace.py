@@ -41,7 +41,7 @@ from ..covariance import CholeskyFactor
 from ..covariance._dense import _reversed_cholesky
 from ..model import GaussianFactor, LatentLinearModel
 from ..posterior import Diagnostics, Posterior
-from ..solvers import AbstractSolver, NewtonCG, Solution
+from ..solvers import AbstractSolver, GaussNewton, NewtonCG, Solution
 from ._envelope import computed
 from ._gaussian import working_model
 
@@ -225,7 +225,7 @@ class SiteExpansion(NamedTuple):
 
 
 # A starting point needs no more than a rough mode: the method started from it converges on its own terms.
-_START_SOLVER = NewtonCG(tol=1e-6, max_iter=50)
+_START_SOLVER = GaussNewton(tol=1e-6, max_iter=50)
 
 
 def expand_at_mode(model: LatentLinearModel, solver: AbstractSolver = _START_SOLVER) -> SiteExpansion:
