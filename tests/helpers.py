@@ -42,7 +42,7 @@ def glm_log_joint(W, X, y, likelihood, prior_variance=None, scale=1.0, df=3.0):
 
 
 def grid_posterior(log_joint, dim=2, points=201, chunk=2000):
-    """Exact log Z, mean and covariance of exp(log_joint(w)) for w in R² by a grid (NumPy/SciPy only).
+    """Exact log Z, mean, covariance and mode of exp(log_joint(w)) for w in R² by a grid (NumPy/SciPy only).
 
     The grid lies in the coordinates whitened by the curvature at the mode (found by SciPy), spans
     ±10 of those units and is widened until the density at its edges is below e⁻³⁰ of its peak, so
@@ -50,6 +50,11 @@ def grid_posterior(log_joint, dim=2, points=201, chunk=2000):
     smooth density that has decayed at the edges is accurate to far below the tolerances tested."""
     from scipy import optimize, special
 
+    with np.errstate(over="ignore", invalid="ignore"):  # the mode search may try far-off points
+        return _grid_posterior(log_joint, dim, points, chunk, optimize, special)
+
+
+def _grid_posterior(log_joint, dim, points, chunk, optimize, special):
     f = lambda w: -float(log_joint(np.asarray(w)[None, :])[0])
     mode = optimize.minimize(f, np.zeros(dim), method="BFGS", options={"gtol": 1e-10}).x
     mode = optimize.minimize(f, mode, method="Nelder-Mead", options={"xatol": 1e-12, "fatol": 1e-14,
@@ -80,4 +85,4 @@ def grid_posterior(log_joint, dim=2, points=201, chunk=2000):
     weights = np.exp(values - special.logsumexp(values))
     mean = weights @ Wg
     centred = Wg - mean
-    return log_z, mean, (weights[:, None] * centred).T @ centred
+    return log_z, mean, (weights[:, None] * centred).T @ centred, mode

@@ -589,11 +589,16 @@ def _wolfe(value_and_grad, x, f, g, d, slope, alpha0, max_trials, c2):
         secant = lo + width * dphi_lo / (dphi_lo - dphi_hi)
         shortfall = f_lo + dphi_lo * width - f_hi
         quadratic = lo + dphi_lo * width**2 / (2 * shortfall)
-        use_secant = jnp.isfinite(dphi_hi) & (dphi_hi * dphi_lo < 0)
+        # A trial beyond lo clearly below it means φ' is far from linear there (a barrier, an overflow):
+        # the secant on φ' would barely move, so backtrack from lo by the quadratic in φ, at least halving.
+        # (Near the optimum φ differs by rounding only, and the secant on φ' is the accurate step.)
+        worse = (hi > lo) & ~(f_hi >= f_lo - 1e-6 * (1.0 + jnp.abs(f_lo)))
+        use_secant = jnp.isfinite(dphi_hi) & (dphi_hi * dphi_lo < 0) & ~worse
         inside = jnp.where(use_secant, secant,
                            jnp.where(jnp.isfinite(f_hi) & (shortfall > 0), quadratic, lo + 0.5 * width))
         margin = 0.1 * width
-        inside = jnp.clip(inside, jnp.minimum(lo + margin, hi - margin), jnp.maximum(lo + margin, hi - margin))
+        far = jnp.where(worse, 0.5 * width, width - margin)
+        inside = jnp.clip(inside, jnp.minimum(lo + margin, lo + far), jnp.maximum(lo + margin, lo + far))
         # No bracket yet (lo moved forward, φ' still positive): extrapolate φ' to zero.
         decreasing = b.dphi_lo > dphi_lo
         step = jnp.where(decreasing, (lo - b.lo) * dphi_lo / jnp.where(decreasing, b.dphi_lo - dphi_lo, 1.0), jnp.inf)
