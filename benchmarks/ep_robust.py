@@ -27,7 +27,8 @@ Variants of EP, each run on every (data set, likelihood, seed):
 - ``power 0.5`` / ``power 0.9``: vj.EP(power=η, fallback=False) (power EP, default adaptive damping);
 - ``double loop``: vj.EP(schedule="double_loop", max_iter=100) (the convergent min–max scheme);
 - ``default``: vj.EP() (parallel with adaptive damping: δ = 1, halved whenever the moment-matching
-  residual rises; double-loop fallback when the parallel run stalls).
+  residual rises; from the Laplace sites; a run that stalls continues with sequential sweeps, then the
+  double loop).
 
 References, computed in the same run for every (data set, likelihood, seed):
 
@@ -38,7 +39,7 @@ References, computed in the same run for every (data set, likelihood, seed):
   s.e. of the log of the mean weight, sd(w)/(√S · mean(w)), and ESS = (Σ w)² / Σ w².
 
 Per (data set, likelihood, variant) the table gives: converged runs / runs (``diagnostics.converged``);
-the number of those where the default EP's double-loop fallback fired; median iterations; median fit
+the number of those where a fallback schedule took over; median iterations; median fit
 time in seconds (an ahead-of-time compiled ``jax.jit(vj.infer)``, compiled once per likelihood and
 variant, so compilation is excluded; ``jax.block_until_ready``); and the mean ± standard error
 over seeds of log Z_EP − log Z_IS and of log Z_EP − (G-KL bound); the number of runs whose log Z_EP is
@@ -275,7 +276,7 @@ def format_table(case_rows, runs, dl_seeds, seeds):
                   f"{r['nonfinite']:>3} {r['median_iterations']:>6.0f} {r['median_seconds']:>7.3f} "
                   f"{a[0]:>9.4f} ± {a[1]:<7.4f} {b[0]:>8.4f} ± {b[1]:<6.4f} {r['below_gkl']:>4} "
                   f"{r['beyond_is_3se']:>4}", file=out)
-    print("\nconv: converged runs / runs; fb: double-loop fallback used; osc: residual stopped improving; "
+    print("\nconv: converged runs / runs; fb: fallback schedule used; osc: residual stopped improving; "
           "nan: non-finite log Z\n(excluded from the means); iters, time: medians (compilation "
           "excluded); differences: mean ± s.e. over seeds;\n<GKL: runs with log Z_EP below the G-KL bound; "
           ">3se: runs with |log Z_EP − log Z_IS| > 3 IS s.e. + 0.001.", file=out)

@@ -313,14 +313,14 @@ def test_power_ep_converges_to_a_different_fixed_point(probit_gp):
 
 
 def test_fallback_is_reported(probit_gp):
-    """A schedule stopped before convergence hands over to the next one (parallel → sequential →
-    double loop), which says so."""
+    """A schedule stopped before convergence hands over to the next one (parallel to sequential sweeps,
+    sequential to the double loop), which says so."""
     model, (mu, _, log_z) = probit_gp
     for schedule in ("parallel", "sequential"):
         with pytest.warns(vj.ConvergenceWarning, match="without converging"):
             d = vj.infer(model, vj.EP(schedule=schedule, max_iter=2)).diagnostics
         assert bool(d.fallback) and int(d.iterations) > 2
-    post = vj.infer(model, vj.EP(max_iter=4))
+    post = vj.infer(model, vj.EP(max_iter=6))  # 6 parallel iterations leave a residual of 3e-8
     assert bool(post.diagnostics.fallback) and bool(post.diagnostics.converged)
     np.testing.assert_allclose(post.log_z, log_z, rtol=1e-8)
     assert vj.infer(model, vj.EP()).diagnostics.fallback == False  # noqa: E712

@@ -71,7 +71,7 @@ from ..covariance import CholeskyFactor
 from ..model import LatentLinearModel
 from ..posterior import Diagnostics, Posterior
 from ._envelope import computed
-from ._gaussian import diagonal_form, integrate, marginals, working_model
+from ._gaussian import integrate, marginals, working_model
 from .laplace import expand_at_mode, whitened
 
 __all__ = ["EP", "SiteParams", "energy", "SCHEDULES"]
@@ -85,6 +85,7 @@ _SAFE_DAMPING = 0.5  # adaptive damping's step fraction once a full step has rai
 _MAX_HALVINGS = 30  # steps shortened to keep q and the cavities proper, and inner line searches
 _MAX_EXTRAPOLATION = 64.0  # largest ω of the double loop's outer step
 _ARMIJO = 1e-4  # sufficient-decrease constant of the double loop's inner line search
+_ROUNDING = 4  # G is known to a few ulps (the double loop's stopping floor)
 _QUADRATURE_NOISE = 1e-9  # relative size of the tilted integrals' rule-placement noise in G
 
 
@@ -127,12 +128,11 @@ class _Evaluation(NamedTuple):
     proper: jax.Array  # q proper and every cavity proper
 
 
-def _evaluate(sites: SiteParams, model, power, work, anchor=None, q=None) -> _Evaluation:
+def _evaluate(sites: SiteParams, model, power, work, anchor=None) -> _Evaluation:
     """q, its marginals, the cavities (anchored at ``anchor`` = (means, variances), else at q's
-    marginals) and the tilted moments; ``value`` is the energy (inner objective when anchored).
-    ``q``: (log ∫ f ∏ t̃, means, variances) where already known."""
+    marginals) and the tilted moments; ``value`` is the energy (inner objective when anchored)."""
     # Only q's marginals are needed here (the site form for GP models); q itself is formed once, at the end.
-    log_zq, means, variances = marginals(model, _quadratics(sites), work) if q is None else q
+    log_zq, means, variances = marginals(model, _quadratics(sites), work)
     value, proper = log_zq, jnp.isfinite(log_zq)
     out = ([], [], [], [], [])
     for k, (group, tau, nu, m, V) in enumerate(zip(model.sites, sites.precision, sites.shift, means, variances)):
@@ -248,6 +248,7 @@ class _Run(NamedTuple):
     stuck: jax.Array
     best_sites: SiteParams  # the sites with the smallest residual so far (where a fallback restarts)
     damping: jax.Array  # the parallel schedule's current step fraction δ
+    tol: jax.Array  # the residual at which the running schedule stops (`EP._prepared`)
     outer: tuple = ()  # the double loop's (anchor, its inner optimum Φ, extrapolation factor ω)
 
 
@@ -277,9 +278,10 @@ class EP(eqx.Module):
       cavity and is more stable on non-log-concave sites.
     - `max_iter`: the most iterations (sweeps) of the schedule, and again of each fallback.
     - `tol`: converged when every site's tilted moments match q's marginal:
-      max_n |m̂_n − m_n|/√V_n + |log(V̂_n/V_n)| ≤ ``tol`` (the energy's error is of order tol²).
-    - `fallback`: continue a run that has not converged with the next schedule: parallel → sequential
-      → double loop (see the module docstring).
+      max_n |m̂_n − m_n|/√V_n + |log(V̂_n/V_n)| ≤ ``tol`` (the energy's error is of order tol²); the
+      double loop stops at max(tol, √(4ε|G|)), the residual its line search on G can resolve.
+    - `fallback`: continue a run that has not converged with a more robust schedule: parallel with
+      sequential sweeps, sequential with the double loop (see the module docstring).
     - `patience`: iterations without a 1% improvement of the residual before a run is declared
       oscillating (and handed to the fallback).
     - `inner_iter`: the most inner steps per outer iteration of the double loop.
@@ -327,7 +329,7 @@ class EP(eqx.Module):
         zero = jnp.array(0)
         return _Run(sites, ev, residual, k, trace.at[k].set(ev.value), residual, zero, zero + 1, zero, zero,
                     jnp.array(jnp.nan, ev.value.dtype), jnp.array(False), sites,
-                    jnp.asarray(self.step_fraction, ev.value.dtype))
+                    jnp.asarray(self.step_fraction, ev.value.dtype), jnp.asarray(self.tol, ev.value.dtype))
 
     def _record(self, run: _Run, sites, ev, evals, skipped, shrunk, change, stuck) -> _Run:
         residual = _residual(ev)
@@ -339,17 +341,25 @@ class EP(eqx.Module):
                             evals=run.evals + evals, skipped=run.skipped + skipped, shrunk=run.shrunk + shrunk,
                             change=change, stuck=stuck, best_sites=best_sites)
 
-    @staticmethod
-    def _prepared(run: _Run, schedule: str) -> _Run:
-        """``run`` with the state ``schedule`` needs: the double loop's outer state (anchors at q's
-        marginals, Φ unknown, ω = 1); the same loop state for every schedule, so a fallback can follow."""
+    def _prepared(self, run: _Run, schedule: str) -> _Run:
+        """``run`` ready for ``schedule``: its stopping residual, and the double loop's outer state
+        (anchors at q's marginals, Φ unknown, ω = 1), carried by every schedule so that any of them can
+        hand over to the double loop.
+
+        The double loop accepts inner steps by the decrease of G, which rounding hides once the residual
+        r is below about √(ε|G|) (G − G* is of order r²): it stops at max(tol, √(4ε|G|)), 1e-7 at
+        |G| ≈ 10 in float64, where the energy is still exact to working precision."""
         anchor = (run.ev.marginal_mean, run.ev.marginal_var)
         dtype = run.ev.value.dtype
-        return run._replace(outer=(anchor, jnp.array(-jnp.inf, dtype), jnp.array(1.0, dtype)))
+        tol = jnp.asarray(self.tol, dtype)
+        if schedule == "double_loop":
+            rounding = jnp.sqrt(_ROUNDING * jnp.finfo(dtype).eps * jnp.abs(run.ev.value))
+            tol = jnp.maximum(tol, jnp.where(jnp.isfinite(rounding), rounding, 0.0))
+        return run._replace(outer=(anchor, jnp.array(-jnp.inf, dtype), jnp.array(1.0, dtype)), tol=tol)
 
     def _loop(self, run: _Run, body, limit) -> _Run:
         def cond(r):
-            return (r.k < limit) & (r.residual > self.tol) & (r.since_best < self.patience) & ~r.stuck
+            return (r.k < limit) & (r.residual > r.tol) & (r.since_best < self.patience) & ~r.stuck
 
         return jax.lax.while_loop(cond, body, run)
 
@@ -579,7 +589,7 @@ class EP(eqx.Module):
         used_fallback = oscillated = jnp.array(False)
         run = self._loop(self._prepared(run, chain[0]), schedules[chain[0]](frozen, work), self.max_iter)
         for schedule in chain[1:]:
-            unconverged = run.residual > self.tol
+            unconverged = run.residual > run.tol
             oscillated = oscillated | (run.since_best >= self.patience)
             used_fallback = used_fallback | unconverged
 
@@ -600,7 +610,7 @@ class EP(eqx.Module):
         grad = _energy_gradient(run.ev, frozen, C, self.power)
         grad_norm = jnp.max(jnp.stack([jnp.max(jnp.abs(g), initial=0.0) for g in jax.tree_util.tree_leaves(grad)]))
         diagnostics = Diagnostics(
-            run.k, run.residual <= self.tol, grad_norm, run.trace, run.evals, jnp.array(1), jnp.array(0), "EP",
+            run.k, run.residual <= run.tol, grad_norm, run.trace, run.evals, jnp.array(1), jnp.array(0), "EP",
             self.schedule, used_fallback, jnp.zeros((), run.trace.dtype), run.change,
             oscillated | (run.since_best >= self.patience), run.skipped, run.shrunk, stationarity=run.residual)
         factor = CholeskyFactor.from_matrix(C).canonical()

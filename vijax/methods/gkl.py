@@ -132,13 +132,16 @@ class GKL(eqx.Module):
     - `whiten`: change of basis w = μ + L w̃ for dense priors (full covariance only).
 
     ``vj.infer(model, vj.GKL())`` returns a `Posterior` whose ``log_z`` is the bound
-    (a lower bound on log Z) at the optimum.
+    (a lower bound on log Z) at the q it returns. Without ``init`` the fit starts from the Laplace
+    approximation (`initial_params`), never from the prior.
 
     GP-type models (a dense prior, one site per coordinate, log-concave potentials) with the
     full family and no `solver` given are fitted by coordinate ascent in the site form
     V⁻¹ = K⁻¹ + diag(λ) (Khan, Mohamed & Murphy 2012; see `vijax.methods._gkl_sites`): D + D
     parameters and one Cholesky per step, against D(D+3)/2 for Newton-CG on the Cholesky factor.
-    Both reach the same optimum; pass ``solver=vj.solvers.NewtonCG()`` for the latter.
+    Both reach the same optimum; pass ``solver=vj.solvers.NewtonCG()`` for the latter. A warm start
+    (``init``) keeps the site form: λ from a site-form posterior's ``state``, else from the marginals
+    of the Gaussian given.
     """
 
     covariance: AbstractCovariance = Full()
