@@ -63,7 +63,7 @@ def test_gkl_poisson_gp_is_a_bound_at_every_kernel_variance():
                                      vj.Sites(vj.Identity(11), vj.potentials.Poisson(counts)))
         post = vj.infer(model, vj.GKL())
         newton = vj.infer(model, vj.GKL(solver=vj.solvers.NewtonCG()))
-        assert post.diagnostics.solver == "site-form coordinate ascent" and post.is_lower_bound
+        assert post.diagnostics.solver == "natural-parameter ascent (dual)" and post.is_lower_bound
         np.testing.assert_allclose(post.log_z, newton.log_z, rtol=1e-10)
         np.testing.assert_allclose(post.mean, newton.mean, atol=1e-6)
         # The bound is the G-KL bound of the q returned, not a running value.

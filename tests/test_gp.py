@@ -246,9 +246,9 @@ def test_site_form_integral_matches_the_general_one(rng):
 
 
 @pytest.mark.parametrize("likelihood", ["logistic", "poisson", "laplace"])
-def test_site_form_gkl_reaches_the_cholesky_optimum(classification, likelihood):
-    """Also with Laplace sites, whose kink makes λ*_n huge and |∂B/∂v_n| slow to vanish where m_n sits
-    on it: convergence is judged in units of q's marginals there."""
+def test_natural_parameter_gkl_reaches_the_cholesky_optimum_on_gp_models(classification, likelihood):
+    """The default G-KL on GP models (the dual form, V⁻¹ = K⁻¹ + diag λ) against Newton-CG on the
+    Cholesky factor; also with Laplace sites, whose kink makes λ*_n huge where m_n sits on it."""
     X, labels = classification
     kernel = K_.SquaredExponential(0.9, 10.0)  # ill-conditioned K: the hard case for the Cholesky factor
     targets = np.sin(2 * X[:, 0]) + X[:, 1] + 2.0 * (np.arange(len(X)) % 9 == 0)  # a few outliers
@@ -259,7 +259,7 @@ def test_site_form_gkl_reaches_the_cholesky_optimum(classification, likelihood):
     fast = vj.infer(model, vj.GKL())
     newton = vj.infer(model, vj.GKL(solver=vj.solvers.NewtonCG(tol=1e-10)))
     d = fast.diagnostics
-    assert d.solver == "site-form coordinate ascent" and bool(d.converged) and int(d.iterations) < 30
+    assert d.solver == "natural-parameter ascent (dual)" and bool(d.converged) and int(d.iterations) < 30
     trace = np.asarray(d.objective_trace)[: int(d.iterations) + 1]
     assert np.all(np.diff(trace) >= -1e-12 * np.abs(trace[1:])), trace  # a monotone ascent
     np.testing.assert_allclose(fast.log_z, newton.log_z, rtol=1e-9)
@@ -281,7 +281,7 @@ def test_hyperparameter_gradient_matches_refitted_finite_differences(classificat
         return vj.infer(vj.gp.model(kernel, X, P.Probit(), labels=labels), method).log_z
 
     # Laplace's gradient also carries the mode's dependence on θ (implicit differentiation, whitened).
-    # G-KL here is the site-form ascent (the Newton-CG path's envelope gradient is checked in test_gkl).
+    # G-KL here is the natural-parameter ascent (the Newton-CG path's envelope gradient is checked in test_gkl).
     for method in (vj.EP(tol=1e-10, fallback=False), vj.GKL(), vj.Laplace(solver=vj.solvers.NewtonCG(tol=1e-10))):
         x0, h = jnp.asarray(0.1), 1e-4
         grad = jax.grad(log_z)(x0, method)

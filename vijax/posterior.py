@@ -19,9 +19,9 @@ class Diagnostics(eqx.Module):
     - `stationarity`: the measure `converged` was judged by, at the end: for solver-based fits
       (G-KL, Laplace, MAP, mean field with Gaussian factors) the squared Newton decrement
       gᵀ(−∇²f)⁻¹g ≈ 2 × the objective's remaining gain (last measured, before the final step);
-      for EP the moment-matching residual; for LVB and free-form mean field the last relative
-      change of the bound; for the GP site form of G-KL the largest gradient in units of q's
-      marginals (see each method);
+      for EP the moment-matching residual; for LVB and free-form mean field the extrapolated
+      distance of their parameters from the fixed point; for the natural-parameter G-KL its
+      decrement ∇Bᵀ(Δm, Δλ) (see each method);
     - `objective_trace`: objective after each iteration (NaN-padded to ``max_iter + 1``);
     - `num_value_evals`, `num_grad_evals`, `num_hvp_evals`: work done, for cost accounting;
     - `method`, `solver`: names of what produced the answer;

@@ -36,15 +36,15 @@ from ..model import LatentLinearModel
 from ..posterior import Diagnostics, Posterior
 from ..quadrature import GaussHermite, safe_sqrt
 from ..solvers import AbstractSolver
-from . import _gkl_sites
-from ._gaussian import diagonal_form
+from . import _gkl_natural
+from ._envelope import computed
 from .laplace import expand_at_mode, whitened
 
 __all__ = ["GaussianParams", "GKL", "bound", "bound_at", "curvature", "shrunk_until_finite"]
 
 _DEFAULT_QUADRATURE = GaussHermite()
-_SITE_FORM_MAX_ITER = 200
-_SITE_FORM_TOL = 1e-9  # the site form's stationarity (its gradient in units of q's marginals) at which it stops
+_NATURAL_MAX_ITER = 200
+_NATURAL_TOL = 1e-10  # the natural-parameter ascent's decrement at which it takes its last step
 
 
 class GaussianParams(eqx.Module):
@@ -135,13 +135,15 @@ class GKL(eqx.Module):
     (a lower bound on log Z) at the q it returns. Without ``init`` the fit starts from the Laplace
     approximation (`initial_params`), never from the prior.
 
-    GP-type models (a dense prior, one site per coordinate, log-concave potentials) with the
-    full family and no `solver` given are fitted by coordinate ascent in the site form
-    V⁻¹ = K⁻¹ + diag(λ) (Khan, Mohamed & Murphy 2012; see `vijax.methods._gkl_sites`): D + D
-    parameters and one Cholesky per step, against D(D+3)/2 for Newton-CG on the Cholesky factor.
-    Both reach the same optimum; pass ``solver=vj.solvers.NewtonCG()`` for the latter. A warm start
-    (``init``) keeps the site form: λ from a site-form posterior's ``state``, else from the marginals
-    of the Gaussian given.
+    **Which algorithm.** With the full family, no `solver` given and log-concave sites (logistic,
+    probit, Poisson, Laplace, Gaussian, ...), the fit is natural-parameter ascent: q is searched in
+    the form the optimum has, S⁻¹ = Λ + Σ_g H_gᵀ diag(λ_g) H_g, over (m, λ), D + N numbers, with one
+    D × D (N > D) or N × N (N ≤ D: GP models, wide data) factorisation a step; see
+    `vijax.methods._gkl_natural`. ``post.state`` holds λ. Otherwise (another family, a `solver`
+    given, or sites that are not log-concave) the bound is maximised over (m, C) by the solver. Both
+    reach the same optimum; ``solver=vj.solvers.NewtonCG()`` selects the latter. A warm start
+    (``init``) takes the same path as a cold one: λ from a natural-parameter posterior's ``state``,
+    else the fixed-point λ of the Gaussian given.
     """
 
     covariance: AbstractCovariance = Full()
@@ -202,36 +204,42 @@ class GKL(eqx.Module):
         params = GaussianParams(start.mode, self.covariance.from_curvature(Curvature(model, start.precision)))
         return shrunk_until_finite(params, lambda p: bound(p, model, self.quadrature))
 
-    def _site_form(self, model) -> bool:
-        return (self.solver is None and self.whiten and isinstance(self.covariance, Full)
-                and _gkl_sites.applies(model))
+    def _natural(self, model) -> bool:
+        return self.solver is None and isinstance(self.covariance, Full) and _gkl_natural.applies(model)
 
-    def _fit_site_form(self, model, frozen, init) -> Posterior:
+    def _fit_natural(self, model, frozen, init) -> Posterior:
+        whitening = self._whitening(frozen)
+        work = whitened(frozen) if whitening is not None else frozen
+        to_work = (lambda m: m) if whitening is None else (
+            lambda m: solve_triangular(whitening[1], m - whitening[0], lower=True))
         if init is None:
-            start = expand_at_mode(whitened(frozen))
-            loc, L = frozen.prior.whitening()
-            _, _, scales = diagonal_form(frozen)
-            mean = loc + L @ start.mode
-            lam = sum(s**2 * tau for s, tau in zip(scales, start.precision))
-        elif isinstance(init, Posterior) and _gkl_sites.is_state(init.state, frozen):
-            mean, lam = init.mean, init.state
+            start = expand_at_mode(work)
+            mean, lam = start.mode, start.precision
+        elif isinstance(init, Posterior) and _gkl_natural.is_state(init.state, frozen):
+            mean, lam = to_work(init.mean), init.state
         else:
             params = self.init_params(frozen, init)
-            mean, lam = params.mean, _gkl_sites.fixed_point_precisions(frozen, params.mean, params.factor.variances(),
-                                                                       self.quadrature)
+            means = tuple(g.project(params.mean) for g in frozen.sites)
+            variances = tuple(params.factor.projected_variances(g.projection) for g in frozen.sites)
+            mean = to_work(params.mean)
+            lam = _gkl_natural.fixed_point_precisions(frozen, means, variances, self.quadrature)
         mean, lam = jax.lax.stop_gradient((mean, lam))
-        mean, lam, C, diagnostics = _gkl_sites.fit(frozen, self.quadrature, _SITE_FORM_MAX_ITER, _SITE_FORM_TOL,
-                                                   mean, lam)
+        out = _gkl_natural.fit(frozen, work, mean, lam, self.quadrature, _NATURAL_MAX_ITER, _NATURAL_TOL)
+        mean, C = out.mean, out.cholesky
+        if whitening is not None:
+            loc, L = whitening
+            mean, C = loc + L @ mean, C @ L.T  # S = L S̃ Lᵀ; upper × upper is upper-triangular
         opt = jax.lax.stop_gradient(GaussianParams(mean, CholeskyFactor.from_matrix(C).canonical()))
-        # The bound at the q returned (not the site form's running value), with the live model: envelope theorem.
-        log_z = bound(opt, model, self.quadrature)
-        return Posterior(opt.mean, opt.factor, log_z, diagnostics, model, is_lower_bound=True,
-                         state=jax.lax.stop_gradient(lam))
+        # The bound at the q returned (the fit's own value), differentiable as the bound with the live model
+        # (the envelope theorem): evaluated again only under differentiation.
+        log_z = computed(out.value, lambda p, m: bound(p, m, self.quadrature), opt, model)
+        return Posterior(opt.mean, opt.factor, log_z, out.diagnostics, model, is_lower_bound=True,
+                         state=jax.lax.stop_gradient(out.lam))
 
     def fit(self, model: LatentLinearModel, init=None) -> Posterior:
         frozen = jax.lax.stop_gradient(model)
-        if self._site_form(frozen):
-            return self._fit_site_form(model, frozen, init)
+        if self._natural(frozen):
+            return self._fit_natural(model, frozen, init)
         whitening = self._whitening(frozen)
         work_model = whitened(frozen) if whitening is not None else frozen
         if init is None:

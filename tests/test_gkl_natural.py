@@ -1,0 +1,115 @@
+"""The default full-covariance G-KL: natural-parameter ascent over (m, λ), S⁻¹ = Λ + Hᵀdiag(λ)H.
+
+Oracles: Newton-CG on the Cholesky factor to a tight tolerance (an independent algorithm on another
+parametrisation), and the closed-form posterior of conjugate models (`helpers.gaussian_posterior`)."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental import sparse
+
+import vijax as vj
+from vijax import potentials as P
+
+from helpers import gaussian_posterior
+
+TIGHT = vj.GKL(solver=vj.solvers.NewtonCG(tol=1e-20, max_iter=300))
+
+
+def _labels(rng, X):
+    w = rng.normal(size=X.shape[1])
+    return np.where(rng.uniform(size=X.shape[0]) < 1 / (1 + np.exp(-X @ w)), 1.0, -1.0)
+
+
+def _case(name, rng):
+    """(model, expected form): N > D takes the primal form, N ≤ D with a diagonal Λ the dual."""
+    if name == "dense-primal":
+        X = rng.normal(size=(60, 6)) * np.array([1.0, 10.0, 0.1, 1.0, 3.0, 1.0])
+        return vj.glm.logistic_regression(X, (_labels(rng, X) > 0).astype(float), prior_variance=4.0), "primal"
+    if name == "dense-dual":
+        X = rng.normal(size=(12, 30))
+        return vj.glm.probit_regression(X, (_labels(rng, X) > 0).astype(float), prior_variance=2.0), "dual"
+    if name == "sparse-primal":
+        X = rng.normal(size=(80, 10)) * (rng.uniform(size=(80, 10)) < 0.3)
+        H = sparse.BCOO.fromdense(_labels(rng, X)[:, None] * X)
+        return vj.LatentLinearModel(vj.GaussianFactor.diagonal(np.linspace(0.5, 2.0, 10)),
+                                    vj.Sites(H, P.Logistic())), "primal"
+    if name == "groups-primal":  # logistic likelihood and Laplace prior sites on every coefficient
+        X = rng.normal(size=(40, 8))
+        return vj.LatentLinearModel(vj.GaussianFactor.isotropic(8, 10.0),
+                                    (vj.Sites(_labels(rng, X)[:, None] * X, P.Logistic()),
+                                     vj.Sites(vj.Identity(8), P.Laplace(0.0, 0.3)))), "primal"
+    if name == "groups-dual":
+        X = rng.normal(size=(6, 25))
+        return vj.LatentLinearModel(vj.GaussianFactor.diagonal(np.linspace(0.5, 3.0, 25)),
+                                    (vj.Sites(_labels(rng, X)[:, None] * X, P.Logistic()),
+                                     vj.Sites(2.0 * X[:4], P.Probit()))), "dual"
+    if name == "poisson-dense-prior":  # a dense prior, whitened, with N > D
+        X = np.stack([np.ones(30), np.linspace(-1, 1, 30), np.linspace(-1, 1, 30) ** 2], axis=1)
+        counts = rng.poisson(np.exp(1.0 + X[:, 1]))
+        cov = np.array([[4.0, 1.0, 0.5], [1.0, 2.0, 0.3], [0.5, 0.3, 1.0]])
+        return vj.LatentLinearModel(vj.GaussianFactor.dense(np.zeros(3), cov),
+                                    vj.Sites(X, P.Poisson(counts))), "primal"
+    raise ValueError(name)
+
+
+CASES = ["dense-primal", "dense-dual", "sparse-primal", "groups-primal", "groups-dual", "poisson-dense-prior"]
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_equals_the_cholesky_newton_optimum_and_rises_every_step(rng, name):
+    model, form = _case(name, rng)
+    post, ref = vj.infer(model, vj.GKL()), vj.infer(model, TIGHT)
+    d = post.diagnostics
+    assert d.solver == f"natural-parameter ascent ({form})" and bool(d.converged)
+    np.testing.assert_allclose(post.log_z, ref.log_z, rtol=1e-10)
+    np.testing.assert_allclose(post.mean, ref.mean, rtol=0, atol=1e-7)
+    np.testing.assert_allclose(post.covariance, ref.covariance, rtol=0, atol=1e-7)
+    # The bound never decreases (beyond its rounding), and log Z is the bound at the q returned.
+    trace = np.asarray(d.objective_trace)[: int(d.iterations) + 1]
+    assert np.all(np.diff(trace) >= -1e-10 * np.abs(trace[1:])), trace
+    np.testing.assert_allclose(post.log_z, vj.gkl.bound_at(post, model), rtol=1e-13)
+    # At the optimum S⁻¹ = Λ + Σ_g H_gᵀ diag(λ_g) H_g, with λ in post.state.
+    precision = np.linalg.inv(np.asarray(post.covariance))
+    implied = sum(np.asarray(g.projection.gram(lam)) for g, lam in zip(model.sites, post.state))
+    if model.prior is not None:
+        implied = implied + np.asarray(model.prior.precision_matrix())
+    np.testing.assert_allclose(precision, implied, rtol=1e-7, atol=1e-8 * np.abs(implied).max())
+
+
+@pytest.mark.parametrize("shape", [(40, 5), (5, 40)], ids=["primal", "dual"])
+def test_exact_on_conjugate_models_in_one_step(rng, shape):
+    X = rng.normal(size=shape)
+    y = X @ rng.normal(size=shape[1]) + 0.3 * rng.normal(size=shape[0])
+    prior_var = np.linspace(0.5, 2.0, shape[1])
+    model = vj.LatentLinearModel(vj.GaussianFactor.diagonal(prior_var), vj.Sites(X, P.Gaussian(loc=y, scale=0.3)))
+    mean, cov, log_z = gaussian_posterior(np.zeros(shape[1]), np.diag(prior_var), X, y, 0.09)
+    post = vj.infer(model, vj.GKL())
+    assert int(post.diagnostics.iterations) <= 2
+    np.testing.assert_allclose(post.mean, mean, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(post.covariance, cov, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(post.log_z, log_z, rtol=1e-12)
+
+
+def test_warm_and_cold_starts_take_the_same_path_to_the_same_answer(rng):
+    model, _ = _case("groups-dual", rng)
+    model = vj.LatentLinearModel(model.prior, model.sites[0])  # logistic sites: LVB applies
+    cold = vj.infer(model, vj.GKL())
+    for init in (cold, vj.infer(model, vj.Laplace()), vj.infer(model, vj.LVB())):
+        warm = vj.infer(model, vj.GKL(), init=init)
+        assert warm.diagnostics.solver == cold.diagnostics.solver
+        np.testing.assert_allclose(warm.log_z, cold.log_z, rtol=1e-12)
+        np.testing.assert_allclose(warm.mean, cold.mean, rtol=0, atol=1e-8)
+        np.testing.assert_allclose(warm.covariance, cold.covariance, rtol=0, atol=1e-8)
+    assert int(vj.infer(model, vj.GKL(), init=cold).diagnostics.iterations) <= 1  # from its own λ
+
+
+def test_float32_reaches_float32_resolution(rng):
+    X = rng.normal(size=(60, 6)) * np.array([1.0, 10.0, 0.1, 1.0, 3.0, 1.0])
+    y = (_labels(rng, X) > 0).astype(float)
+    ref = vj.infer(vj.glm.logistic_regression(X, y, prior_variance=4.0), vj.GKL())
+    post = vj.infer(vj.glm.logistic_regression(X.astype(np.float32), y.astype(np.float32), prior_variance=4.0),
+                    vj.GKL())
+    assert post.mean.dtype == jnp.float32 and bool(post.diagnostics.converged)
+    np.testing.assert_allclose(post.log_z, ref.log_z, rtol=1e-5)
+    np.testing.assert_allclose(post.mean, ref.mean, rtol=0, atol=1e-3)
