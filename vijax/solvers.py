@@ -107,27 +107,6 @@ def _max_abs(g):
     return jnp.max(jnp.abs(g), initial=0.0)
 
 
-def _backtracking(fn, x, f, slope, direction, alpha0, max_halvings=40, c1=1e-4):
-    """Largest α in {α0, α0/2, …} with fn(x + α d) ≥ f + c1 α slope (finite values only)."""
-
-    def sufficient(alpha, f_new):
-        # A step too short to change f in floating point is no progress, whatever Armijo says.
-        return jnp.isfinite(f_new) & (f_new >= f + c1 * alpha * slope) & (f_new > f)
-
-    def cond(state):
-        alpha, f_new, k = state
-        return ~sufficient(alpha, f_new) & (k < max_halvings)
-
-    def body(state):
-        alpha, _, k = state
-        alpha = 0.5 * alpha
-        return alpha, fn(x + alpha * direction), k + 1
-
-    alpha0 = jnp.asarray(alpha0, x.dtype)
-    alpha, f_new, k = jax.lax.while_loop(cond, body, (alpha0, fn(x + alpha0 * direction), jnp.array(0)))
-    return alpha, k + 1, sufficient(alpha, f_new)
-
-
 def _ascent(g, d):
     """``d`` if it is an ascent direction, else the gradient (possible only without negative curvature)."""
     slope = jnp.vdot(g, d)
@@ -136,11 +115,12 @@ def _ascent(g, d):
 
 
 class _LoopState(NamedTuple):
-    x: jax.Array
-    f: jax.Array
+    x: jax.Array  # the current point (x0 before the first evaluation)
+    f: jax.Array  # −∞ before the first evaluation
     g: jax.Array
-    d: jax.Array
+    d: jax.Array  # the direction from x (zero before the first evaluation)
     slope: jax.Array  # gᵀd at x: the squared Newton decrement
+    alpha: jax.Array  # the step of the next trial, x + alpha d
     k: jax.Array
     failed: jax.Array
     done: jax.Array
@@ -165,54 +145,46 @@ def _acceptable(f, slope, f_new, dphi_new, alpha=1.0):
 
 
 def _newton_loop(solver, fn, x0, local_model, direction):
-    """Shared outer loop of the Newton solvers.
+    """Shared loop of the Newton solvers, with the objective traced once.
 
-    ``local_model(x)`` returns the objective, its gradient and curvature information at
-    ``x``; ``direction(x, g, curvature)`` returns a Newton direction and the number of
-    Hessian-vector products it used. The full step is tried first *with* the local model
-    at the trial point, so an accepted step (the usual case) costs no extra evaluation;
-    otherwise an Armijo backtracking search halves the step. Once the decrement gᵀd is below
-    the solver's threshold, that step is the last: no direction is computed after it.
+    ``local_model(x)`` returns the objective, its gradient and curvature information at ``x``;
+    ``direction(x, g, curvature)`` returns a Newton direction and the number of Hessian-vector
+    products it used. Each iteration of the one `while_loop` evaluates one trial point x + αd (the
+    first, x0 itself): accepted (Armijo, or the approximate Wolfe conditions once the gain is lost
+    in f's rounding), it becomes the point, its direction is computed from the local model already
+    at hand, and the next trial is the full step; rejected, α is halved. So an accepted full step
+    (the usual case) costs one evaluation, and the program holds one copy of the objective and of
+    the direction. Once the decrement gᵀd is below the solver's threshold, that step is the last.
     """
-
-    def model_and_direction(x):
-        f, g, curv = local_model(x)
-        d, n_hvp = direction(x, g, curv)
-        return (f, g) + _ascent(g, d) + (n_hvp,)
-
-    f0, g0, d0, slope0, n_hvp0 = model_and_direction(x0)
-    trace = jnp.full((solver.max_iter + 1,), jnp.nan, f0.dtype).at[0].set(f0)
+    dtype = x0.dtype
     zero, false = jnp.array(0), jnp.array(False)
-    state = _LoopState(x0, f0, g0, d0, slope0, zero, false, false, trace, zero, jnp.array(1), n_hvp0)
+    trace = jnp.full((solver.max_iter + 1,), jnp.nan, dtype)
+    minus_inf = jnp.array(-jnp.inf, dtype)
+    state = _LoopState(x0, minus_inf, jnp.zeros_like(x0), jnp.zeros_like(x0), jnp.array(jnp.inf, dtype),
+                       jnp.ones((), dtype), zero, false, false, trace, zero, zero, zero)
 
     def cond(s):
         return (s.k < solver.max_iter) & ~s.failed & ~s.done
 
     def body(s):
-        last = s.slope <= solver.threshold(s.f)
-        x_try = s.x + s.d
+        started = jnp.isfinite(s.f)
+        last = started & (s.slope <= solver.threshold(s.f))
+        x_try = s.x + s.alpha * s.d
         f_try, g_try, curv_try = local_model(x_try)
-        full_step_ok = _acceptable(s.f, s.slope, f_try, jnp.vdot(g_try, s.d))
-
-        def accept():
-            d, slope, n_hvp = jax.lax.cond(
-                last, lambda: (jnp.zeros_like(g_try), s.slope, zero),
-                lambda: _ascent_with_count(direction(x_try, g_try, curv_try), g_try))
-            return x_try, f_try, g_try, d, slope, jnp.array(True), zero, jnp.array(1), n_hvp
-
-        def backtrack():
-            # Where the decrement is already below the threshold, x is the answer: stop there.
-            alpha, n_val, found = _backtracking(fn, s.x, s.f, s.slope, s.d, 0.5, c1=_C1)
-            found = found & ~last
-            x_new = jnp.where(found, s.x + alpha * s.d, s.x)
-            f, g, d, slope, n_hvp = jax.lax.cond(
-                found, lambda: model_and_direction(x_new), lambda: (s.f, s.g, s.d, s.slope, zero))
-            return x_new, f, g, d, slope, found, n_val, 1 + found.astype(int), n_hvp
-
-        x, f, g, d, slope, moved, n_val, n_grad, n_hvp = jax.lax.cond(full_step_ok, accept, backtrack)
-        return _LoopState(x, f, g, d, slope, s.k + moved, ~moved & ~last, last,
-                          jnp.where(moved, s.trace.at[s.k + 1].set(f), s.trace),
-                          s.n_val + n_val, s.n_grad + n_grad, s.n_hvp + n_hvp)
+        accept = jnp.where(started, _acceptable(s.f, s.slope, f_try, jnp.vdot(g_try, s.d), s.alpha)
+                           & ((s.alpha == 1) | (f_try > s.f)), jnp.isfinite(f_try))
+        d, slope, n_hvp = jax.lax.cond(
+            accept & ~last, lambda: _ascent_with_count(direction(x_try, g_try, curv_try), g_try),
+            lambda: (s.d, s.slope, zero))
+        keep = lambda new, old: jnp.where(accept, new, old)
+        alpha = jnp.where(accept, 1.0, 0.5 * s.alpha).astype(dtype)
+        k = s.k + (accept & started)
+        # Where the last step is not taken, x (whose decrement is below the threshold) is the answer;
+        # a step halved past 2⁻⁴⁰ (or a start that is not finite) is a failure.
+        failed = ~accept & ~last & ((alpha < 2.0**-40) | ~started)
+        return _LoopState(keep(x_try, s.x), keep(f_try, s.f), keep(g_try, s.g), d, slope, alpha, k, failed,
+                          last, jnp.where(accept, s.trace.at[k].set(f_try), s.trace), s.n_val,
+                          s.n_grad + 1, s.n_hvp + n_hvp)
 
     s = jax.lax.while_loop(cond, body, state)
     return _solution(solver, s.x, s.f, s.g, s.k, s.slope, s.done, s.trace, s.n_val, s.n_grad, s.n_hvp)
@@ -315,10 +287,11 @@ class Newton(AbstractSolver):
     def maximise(self, fn, x0, preconditioner=None):
         def local_model(x):
             f, g = jax.value_and_grad(fn)(x)
-            return f, g, jax.hessian(fn)(x)
+            return f, g, None
 
-        def direction(x, g, hessian):
-            lam, V = jnp.linalg.eigh(-hessian)
+        def direction(x, g, _):
+            # The Hessian only at accepted points (a trial needs the value and gradient alone).
+            lam, V = jnp.linalg.eigh(-jax.hessian(fn)(x))
             # Only a (numerically) singular direction is floored: the scale of the parameters sets the rest.
             floor = 10 * jnp.finfo(lam.dtype).eps * jnp.max(jnp.abs(lam)) + jnp.finfo(lam.dtype).tiny
             lam = jnp.maximum(jnp.abs(lam), floor)

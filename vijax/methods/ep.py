@@ -247,8 +247,12 @@ class _Run(NamedTuple):
     change: jax.Array
     stuck: jax.Array
     best_sites: SiteParams  # the sites with the smallest residual so far (where a fallback restarts)
+    best_ev: _Evaluation  # ... and their evaluation
     damping: jax.Array  # the parallel schedule's current step fraction δ
+    alpha: jax.Array  # the parallel schedule's step, halved until q and every cavity are proper
+    halvings: jax.Array
     tol: jax.Array  # the residual at which the running schedule stops (`EP._prepared`)
+    started: jax.Array  # whether ``ev`` is the evaluation of ``sites`` (False: a placeholder, see `fit`)
     outer: tuple = ()  # the double loop's (anchor, its inner optimum Φ, extrapolation factor ω)
 
 
@@ -328,18 +332,20 @@ class EP(eqx.Module):
         residual = _residual(ev)
         zero = jnp.array(0)
         return _Run(sites, ev, residual, k, trace.at[k].set(ev.value), residual, zero, zero + 1, zero, zero,
-                    jnp.array(jnp.nan, ev.value.dtype), jnp.array(False), sites,
-                    jnp.asarray(self.step_fraction, ev.value.dtype), jnp.asarray(self.tol, ev.value.dtype))
+                    jnp.array(jnp.nan, ev.value.dtype), jnp.array(False), sites, ev,
+                    jnp.asarray(self.step_fraction, ev.value.dtype), jnp.ones((), ev.value.dtype), zero,
+                    jnp.asarray(self.tol, ev.value.dtype), jnp.array(True))
 
     def _record(self, run: _Run, sites, ev, evals, skipped, shrunk, change, stuck) -> _Run:
         residual = _residual(ev)
         improved = residual < 0.99 * run.best
-        best_sites = jax.tree_util.tree_map(lambda a, b: jnp.where(residual < run.best, a, b), sites, run.best_sites)
+        best_sites, best_ev = jax.tree_util.tree_map(lambda a, b: jnp.where(residual < run.best, a, b),
+                                                     (sites, ev), (run.best_sites, run.best_ev))
         k = run.k + 1
         return run._replace(sites=sites, ev=ev, residual=residual, k=k, trace=run.trace.at[k].set(ev.value),
                             best=jnp.minimum(run.best, residual), since_best=jnp.where(improved, 0, run.since_best + 1),
                             evals=run.evals + evals, skipped=run.skipped + skipped, shrunk=run.shrunk + shrunk,
-                            change=change, stuck=stuck, best_sites=best_sites)
+                            change=change, stuck=stuck, best_sites=best_sites, best_ev=best_ev)
 
     def _prepared(self, run: _Run, schedule: str) -> _Run:
         """``run`` ready for ``schedule``: its stopping residual, and the double loop's outer state
@@ -368,21 +374,15 @@ class EP(eqx.Module):
 
     def _parallel_step(self, model, work):
         def body(run: _Run) -> _Run:
-            step = _direction(run.ev, run.sites, self.power).scale(run.damping)
-
-            def shorter(state):
-                alpha, ev, n = state
-                return ~ev.proper & (n < _MAX_HALVINGS)
-
-            def halve(state):
-                alpha, _, n = state
-                alpha = 0.5 * alpha
-                return alpha, _evaluate(run.sites + step.scale(alpha), model, self.power, work), n + 1
-
-            one = jnp.ones((), run.ev.value.dtype)
-            first = _evaluate(run.sites + step, model, self.power, work)
-            alpha, ev, n = jax.lax.while_loop(shorter, halve, (one, first, jnp.array(0)))
+            # One evaluation per iteration of the loop (so the tilted integrals are traced once): a step
+            # that leaves q or a cavity improper is halved, in the next iteration, up to _MAX_HALVINGS times.
+            step = _direction(run.ev, run.sites, self.power).scale(jnp.where(run.started, run.damping * run.alpha, 0.0))
+            ev = _evaluate(run.sites + step, model, self.power, work)
+            # The first iteration of a run that starts here evaluates its sites (step 0).
+            first = self._prepared(self._start(run.sites, ev, run.k, run.trace), "parallel")
             ok = accept = ev.proper
+            halve = ~ok & (run.halvings < _MAX_HALVINGS)
+            damping = run.damping
             if self.damping is None:
                 # Adaptive damping: full steps while the residual falls. The first full step that raises
                 # it (a sign of the oscillation undamped parallel EP can fall into) is undone, and δ = ½
@@ -390,12 +390,15 @@ class EP(eqx.Module):
                 # monotonically on its way to convergence, so it is no guide to smaller steps).
                 rose = _residual(ev) > run.residual
                 accept = ok & ~(rose & (run.damping > _SAFE_DAMPING))
-                run = run._replace(damping=jnp.where(ok & rose, jnp.minimum(run.damping, _SAFE_DAMPING),
-                                                     run.damping))
+                damping = jnp.where(ok & rose, jnp.minimum(run.damping, _SAFE_DAMPING), run.damping)
             keep = lambda new, old: jax.tree_util.tree_map(lambda a, b: jnp.where(accept, a, b), new, old)
-            sites, ev = keep(run.sites + step.scale(alpha), run.sites), keep(ev, run.ev)
-            return self._record(run, sites, ev, n + 1, _num_invalid(run.ev), (n > 0).astype(int),
-                                _change(step.scale(alpha * accept), run.ev), ~ok)
+            done = self._record(run._replace(damping=damping, alpha=jnp.ones_like(run.alpha), halvings=jnp.array(0)),
+                                keep(run.sites + step, run.sites), keep(ev, run.ev), jnp.array(1),
+                                _num_invalid(run.ev), (run.halvings > 0).astype(int), _change(step.scale(accept), run.ev),
+                                ~ok)
+            halved = run._replace(alpha=0.5 * run.alpha, halvings=run.halvings + 1, evals=run.evals + 1)
+            select = lambda c, a, b: jax.tree_util.tree_map(lambda x, y: jnp.where(c, x, y), a, b)
+            return select(run.started, select(halve, halved, done), first)
 
         return body
 
@@ -580,8 +583,17 @@ class EP(eqx.Module):
         sites = jax.lax.stop_gradient(self.initial_sites(frozen, init))
         work = working_model(frozen)
         length = (self.max_iter + 1) * (1 + (len(_FALLBACK[self.schedule]) if self.fallback else 0))
-        ev = _evaluate(sites, frozen, self.power, work)
-        run = self._start(sites, ev, jnp.array(0), jnp.full((length,), jnp.nan, ev.value.dtype))
+        trace = jnp.full((length,), jnp.nan, frozen.dtype)
+        if self.schedule == "parallel":
+            # The parallel schedule's first iteration evaluates the start (so `_evaluate` appears in the
+            # program once for it); until then the evaluation is a placeholder of the right shape.
+            shape = jax.eval_shape(lambda: _evaluate(sites, frozen, self.power, work))
+            ev = jax.tree_util.tree_map(lambda a: jnp.full(a.shape, jnp.nan if a.dtype != bool else False, a.dtype),
+                                        shape)
+            run = self._start(sites, ev, jnp.array(0), trace)._replace(started=jnp.array(False))
+            run = run._replace(residual=jnp.array(jnp.inf, trace.dtype), best=jnp.array(jnp.inf, trace.dtype))
+        else:
+            run = self._start(sites, _evaluate(sites, frozen, self.power, work), jnp.array(0), trace)
         schedules = {"parallel": self._parallel_step, "sequential": self._sequential_step,
                      "double_loop": self._double_loop}
         # A run that has not converged continues with the next, more robust schedule from its best sites.
@@ -596,9 +608,8 @@ class EP(eqx.Module):
             def rescue(run, schedule=schedule):
                 # Restart from the best sites so far (a diverging run may end far from any fixed
                 # point), with a fresh patience budget.
-                ev = _evaluate(run.best_sites, frozen, self.power, work)
-                fresh = run._replace(sites=run.best_sites, ev=ev, residual=_residual(ev), since_best=jnp.array(0),
-                                     stuck=jnp.array(False), evals=run.evals + 1)
+                fresh = run._replace(sites=run.best_sites, ev=run.best_ev, residual=_residual(run.best_ev),
+                                     since_best=jnp.array(0), stuck=jnp.array(False))
                 return self._loop(self._prepared(fresh, schedule), schedules[schedule](frozen, work),
                                   run.k + self.max_iter)
 
