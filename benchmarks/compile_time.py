@@ -2,7 +2,7 @@
 
 A benchmark script, not a test. What a user meets first is ``vj.infer``'s first call: tracing, XLA
 compilation and the run. Each measurement runs in a fresh Python process (so nothing compiled or traced
-before is reused), pinned to one core (``taskset -c 0`` where available), float64:
+before is reused), pinned to one core (``taskset -c 0`` where available; ``--core``), float64:
 
 - ``first``: the first ``vj.infer(model, method)`` call, compile and run (``jax.block_until_ready``);
 - ``second``: a second call with the same shapes (the run alone);
@@ -228,8 +228,8 @@ def reference_worker(name, kind):
 
 
 # -------------------------------------------------------------------------------------- orchestrator
-def run_worker(args, repeats):
-    prefix = ["taskset", "-c", "0"] if shutil.which("taskset") else []
+def run_worker(args, repeats, core):
+    prefix = ["taskset", "-c", str(core)] if shutil.which("taskset") else []
     records = []
     for _ in range(repeats):
         out = subprocess.run(prefix + [sys.executable, str(HERE)] + args, capture_output=True, text=True,
@@ -250,6 +250,7 @@ def main():
     parser.add_argument("--problems", nargs="+", choices=list(RUNS), default=list(RUNS))
     parser.add_argument("--repeats", type=int, default=1, help="fresh processes per measurement (median)")
     parser.add_argument("--out", default=str(RESULTS))
+    parser.add_argument("--core", type=int, default=0, help="the core the measurements are pinned to")
     parser.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--reference", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -262,10 +263,11 @@ def main():
     rows = []
     for name in args.problems:
         for label, _ in RUNS[name]:
-            rows.append(dict(problem=name, run=label, **run_worker(["--worker", name, label], args.repeats)))
+            rows.append(dict(problem=name, run=label, **run_worker(["--worker", name, label], args.repeats, args.core)))
             print(rows[-1], flush=True)
         for kind in REFERENCES.get(name, []):
-            rows.append(dict(problem=name, run=f"[{kind}]", **run_worker(["--reference", name, kind], args.repeats)))
+            rows.append(dict(problem=name, run=f"[{kind}]", **run_worker(["--reference", name, kind], args.repeats,
+                                                                          args.core)))
             print(rows[-1], flush=True)
 
     lines = [f"{'problem':<10} {'run':<22} {'first s':>8} {'second s':>9} {'program':>10} {'iters':>6} target",

@@ -113,20 +113,20 @@ class _SiteDerivatives(NamedTuple):
 
 def _site_derivatives(model, quadrature, means, variances) -> _SiteDerivatives:
     """Each term of F depends on its own site only, so forward mode with unit tangents gives every
-    derivative at once (``means``, ``variances``: one array per group)."""
+    derivative: the inner derivative along σ², the outer along μ and along σ² at once (one copy of
+    the expectations' second derivatives in the program; ``means``, ``variances``: one array per group)."""
     def terms(means, variances):
-        return tuple(g.potential.expected_log_phi(mu, safe_sqrt(v), quadrature)
-                     for g, mu, v in zip(model.sites, means, variances))
+        return jnp.concatenate([g.potential.expected_log_phi(mu, safe_sqrt(v), quadrature)
+                                for g, mu, v in zip(model.sites, means, variances)])
 
     ones = tuple(jnp.ones_like(m) for m in means)
     zeros = tuple(jnp.zeros_like(m) for m in means)
-    values, d_mean = jax.jvp(terms, (means, variances), (ones, zeros))
-    d_var = lambda mu, v: jax.jvp(lambda v: terms(mu, v), (v,), (ones,))[1]
-    d_var_value, d2_var = jax.jvp(lambda v: d_var(means, v), (variances,), (ones,))
-    _, d2_mixed = jax.jvp(lambda mu: d_var(mu, variances), (means,), (ones,))
-    stack = lambda xs, scale=1.0: scale * jnp.concatenate(xs)
-    return _SiteDerivatives(sum(jnp.sum(v) for v in values), stack(d_mean), stack(d_var_value, -2.0),
-                            stack(d2_var, -2.0), stack(d2_mixed, -2.0))
+    inner = lambda mu, v: jax.jvp(lambda v: terms(mu, v), (v,), (ones,))  # (f, ∂f/∂σ²)
+    outer = lambda t_mu, t_var: jax.jvp(inner, (means, variances), (t_mu, t_var))
+    stacked = lambda a, b: tuple(jnp.stack([x, y]) for x, y in zip(a, b))
+    (value, d_var), (d_first, d_second) = jax.vmap(outer)(stacked(ones, zeros), stacked(zeros, ones))
+    # Along μ: (∂f/∂μ, ∂²f/∂σ²∂μ); along σ²: (∂f/∂σ², ∂²f/∂σ⁴).
+    return _SiteDerivatives(jnp.sum(value[0]), d_first[0], -2.0 * d_var[0], -2.0 * d_second[1], -2.0 * d_second[0])
 
 
 def fixed_point_precisions(model: LatentLinearModel, means, variances, quadrature):
