@@ -55,7 +55,8 @@ def _xi_from(post, model, bound="jaakkola"):
 def _assert_monotone(post):
     trace = np.asarray(post.diagnostics.objective_trace)
     trace = trace[np.isfinite(trace)]
-    assert trace.size == int(post.diagnostics.iterations) + 1
+    # One entry per accepted iterate (the last the returned one): at most one per point evaluated.
+    assert 2 <= trace.size <= int(post.diagnostics.iterations)
     assert np.all(np.diff(trace) >= -1e-12 * np.abs(trace[1:]))
     np.testing.assert_allclose(trace[-1], post.log_z, rtol=1e-12)
 
@@ -241,7 +242,7 @@ def test_jit_and_vmap_over_datasets(rng):
     post = fit(*data[0])
     np.testing.assert_allclose(jax.jit(vj.lvb.bound)(_xi_from(post, model), model), post.log_z, rtol=1e-9)
     warm = vj.infer(model, vj.LVB(), init=post)  # ξ from the posterior's marginals: already the fixed point
-    assert int(warm.diagnostics.iterations) <= 2
+    assert int(warm.diagnostics.iterations) <= 3  # the start and the two plain steps of the stopping test
     np.testing.assert_allclose(warm.log_z, post.log_z, rtol=1e-10)
     # float32 data: the fit stays in float32 (the prior's float64 parameters do not promote it).
     single = vj.infer(vj.glm.logistic_regression(*(np.float32(a) for a in data[0])), vj.LVB())

@@ -44,7 +44,7 @@ import jax
 import jax.numpy as jnp
 
 __all__ = ["AbstractSolver", "NewtonCG", "Newton", "GaussNewton", "LBFGS", "NonlinearCG", "Solution",
-           "extrapolated_distance"]
+           "extrapolated_distance", "FixedPoint", "fixed_point"]
 
 _ROUNDING = 64  # f is known to about this many ulps: a smaller increase of f is no evidence of progress
 _DECREMENT_ROUNDING = 4  # a predicted gain ½λ² below a few ulps of f cannot be realised
@@ -101,6 +101,84 @@ def extrapolated_distance(change, previous_change, floor):
     contracting = jnp.isfinite(previous_change) & (rate < 1)
     extrapolated = jnp.where(contracting, change * rate / jnp.where(contracting, 1 - rate, 1.0), jnp.inf)
     return jnp.where(change <= floor, 0.0, extrapolated)
+
+
+class FixedPoint(NamedTuple):
+    """What `fixed_point` returns: the last accepted iterate and how the run ended."""
+
+    x: object  # a pytree like x0
+    value: jax.Array  # the objective at x
+    evaluations: jax.Array  # calls of ``evaluate`` (the cost unit)
+    converged: jax.Array
+    distance: jax.Array  # extrapolated distance of x from the fixed point at the end
+    trace: jax.Array  # the objective at each accepted iterate (NaN after the last)
+
+
+def fixed_point(evaluate, update, change, x0, *, tol, max_evals, floor):
+    """Maximise an objective by its monotone fixed-point map x ← F(x) (an EM), accelerated by SQUAREM.
+
+    ``evaluate(x) -> (value, aux)`` computes the objective and what the map needs (the expensive part);
+    ``update(x, aux) -> F(x)`` is the map itself, for which value(F(x)) ≥ value(x); ``change(a, b, aux)``
+    measures a step (e.g. in units of q's standard deviations). Plain steps converge linearly, at the
+    rate of the slowest direction. Every cycle takes two plain steps x₁ = F(x₀), x₂ = F(x₁) and, with
+    r = x₁ − x₀ and v = x₂ − 2x₁ + x₀, tries the squared extrapolation (Varadhan & Roland 2008)
+
+        x' = x₀ − 2αr + α²v,   α = −‖r‖/‖v‖ ≤ −1,
+
+    accepted where value(x') ≥ value(x₁), else the run goes on from x₂: the accepted iterates never
+    lower the objective, and where the extrapolation fails the run is plain EM. The run stops when the
+    two plain steps' extrapolated distance (`extrapolated_distance`) is at most ``tol``, returning x₂.
+
+    One loop iteration evaluates one point, so ``evaluate`` appears once in the compiled program.
+    """
+    value, aux = evaluate(x0)
+    leaves = lambda t: jax.tree_util.tree_leaves(t)
+    axpy = lambda a, x, y: jax.tree_util.tree_map(lambda u, w: a * u + w, x, y)
+    sub = lambda x, y: jax.tree_util.tree_map(jnp.subtract, x, y)
+    norm = lambda t: jnp.sqrt(sum((jnp.vdot(u, u) for u in leaves(t)), jnp.zeros((), value.dtype)))
+    select = lambda c, a, b: jax.tree_util.tree_map(lambda u, w: jnp.where(c, u, w), a, b)
+    inf = jnp.array(jnp.inf, value.dtype)
+    trace = jnp.full((max_evals + 1,), jnp.nan, value.dtype)
+    # phase 0: the point is an accepted iterate x₀; 1: the point is x₁; 2: the point is x'.
+    state = dict(k=jnp.array(1), phase=jnp.array(0), point=x0, value=value, aux=aux, x0=x0, x1=x0, x2=x0,
+                 v1=value, accepted=jnp.array(-1), trace=trace, distance=inf, done=jnp.array(False))
+
+    def cond(s):
+        return ~s["done"] & (s["k"] < max_evals) & (jnp.isfinite(s["value"]) | (s["phase"] == 2))
+
+    def body(s):
+        fx = update(s["point"], s["aux"])
+        accept = (s["phase"] == 0) | ((s["phase"] == 2) & (s["value"] >= s["v1"]))
+        # An accepted point starts a cycle: x₀ = point, next x₁ = F(x₀).
+        accepted = s["accepted"] + accept
+        trace = jnp.where(accept, s["trace"].at[accepted].set(s["value"]), s["trace"])
+        x0 = select(accept, s["point"], s["x0"])
+        # At x₁: x₂ = F(x₁), the plain steps' distance, and the extrapolation.
+        r, x2 = sub(s["point"], s["x0"]), fx
+        v = sub(sub(x2, s["point"]), r)
+        distance = extrapolated_distance(change(x2, s["point"], s["aux"]), change(s["point"], s["x0"], s["aux"]), floor)
+        nv = norm(v)
+        alpha = jnp.where(nv > 0, -norm(r) / jnp.where(nv > 0, nv, 1.0), -1.0)
+        alpha = jnp.minimum(alpha, -1.0)
+        extrapolated = axpy(alpha**2, v, axpy(-2 * alpha, r, s["x0"]))
+        at_x1 = (s["phase"] == 1)
+        done = at_x1 & (distance <= tol)
+        point = select(accept, fx, select(at_x1, select(done, x2, extrapolated), s["x2"]))
+        phase = jnp.where(accept, 1, jnp.where(at_x1 & ~done, 2, 0))
+        value, aux = evaluate(point)
+        return dict(k=s["k"] + 1, phase=phase, point=point, value=value, aux=aux, x0=x0,
+                    x1=select(at_x1, s["point"], s["x1"]), x2=select(at_x1, x2, s["x2"]),
+                    v1=jnp.where(at_x1, s["value"], s["v1"]), accepted=accepted, trace=trace,
+                    distance=jnp.where(at_x1, distance, s["distance"]), done=done)
+
+    s = jax.lax.while_loop(cond, body, state)
+    # The last point evaluated is x₂ when the run converged; otherwise the last accepted iterate is
+    # the best point known (phase 0 and 1 points are accepted or plain steps from one).
+    ok = jnp.isfinite(s["value"]) & (s["phase"] != 2)
+    x = select(ok, s["point"], s["x0"])
+    value = jnp.where(ok, s["value"], s["trace"][jnp.maximum(s["accepted"], 0)])
+    trace = jnp.where(ok, s["trace"].at[s["accepted"] + 1].set(s["value"]), s["trace"])
+    return FixedPoint(x, value, s["k"], s["done"] & jnp.isfinite(s["value"]), s["distance"], trace)
 
 
 def _max_abs(g):
