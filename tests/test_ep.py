@@ -323,6 +323,11 @@ def test_fallback_is_reported(probit_gp):
     post = vj.infer(model, vj.EP(max_iter=6))  # 6 parallel iterations leave a residual of 3e-8
     assert bool(post.diagnostics.fallback) and bool(post.diagnostics.converged)
     np.testing.assert_allclose(post.log_z, log_z, rtol=1e-8)
+    # Called eagerly, infer compiles the fallback as a stage of its own; under jit it is one program.
+    traced = jax.jit(lambda m: vj.infer(m, vj.EP(max_iter=6)))(model)
+    assert int(traced.diagnostics.iterations) == int(post.diagnostics.iterations)
+    np.testing.assert_allclose(traced.log_z, post.log_z, rtol=1e-13)
+    np.testing.assert_allclose(traced.mean, post.mean, rtol=1e-11, atol=1e-13)
     assert vj.infer(model, vj.EP()).diagnostics.fallback == False  # noqa: E712
     # The double loop alone reaches the same fixed point.
     dl = vj.infer(model, vj.EP(schedule="double_loop", max_iter=300))

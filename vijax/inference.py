@@ -31,8 +31,8 @@ def infer(model: LatentLinearModel, method, init=None) -> Posterior:
     """Fit ``method`` (e.g. ``vj.GKL()``) to ``model``; returns a `Posterior`.
 
     ``init`` warm-starts the fit from a previous `Posterior` (or method parameters).
-    The fit is compiled once per model structure and shape (`equinox.filter_jit`) and
-    is traceable: it works under `jax.jit` and `jax.vmap`, and
+    The fit is compiled once per model structure and shape (`equinox.filter_jit`; EP compiles its
+    fallback schedules only for a fit that needs them) and is traceable: it works under `jax.jit` and `jax.vmap`, and
     ``jax.grad`` of ``infer(...).log_z`` with respect to the model's
     hyperparameters is the derivative of the optimised objective.
     """
@@ -42,7 +42,10 @@ def infer(model: LatentLinearModel, method, init=None) -> Posterior:
         raise ValueError(f"infer: `method` must be a vijax method such as vj.GKL(), got {method!r}.")
     if isinstance(init, (jax.Array, np.ndarray)) and _checks.is_concrete(init) and not np.all(np.isfinite(init)):
         raise ValueError("infer: `init` contains NaN or infinite values; pass a finite starting point or None.")
-    post = _fit(model, method, init)
+    # Outside jit, vmap and grad a method may run in compiled stages, so that code only some fits need
+    # (EP's fallback schedules) is compiled only when a fit needs it.
+    staged = getattr(method, "staged_fit", None)
+    post = staged(model, init) if staged is not None and _checks.is_concrete(model, init) else _fit(model, method, init)
     _warn_unless_converged(post)
     return post
 

@@ -579,10 +579,38 @@ class EP(eqx.Module):
         return SiteParams(tuple(t.astype(dtype) for t in start.precision), tuple(n.astype(dtype) for n in start.shift))
 
     def fit(self, model: LatentLinearModel, init=None) -> Posterior:
+        run = self._first_run(model, init)
+        # A run that has not converged continues with the next, more robust schedule from its best sites.
+        flags = (jnp.array(False), jnp.array(False))  # (used a fallback, oscillated)
+        for schedule in self._chain[1:]:
+            unconverged, flags = self._unconverged(run, flags)
+            run = jax.lax.cond(unconverged, lambda run, schedule=schedule: self._rescue(model, run, schedule),
+                               lambda run, schedule=schedule: self._prepared(run, schedule), run)
+        return self._finish(model, run, *flags)
+
+    def staged_fit(self, model: LatentLinearModel, init=None) -> Posterior:
+        """`fit` for concrete inputs, one compiled stage at a time: a fallback schedule is compiled only
+        when a run needs it (`vj.infer` calls this outside `jit`, `vmap` and `grad`). Same result as
+        `fit`: the stages are the branches `fit` chooses between."""
+        run = _first_run(self, model, init)
+        flags = (jnp.array(False), jnp.array(False))
+        for schedule in self._chain[1:]:
+            unconverged, flags = self._unconverged(run, flags)
+            if not bool(unconverged):
+                break  # a converged run stays converged: the later schedules' stops are no stricter
+            run = _rescue(self, model, run, schedule)
+        return _finish(self, model, run, *flags)
+
+    @property
+    def _chain(self):
+        return (self.schedule,) + (_FALLBACK[self.schedule] if self.fallback else ())
+
+    def _first_run(self, model, init) -> _Run:
+        """From the start (`initial_sites`) to the end of the first schedule's run."""
         frozen = jax.lax.stop_gradient(model)
         sites = jax.lax.stop_gradient(self.initial_sites(frozen, init))
         work = working_model(frozen)
-        length = (self.max_iter + 1) * (1 + (len(_FALLBACK[self.schedule]) if self.fallback else 0))
+        length = (self.max_iter + 1) * len(self._chain)
         trace = jnp.full((length,), jnp.nan, frozen.dtype)
         if self.schedule == "parallel":
             # The parallel schedule's first iteration evaluates the start (so `_evaluate` appears in the
@@ -594,27 +622,30 @@ class EP(eqx.Module):
             run = run._replace(residual=jnp.array(jnp.inf, trace.dtype), best=jnp.array(jnp.inf, trace.dtype))
         else:
             run = self._start(sites, _evaluate(sites, frozen, self.power, work), jnp.array(0), trace)
-        schedules = {"parallel": self._parallel_step, "sequential": self._sequential_step,
-                     "double_loop": self._double_loop}
-        # A run that has not converged continues with the next, more robust schedule from its best sites.
-        chain = (self.schedule,) + (_FALLBACK[self.schedule] if self.fallback else ())
-        used_fallback = oscillated = jnp.array(False)
-        run = self._loop(self._prepared(run, chain[0]), schedules[chain[0]](frozen, work), self.max_iter)
-        for schedule in chain[1:]:
-            unconverged = run.residual > run.tol
-            oscillated = oscillated | (run.since_best >= self.patience)
-            used_fallback = used_fallback | unconverged
+        schedule = self._chain[0]
+        return self._loop(self._prepared(run, schedule), self._schedules[schedule](frozen, work), self.max_iter)
 
-            def rescue(run, schedule=schedule):
-                # Restart from the best sites so far (a diverging run may end far from any fixed
-                # point), with a fresh patience budget.
-                fresh = run._replace(sites=run.best_sites, ev=run.best_ev, residual=_residual(run.best_ev),
-                                     since_best=jnp.array(0), stuck=jnp.array(False))
-                return self._loop(self._prepared(fresh, schedule), schedules[schedule](frozen, work),
-                                  run.k + self.max_iter)
+    @property
+    def _schedules(self):
+        return {"parallel": self._parallel_step, "sequential": self._sequential_step, "double_loop": self._double_loop}
 
-            run = jax.lax.cond(unconverged, rescue, lambda run, schedule=schedule: self._prepared(run, schedule), run)
+    def _unconverged(self, run: _Run, flags):
+        unconverged = run.residual > run.tol
+        used_fallback, oscillated = flags
+        return unconverged, (used_fallback | unconverged, oscillated | (run.since_best >= self.patience))
 
+    def _rescue(self, model, run: _Run, schedule: str) -> _Run:
+        """Continue with ``schedule`` from the best sites so far (a diverging run may end far from any
+        fixed point), with a fresh patience budget."""
+        frozen = jax.lax.stop_gradient(model)
+        fresh = run._replace(sites=run.best_sites, ev=run.best_ev, residual=_residual(run.best_ev),
+                             since_best=jnp.array(0), stuck=jnp.array(False))
+        return self._loop(self._prepared(fresh, schedule), self._schedules[schedule](frozen, working_model(frozen)),
+                          run.k + self.max_iter)
+
+    def _finish(self, model, run: _Run, used_fallback, oscillated) -> Posterior:
+        frozen = jax.lax.stop_gradient(model)
+        work = working_model(frozen)
         sites = jax.lax.stop_gradient(run.sites)
         log_z = computed(run.ev.value, lambda s, m: energy(s, m, self.power), sites, model)  # = energy at sites
         _, mean, C = integrate(frozen, _quadratics(sites), *work)
@@ -626,3 +657,10 @@ class EP(eqx.Module):
             oscillated | (run.since_best >= self.patience), run.skipped, run.shrunk, stationarity=run.residual)
         factor = CholeskyFactor.from_matrix(C).canonical()
         return Posterior(mean, factor, log_z, diagnostics, model, is_lower_bound=False, state=sites)
+
+
+# The stages of `EP.staged_fit`, each compiled once per method and model shape (filter_jit: the method
+# and the schedule name are static, arrays traced).
+_first_run = eqx.filter_jit(EP._first_run)
+_rescue = eqx.filter_jit(EP._rescue)
+_finish = eqx.filter_jit(EP._finish)
