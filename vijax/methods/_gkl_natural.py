@@ -317,8 +317,21 @@ def _natural_step(lin, fac, lam, grad, site) -> _Direction:
     return _Direction(mean, gap, grad @ mean + 0.5 * jnp.sum((gap * fac.variances) ** 2), jnp.array(False))
 
 
-def _newton_step(lin, fac, lam, grad, site) -> _Direction:
-    """Newton's step (see the module docstring), or the natural-gradient step where it fails."""
+def _step(newton, lin, fac, lam, grad, site) -> _Direction:
+    """Newton's step where ``newton`` and it succeeds, else the natural-gradient step (each once in the program)."""
+    def attempt():
+        return _newton_step(lin, fac, lam, grad, site)
+
+    def skip():
+        zero = jnp.zeros((), grad.dtype)
+        return _Direction(jnp.zeros_like(grad), jnp.zeros_like(lam), zero, jnp.array(False)), jnp.array(False)
+
+    direction, ok = jax.lax.cond(newton, attempt, skip)
+    return jax.lax.cond(ok, lambda: direction, lambda: _natural_step(lin, fac, lam, grad, site))
+
+
+def _newton_step(lin, fac, lam, grad, site) -> tuple[_Direction, jax.Array]:
+    """Newton's step (see the module docstring) and whether it is usable (else the natural step is taken)."""
     gap, e = site.target - lam, site.target_mean
     coupling = lin.coupling(fac, site.target_var)
     mean = coupling.solve_mean(lin, site.target, e, grad + 0.5 * lin.project_t(e * coupling.apply(coupling.solve_g(gap))))
@@ -326,8 +339,7 @@ def _newton_step(lin, fac, lam, grad, site) -> _Direction:
     decrement = grad @ mean + 0.5 * gap @ coupling.apply(lam_step)
     ok = coupling.proper & jnp.all(jnp.isfinite(lam_step)) & jnp.all(jnp.isfinite(mean)) & (decrement > 0) \
         & jnp.all(lam + lam_step >= 0)
-    return jax.lax.cond(ok, lambda: _Direction(mean, lam_step, decrement, jnp.array(coupling.exact)),
-                        lambda: _natural_step(lin, fac, lam, grad, site))
+    return _Direction(mean, lam_step, decrement, jnp.array(coupling.exact)), ok
 
 
 class _DenseCoupling:
@@ -455,8 +467,7 @@ def fit(model: LatentLinearModel, work: LatentLinearModel, mean, lam, quadrature
         log_f, grad_f = jax.value_and_grad(prior.log_density)(m) if prior is not None else (0.0, 0.0)
         value = log_const - 0.5 * fac.logdet + log_f - 0.5 * (d - lam @ fac.variances) + site.value
         grad = grad_f + lin.project_t(site.mean)
-        step = jax.lax.cond(newton, lambda: _newton_step(lin, fac, lam, grad, site),
-                            lambda: _natural_step(lin, fac, lam, grad, site))
+        step = _step(newton, lin, fac, lam, grad, site)
         return _Point(m, lam, fac, value, grad, site.target - lam, step, newton)
 
     lam = jnp.maximum(jnp.concatenate(lam), 0.0).astype(dtype)
