@@ -147,6 +147,13 @@ def test_padded_structure(rng):
     np.testing.assert_allclose(padded.log_joint(w), model.log_joint(w), rtol=1e-13)
 
 
+def test_piecewise_bound_keeps_the_mask(rng):
+    padded = vj.pad_sites(_logistic(rng, n=6), 8)
+    bounded = vj.piecewise.bound_logistic_sites(padded, "linear", 7).sites[0].potential
+    assert isinstance(bounded, vj.potentials.Masked) and isinstance(bounded.potential, vj.potentials.PiecewiseLogistic)
+    np.testing.assert_array_equal(bounded.mask, padded.sites[0].potential.mask)
+
+
 def test_several_groups(rng):
     X = rng.normal(size=(6, 3))
     model = vj.LatentLinearModel(vj.GaussianFactor.isotropic(3, 1.0),

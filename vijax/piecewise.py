@@ -67,7 +67,11 @@ def bound_logistic_sites(model, kind: str = "quadratic", pieces: int = 20):
             return potential if inner is potential.potential else Masked(inner, potential.mask)
         return site if isinstance(potential, Logistic) else potential
 
-    groups = tuple(eqx.tree_at(lambda g: g.potential, g, replaced(g.potential)) for g in model.sites)
+    def group(g):
+        potential = replaced(g.potential)
+        return g if potential is g.potential else eqx.tree_at(lambda g: g.potential, g, potential)
+
+    groups = tuple(group(g) for g in model.sites)
     return LatentLinearModel(model.prior, groups)
 
 
