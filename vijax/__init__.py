@@ -4,6 +4,7 @@ from . import covariance, factor, glm, gp, piecewise, potentials, quadrature, so
 from .inference import ConvergenceWarning, infer
 from .methods import EP, GKL, LVB, MAP, Laplace, MeanField, ep, gkl, laplace, lvb
 from .model import GaussianFactor, Identity, LatentLinearModel, Sites
+from .padding import pad_sites
 from .posterior import Diagnostics, Posterior
 from .sharding import shard_sites
 
@@ -37,4 +38,5 @@ __all__ = [
     "factor",
     "gp",
     "shard_sites",
+    "pad_sites",
 ]

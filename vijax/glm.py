@@ -124,24 +124,29 @@ def _single_group(post, owner):
     return post.model.sites[0]
 
 
+def _site_potential(group):
+    """The group's potential for new data: a padded model's (`vj.pad_sites`) without its mask."""
+    potential = group.potential
+    return potential.potential if isinstance(potential, potentials.Masked) else potential
+
+
 def predict_proba(post, X_test, quadrature=GaussHermite()):
     """p(y = 1 | x_*) = ⟨φ(x_*ᵀw)⟩_q for logistic, probit or Heaviside GLMs: shape ``(N_test,)``."""
     owner = "predict_proba"
-    group = _single_group(post, owner)
-    if not group.potential.labels_in_projection:
-        raise ValueError(f"{owner}: needs a binary classification posterior, got a {type(group.potential).__name__} likelihood.")
+    potential = _site_potential(_single_group(post, owner))
+    if not potential.labels_in_projection:
+        raise ValueError(f"{owner}: needs a binary classification posterior, got a {type(potential).__name__} likelihood.")
     X_test = _design(X_test, owner)
     mean, var = post.marginals(X_test)
-    return jnp.exp(group.potential.log_expected_phi(mean, safe_sqrt(var), quadrature))
+    return jnp.exp(potential.log_expected_phi(mean, safe_sqrt(var), quadrature))
 
 
 def log_predictive(post, X_test, y_test, quadrature=GaussHermite()):
     """log p(y_* | x_*, data) ≈ log ⟨p(y_* | x_*ᵀw)⟩_q for each test point: shape ``(N_test,)``."""
     owner = "log_predictive"
-    group = _single_group(post, owner)
+    potential = _site_potential(_single_group(post, owner))
     X_test = _design(X_test, owner)
     y_test = _targets(y_test, X_test, owner, "y_test")
-    potential = group.potential
     if potential.labels_in_projection:
         X_test = signed_labels(y_test, owner)[:, None] * X_test
     else:

@@ -52,16 +52,26 @@ def max_error(kind: str, pieces: int) -> float:
 def bound_logistic_sites(model, kind: str = "quadratic", pieces: int = 20):
     """``model`` with every `Logistic` site group replaced by `PiecewiseLogistic(pieces, kind)`.
 
-    Other site groups and the Gaussian factor are unchanged. With `vj.GKL` the result's ``log_z`` is a
+    Other site groups and the Gaussian factor are unchanged; `Masked` logistic sites keep their mask. With `vj.GKL` the result's ``log_z`` is a
     lower bound on the original model's log Z, at most N·ε_R (N the number of logistic sites) below
     the G-KL bound with exact logistic expectations.
     """
     from .model import LatentLinearModel
-    from .potentials import Logistic, PiecewiseLogistic
+    from .potentials import Logistic, Masked, PiecewiseLogistic
 
     site = PiecewiseLogistic(pieces, kind)
-    groups = tuple(eqx.tree_at(lambda g: g.potential, g, site) if isinstance(g.potential, Logistic) else g
-                   for g in model.sites)
+
+    def replaced(potential):
+        if isinstance(potential, Masked):  # padded sites (`vj.pad_sites`) stay masked out
+            inner = replaced(potential.potential)
+            return potential if inner is potential.potential else Masked(inner, potential.mask)
+        return site if isinstance(potential, Logistic) else potential
+
+    def group(g):
+        potential = replaced(g.potential)
+        return g if potential is g.potential else eqx.tree_at(lambda g: g.potential, g, potential)
+
+    groups = tuple(group(g) for g in model.sites)
     return LatentLinearModel(model.prior, groups)
 
 

@@ -55,6 +55,7 @@ __all__ = [
     "Heaviside",
     "Poisson",
     "Custom",
+    "Masked",
 ]
 
 # Python floats (weakly typed), so that float32 inputs stay float32 when x64 is enabled.
@@ -644,3 +645,92 @@ class Custom(AbstractPotential):
         if self.expectation is not None:
             return self.expectation(mu, sigma)
         return quadrature.expect(self.fn, mu, sigma)
+
+
+# ----------------------------------------------------------------------------------------------
+# Switching sites off
+
+
+class Masked(AbstractPotential):
+    """``potential`` on the sites where ``mask`` is True, and φ ≡ 1 on the others.
+
+    .. math::
+
+        \\log \\tilde\\varphi_n(x) = \\begin{cases} \\log\\varphi_n(x) & \\text{mask}_n \\\\
+                                               0 & \\text{otherwise,} \\end{cases}
+
+    so a masked-out site is a constant factor 1 of the target: it changes neither Z nor the
+    posterior, whatever its projection h_n. Every Gaussian quantity follows exactly, per site:
+    ⟨log φ̃⟩ = 0 and log⟨φ̃⟩ = 0; every derivative in x, μ or σ is 0 (so the site's Laplace and
+    G-KL curvature is 0); the tilted density φ̃^η N(x | m, v) is the cavity itself, so its moments
+    are (log Ẑ, E x, Var x) = (0, m, v) and an EP site that starts at precision 0 stays there; the
+    LVB local bound is the zero quadratic. Values are selected with `jnp.where`, never multiplied by
+    the mask, so whatever ``potential`` gives at a masked-out site (it is still evaluated) does not
+    reach the result; keep its per-site parameters valid there (`vijax.pad_sites` copies a real
+    site), because a non-finite value inside would still reach reverse-mode derivatives.
+
+    ``mask`` is an array (a boolean per site, or a scalar), a traced leaf of the model: models that
+    differ only in which sites are on share one compiled program. This is what `vijax.pad_sites`
+    builds, to fit data sets of different sizes with one compilation.
+
+    **Arguments:**
+
+    - `potential`: the potential of the sites that are on (any `AbstractPotential`).
+    - `mask`: booleans, shape ``(N,)`` (or a scalar); True keeps a site.
+    """
+
+    potential: AbstractPotential
+    mask: jax.Array
+
+    def __init__(self, potential, mask):
+        if not isinstance(potential, AbstractPotential):
+            raise ValueError(f"Masked: `potential` must be a vj.potentials potential, got {type(potential).__name__}.")
+        mask = jnp.asarray(mask)
+        if mask.ndim > 1:
+            raise ValueError(f"Masked: `mask` must be a scalar or have one entry per site, got shape {mask.shape}.")
+        if not jnp.issubdtype(mask.dtype, jnp.bool_):
+            if _checks.is_concrete(mask) and not np.all(np.isin(np.asarray(mask), (0, 1))):
+                raise ValueError("Masked: `mask` must hold booleans (or 0 and 1).")
+            mask = mask != 0
+        self.potential = potential
+        self.mask = mask
+
+    @property
+    def log_concave(self):  # type: ignore[override]
+        return self.potential.log_concave  # log φ̃ is log φ or 0, concave wherever log φ is
+
+    @property
+    def super_gaussian(self):  # type: ignore[override]
+        return self.potential.super_gaussian
+
+    @property
+    def labels_in_projection(self):  # type: ignore[override]
+        return self.potential.labels_in_projection
+
+    def _select(self, on, off=0.0):
+        return jnp.where(self.mask, on, off)
+
+    def log_phi(self, x):
+        return self._select(self.potential.log_phi(x))
+
+    def expected_log_phi(self, mu, sigma, quadrature: GaussHermite = _DEFAULT_QUADRATURE):
+        return self._select(self.potential.expected_log_phi(mu, sigma, quadrature))
+
+    def log_expected_phi(self, mu, sigma, quadrature: GaussHermite = _DEFAULT_QUADRATURE):
+        return self._select(self.potential.log_expected_phi(mu, sigma, quadrature))
+
+    def tilted_moments(self, mean, var, power=1.0):
+        log_z, tilted_mean, tilted_var = self.potential.tilted_moments(mean, var, power)
+        mean, var = jnp.broadcast_arrays(mean, var)
+        return self._select(log_z), self._select(tilted_mean, mean), self._select(tilted_var, var)
+
+    def _peaks(self):
+        return self.potential._peaks()
+
+    def observe(self, y):
+        """The unmasked potential with observation ``y`` (new data: every site on)."""
+        return self.potential.observe(y)
+
+    def check_num_sites(self, num_sites: int) -> None:
+        _checks.check_broadcastable("mask", self.mask, num_sites, "Masked")
+        self.potential.check_num_sites(num_sites)

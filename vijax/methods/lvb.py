@@ -35,6 +35,8 @@ Local bounds (`local_bound`):
   log φ(x) ≥ log φ(loc + ξ) − ½ A(ξ)(u² − ξ²), A(ξ) = −(log φ)'(loc + ξ)/ξ (= 1/(scale·ξ) for Laplace,
   (df + 1)/(df·scale² + ξ²) for Student-t); optimal ξ_n² = ⟨u_n²⟩_q.
 - `Gaussian` sites enter exactly and carry no parameter.
+- `Masked` sites (`vijax.pad_sites`) use their potential's bound where they are on and the zero
+  quadratic where they are off (ξ held at 1 there).
 
 In every case the optimal ξ given q is in closed form, and alternating q ← q_ξ with that update is
 coordinate ascent on max_q of the relaxed G-KL bound: B_LVB never decreases (EM, with ξ as
@@ -60,7 +62,7 @@ from ._gaussian import integrate, marginals, working_model
 from .laplace import expand_at_mode, whitened
 
 __all__ = ["LVB", "bound", "gaussian", "update", "local_bound", "initial_xi", "AbstractLocalBound",
-           "Jaakkola", "Bohning", "ScaleMixture", "Exact"]
+           "Jaakkola", "Bohning", "ScaleMixture", "Exact", "MaskedBound"]
 
 _LOG_2PI = math.log(2 * math.pi)
 BOUNDS = ("jaakkola", "bohning")
@@ -188,6 +190,27 @@ def _(potential, bound: str = "jaakkola"):
 @local_bound.register
 def _(potential: pot.Gaussian, bound: str = "jaakkola"):
     return Exact(potential)
+
+
+class MaskedBound(AbstractLocalBound):
+    """The bound of a `Masked` potential: ``bound`` where the mask is on, the zero quadratic
+    (log φ̃ = 0 ≥ 0) elsewhere, with ξ held at 1 there (the update never moves it, so masked-out
+    sites add nothing to the fixed-point distance either)."""
+
+    bound: AbstractLocalBound
+    mask: jax.Array
+
+    def quadratic(self, xi):
+        return tuple(jnp.where(self.mask, t, 0.0) for t in self.bound.quadratic(xi))
+
+    def update(self, mean, var):
+        xi = self.bound.update(mean, var)
+        return None if xi is None else jnp.where(self.mask, xi, jnp.ones_like(xi))
+
+
+@local_bound.register
+def _(potential: pot.Masked, bound: str = "jaakkola"):
+    return MaskedBound(local_bound(potential.potential, bound), potential.mask)
 
 
 def _check_bound(bound):

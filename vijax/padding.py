@@ -1,0 +1,177 @@
+"""Padded site groups: one compiled fit for data sets of nearby sizes.
+
+A jitted fit is compiled for the shapes of its model, so cross-validation folds of unequal size,
+bootstrap samples and a growing data stream compile once per number of sites N. `pad_sites`
+gives every site group a fixed size instead: the real sites followed by padding sites that
+contribute exactly nothing,
+
+.. math::
+
+    p(w) \\propto f(w) \\prod_{n \\le N} \\varphi_n(h_n^\\top w + b_n)
+                   \\prod_{N < n \\le N'} 1 ,
+
+so log Z, the posterior and every method's answer are those of the unpadded model. A padding site
+is a copy of the last real site (its row of H, its offset and its per-site potential parameters)
+whose potential is switched off by a `vijax.potentials.Masked` wrapper: log φ̃_n ≡ 0 for n > N.
+This is data for the shared methods, not a case inside them. Per site, exactly:
+
+- G-KL, mean field: ⟨log φ̃_n⟩ = 0, with zero derivatives in (μ_n, σ_n), so the bound, its
+  gradient and its curvature Σ_n w_n h_n h_nᵀ (w_n = 0) are those of the real sites;
+- Laplace, MAP: log φ̃_n(x) = 0, so the log joint, its gradient and its Hessian are unchanged,
+  and so are the mode and the evidence;
+- EP: the tilted density φ̃_n^η N(x | m, v) is the cavity, moments (0, m, v): a padding site starts
+  at precision 0 (its curvature at the mode) and its moment-matching update keeps it there;
+- LVB: the zero quadratic, with ξ_n fixed.
+
+A padding site copies a real one (rather than being a zero row of H) so that everything evaluated
+at it is a value the real sites already produce: every marginal variance stays positive (EP's
+cavities are formed before any potential is consulted) and nothing non-finite is computed under
+the mask, which matters because reverse-mode derivatives multiply by what sits under a
+`jnp.where`. The mask is a traced array, so every model padded to the same sizes has the same
+pytree structure and shapes, and one ``jax.jit``-compiled fit serves them all::
+
+    fit = jax.jit(lambda m: vj.infer(m, vj.GKL()))
+    for X, y in folds:                                    # 90 … 110 training points each
+        post = fit(vj.pad_sites(vj.glm.logistic_regression(X, y), 112))   # compiled once
+
+Costs: a fit does the work of N' sites (the padding ones are evaluated, then discarded), so
+buckets a few percent above the largest N cost a few percent of run time.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import sparse as jsparse
+
+from .model import Dense, LatentLinearModel, Sites, Sparse
+from .potentials import Masked
+
+__all__ = ["pad_sites"]
+
+_OWNER = "pad_sites"
+
+
+def pad_sites(model: LatentLinearModel, size=None, *, multiple=None) -> LatentLinearModel:
+    """``model`` with each site group padded to a fixed number of sites that contribute nothing.
+
+    Give either ``size`` or ``multiple``:
+
+    - `size`: the number of sites N' ≥ N of every group (an int), or one entry per group (a tuple of
+      ints, with None for a group to leave as it is, e.g. prior sites on `vj.Identity`).
+    - `multiple`: pad each group to the next multiple of this (a bucket rule: with ``multiple=16``
+      folds of 90 … 110 points land on 96 or 112 sites).
+
+    **Returns:** a `vj.LatentLinearModel` with the same Gaussian factor whose padded groups carry a
+    `vijax.potentials.Masked` potential (True for the N real sites, False for the N' − N padding
+    sites, each a copy of the group's last real site). Every method's ``log_z``, mean, covariance
+    and diagnostics equal those of ``model`` up to rounding, and so do derivatives with respect to
+    the model's parameters; models padded to the same sizes reuse one compiled fit. A group that
+    already has N' sites is wrapped all the same (its mask all True), so that every fold has the
+    same structure.
+
+    Groups with dense or sparse (`BCOO`) H can be padded; a sparse group must be padded outside
+    ``jax.jit`` (its stored entries are a shape), and its padding rows add the last row's entries.
+    Groups on `vj.Identity` or `ScaledIdentity` (one site per latent coordinate, as in GP models)
+    cannot grow without the latent dimension: pass None for them, or an equal size.
+
+    Raises `ValueError` for a size below a group's number of sites, a non-positive size or
+    multiple, both or neither of them, or a group that cannot be padded.
+    """
+    if not isinstance(model, LatentLinearModel):
+        raise ValueError(f"{_OWNER}: expected a vj.LatentLinearModel, got {type(model).__name__}.")
+    sizes = _target_sizes(model, size, multiple)
+    groups = tuple(group if target is None else _pad_group(group, target, index)
+                   for index, (group, target) in enumerate(zip(model.sites, sizes)))
+    return LatentLinearModel(model.prior, groups)
+
+
+def _positive_int(name, value):
+    try:
+        value_int = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{_OWNER}: `{name}` must be a positive integer, got {value!r}.") from None
+    if isinstance(value, bool) or value_int < 1:
+        raise ValueError(f"{_OWNER}: `{name}` must be a positive integer, got {value!r}.")
+    return value_int
+
+
+def _target_sizes(model, size, multiple):
+    counts = [g.num_sites for g in model.sites]
+    if (size is None) == (multiple is None):
+        raise ValueError(f"{_OWNER}: give exactly one of `size` (the padded number of sites) and `multiple` "
+                         "(pad to the next multiple of it).")
+    if multiple is not None:
+        multiple = _positive_int("multiple", multiple)
+        return [max(-(-n // multiple), 1) * multiple for n in counts]
+    if isinstance(size, (tuple, list)):
+        if len(size) != len(counts):
+            raise ValueError(f"{_OWNER}: `size` has {len(size)} entries but the model has {len(counts)} site "
+                             "group(s); give one per group (None leaves a group as it is).")
+        sizes = [None if s is None else _positive_int(f"size[{i}]", s) for i, s in enumerate(size)]
+    else:
+        sizes = [_positive_int("size", size)] * len(counts)
+    for index, (n, target) in enumerate(zip(counts, sizes)):
+        if target is not None and target < n:
+            raise ValueError(f"{_OWNER}: site group {index} has {n} sites, more than the padded size {target}; "
+                             "the size must be at least the number of sites of every group it applies to.")
+    return sizes
+
+
+def _pad_rows(leaf, num_sites, extra):
+    """A per-site array (shape ``(N,)``, or ``(N, ...)``) with its last row repeated ``extra`` times."""
+    if extra == 0:
+        return leaf
+    tail = jnp.broadcast_to(leaf[-1:], (extra,) + leaf.shape[1:])
+    return jnp.concatenate([leaf, tail.astype(leaf.dtype)])
+
+
+def _per_site(leaf, num_sites):
+    return eqx.is_array(leaf) and leaf.ndim == 1 and leaf.shape[0] == num_sites
+
+
+def _pad_group(group: Sites, target: int, index: int) -> Sites:
+    n = group.num_sites
+    extra = target - n
+    projection = group.projection
+    if extra > 0:
+        if n == 0:
+            raise ValueError(f"{_OWNER}: site group {index} has no sites to copy; padding sites are copies of a "
+                             "real one.")
+        if isinstance(projection, Dense):
+            projection = Dense(_pad_rows(projection.matrix, n, extra))
+        elif isinstance(projection, Sparse):
+            projection = _pad_sparse(projection.matrix, extra, index)
+        else:
+            raise ValueError(f"{_OWNER}: site group {index} has a {type(projection).__name__} projection, whose "
+                             "sites are the latent coordinates and cannot be padded; pass size=(…, None, …) to "
+                             "leave the group as it is (dense and sparse H can be padded).")
+    potential = group.potential
+    if isinstance(potential, Masked):  # padding a padded group again
+        mask, potential = jnp.broadcast_to(potential.mask, (n,)), potential.potential
+    else:
+        mask = jnp.ones((n,), bool)
+    pad = lambda leaf: _pad_rows(leaf, n, extra) if _per_site(leaf, n) else leaf
+    potential = jax.tree_util.tree_map(pad, potential)
+    mask = jnp.concatenate([mask, jnp.zeros((extra,), bool)])
+    offset = pad(group.offset)
+    return Sites(projection, Masked(potential, mask), offset)
+
+
+def _pad_sparse(H: jsparse.BCOO, extra: int, index: int) -> Sparse:
+    if isinstance(H.indices, jax.core.Tracer) or isinstance(H.data, jax.core.Tracer):
+        raise ValueError(f"{_OWNER}: site group {index} has a sparse H built under tracing; pad sparse groups "
+                         "outside jax.jit (the number of stored entries is a shape).")
+    indices, data = np.asarray(H.indices), np.asarray(H.data)
+    n = H.shape[0]
+    last = indices[:, 0] == n - 1
+    rows = np.repeat(np.arange(n, n + extra), int(last.sum()))
+    columns = np.tile(indices[last, 1], extra)
+    new_indices = np.concatenate([indices, np.stack([rows, columns], axis=1).astype(indices.dtype)])
+    new_data = np.concatenate([data, np.tile(data[last], extra)])
+    padded = jsparse.BCOO((jnp.asarray(new_data, H.data.dtype), jnp.asarray(new_indices)), shape=(n + extra, H.shape[1]))
+    return Sparse.from_bcoo(padded)
