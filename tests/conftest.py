@@ -1,10 +1,34 @@
 """Tests run in float64; float32 behaviour is checked explicitly where it matters."""
 
+import os
+import shutil
+import tempfile
+
 import jax
 import numpy as np
 import pytest
 
 jax.config.update("jax_enable_x64", True)
+
+# A persistent compilation cache for the test session (the tests only; vijax itself leaves JAX's
+# configuration alone). Most of the suite's time is XLA compilation, and many programs recur: in
+# later modules (after `jax.clear_caches()` below) and, under pytest-xdist, on the other worker.
+# The directory is made once per session, by the first pytest process (xdist's workers inherit it
+# through the environment), and removed when that process ends. Set VIJAX_TEST_COMPILATION_CACHE
+# to a directory to keep the cache across runs, or to "off" to compile everything afresh.
+_CACHE_VARIABLE = "VIJAX_TEST_COMPILATION_CACHE"
+_owned_cache_dir = None
+if os.environ.get(_CACHE_VARIABLE) is None:
+    _owned_cache_dir = os.environ[_CACHE_VARIABLE] = tempfile.mkdtemp(prefix="vijax-test-jax-cache-")
+if os.environ[_CACHE_VARIABLE] != "off":
+    jax.config.update("jax_compilation_cache_dir", os.environ[_CACHE_VARIABLE])
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+
+
+def pytest_unconfigure(config):
+    if _owned_cache_dir is not None:
+        shutil.rmtree(_owned_cache_dir, ignore_errors=True)
 
 
 @pytest.fixture
