@@ -140,7 +140,7 @@ def fixed_point(evaluate, update, change, x0, *, tol, max_evals, floor):
     inf = jnp.array(jnp.inf, value.dtype)
     trace = jnp.full((max_evals + 1,), jnp.nan, value.dtype)
     # phase 0: the point is an accepted iterate x₀; 1: the point is x₁; 2: the point is x'.
-    state = dict(k=jnp.array(1), phase=jnp.array(0), point=x0, value=value, aux=aux, x0=x0, x1=x0, x2=x0,
+    state = dict(k=jnp.array(1), phase=jnp.array(0), point=x0, value=value, aux=aux, x0=x0, x2=x0,
                  v1=value, accepted=jnp.array(-1), trace=trace, distance=inf, done=jnp.array(False))
 
     def cond(s):
@@ -167,7 +167,7 @@ def fixed_point(evaluate, update, change, x0, *, tol, max_evals, floor):
         phase = jnp.where(accept, 1, jnp.where(at_x1 & ~done, 2, 0))
         value, aux = evaluate(point)
         return dict(k=s["k"] + 1, phase=phase, point=point, value=value, aux=aux, x0=x0,
-                    x1=select(at_x1, s["point"], s["x1"]), x2=select(at_x1, x2, s["x2"]),
+                    x2=select(at_x1, x2, s["x2"]),
                     v1=jnp.where(at_x1, s["value"], s["v1"]), accepted=accepted, trace=trace,
                     distance=jnp.where(at_x1, distance, s["distance"]), done=done)
 
