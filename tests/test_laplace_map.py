@@ -237,3 +237,17 @@ def test_laplace_on_gp_classification_matches_scikit_learn(rng):
     post = vj.infer(model, vj.Laplace(solver=vj.solvers.NewtonCG(tol=1e-10, max_iter=200)))
     assert bool(post.diagnostics.converged) and not bool(post.diagnostics.fallback)
     np.testing.assert_allclose(post.log_z, reference.log_marginal_likelihood_value_, rtol=0, atol=1e-6)
+
+
+def test_default_mode_solver_is_gauss_newton_exactly_where_its_steps_are_newtons(rng):
+    from vijax.methods.laplace import mode_solver
+
+    X, y = _classification_data(rng)
+    logistic = vj.glm.logistic_regression(X, y, prior_variance=2.0)
+    robust = vj.LatentLinearModel(vj.GaussianFactor.isotropic(3, 1.0), vj.Sites(X, vj.potentials.StudentT(3.0, y, 0.5)))
+    assert isinstance(mode_solver(logistic), vj.solvers.GaussNewton)  # log-concave: Gauss–Newton = −∇²ℓ
+    assert isinstance(mode_solver(robust), vj.solvers.NewtonCG)  # Student-t: ω_n < 0 where |r_n| is large
+    mine = vj.solvers.LBFGS()
+    assert mode_solver(logistic, mine) is mine
+    for method in (vj.Laplace(), vj.MAP()):
+        assert vj.infer(logistic, method).diagnostics.solver == "GaussNewton"

@@ -26,14 +26,16 @@ class Curvature(eqx.Module):
 
     def _ridge(self, diag):
         # P is singular without a proper Gaussian term and with too few sites; keep it positive definite.
-        return 1e-8 * jnp.maximum(jnp.mean(diag), 1e-12) + 1e-30
+        # Relative to each diagonal entry (P scaled to unit diagonal gets 1e-8·I), so that a coordinate
+        # in kilometres is regularised as one in metres and a Newton step with P stays a Newton step.
+        return 1e-8 * jnp.maximum(diag, 1e-12 * jnp.maximum(jnp.mean(diag), 1e-12)) + 1e-30
 
     def dense(self):
         d, dtype = self.model.dim, self.weights[0].dtype
         P = self.model.prior.precision_matrix() if self.model.prior is not None else jnp.zeros((d, d), dtype)
         for group, w in zip(self.model.sites, self.weights):
             P = P + group.projection.gram(w)
-        return (P + self._ridge(jnp.diag(P)) * jnp.eye(d, dtype=dtype)).astype(dtype)
+        return (P + jnp.diag(self._ridge(jnp.diag(P)))).astype(dtype)
 
     def sites_mv(self, V):
         """Σ_g H_gᵀ diag(w_g) H_g V for ``V`` of shape ``(D, K)`` (O(nnz(H) K), no D × D matrix)."""

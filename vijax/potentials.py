@@ -41,7 +41,8 @@ import numpy as np
 from jax.scipy.special import erf, gammaln, log_ndtr, ndtr
 
 from . import _checks, _piecewise
-from .quadrature import GaussHermite, moments_from_log_normaliser, tilted_moments
+from .quadrature import (ExpectationDerivatives, GaussHermite, expectation_derivatives, moments_from_log_normaliser,
+                         safe_sqrt, tilted_moments)
 
 __all__ = [
     "AbstractPotential",
@@ -61,6 +62,7 @@ __all__ = [
 # Python floats (weakly typed), so that float32 inputs stay float32 when x64 is enabled.
 _LOG_2PI = float(np.log(2 * np.pi))
 _SQRT_2PI = float(np.sqrt(2 * np.pi))
+_WIDE_LOG_SIGMOID = 1.5  # σ from which ⟨log σ(x)⟩ splits off min(x, 0) and integrates the rest by Gauss–Laguerre
 _WIDE_SIGMOID = 1.5  # σ from which ⟨σ(x)⟩ is computed by Gauss–Laguerre, not Gauss–Hermite
 _LAGUERRE_NODES = 48
 _TILTED_RULE = GaussHermite(64)  # EP's moments need ⟨σ(x)⟩ to ~1e-11 up to σ = 1.5
@@ -86,6 +88,13 @@ class AbstractPotential(eqx.Module):
     def expected_log_phi(self, mu, sigma, quadrature: GaussHermite = _DEFAULT_QUADRATURE):
         """:math:`\\langle \\log\\varphi(\\mu + \\sigma z)\\rangle_z`, shape of ``mu``."""
         return quadrature.expect(self.log_phi, mu, sigma)
+
+    def expected_log_phi_derivatives(self, mu, var, quadrature: GaussHermite = _DEFAULT_QUADRATURE
+                                     ) -> ExpectationDerivatives:
+        """F = ⟨log φ(x)⟩ under x ~ N(``mu``, ``var``) with ∂F/∂μ, ∂F/∂v, ∂²F/∂μ∂v and ∂²F/∂v², elementwise:
+        what the natural-parameter G-KL fit needs at every site. By forward-mode differentiation of
+        `expected_log_phi` unless the potential has closed forms (cheaper to compile and to run)."""
+        return expectation_derivatives(lambda m, v: self.expected_log_phi(m, safe_sqrt(v), quadrature), mu, var)
 
     def log_expected_phi(self, mu, sigma, quadrature: GaussHermite = _DEFAULT_QUADRATURE):
         """:math:`\\log\\langle \\varphi(\\mu + \\sigma z)\\rangle_z` (log predictive density)."""
@@ -142,18 +151,47 @@ def _laguerre_rule(num_nodes: int):
     return np.polynomial.laguerre.laggauss(num_nodes)
 
 
+def _laguerre_half_lines(mu, sigma, num_nodes: int):
+    """Gauss–Laguerre nodes x ≥ 0 of ⟨r(x)⟩ = ∫₀^∞ r(x) (N(x | μ, σ²) + N(−x | μ, σ²)) dx, r(x) = log(1 + e^{−|x|}):
+    the weights times e^x r(x) (the integrand without its normal densities), and for each half line the
+    standardised distance u± = (x ∓ μ)/σ with the density N(x | ±μ, σ²) = φ(u±)/σ, along a new last axis."""
+    x, w = (jnp.asarray(a, jnp.result_type(mu, sigma)) for a in _laguerre_rule(num_nodes))
+    # e^x log1p(e^-x) -> 1 - e^-x / 2 for large x; avoid inf * 0 in low precision.
+    big = x > 30
+    ratio = jnp.where(big, 1 - 0.5 * jnp.exp(-x), jnp.exp(jnp.where(big, 0.0, x)) * jnp.log1p(jnp.exp(-x)))
+    s = sigma[..., None]
+    u_plus, u_minus = (x - mu[..., None]) / s, (x + mu[..., None]) / s
+    density = lambda u: jnp.exp(-0.5 * u**2) / (s * _SQRT_2PI)
+    return w * ratio, (u_plus, density(u_plus)), (u_minus, density(u_minus))
+
+
 def _expected_log1p_exp_neg_abs(mu, sigma, num_nodes: int = 32):
     """⟨log(1 + e^{-|x|})⟩ for x ~ N(mu, sigma²), by Gauss–Laguerre on each half line.
 
     Accurate when ``sigma`` is at least about 1; the integrand e^x log1p(e^-x) is smooth.
     """
-    x, w = (jnp.asarray(a, jnp.result_type(mu, sigma)) for a in _laguerre_rule(num_nodes))
-    # e^x log1p(e^-x) -> 1 - e^-x / 2 for large x; avoid inf * 0 in low precision.
-    big = x > 30
-    ratio = jnp.where(big, 1 - 0.5 * jnp.exp(-x), jnp.exp(jnp.where(big, 0.0, x)) * jnp.log1p(jnp.exp(-x)))
-    dens = lambda t: jnp.exp(-0.5 * ((t - mu[..., None]) / sigma[..., None]) ** 2)
-    g = (dens(x) + dens(-x)) / (sigma[..., None] * _SQRT_2PI)
-    return jnp.sum(w * ratio * g, axis=-1)
+    weights, (_, plus), (_, minus) = _laguerre_half_lines(mu, sigma, num_nodes)
+    return jnp.sum(weights * (plus + minus), axis=-1)
+
+
+def _expected_log1p_exp_neg_abs_derivatives(mu, sigma, num_nodes: int = 32) -> ExpectationDerivatives:
+    """`ExpectationDerivatives` of R = ⟨log(1 + e^{-|x|})⟩ on the nodes of `_expected_log1p_exp_neg_abs`.
+
+    Only the densities depend on (μ, v): ∂ᵏN(x | μ, v)/∂μᵏ = N Heₖ(u)/σᵏ with u = (x − μ)/σ and Heₖ the
+    probabilists' Hermite polynomials, and ∂/∂v = ½ ∂²/∂μ² (the heat equation); N(−x | μ, v) = N(x | −μ, v)
+    changes sign with odd k. These are the derivatives of the rule itself, as autodiff would give them.
+    """
+    weights, (u_plus, plus), (u_minus, minus) = _laguerre_half_lines(mu, sigma, num_nodes)
+
+    def hermite(u):  # He₁ … He₄
+        u2 = u * u
+        return u, u2 - 1, u * (u2 - 3), u2 * (u2 - 6) + 3
+
+    h_plus, h_minus = hermite(u_plus), hermite(u_minus)
+    total = lambda k, sign: jnp.sum(weights * (plus * h_plus[k] + sign * minus * h_minus[k]), axis=-1)
+    return ExpectationDerivatives(jnp.sum(weights * (plus + minus), axis=-1), total(0, -1) / sigma,
+                                  0.5 * total(1, 1) / sigma**2, 0.5 * total(2, -1) / sigma**3,
+                                  0.25 * total(3, 1) / sigma**4)
 
 
 @functools.lru_cache(maxsize=None)
@@ -217,46 +255,86 @@ class Logistic(AbstractPotential):
 
     def expected_log_phi(self, mu, sigma, quadrature: GaussHermite = _DEFAULT_QUADRATURE):
         mu, sigma = jnp.broadcast_arrays(mu, sigma)
-        wide = sigma >= 1.5
+        wide = sigma >= _WIDE_LOG_SIGMOID
         small = quadrature.expect(self.log_phi, mu, jnp.where(wide, 1.0, sigma))
-        s = jnp.where(wide, sigma, 1.5)
+        s = jnp.where(wide, sigma, _WIDE_LOG_SIGMOID)
         a = mu / s
         expected_min = mu * ndtr(-a) - s * jnp.exp(-0.5 * a**2) / _SQRT_2PI
         large = expected_min - _expected_log1p_exp_neg_abs(mu, s)
         return jnp.where(wide, large, small)
 
+    def expected_log_phi_derivatives(self, mu, var, quadrature: GaussHermite = _DEFAULT_QUADRATURE
+                                     ) -> ExpectationDerivatives:
+        """In closed form, on the rules of `expected_log_phi`. Below σ = 1.5, ∂ᵏF/∂μᵏ = ⟨f⁽ᵏ⁾⟩ and
+        ∂/∂v = ½ ∂²/∂μ² under Gauss–Hermite, with f = log σ(x), p = σ(x), q = 1 − p: f⁽¹⁾ = q,
+        f⁽²⁾ = −pq, f⁽³⁾ = −pq(q − p), f⁽⁴⁾ = −pq(1 − 6pq). From σ = 1.5, ⟨min(x, 0)⟩ = μΦ(−a) − sφ(a)
+        (a = μ/s) has ∂/∂μ = Φ(−a), ∂/∂v = −½φ(a)/s, ∂²/∂μ∂v = ½aφ(a)/s², ∂²/∂v² = −¼(a² − 1)φ(a)/s³,
+        and the Gauss–Laguerre remainder its own (`_expected_log1p_exp_neg_abs_derivatives`)."""
+        mu, var = jnp.broadcast_arrays(mu, var)
+        sigma = safe_sqrt(var)
+        wide = sigma >= _WIDE_LOG_SIGMOID
+        z, w = quadrature.rule(jnp.result_type(mu, var))
+        x = mu[..., None] + jnp.where(wide, 0.0, sigma)[..., None] * z
+        p, q = jax.nn.sigmoid(x), jax.nn.sigmoid(-x)  # each to full relative precision
+        pq = p * q
+        rule = lambda f: jnp.sum(w * f, axis=-1)
+        narrow = ExpectationDerivatives(rule(jax.nn.log_sigmoid(x)), rule(q), -0.5 * rule(pq),
+                                        -0.5 * rule(pq * (q - p)), -0.25 * rule(pq * (1 - 6 * pq)))
+        s = jnp.where(wide, sigma, _WIDE_LOG_SIGMOID)
+        a = mu / s
+        pdf = jnp.exp(-0.5 * a**2) / _SQRT_2PI
+        r = _expected_log1p_exp_neg_abs_derivatives(mu, s)
+        large = ExpectationDerivatives(mu * ndtr(-a) - s * pdf - r.value, ndtr(-a) - r.mean, -0.5 * pdf / s - r.var,
+                                       0.5 * a * pdf / s**2 - r.mean_var, -0.25 * (a**2 - 1) * pdf / s**3 - r.var_var)
+        return ExpectationDerivatives(*(jnp.where(wide, u, v) for u, v in zip(large, narrow)))
+
     def log_expected_phi(self, mu, sigma, quadrature: GaussHermite = _DEFAULT_QUADRATURE):
-        # Below μ = −σ²/2 the identity σ(x) = eˣσ(−x) moves the mass to the other side:
-        # ⟨σ(x)⟩_{N(μ, σ²)} = e^{μ + σ²/2} ⟨σ(x)⟩_{N(−μ − σ², σ²)}, so the rules below only see μ ≥ −σ²/2.
-        mu, sigma = jnp.broadcast_arrays(mu, sigma)
-        var = sigma**2
-        reflect = mu < -0.5 * var
-        value = self._log_expected_sigmoid(jnp.where(reflect, -mu - var, mu), sigma, quadrature)
-        return jnp.where(reflect, mu + 0.5 * var + value, value)
+        return self._reflected(mu, sigma, quadrature, derivatives=False)[0]
 
     def tilted_moments(self, mean, var, power=1.0):
         if not (isinstance(power, (int, float)) and power == 1):
             return super().tilted_moments(mean, var, power)
-        # Ẑ = ⟨σ(x)⟩ in closed form up to one smooth 1-D rule (`log_expected_phi`); moments by its derivatives.
-        sigma = jnp.sqrt(var)
-        return moments_from_log_normaliser(lambda m: self.log_expected_phi(m, sigma, _TILTED_RULE), mean, var)
+        # Ẑ = ⟨σ(x)⟩ in closed form up to one smooth 1-D rule; the moments from its derivatives in the mean,
+        # E[x] = m + v ∂log Ẑ/∂m and Var[x] = v + v² ∂²log Ẑ/∂m², each in closed form on the same rule.
+        mean, var = jnp.broadcast_arrays(mean, var)
+        log_z, slope, curvature = self._reflected(mean, jnp.sqrt(var), _TILTED_RULE, derivatives=True)
+        return log_z, mean + var * slope, var + var**2 * curvature
+
+    @classmethod
+    def _reflected(cls, mu, sigma, quadrature, derivatives):
+        """log⟨σ(x)⟩ (and, with ``derivatives``, its first two derivatives in μ). Below μ = −σ²/2 the
+        identity σ(x) = eˣσ(−x) moves the mass to the other side: ⟨σ(x)⟩_{N(μ, σ²)} =
+        e^{μ + σ²/2} ⟨σ(x)⟩_{N(−μ − σ², σ²)}, so the rules only see μ ≥ −σ²/2."""
+        mu, sigma = jnp.broadcast_arrays(mu, sigma)
+        var = sigma**2
+        reflect = mu < -0.5 * var
+        out = cls._log_expected_sigmoid(jnp.where(reflect, -mu - var, mu), sigma, quadrature, derivatives)
+        value = jnp.where(reflect, mu + 0.5 * var + out[0], out[0])
+        return (value,) if not derivatives else (value, jnp.where(reflect, 1.0 - out[1], out[1]), out[2])
 
     @staticmethod
-    def _log_expected_sigmoid(mu, sigma, quadrature):
-        """log⟨σ(x)⟩ for μ ≥ −σ²/2. Narrow Gaussians: Gauss–Hermite on log σ, in log space. Wide ones:
-        ⟨σ(x)⟩ = Φ(μ/σ) + ⟨σ(x) − 1[x > 0]⟩, the odd remainder −sign(x)σ(−|x|) integrated by
-        Gauss–Laguerre, where Gauss–Hermite would have to resolve the step inside the Gaussian:
+    def _log_expected_sigmoid(mu, sigma, quadrature, derivatives):
+        """log⟨σ(x)⟩ for μ ≥ −σ²/2 (and, with ``derivatives``, its first two derivatives in μ).
 
-        ⟨σ(x) − 1[x > 0]⟩ = ∫₀^∞ e^{−t} · N(−t | μ, σ²)(1 − e^{2tμ/σ²}) / (1 + e^{−t}) dt,
+        Narrow Gaussians: Gauss–Hermite on log σ, in log space; with weights π_k ∝ w_k σ(x_k) (p = σ(x),
+        q = 1 − p), ∂log Ẑ/∂μ = Σπq and ∂²log Ẑ/∂μ² = Σπq(q − p) − (Σπq)². Wide ones: ⟨σ(x)⟩ = Φ(μ/σ) +
+        ⟨σ(x) − 1[x > 0]⟩, the odd remainder −sign(x)σ(−|x|) integrated by Gauss–Laguerre, where
+        Gauss–Hermite would have to resolve the step inside the Gaussian:
 
-        summed relative to the largest term, so that nothing underflows where ⟨σ(x)⟩ is tiny.
+        ⟨σ(x) − 1[x > 0]⟩ = ∫₀^∞ e^{−t} · (N(−t | μ, σ²) − N(t | μ, σ²)) / (1 + e^{−t}) dt,
+
+        summed relative to the largest term, so that nothing underflows where ⟨σ(x)⟩ is tiny; its
+        derivatives are the rule's, by ∂N(x | μ, σ²)/∂μ = N·(x − μ)/σ² and ∂²N/∂μ² = N·((x − μ)²/σ² − 1)/σ².
         """
         wide = sigma >= _WIDE_SIGMOID
-        small = quadrature.log_expect_exp(jax.nn.log_sigmoid, mu, jnp.where(wide, 1.0, sigma))
+        z, w_gh = quadrature.rule(jnp.result_type(mu, sigma))
+        x = mu[..., None] + jnp.where(wide, 1.0, sigma)[..., None] * z
+        log_terms = jnp.log(w_gh) + jax.nn.log_sigmoid(x)
+        small = jax.scipy.special.logsumexp(log_terms, axis=-1)
         m, s = jnp.where(wide, mu, 1.0)[..., None], jnp.where(wide, sigma, 1.0)[..., None]
         t, w = (jnp.asarray(a, jnp.result_type(mu, sigma)) for a in _laguerre_rule(_LAGUERRE_NODES))
-        # N(−t)·(1 − e^y), y = 2tμ/σ², with each sign of μ in a form that neither overflows nor has a
-        # singular derivative at μ = 0.
+        # N(−t)·(1 − e^y) = N(−t) − N(t), y = 2tμ/σ², with each sign of μ in a form that neither overflows
+        # nor has a singular derivative at μ = 0.
         y = 2.0 * t * m / s**2
         negative = m <= 0
         y_neg, y_pos = jnp.where(negative, y, 0.0), jnp.where(negative, 0.0, y)
@@ -264,9 +342,25 @@ class Logistic(AbstractPotential):
         log_step = log_ndtr(m[..., 0] / s[..., 0])
         top = jnp.maximum(log_step, jnp.max(log_base + y_pos, axis=-1))
         terms = jnp.where(negative, -jnp.exp(log_base - top[..., None]) * jnp.expm1(y_neg),
-                          jnp.exp(log_base + y_pos - top[..., None]) * jnp.expm1(-y_pos))
+                          jnp.exp(log_base + y_pos - top[..., None]) * jnp.expm1(-y_pos))  # N(−t) − N(t), scaled
         total = jnp.exp(log_step - top) + jnp.sum(terms, axis=-1)
-        return jnp.where(wide, top + jnp.log(total), small)
+        value = jnp.where(wide, top + jnp.log(total), small)
+        if not derivatives:
+            return (value,)
+        weights = jnp.exp(log_terms - small[..., None])  # π_k
+        p, q = jax.nn.sigmoid(x), jax.nn.sigmoid(-x)
+        slope_small = jnp.sum(weights * q, axis=-1)
+        curvature_small = jnp.sum(weights * q * (q - p), axis=-1) - slope_small**2
+        minus = jnp.exp(log_base - top[..., None])  # N(−t), scaled
+        plus = minus - terms  # N(t), scaled
+        a, s1 = m[..., 0] / s[..., 0], s[..., 0]
+        density = jnp.exp(-0.5 * a**2 - jnp.log(s1 * _SQRT_2PI) - top)  # N(0 | μ, σ²) = ∂Φ(μ/σ)/∂μ, scaled
+        first = density + jnp.sum(-(t * (minus + plus) + m * terms), axis=-1) / s1**2
+        u2 = ((t + m) / s) ** 2
+        second = -a * density / s1 + jnp.sum(terms * (u2 - 1) + 4 * t * m * plus / s**2, axis=-1) / s1**2
+        slope_wide = first / total
+        return (value, jnp.where(wide, slope_wide, slope_small),
+                jnp.where(wide, second / total - slope_wide**2, curvature_small))
 
 
 class PiecewiseLogistic(AbstractPotential):
@@ -715,6 +809,11 @@ class Masked(AbstractPotential):
 
     def expected_log_phi(self, mu, sigma, quadrature: GaussHermite = _DEFAULT_QUADRATURE):
         return self._select(self.potential.expected_log_phi(mu, sigma, quadrature))
+
+    def expected_log_phi_derivatives(self, mu, var, quadrature: GaussHermite = _DEFAULT_QUADRATURE
+                                     ) -> ExpectationDerivatives:
+        d = self.potential.expected_log_phi_derivatives(mu, var, quadrature)
+        return ExpectationDerivatives(*(self._select(x) for x in d))
 
     def log_expected_phi(self, mu, sigma, quadrature: GaussHermite = _DEFAULT_QUADRATURE):
         return self._select(self.potential.log_expected_phi(mu, sigma, quadrature))

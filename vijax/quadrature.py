@@ -16,13 +16,17 @@ rule (exact for polynomials of degree ``2n - 1``).
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["GaussHermite", "safe_sqrt", "tilted_moments", "moments_from_log_normaliser", "elementwise_derivatives"]
+__all__ = [
+    "GaussHermite", "safe_sqrt", "tilted_moments", "moments_from_log_normaliser", "elementwise_derivatives",
+    "ExpectationDerivatives", "expectation_derivatives",
+]
 
 
 @functools.lru_cache(maxsize=None)
@@ -201,6 +205,30 @@ def elementwise_derivatives(fn, x):
     first = lambda x: jax.jvp(fn, (x,), (ones,))
     (value, d1), (_, d2) = jax.jvp(first, (x,), (ones,))
     return value, d1, d2
+
+
+class ExpectationDerivatives(NamedTuple):
+    """F(μ, v) = ⟨f(x)⟩ under N(μ, v) and its derivatives, elementwise (each shaped like μ)."""
+
+    value: jax.Array  # F
+    mean: jax.Array  # ∂F/∂μ
+    var: jax.Array  # ∂F/∂v
+    mean_var: jax.Array  # ∂²F/∂μ∂v
+    var_var: jax.Array  # ∂²F/∂v²
+
+
+def expectation_derivatives(fn, mean, var) -> ExpectationDerivatives:
+    """`ExpectationDerivatives` of an elementwise ``fn(mean, var)`` (output n depends on site n only).
+
+    Forward mode with unit tangents gives every element's derivatives at once: the inner derivative
+    along v, the outer along μ and along v together (one copy of the second derivatives in the program).
+    """
+    ones, zeros = jnp.ones_like(mean), jnp.zeros_like(mean)
+    inner = lambda mu, v: jax.jvp(lambda v: fn(mu, v), (v,), (ones,))  # (F, ∂F/∂v)
+    outer = lambda t_mu, t_var: jax.jvp(inner, (mean, var), (t_mu, t_var))
+    (value, d_var), (d_first, d_second) = jax.vmap(outer)(jnp.stack([ones, zeros]), jnp.stack([zeros, ones]))
+    # Along μ: (∂F/∂μ, ∂²F/∂v∂μ); along v: (∂F/∂v, ∂²F/∂v²).
+    return ExpectationDerivatives(value[0], d_first[0], d_var[0], d_second[0], d_second[1])
 
 
 def moments_from_log_normaliser(log_z_fn, mean, var):

@@ -72,9 +72,14 @@ def integrate(model: LatentLinearModel, quadratics, sites=None, whitening=None, 
         P = P + group.projection.gram(A)
         r = r + group.projection.rmv(a - A * b)
         const = const + jnp.sum(a * b - 0.5 * A * b**2 + c)
-    R = _reversed_cholesky(0.5 * (P + P.T))  # P = RRᵀ; NaN where P is not positive definite
+    P = 0.5 * (P + P.T)
+    R = _reversed_cholesky(P)  # P = RRᵀ; NaN where P is not positive definite
+    # A P singular to working precision (a rank-deficient sum, rounded) can still factorise, with pivots
+    # at the rounding of its diagonal: its integral diverges all the same.
+    singular = jnp.any(jnp.diag(R) ** 2 <= d * jnp.finfo(dtype).eps * jnp.diag(P))
     z = solve_triangular(R, r, lower=False)  # rᵀP⁻¹r = ‖z‖², and the mean is P⁻¹r = R⁻ᵀz
     value = const + 0.5 * z @ z + 0.5 * d * _LOG_2PI - jnp.sum(jnp.log(jnp.diag(R)))
+    value = jnp.where(singular, jnp.nan, value)
     mean = solve_triangular(R, z, lower=False, trans="T")
     if whitening is not None and map_back:
         # S = L P⁻¹ Lᵀ = CᵀC with C = R⁻¹Lᵀ (upper × upper: still upper-triangular), one solve.

@@ -40,7 +40,10 @@ rounding), so B rises every iteration:
 The dual form starts with natural-gradient steps, about a sixth of the cost of a Newton step there, and
 takes Newton's once they contract by less than 10× a step; the primal form always takes its Newton
 step. The natural-gradient step stands in wherever Newton's is no ascent direction or would make some
-λ negative. For log-concave sites λ* ≥ 0, so every λ(t) is non-negative and S(t) positive definite.
+λ negative (in the primal form it is Newton's computation with E = C = 0, so the program holds one copy:
+where Newton's step fails, the point is taken again with that step). For log-concave sites λ* ≥ 0, so
+every λ(t) is non-negative and S(t) positive definite. The site derivatives are each potential's
+`expected_log_phi_derivatives` (closed forms for the logistic sigmoid).
 
 **Stopping.** On the decrement ∇Bᵀ(Δm, Δλ) (≈ twice the gain left, invariant to the units of the
 covariates; A by its diagonal in the primal form): after a quadratically convergent step, at ``tol``
@@ -73,7 +76,6 @@ from ..covariance import CholeskyFactor
 from ..covariance._dense import _reversed_cholesky
 from ..model import LatentLinearModel
 from ..posterior import Diagnostics
-from ..quadrature import safe_sqrt
 from ._gaussian import diagonal_form
 
 __all__ = ["applies", "fit", "fixed_point_precisions", "is_state", "NaturalFit"]
@@ -112,21 +114,11 @@ class _SiteDerivatives(NamedTuple):
 
 
 def _site_derivatives(model, quadrature, means, variances) -> _SiteDerivatives:
-    """Each term of F depends on its own site only, so forward mode with unit tangents gives every
-    derivative: the inner derivative along σ², the outer along μ and along σ² at once (one copy of
-    the expectations' second derivatives in the program; ``means``, ``variances``: one array per group)."""
-    def terms(means, variances):
-        return jnp.concatenate([g.potential.expected_log_phi(mu, safe_sqrt(v), quadrature)
-                                for g, mu, v in zip(model.sites, means, variances)])
-
-    ones = tuple(jnp.ones_like(m) for m in means)
-    zeros = tuple(jnp.zeros_like(m) for m in means)
-    inner = lambda mu, v: jax.jvp(lambda v: terms(mu, v), (v,), (ones,))  # (f, ∂f/∂σ²)
-    outer = lambda t_mu, t_var: jax.jvp(inner, (means, variances), (t_mu, t_var))
-    stacked = lambda a, b: tuple(jnp.stack([x, y]) for x, y in zip(a, b))
-    (value, d_var), (d_first, d_second) = jax.vmap(outer)(stacked(ones, zeros), stacked(zeros, ones))
-    # Along μ: (∂f/∂μ, ∂²f/∂σ²∂μ); along σ²: (∂f/∂σ², ∂²f/∂σ⁴).
-    return _SiteDerivatives(jnp.sum(value[0]), d_first[0], -2.0 * d_var[0], -2.0 * d_second[1], -2.0 * d_second[0])
+    """At the site marginals (``means``, ``variances``: one array per group), each group's potential's
+    `expected_log_phi_derivatives` (closed forms where it has them, else forward mode), all sites stacked."""
+    parts = [g.potential.expected_log_phi_derivatives(mu, v, quadrature) for g, mu, v in zip(model.sites, means, variances)]
+    value, mean, var, mean_var, var_var = (jnp.concatenate(x) for x in zip(*parts))
+    return _SiteDerivatives(jnp.sum(value), mean, -2.0 * var, -2.0 * var_var, -2.0 * mean_var)
 
 
 def fixed_point_precisions(model: LatentLinearModel, means, variances, quadrature):
@@ -308,38 +300,53 @@ class _Direction(NamedTuple):
     lam: jax.Array  # Δλ
     decrement: jax.Array  # ∇Bᵀ(Δm, Δλ)
     quadratic: jax.Array  # Newton's step with A in full (its decrement after the step is about its square)
+    usable: jax.Array  # False: Newton's step failed here, and the point is to be taken again with the natural step
 
 
 def _natural_step(lin, fac, lam, grad, site) -> _Direction:
     """Δm = P*⁻¹g, Δλ = d; the decrement with A by its diagonal σ⁴ (A in full costs what this step does)."""
     mean = lin.solve_weighted(jnp.maximum(site.target, 0.0), grad)
     gap = site.target - lam
-    return _Direction(mean, gap, grad @ mean + 0.5 * jnp.sum((gap * fac.variances) ** 2), jnp.array(False))
+    true = jnp.array(True)
+    return _Direction(mean, gap, grad @ mean + 0.5 * jnp.sum((gap * fac.variances) ** 2), ~true, true)
 
 
 def _step(newton, lin, fac, lam, grad, site) -> _Direction:
-    """Newton's step where ``newton`` and it succeeds, else the natural-gradient step (each once in the program)."""
+    """Newton's step where ``newton``, else the natural-gradient step, each once in the program.
+
+    Primal form: the natural-gradient step is Newton's with ∂λ*/∂μ and ∂λ*/∂σ² set to 0 (G = I,
+    W = diag(λ*)), so one computation serves both; where Newton's step fails, the direction is marked
+    unusable and the loop takes the point again with ``newton`` False. Dual form: the natural-gradient step
+    is the cheaper one (no N × N LU), and stands in at once where Newton's fails."""
+    newton = jnp.asarray(newton)
+    if not lin.dense_coupling:
+        direction, ok = _newton_step(lin, fac, lam, grad, site, natural=~newton)
+        return direction._replace(usable=ok | ~newton)
+
     def attempt():
         return _newton_step(lin, fac, lam, grad, site)
 
     def skip():
-        zero = jnp.zeros((), grad.dtype)
-        return _Direction(jnp.zeros_like(grad), jnp.zeros_like(lam), zero, jnp.array(False)), jnp.array(False)
+        zero, false = jnp.zeros((), grad.dtype), jnp.array(False)
+        return _Direction(jnp.zeros_like(grad), jnp.zeros_like(lam), zero, false, false), false
 
     direction, ok = jax.lax.cond(newton, attempt, skip)
     return jax.lax.cond(ok, lambda: direction, lambda: _natural_step(lin, fac, lam, grad, site))
 
 
-def _newton_step(lin, fac, lam, grad, site) -> tuple[_Direction, jax.Array]:
-    """Newton's step (see the module docstring) and whether it is usable (else the natural step is taken)."""
-    gap, e = site.target - lam, site.target_mean
-    coupling = lin.coupling(fac, site.target_var)
-    mean = coupling.solve_mean(lin, site.target, e, grad + 0.5 * lin.project_t(e * coupling.apply(coupling.solve_g(gap))))
+def _newton_step(lin, fac, lam, grad, site, natural=False) -> tuple[_Direction, jax.Array]:
+    """Newton's step (see the module docstring) and whether it is usable (else the natural step is taken);
+    with ``natural`` (traced), the natural-gradient step by the same computation (∂λ*/∂μ = ∂λ*/∂σ² = 0)."""
+    gap = site.target - lam
+    e = jnp.where(natural, 0.0, site.target_mean)
+    target = jnp.where(natural, jnp.maximum(site.target, 0.0), site.target)
+    coupling = lin.coupling(fac, jnp.where(natural, 0.0, site.target_var))
+    mean = coupling.solve_mean(lin, target, e, grad + 0.5 * lin.project_t(e * coupling.apply(coupling.solve_g(gap))))
     lam_step = coupling.solve_g(gap + e * lin.project(mean))
     decrement = grad @ mean + 0.5 * gap @ coupling.apply(lam_step)
     ok = coupling.proper & jnp.all(jnp.isfinite(lam_step)) & jnp.all(jnp.isfinite(mean)) & (decrement > 0) \
         & jnp.all(lam + lam_step >= 0)
-    return _Direction(mean, lam_step, decrement, jnp.array(coupling.exact)), ok
+    return _Direction(mean, lam_step, decrement, jnp.array(coupling.exact), jnp.array(True)), ok
 
 
 class _DenseCoupling:
@@ -506,13 +513,13 @@ def fit(model: LatentLinearModel, work: LatentLinearModel, mean, lam, quadrature
         t = jnp.where(ok, one, 0.5 * s.t)
         # A Newton step whose slope was only estimated (A by its diagonal) may not rise at all: after a
         # few halvings, the point is evaluated again with the natural-gradient step, an ascent direction.
-        retry = ~ok & p.newton & ~p.step.quadratic & (halvings == _DISTRUST)
+        retry = (~ok & p.newton & ~p.step.quadratic & (halvings == _DISTRUST)) | (ok & ~p.step.usable)
         t = jnp.where(retry, one, t)
         v = new.fac.variances
         raised = 4.0 * s.trial_lam + 3.0 / jnp.where(jnp.isfinite(v) & (v > 0), v, 1.0)
-        step = jnp.where(retry, 0.0, t)
-        trial_mean = jnp.where(jnp.isfinite(p.value), p.mean + step * p.step.mean, s.trial_mean)
-        trial_lam = jnp.where(jnp.isfinite(p.value), p.lam + step * p.step.lam, raised)
+        # A retry takes the point itself (its Newton direction may not even be finite).
+        trial_mean = jnp.where(jnp.isfinite(p.value), jnp.where(retry, p.mean, p.mean + t * p.step.mean), s.trial_mean)
+        trial_lam = jnp.where(jnp.isfinite(p.value), jnp.where(retry, p.lam, p.lam + t * p.step.lam), raised)
         # Stop after the last step (kept if B allows), or when no step down to 2⁻³⁰ raises B (the bound
         # is flat to its rounding along the step: converged if the decrement says so too).
         stuck = halvings >= _MAX_HALVINGS

@@ -45,7 +45,7 @@ from ..solvers import AbstractSolver, GaussNewton, NewtonCG, Solution
 from ._envelope import computed
 from ._gaussian import working_model
 
-__all__ = ["Laplace", "log_joint", "site_curvatures", "negative_hessian", "evidence", "find_mode",
+__all__ = ["Laplace", "mode_solver", "log_joint", "site_curvatures", "negative_hessian", "evidence", "find_mode",
            "SiteExpansion", "expand_at_mode", "whitened"]
 
 _LOG_2PI = math.log(2 * math.pi)
@@ -109,42 +109,46 @@ def find_mode(model: LatentLinearModel, w0, solver: AbstractSolver):
     return solver.maximise(lambda w: log_joint(w, model), w0, preconditioner)
 
 
+def mode_solver(model: LatentLinearModel, solver: AbstractSolver | None = None) -> AbstractSolver:
+    """``solver``, or the default for ``model``'s mode: `GaussNewton` where every site is log-concave (its
+    Gauss–Newton curvature is then the exact −∇²ℓ, so its steps are Newton's, without Newton-CG's
+    Hessian-vector products to compile), else `NewtonCG` preconditioned by that curvature."""
+    if solver is not None:
+        return solver
+    return GaussNewton() if all(bool(g.potential.log_concave) for g in model.sites) else NewtonCG()
+
+
 def _factorise(A):
     """Upper-triangular R with A = R Rᵀ, or NaNs where A is not positive definite."""
     R = _reversed_cholesky(A)
     return R, jnp.all(jnp.isfinite(R))
 
 
-def _factorise_with_jitter(A):
-    """Upper-triangular R with A + jitter·I = R Rᵀ and the smallest jitter in {0, 10⁻¹⁰s, 10⁻⁹s, …} that works."""
-    scale = jnp.maximum(jnp.mean(jnp.abs(jnp.diag(A))), jnp.finfo(A.dtype).tiny)
-    eye = jnp.eye(A.shape[0], dtype=A.dtype)
-
-    def cond(state):
-        _, ok, k, _ = state
-        return ~ok & (k < _MAX_JITTER_TRIES)
-
-    def body(state):
-        _, _, k, _ = state
-        jitter = scale * jnp.asarray(10.0, A.dtype) ** (k - 10)
-        return _factorise(A + jitter * eye) + (k + 1, jitter)
-
-    R, ok = _factorise(A)
-    R, _, _, jitter = jax.lax.while_loop(cond, body, (R, ok, jnp.array(0), jnp.zeros((), A.dtype)))
-    return R, jitter
-
-
 def curvature_at_mode(mode, model: LatentLinearModel):
     """The factor R (A = R Rᵀ) of the curvature used at ``mode``, whether it is the Gauss–Newton
-    fallback, and the jitter added to it: the exact −∇²ℓ where it is positive definite."""
-    R, ok = _factorise(negative_hessian(mode, model))
-    fallback = ~ok
+    fallback, and the jitter added to it: the exact A = −∇²ℓ where it is positive definite, else the
+    Gauss–Newton curvature A⁺ (ω_n ← max(ω_n, 0)), else A⁺ + jitter·I with the smallest jitter in
+    {10⁻¹⁰s, 10⁻⁹s, …} (s the mean of |diag A⁺|) that works. One loop tries them in turn, so the
+    program factorises in one place."""
+    exact = negative_hessian(mode, model)
+    gauss_newton = negative_hessian(mode, model, gauss_newton=True)
+    scale = jnp.maximum(jnp.mean(jnp.abs(jnp.diag(gauss_newton))), jnp.finfo(exact.dtype).tiny)
+    eye = jnp.eye(model.dim, dtype=exact.dtype)
 
-    def gauss_newton():
-        return _factorise_with_jitter(negative_hessian(mode, model, gauss_newton=True))
+    def jitter_of(k):  # k = 0: exact; 1: Gauss–Newton; 2, 3, …: Gauss–Newton + jitter 10^(k − 12) s
+        return jnp.where(k >= 2, scale * jnp.asarray(10.0, exact.dtype) ** (k - 12), 0.0)
 
-    R, jitter = jax.lax.cond(fallback, gauss_newton, lambda: (R, jnp.zeros((), R.dtype)))
-    return R, fallback, jitter
+    def cond(state):
+        _, ok, k = state
+        return ~ok & (k < _MAX_JITTER_TRIES + 2)
+
+    def body(state):
+        _, _, k = state
+        return _factorise(jnp.where(k == 0, exact, gauss_newton) + jitter_of(k) * eye) + (k + 1,)
+
+    nan = jnp.full_like(exact, jnp.nan)
+    R, _, k = jax.lax.while_loop(cond, body, (nan, jnp.array(False), jnp.array(0)))
+    return R, k > 1, jitter_of(k - 1)
 
 
 def initial_point(model: LatentLinearModel, init, owner: str):
@@ -256,8 +260,9 @@ class Laplace(eqx.Module):
 
     **Arguments:**
 
-    - `solver`: a `vj.solvers` solver for the mode (default `NewtonCG()`, preconditioned
-      by the Gauss–Newton curvature).
+    - `solver`: a `vj.solvers` solver for the mode (default `None`: `GaussNewton()` where every
+      site is log-concave, else `NewtonCG()` preconditioned by the Gauss–Newton curvature; see
+      `mode_solver`).
 
     ``vj.infer(model, vj.Laplace())`` returns a `Posterior` with a full `CholeskyFactor`
     (S = CᵀC, C upper-triangular) and ``log_z`` = ℓ(w*) + (D/2) log 2π − ½ log det A, an
@@ -274,12 +279,13 @@ class Laplace(eqx.Module):
     for A throughout, so the evidence and its gradient are those of that approximation.
     """
 
-    solver: AbstractSolver = NewtonCG()
+    solver: AbstractSolver | None = None
 
     def fit(self, model: LatentLinearModel, init=None) -> Posterior:
+        solver = mode_solver(model, self.solver)
         whitening = model.prior.whitening() if model.prior is not None else None
         if whitening is None:
-            fit = fit_mode(model, init, self.solver, "Laplace")
+            fit = fit_mode(model, init, solver, "Laplace")
             working = lambda model: model
             mode, factor = fit.mode, fit.factor()
         else:
@@ -290,7 +296,7 @@ class Laplace(eqx.Module):
             working = whitened
             loc0, L0 = jax.lax.stop_gradient((loc, L))
             w0 = solve_triangular(L0, initial_point(model, init, "Laplace") - loc0, lower=True)
-            fit = fit_mode(working(model), w0, self.solver, "Laplace")
+            fit = fit_mode(working(model), w0, solver, "Laplace")
             mode, factor = loc0 + L0 @ fit.mode, fit.factor(basis=L0)  # S = L S̃ Lᵀ
         # `evidence` at the mode, from the factor of A already at hand (A + jitter·I = RRᵀ).
         value = log_joint(fit.mode, working(model)) + 0.5 * model.dim * _LOG_2PI - jnp.sum(jnp.log(jnp.diag(fit.R)))
@@ -299,6 +305,6 @@ class Laplace(eqx.Module):
             work = working(model)
             return evidence(differentiable_mode(fit, work), work, fit.fallback, fit.jitter)
 
-        diagnostics = Diagnostics.from_solution(fit.solution, "Laplace", type(self.solver).__name__,
+        diagnostics = Diagnostics.from_solution(fit.solution, "Laplace", type(solver).__name__,
                                                 fit.fallback, fit.jitter)
         return Posterior(mode, factor, computed(value, log_z, fit, model), diagnostics, model, is_lower_bound=False)

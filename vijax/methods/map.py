@@ -14,8 +14,8 @@ import equinox as eqx
 
 from ..model import LatentLinearModel
 from ..posterior import Diagnostics, Posterior
-from ..solvers import AbstractSolver, NewtonCG
-from .laplace import fit_mode, log_joint
+from ..solvers import AbstractSolver
+from .laplace import fit_mode, log_joint, mode_solver
 
 __all__ = ["MAP"]
 
@@ -25,8 +25,8 @@ class MAP(eqx.Module):
 
     **Arguments:**
 
-    - `solver`: a `vj.solvers` solver for the mode (default `NewtonCG()`, preconditioned
-      by the Gauss–Newton curvature).
+    - `solver`: a `vj.solvers` solver for the mode (default `None`: `GaussNewton()` where every
+      site is log-concave, else `NewtonCG()`; see `vijax.methods.laplace.mode_solver`).
 
     ``vj.infer(model, vj.MAP())`` returns a `Posterior` whose mean is the mode w* and whose
     covariance is (−∇²ℓ(w*))⁻¹ (the same as `vj.Laplace`'s, so ``post.marginals`` and the
@@ -36,9 +36,10 @@ class MAP(eqx.Module):
     the maximised log joint.
     """
 
-    solver: AbstractSolver = NewtonCG()
+    solver: AbstractSolver | None = None
 
     def fit(self, model: LatentLinearModel, init=None) -> Posterior:
-        fit = fit_mode(model, init, self.solver, "MAP")
-        diagnostics = Diagnostics.from_solution(fit.solution, "MAP", type(self.solver).__name__, fit.fallback, fit.jitter)
+        solver = mode_solver(model, self.solver)
+        fit = fit_mode(model, init, solver, "MAP")
+        diagnostics = Diagnostics.from_solution(fit.solution, "MAP", type(solver).__name__, fit.fallback, fit.jitter)
         return Posterior(fit.mode, fit.factor(), log_joint(fit.mode, model), diagnostics, model, is_lower_bound=False)
