@@ -40,8 +40,8 @@ rounding), so B rises every iteration:
 The dual form starts with natural-gradient steps, about a sixth of the cost of a Newton step there, and
 takes Newton's once they contract by less than 10× a step; the primal form always takes its Newton
 step. The natural-gradient step stands in wherever Newton's is no ascent direction or would make some
-λ negative (in the primal form it is Newton's computation with E = C = 0, so the program holds one copy:
-where Newton's step fails, the point is taken again with that step). For log-concave sites λ* ≥ 0, so
+λ negative (in the primal form at D ≤ 32 it is Newton's computation with E = C = 0, so the program holds one
+copy: where Newton's step fails, the point is taken again with that step). For log-concave sites λ* ≥ 0, so
 every λ(t) is non-negative and S(t) positive definite. The site derivatives are each potential's
 `expected_log_phi_derivatives` (closed forms for the logistic sigmoid).
 
@@ -314,12 +314,13 @@ def _natural_step(lin, fac, lam, grad, site) -> _Direction:
 def _step(newton, lin, fac, lam, grad, site) -> _Direction:
     """Newton's step where ``newton``, else the natural-gradient step, each once in the program.
 
-    Primal form: the natural-gradient step is Newton's with ∂λ*/∂μ and ∂λ*/∂σ² set to 0 (G = I,
-    W = diag(λ*)), so one computation serves both; where Newton's step fails, the direction is marked
-    unusable and the loop takes the point again with ``newton`` False. Dual form: the natural-gradient step
-    is the cheaper one (no N × N LU), and stands in at once where Newton's fails."""
+    Primal form with Σ∘Σ in low rank (D ≤ 32, where compilation costs more than the run): the
+    natural-gradient step is Newton's with ∂λ*/∂μ and ∂λ*/∂σ² set to 0 (G = I, W = diag(λ*)), so one
+    computation serves both; where Newton's step fails, the direction is marked unusable and the loop
+    takes the point again with ``newton`` False. Otherwise (a failed Newton step is common with Σ∘Σ by its
+    diagonal, and an evaluation costs what a step does) the natural-gradient step stands in at once."""
     newton = jnp.asarray(newton)
-    if not lin.dense_coupling:
+    if not lin.dense_coupling and lin.model.dim <= _LOW_RANK_MAX_DIM:
         direction, ok = _newton_step(lin, fac, lam, grad, site, natural=~newton)
         return direction._replace(usable=ok | ~newton)
 
