@@ -90,8 +90,9 @@ _DISTRUST = 4  # halvings after which a Newton step (its slope estimated) gives 
 
 
 def applies(model: LatentLinearModel) -> bool:
-    """Whether every site group's potential is log-concave (then λ* ≥ 0 and every step is proper)."""
-    return all(bool(g.potential.log_concave) for g in model.sites)
+    """Whether every site group's potential has a concave Gaussian expectation (`concave_expectation`,
+    implied by log-concavity): then λ* = −∂²F/∂μ² ≥ 0 and every step is proper."""
+    return all(bool(g.potential.concave_expectation) for g in model.sites)
 
 
 def is_state(state, model: LatentLinearModel) -> bool:
