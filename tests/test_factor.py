@@ -102,7 +102,7 @@ def test_category_probabilities_sum_to_one(rng):
 
 
 def _gaussian_model(rng, d=5, l=2):
-    model = F.factor_analysis(F.Gaussian(rng.uniform(0.3, 1.0, d)), l, jax.random.PRNGKey(1), num_columns=d,
+    model = F.factor_analysis(F.GaussianColumn(rng.uniform(0.3, 1.0, d)), l, jax.random.PRNGKey(1), num_columns=d,
                               scale=1.0)
     return eqx_offsets(model, jnp.asarray(rng.normal(size=(d, 1))))
 
@@ -174,7 +174,7 @@ def test_bohning_em_equals_gaussian_em_on_pseudo_data(rng):
     W, w0 = binary.blocks[0].loadings, binary.blocks[0].offsets
     psi = np.asarray(jnp.einsum("dkl,nl->ndk", W, q.mean) + w0)[..., 0]
     pseudo = 4 * (Y + psi / 4 - 1 / (1 + np.exp(-psi)))
-    gaussian = F.factor_analysis(F.Gaussian(4.0, learn_noise=False), l, jax.random.PRNGKey(3), num_columns=d)
+    gaussian = F.factor_analysis(F.GaussianColumn(4.0, learn_noise=False), l, jax.random.PRNGKey(3), num_columns=d)
     import equinox as eqx
     gaussian = eqx.tree_at(lambda m: (m.blocks[0].loadings, m.blocks[0].offsets), gaussian, (W, w0))
     qg = F.e_step(gaussian, jnp.asarray(pseudo), mask, F.initial_posteriors(gaussian, n), complete=True)
@@ -209,8 +209,8 @@ def test_em_bound_never_decreases_on_mixed_data_with_missing_entries(rng):
         lin(1) + 0.3 * rng.normal(size=(n, 1)),
     ], 1)
     mask = rng.uniform(size=Y.shape) > 0.15
-    likelihoods = [((0, 1), F.Bernoulli()), (2, F.Poisson()), (3, F.Ordinal(3)), (4, F.StickBreaking(3)),
-                   (5, F.Gaussian())]
+    likelihoods = [((0, 1), F.Bernoulli()), (2, F.PoissonColumn()), (3, F.Ordinal(3)), (4, F.StickBreaking(3)),
+                   (5, F.GaussianColumn())]
     result = F.fit(F.factor_analysis(likelihoods, l, jax.random.PRNGKey(0)), Y, mask, num_iters=15)
     assert np.all(np.diff(result.bound) >= -1e-9 * np.abs(result.bound[1:]))
     assert result.bound[-1] > result.bound[0] + 10
@@ -237,7 +237,7 @@ def test_row_weights_equal_repeated_rows(rng):
                         lin(1) + 0.3 * rng.normal(size=(n, 1))], 1)
     mask = rng.uniform(size=Y.shape) > 0.1
     counts = rng.permutation(np.repeat([0, 1, 2], [8, n - 16, 8]))  # as many rows repeated: one compilation
-    likelihoods = [(0, F.Bernoulli("jaakkola")), (1, F.Ordinal(3)), (2, F.Gaussian())]
+    likelihoods = [(0, F.Bernoulli("jaakkola")), (1, F.Ordinal(3)), (2, F.GaussianColumn())]
     fa = F.factor_analysis(likelihoods, l, jax.random.PRNGKey(1))
     model = F.FactorModel(fa.mean, fa.cov, fa.blocks, learn_prior=True, learn_loadings=True, penalty=0.05)
     weighted = F.fit(model, Y, mask, weights=counts.astype(float), num_iters=6, tol=0.0)
@@ -298,7 +298,7 @@ def test_bad_input_is_rejected(rng):
     with pytest.raises(ValueError, match="increasing"):
         F.Ordinal(3, thresholds=[1.0, 0.0])
     with pytest.raises(ValueError, match="exactly once"):
-        F.factor_analysis([((0, 1), F.Bernoulli()), ((1, 2), F.Poisson())], 2, jax.random.PRNGKey(0))
+        F.factor_analysis([((0, 1), F.Bernoulli()), ((1, 2), F.PoissonColumn())], 2, jax.random.PRNGKey(0))
     with pytest.raises(ValueError, match="classes 0"):
         F.fit(F.factor_analysis([(0, F.StickBreaking(3))], 1, jax.random.PRNGKey(0)), np.array([[3.0]]))
     for weights in ([1.0, 2.0], [1.0, -1.0, 1.0, 1.0], [0.0] * 4):

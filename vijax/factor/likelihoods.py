@@ -16,34 +16,43 @@ Every method is written for the D_b columns of a block at once: ``y`` has shape 
 thresholds) carry a leading axis of length D_b (`for_columns` broadcasts scalars to it).
 
 Binary, ordinal and stick-breaking likelihoods are written through the logistic log-partition
-llp(x) = log(1 + eˣ), and take ``bound``:
+llp(x) = log(1 + eˣ) = −log σ(−x), and take ``bound``, a lower bound on ⟨log σ⟩ from the core library
+(so ⟨llp(x)⟩ under N(m̃, ṽ) is bounded by minus that bound under N(−m̃, ṽ)):
 
-- ``"piecewise"`` (default): the R-piece upper bound of `vijax.piecewise` (error ≤ ε_R, Marlin, Khan
-  & Murphy 2011); ``pieces`` (3 … 20) and ``kind`` (``"quadratic"`` or ``"linear"``) choose it;
-- ``"jaakkola"``: ⟨llp⟩ ≤ (m̃ − ξ)/2 + llp(ξ), ξ = √(m̃² + ṽ) (thesis eq. 4.43);
-- ``"bohning"``: ⟨llp⟩ ≤ llp(m̃) + ṽ/8 (eq. 4.41): fixed curvature ¼, so the posterior covariance
-  of every data point is the same (`constant_curvature`).
+- ``"piecewise"`` (default): the `vijax.potentials.PiecewiseLogistic` site, log φ = −f̄(−x) with f̄
+  the R-piece upper bound of `vijax.piecewise` (error ≤ ε_R, Marlin, Khan & Murphy 2011); ``pieces``
+  (3 … 20) and ``kind`` (``"quadratic"`` or ``"linear"``) choose it;
+- ``"jaakkola"``: the LVB bound `vijax.lvb.Jaakkola` at its optimal ξ (`AbstractLocalBound.expected`):
+  ⟨llp⟩ ≤ (m̃ − ξ)/2 + llp(ξ), ξ = √(m̃² + ṽ) (thesis eq. 4.43);
+- ``"bohning"``: `vijax.lvb.Bohning` at its optimal ψ: ⟨llp⟩ ≤ llp(m̃) + ṽ/8 (eq. 4.41): fixed
+  curvature ¼, so the posterior covariance of every data point is the same (`constant_curvature`).
+
+The Gaussian and Poisson columns take their expectations from `vijax.potentials.Gaussian` and
+`vijax.potentials.Poisson`. (`GaussianColumn` and `PoissonColumn` were called `Gaussian` and `Poisson`,
+names that clashed with the potentials; `vj.factor.Gaussian` and `vj.factor.Poisson` still work, with a
+`DeprecationWarning`.)
 """
 
 from __future__ import annotations
 
-import math
 from typing import ClassVar
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.scipy.special import gammaln, logsumexp
+from jax.scipy.special import logsumexp
 
 from .. import _checks, _piecewise
+from .. import potentials as pot
+from ..methods import lvb
+from ..quadrature import safe_sqrt
 
-__all__ = ["AbstractLikelihood", "Gaussian", "Bernoulli", "Poisson", "Ordinal", "StickBreaking",
+__all__ = ["AbstractLikelihood", "GaussianColumn", "Bernoulli", "PoissonColumn", "Ordinal", "StickBreaking",
            "Multinomial", "LOGISTIC_BOUNDS", "MULTINOMIAL_BOUNDS"]
 
 LOGISTIC_BOUNDS = ("piecewise", "jaakkola", "bohning")
 MULTINOMIAL_BOUNDS = ("bohning", "log", "tilted", "pos")
-_LOG_2PI = math.log(2 * math.pi)
 _TILTED_ITERATIONS = 30
 
 
@@ -105,7 +114,9 @@ def _is_integer_in(y, lo, hi):
 
 
 class _LogPartitionBound(eqx.Module):
-    """An upper bound on ⟨llp(x)⟩ for x ~ N(m, v), llp(x) = log(1 + eˣ)."""
+    """An upper bound on ⟨llp(x)⟩ for x ~ N(m, v), llp(x) = log(1 + eˣ) = −log σ(−x): minus the lower
+    bound on ⟨log σ(t)⟩, t = −x ~ N(−m, v), of a `PiecewiseLogistic` site or of an LVB local bound
+    for `Logistic` sites at its optimal parameter (`lvb.local_bound`, `AbstractLocalBound.expected`)."""
 
     bound: str = eqx.field(static=True)
     pieces: int = eqx.field(static=True)
@@ -119,20 +130,19 @@ class _LogPartitionBound(eqx.Module):
 
     def __call__(self, m, v):
         if self.bound == "piecewise":
-            return _piecewise.expected(self.kind, self.pieces, m, jnp.sqrt(v))
-        if self.bound == "jaakkola":
-            xi = jnp.sqrt(m**2 + v)
-            return 0.5 * (m - xi) + jax.nn.softplus(xi)
-        return jax.nn.softplus(m) + v / 8.0
+            return -pot.PiecewiseLogistic(self.pieces, self.kind).expected_log_phi(-m, jnp.sqrt(v))
+        return -lvb.local_bound(pot.Logistic(), self.bound).expected(-m, v)
 
 
 def _llp_bound(bound, pieces, kind):
     return _LogPartitionBound(bound, int(pieces), kind)
 
 
-class Gaussian(AbstractLikelihood):
+class GaussianColumn(AbstractLikelihood):
     """y ~ N(η, ψ) with per-column noise variance ψ (``noise``), learned in closed form by the M-step
-    (ψ_d = mean over observed n of (y − m̃)² + ṽ) unless ``learn_noise=False``. The bound is exact."""
+    (ψ_d = mean over observed n of (y − m̃)² + ṽ) unless ``learn_noise=False``. The bound is exact:
+    ⟨log N(y | η, ψ)⟩ = log N(y | m̃, ψ) − ṽ/(2ψ), the `vijax.potentials.Gaussian` site's expectation.
+    (Formerly ``vj.factor.Gaussian``.)"""
 
     noise: jax.Array
     learn_noise: bool = eqx.field(static=True, default=True)
@@ -141,17 +151,20 @@ class Gaussian(AbstractLikelihood):
     def __init__(self, noise=1.0, learn_noise: bool = True):
         noise = jnp.asarray(noise, dtype=jnp.result_type(float))
         if _checks.is_concrete(noise) and not bool(jnp.all(noise > 0)):
-            raise ValueError("Gaussian: `noise` (a variance) must be positive.")
+            raise ValueError(f"{type(self).__name__}: `noise` (a variance) must be positive; got {noise}.")
         self.noise, self.learn_noise = noise, bool(learn_noise)
 
     def for_columns(self, num_columns):
-        return Gaussian(jnp.broadcast_to(self.noise, (num_columns,)), self.learn_noise)
+        return type(self)(jnp.broadcast_to(self.noise, (num_columns,)), self.learn_noise)
+
+    def _site(self, y):
+        return pot.Gaussian(loc=y, scale=jnp.sqrt(self.noise))
 
     def expected(self, y, mean, cov):
-        return -0.5 * (_LOG_2PI + jnp.log(self.noise) + ((y - mean[:, 0]) ** 2 + cov[:, 0, 0]) / self.noise)
+        return self._site(y).expected_log_phi(mean[:, 0], safe_sqrt(cov[:, 0, 0]))
 
     def log_prob(self, y, eta):
-        return -0.5 * (_LOG_2PI + jnp.log(self.noise) + (y - eta[:, 0]) ** 2 / self.noise)
+        return self._site(y).log_phi(eta[:, 0])
 
     def curvature(self, num_columns, dtype):
         return jnp.broadcast_to(1.0 / self.noise, (num_columns,)).astype(dtype)[:, None, None]
@@ -171,7 +184,9 @@ class Gaussian(AbstractLikelihood):
 
 
 class Bernoulli(AbstractLikelihood):
-    """Bernoulli-logit, p(y = 1 | η) = σ(η), y ∈ {0, 1}: f̲ = y m̃ − ⟨llp(η)⟩ bounded by ``bound``."""
+    """Bernoulli-logit, p(y = 1 | η) = σ(η), y ∈ {0, 1}: f̲ = y m̃ − ⟨llp(η)⟩ bounded by ``bound``
+    (written with the llp bound for both labels, as the piecewise bound is not symmetric:
+    f̄(x) − x ≠ f̄(−x))."""
 
     llp: _LogPartitionBound
 
@@ -193,21 +208,22 @@ class Bernoulli(AbstractLikelihood):
         return y * eta[:, 0] - jax.nn.softplus(eta[:, 0])
 
     def curvature(self, num_columns, dtype):
-        return jnp.full((num_columns, 1, 1), 0.25, dtype)
+        return jnp.full((num_columns, 1, 1), 0.25, dtype)  # Böhning's (`lvb.Bohning`): A = ¼
 
     def check(self, y, owner):
         if not _is_integer_in(y, 0, 1):
             raise ValueError(f"{owner}: Bernoulli columns take values 0 or 1.")
 
 
-class Poisson(AbstractLikelihood):
-    """Poisson counts with log link, p(y | η) = e^{yη − e^η}/y!: f̲ = y m̃ − e^{m̃ + ṽ/2} − log y! (exact)."""
+class PoissonColumn(AbstractLikelihood):
+    """Poisson counts with log link, p(y | η) = e^{yη − e^η}/y!: f̲ = y m̃ − e^{m̃ + ṽ/2} − log y! (exact),
+    the `vijax.potentials.Poisson` site's expectation. (Formerly ``vj.factor.Poisson``.)"""
 
     def expected(self, y, mean, cov):
-        return y * mean[:, 0] - jnp.exp(mean[:, 0] + 0.5 * cov[:, 0, 0]) - gammaln(y + 1)
+        return pot.Poisson(y).expected_log_phi(mean[:, 0], safe_sqrt(cov[:, 0, 0]))
 
     def log_prob(self, y, eta):
-        return y * eta[:, 0] - jnp.exp(eta[:, 0]) - gammaln(y + 1)
+        return pot.Poisson(y).log_phi(eta[:, 0])
 
     def check(self, y, owner):
         if not np.all((y >= 0) & (y == np.round(y))):
@@ -470,3 +486,9 @@ def _pos_lse(mean, var, llp):
     # Every β gives a valid bound; keep the better of the Newton iterate and the start.
     beta = jax.lax.stop_gradient(jnp.where(bound(beta) <= bound(start), beta, start))
     return bound(beta)
+
+
+# Deprecated names (they clash with `vijax.potentials.Gaussian` and `vijax.potentials.Poisson`): plain
+# aliases here, so `isinstance` checks see one class; `vj.factor.Gaussian`/`Poisson` warn on access.
+Gaussian = GaussianColumn
+Poisson = PoissonColumn

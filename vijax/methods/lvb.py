@@ -88,6 +88,13 @@ class AbstractLocalBound(eqx.Module):
         a, A, c = self.quadratic(xi)
         return a * x - 0.5 * A * x**2 + c
 
+    def expected(self, mean, var):
+        """max_ξ ⟨a x − ½ A x² + c⟩ = a μ − ½ A (μ² + v) + c at ξ = `update` (μ, v): a lower bound on
+        ⟨log φ(x)⟩ for x ~ N(``mean``, ``var``) (elementwise), differentiable in both through ξ.
+        E.g. `Jaakkola`: log σ(ξ) + (μ − ξ)/2 with ξ = √(μ² + v); `Bohning`: log σ(μ) − v/8."""
+        a, A, c = self.quadratic(self.update(mean, var))
+        return a * mean - 0.5 * A * (mean**2 + var) + c
+
 
 def _jaakkola_lambda(xi):
     """λ(ξ) = tanh(ξ/2)/(4ξ), even in ξ, with its series 1/8 − ξ²/96 near 0."""
