@@ -78,7 +78,7 @@ from ..model import LatentLinearModel
 from ..posterior import Diagnostics
 from ._gaussian import diagonal_form
 
-__all__ = ["applies", "fit", "fixed_point_precisions", "is_state", "NaturalFit"]
+__all__ = ["applies", "fit", "fixed_point_precisions", "is_state", "NaturalFit", "site_bound", "covariance_from_lambda"]
 
 _MAX_HALVINGS = 30
 _ROUNDING = 4  # B is known to a few ulps: a fall within that is no evidence against a step
@@ -136,6 +136,27 @@ def _sizes(model):
 def _split(x, sizes):
     """All sites stacked → one array per group."""
     return tuple(jnp.split(x, list(itertools.accumulate(sizes[:-1])))) if len(sizes) > 1 else (x,)
+
+
+def site_bound(logdet_precision, lam, variances, log_f, dim: int, expected):
+    """The G-KL bound at q = N(m, S) with S⁻¹ = Λ + Hᵀdiag(λ)H (module docstring), from its pieces:
+
+        B = D/2 (1 + log 2π) − ½ log det S⁻¹ + log f(m) − ½ (D − λᵀσ²) + F,
+
+    ``logdet_precision`` = log det S⁻¹, ``lam`` and ``variances`` (σ_n² = h_nᵀSh_n) all sites stacked,
+    ``log_f`` = log f(m), ``dim`` = D, ``expected`` = F = Σ_n ⟨log φ_n⟩. Shared with the site-form
+    baselines of ``benchmarks/baselines``."""
+    log_const = 0.5 * dim * (1.0 + math.log(2 * math.pi))
+    return log_const - 0.5 * logdet_precision + log_f - 0.5 * (dim - lam @ variances) + expected
+
+
+def covariance_from_lambda(work: LatentLinearModel, lam):
+    """``(C, variances, log det S⁻¹)`` for S⁻¹ = Λ + Hᵀdiag(λ)H of ``work`` (``lam``: all sites stacked):
+    S = CᵀC with C upper-triangular, σ² of every site, by one reversed Cholesky factorisation of S⁻¹
+    scaled to unit diagonal (the primal form; valid for any λ that keeps S⁻¹ positive definite, NaN
+    otherwise)."""
+    fac = _Primal(work).factor(lam)
+    return fac.core, fac.variances, fac.logdet
 
 
 # ------------------------------------------------------------------------------- linear algebra
@@ -465,7 +486,6 @@ def fit(model: LatentLinearModel, work: LatentLinearModel, mean, lam, quadrature
     lin = backend(model, work)
     sizes = _sizes(work)
     dtype, d = work.dtype, work.dim
-    log_const = 0.5 * d * (1.0 + math.log(2 * math.pi))
     eps = jnp.finfo(dtype).eps
     prior = work.prior
 
@@ -474,7 +494,7 @@ def fit(model: LatentLinearModel, work: LatentLinearModel, mean, lam, quadrature
         means = tuple(mu + jnp.broadcast_to(g.offset, mu.shape) for mu, g in zip(means, work.sites))
         site = _site_derivatives(work, quadrature, means, _split(fac.variances, sizes))
         log_f, grad_f = jax.value_and_grad(prior.log_density)(m) if prior is not None else (0.0, 0.0)
-        value = log_const - 0.5 * fac.logdet + log_f - 0.5 * (d - lam @ fac.variances) + site.value
+        value = site_bound(fac.logdet, lam, fac.variances, log_f, d, site.value)
         grad = grad_f + lin.project_t(site.mean)
         step = _step(newton, lin, fac, lam, grad, site)
         return _Point(m, lam, fac, value, grad, site.target - lam, step, newton)

@@ -23,6 +23,20 @@ Symbols → code: K (prior covariance) ``K``; μ ``mu``; V ``V``; v = diag V ``v
 diag(K⁻¹) ``lam``; α = K⁻¹(m − μ) ``alpha`` (the O–A ``a``); F(m, v) = Σ_d f̲_d ``expected``. K⁻¹ is
 never formed: tr(K⁻¹V) = D − λᵀv and (m − μ)ᵀK⁻¹(m − μ) = αᵀ(m − μ) hold for V⁻¹ = K⁻¹ + diag λ.
 
+Built on the library's site form: the bound is `vijax.methods._gkl_natural.site_bound` (in whitened
+coordinates, log det S̃⁻¹ = −log det(VK⁻¹) and log f(m̃) = −½αᵀ(m − μ) − (D/2) log 2π), V from λ is
+`_gkl_natural.covariance_from_lambda` on the whitened model, and the Newton point in m and the O–A
+integral are `vijax.methods._gaussian.integrate_diagonal`. What is Alg. 3's own stays here: the scalar
+column problems, the rank-one updates of V and the Armijo-backtracked Newton iteration in m.
+
+Sites must have a concave Gaussian expectation (`AbstractPotential.concave_expectation`), so that every
+sub-problem is concave; ``require_concave=False`` lifts the check for sites that are concave only where q
+is wide enough, such as the quadratic piecewise bound of thesis Table 3.1 (not concave for σ ≲ 1, see
+`vijax.potentials.PiecewiseLogistic`). The safeguards keep the bound rising either way.
+
+This is a research baseline for ``benchmarks/fast_gkl.py``, not part of vijax: `vj.GKL` uses the
+natural-parameter algorithm of `vijax.methods._gkl_natural`, which is faster.
+
 References: M. E. Khan, S. Mohamed, K. P. Murphy, "Fast Bayesian inference for non-conjugate
 Gaussian process regression", NIPS 2012; M. E. Khan, PhD thesis (UBC 2012), §3.6 and Alg. 3;
 M. Opper, C. Archambeau, "The variational Gaussian approximation revisited", Neural Comp. 2009.
@@ -30,17 +44,17 @@ M. Opper, C. Archambeau, "The variational Gaussian approximation revisited", Neu
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
-from jax.scipy.linalg import solve_triangular
 
-from ..covariance._dense import _reversed_cholesky
-from ..potentials import PiecewiseLogistic
-from ..quadrature import GaussHermite, safe_sqrt
-from ._gaussian import diagonal_form, integrate_diagonal
+import vijax as vj
+from vijax.methods._gaussian import diagonal_form, integrate_diagonal
+from vijax.methods._gkl_natural import covariance_from_lambda, site_bound
+from vijax.quadrature import GaussHermite, safe_sqrt
 
 __all__ = ["FastGKLResult", "column_ascent", "opper_archambeau"]
 
@@ -76,7 +90,7 @@ class FastGKLResult(NamedTuple):
 # ------------------------------------------------------------------------------------------ sites
 
 
-def _validated(model, owner):
+def _validated(model, owner, require_concave=True):
     """``(K, μ, groups)`` with one ``(s, b, potential)`` per site group, each s, b of shape (D,)."""
     form = diagonal_form(model)
     if form is None:
@@ -87,13 +101,13 @@ def _validated(model, owner):
     K, mu, scales = form
     for group in model.sites:
         potential = group.potential
-        # The coordinate sub-problems are concave only if each f̲ is; the quadratic piecewise bound's
-        # expectation is concave (thesis §4.2) although its tiny jumps clear the `log_concave` flag.
-        if not (potential.log_concave or isinstance(potential, PiecewiseLogistic)):
+        # The coordinate sub-problems are concave only if each f̲ is.
+        if require_concave and not potential.concave_expectation:
             raise ValueError(
-                f"{owner}: the site potential {type(potential).__name__} is not log-concave, so the bound is "
-                "not concave in (m, V) and the coordinate sub-problems may have several maxima. Use "
-                "vj.infer(model, vj.GKL()) (or vj.EP()) for such sites.")
+                f"{owner}: the site potential {type(potential).__name__} has no concave Gaussian expectation "
+                "(it is not log-concave: `concave_expectation` is False), so the coordinate sub-problems may "
+                "have several maxima. Use vj.infer(model, vj.GKL()) (or vj.EP()) for such sites, or pass "
+                "require_concave=False to run the safeguarded ascent anyway.")
     groups = tuple((s, jnp.broadcast_to(g.offset, s.shape).astype(K.dtype), g.potential)
                    for s, g in zip(scales, model.sites))
     return K, mu, groups
@@ -121,19 +135,24 @@ def _threshold(value, tol, atol):
 def _covariance(model, lam):
     """``(V, diag V, log det(V K⁻¹))`` for V⁻¹ = K⁻¹ + diag λ, in whitened form.
 
-    With K = LLᵀ, V = L(I + LᵀΛL)⁻¹Lᵀ = CᵀC, C = R⁻¹Lᵀ and I + LᵀΛL = RRᵀ (R upper-triangular): no
-    inverse of K, and valid for any λ that keeps V positive definite (not only λ ≥ 0).
+    With K = LLᵀ and w = μ + Lw̃, the sites x = w − μ have H̃ = L under the prior N(0, I), so
+    S̃⁻¹ = I + LᵀΛL (`covariance_from_lambda`: S̃ = CᵀC) and V = L S̃ Lᵀ = (CLᵀ)ᵀ(CLᵀ): no inverse of K,
+    and valid for any λ that keeps V positive definite (not only λ ≥ 0).
     """
     L = model.prior.chol.astype(lam.dtype)
-    eye = jnp.eye(L.shape[0], dtype=lam.dtype)
-    R = _reversed_cholesky(eye + L.T @ (lam[:, None] * L))
-    C = solve_triangular(R, L.T, lower=False)
-    return C.T @ C, jnp.sum(C**2, axis=0), -2.0 * jnp.sum(jnp.log(jnp.abs(jnp.diag(R))))
+    whitened = vj.LatentLinearModel(vj.GaussianFactor.isotropic(dim=L.shape[0], variance=1.0),
+                                    vj.Sites(L, vj.potentials.Gaussian()))  # the potential is not used
+    C, var, logdet_precision = covariance_from_lambda(whitened, lam)
+    CL = C @ L.T
+    return CL.T @ CL, var, -logdet_precision
 
 
 def _bound(logdet, lam, var, alpha, m, mu, expected):
-    """½[log det(VK⁻¹) − tr(K⁻¹V) − (m−μ)ᵀK⁻¹(m−μ) + D] + F, with tr(K⁻¹V) = D − λᵀv."""
-    return 0.5 * (logdet + lam @ var - alpha @ (m - mu)) + expected
+    """½[log det(VK⁻¹) − tr(K⁻¹V) − (m−μ)ᵀK⁻¹(m−μ) + D] + F, with tr(K⁻¹V) = D − λᵀv: the library's
+    `site_bound` in whitened coordinates (log det S̃⁻¹ = −log det(VK⁻¹), |m̃|² = αᵀ(m − μ))."""
+    d = m.shape[0]
+    log_f = -0.5 * (alpha @ (m - mu)) - 0.5 * d * math.log(2 * math.pi)
+    return site_bound(-logdet, lam, var, log_f, d, expected)
 
 
 # ---------------------------------------------------------------------------- scalar sub-problem
@@ -267,7 +286,8 @@ class _Sweep(NamedTuple):
 
 
 def column_ascent(model, max_sweeps: int = 50, tol: float = 1e-10, atol: float = 0.0, inner_iters: int = 20,
-                  newton_iters: int = 20, quadrature: GaussHermite = GaussHermite()) -> FastGKLResult:
+                  newton_iters: int = 20, quadrature: GaussHermite = GaussHermite(),
+                  require_concave: bool = True) -> FastGKLResult:
     """Thesis Alg. 3: concave coordinate ascent on the G-KL bound of a GP-type model.
 
     Starts at q = prior (V = K, λ = 0, m = μ) and repeats sweeps of
@@ -305,7 +325,8 @@ def column_ascent(model, max_sweeps: int = 50, tol: float = 1e-10, atol: float =
     rank-one updates, a few scalar site evaluations per column (``inner_iters`` caps them), one
     evaluation of all D sites for the check, and D³/3 per Newton step.
 
-    **Arguments:** ``model`` (GP-type, concave site expectations; a `ValueError` otherwise),
+    **Arguments:** ``model`` (GP-type, concave site expectations unless ``require_concave=False``; a
+    `ValueError` otherwise),
     ``max_sweeps``, ``tol``/``atol`` (stopping rule), ``inner_iters`` (cap on each column's scalar
     iterations), ``newton_iters`` (cap on Newton steps per sweep), ``quadrature`` (for potentials
     without a closed-form expectation).
@@ -314,7 +335,7 @@ def column_ascent(model, max_sweeps: int = 50, tol: float = 1e-10, atol: float =
     ``bound`` are recomputed from λ (so rank-one rounding does not reach them); the trace is the
     bound tracked through the sweeps.
     """
-    K, mu, groups = _validated(model, "column_ascent")
+    K, mu, groups = _validated(model, "column_ascent", require_concave)
     dtype, D = K.dtype, K.shape[0]
     expected_all = lambda m, v: jnp.sum(_expected(groups, m, v, quadrature))
 
@@ -398,7 +419,7 @@ class _LBFGS(NamedTuple):
 
 def opper_archambeau(model, max_iter: int = 5000, tol: float = 1e-10, atol: float = 0.0,
                      grad_tol: float = float("inf"), memory: int = 10,
-                     quadrature: GaussHermite = GaussHermite()) -> FastGKLResult:
+                     quadrature: GaussHermite = GaussHermite(), require_concave: bool = True) -> FastGKLResult:
     """The Opper–Archambeau baseline: L-BFGS on the bound over x = (a, log λ) (thesis eq. 3.51).
 
     With V = (K⁻¹ + diag λ)⁻¹, m = μ + K a and B = I + Λ½KΛ½ (R&W §3.4.3),
@@ -415,7 +436,7 @@ def opper_archambeau(model, max_iter: int = 5000, tol: float = 1e-10, atol: floa
     ``work['grad_norm']``; ``grad_tol`` also requires max |∂B/∂x| ≤ grad_tol before stopping) — or
     after ``max_iter`` iterations.
     """
-    K, mu, groups = _validated(model, "opper_archambeau")
+    K, mu, groups = _validated(model, "opper_archambeau", require_concave)
     dtype, D = K.dtype, K.shape[0]
     expected_all = lambda m, v: jnp.sum(_expected(groups, m, v, quadrature))
 
