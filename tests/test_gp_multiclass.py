@@ -96,7 +96,7 @@ def test_nested_ep_with_two_classes_is_binary_probit_ep(rng):
     y = (X[:, 0] + 0.5 * rng.normal(size=15) > 0).astype(int)
     result = mc.nested_ep(KERNEL, X, y, 2)
     binary = vj.infer(vj.gp.model(KERNEL, X, vj.potentials.Probit(), labels=1 - y), vj.EP())
-    assert bool(result.converged)
+    assert bool(result.diagnostics.converged)
     np.testing.assert_allclose(float(result.log_z), float(binary.log_z), rtol=1e-8)
     np.testing.assert_allclose(np.asarray(result.mean[0] - result.mean[1]) / np.sqrt(2), np.asarray(binary.mean),
                                atol=1e-5)
@@ -105,12 +105,12 @@ def test_nested_ep_with_two_classes_is_binary_probit_ep(rng):
 def test_nested_ep_three_classes(rng):
     X, y = _three_class_data(rng, 24)
     result = mc.nested_ep(KERNEL, X, y, 3)
-    assert bool(result.converged) and int(result.iterations) < 200 and int(result.skipped) == 0
+    assert bool(result.diagnostics.converged) and int(result.diagnostics.iterations) < 200 and int(result.skipped) == 0
     assert np.isfinite(float(result.log_z)) and float(result.log_z) < 0
     # outer sites: T̃_i 1 = 0, PSD, rank C − 1
     onehot = np.eye(3)[y]
-    pi, S, _, h = mc._site_terms(result.tau, result.nu, onehot)
-    T = jax.vmap(mc._site_precision)(pi, S)
+    pi, S, _, h = mc.probit._site_terms(result.tau, result.nu, onehot)
+    T = jax.vmap(mc.probit._site_precision)(pi, S)
     np.testing.assert_allclose(np.asarray(T @ jnp.ones(3)), 0.0, atol=1e-12)
     np.testing.assert_allclose(np.asarray(h.sum(1)), 0.0, atol=1e-12)
     eig = np.linalg.eigvalsh(np.asarray(T))
@@ -136,8 +136,8 @@ def test_nested_ep_three_classes(rng):
     np.testing.assert_allclose(np.asarray(m_hat), m, atol=1e-4)
     np.testing.assert_allclose(np.asarray(V_hat), V, atol=1e-4)
     # predictions: rows sum to one, and the training inputs are mostly classified right
-    for method in ("ep", "quadrature"):
-        p = np.asarray(mc.predict_proba(result, KERNEL, X, X[:10], method=method))
+    for rule in ("ep", "quadrature"):
+        p = np.asarray(mc.predict_proba(result, X[:10], rule=rule))
         np.testing.assert_allclose(p.sum(1), 1.0, atol=1e-12)
         assert np.all(p > 0) and np.mean(p.argmax(1) == y[:10]) >= 0.7
 
@@ -185,13 +185,13 @@ def test_predictive_probabilities_match_monte_carlo(rng):
     m, V = np.array([0.5, -0.2, 0.1]), A @ A.T + 0.1 * np.eye(3)
     g = m + rng.normal(size=(1_000_000, 3)) @ np.linalg.cholesky(V).T + rng.normal(size=(1_000_000, 3))
     mc_p = np.bincount(g.argmax(1), minlength=3) / g.shape[0]  # p(c) = P(f_c + ε_c is the largest)
-    ep = np.asarray(jax.nn.softmax(mc._log_proba_ep(m[None], V[None])[0]))
+    ep = np.asarray(jax.nn.softmax(mc.probit._log_proba_ep(m[None], V[None])[0]))
     np.testing.assert_allclose(ep, mc_p, atol=0.015)  # EP orthant error ~1%, MC error 5e-4
     # the 1-D rule is exact (to the rule and MC) for a class-diagonal covariance
     D = np.diag(np.diag(V))
     g = m + rng.normal(size=(1_000_000, 3)) * np.sqrt(np.diag(V) + 1)
     mc_p = np.bincount(g.argmax(1), minlength=3) / g.shape[0]
-    q = np.exp(np.asarray(mc._log_proba_quadrature(m[None], D[None], vj.quadrature.GaussHermite(64))[0]))
+    q = np.exp(np.asarray(mc.probit._log_proba_quadrature(m[None], D[None], vj.quadrature.GaussHermite(64))[0]))
     np.testing.assert_allclose(q.sum(), 1.0, atol=1e-8)
     np.testing.assert_allclose(q, mc_p, atol=2.5e-3)
 
@@ -209,7 +209,7 @@ def test_stick_probabilities_sum_to_one(rng):
 def test_stick_model_sites_are_the_log_likelihood(rng):
     X, y = _three_class_data(rng, 9)
     model = mc.stick_breaking_model(KERNEL, X, y, 3, pieces=None, ordering=[2, 0, 1])
-    layout = mc._layout(y, 9, 3, [2, 0, 1], "test")
+    layout = model.layout
     eta = rng.normal(size=(9, 2))
     w = eta[layout.point, layout.stick]
     sites = float(jnp.sum(model.sites[0].potential.log_phi(model.sites[0].project(jnp.asarray(w)))))
@@ -245,13 +245,13 @@ def test_stick_model_bounds_and_predictions(rng):
     np.testing.assert_allclose(float(ep.log_z), log_z, atol=0.05)
     assert log_z - float(pw.log_z) < 1.0  # the bound is not vacuous
     for post in (pw, ep):
-        p = np.asarray(mc.stick_breaking_proba(post, KERNEL, X, X, y, 3))
+        p = np.asarray(mc.stick_breaking_proba(post, X))
         np.testing.assert_allclose(p.sum(1), 1.0, atol=1e-12)
         assert np.mean(p.argmax(1) == y) >= 0.7
     # probabilities from the predictive marginals agree with Monte Carlo over them
-    mean, var = mc.stick_breaking_predict(ep, KERNEL, X, X[:3], y, 3)
+    mean, var = mc.stick_breaking_predict(ep, X[:3])
     eta = np.asarray(mean)[:, None] + np.sqrt(np.asarray(var))[:, None] * rng.normal(size=(3, 200_000, 2))
-    np.testing.assert_allclose(np.asarray(mc.stick_breaking_proba(ep, KERNEL, X, X[:3], y, 3)),
+    np.testing.assert_allclose(np.asarray(mc.stick_breaking_proba(ep, X[:3])),
                                np.asarray(mc.stick_breaking_probabilities(eta)).mean(1), atol=5e-3)
 
 
@@ -270,8 +270,8 @@ def test_inputs_are_validated(rng):
         mc.nested_ep(KERNEL, X, y + 0.5, 3)
     with pytest.raises(ValueError, match="damping"):
         mc.nested_ep(KERNEL, X, y, 3, damping=1.5)
-    with pytest.raises(ValueError, match="method"):
-        mc.predict_proba(None, KERNEL, X, X, method="mc")
+    with pytest.raises(ValueError, match="rule"):
+        mc.predict_proba(None, X, rule="mc")
 
 
 def test_softmax_bounds_are_ordered_and_below_the_exact_gkl_bound():

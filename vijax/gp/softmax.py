@@ -23,7 +23,7 @@ import numpy as np
 from jax.scipy.linalg import solve_triangular
 
 from ..factor import Block, FactorModel, Multinomial, e_step, initial_posteriors
-from .multiclass import _kernels, _labels, _prior_covariances
+from ._layout import class_kernels as _kernels, class_labels as _labels, class_prior_covariances as _prior_covariances
 
 __all__ = ["SoftmaxFit", "fit", "predict", "predict_proba"]
 

@@ -111,7 +111,7 @@ class SiteParams(eqx.Module):
         return jax.tree_util.tree_map(lambda a: alpha * a, self)
 
 
-def _log_normaliser(mean, var):
+def log_normaliser(mean, var):
     """log ∫ exp(−x²/2V + mx/V) dx = ½ log 2πV + m²/2V."""
     return 0.5 * (_LOG_2PI + jnp.log(var)) + 0.5 * mean**2 / var
 
@@ -137,12 +137,9 @@ def _evaluate(sites: SiteParams, model, power, work, anchor=None) -> _Evaluation
     out = ([], [], [], [], [])
     for k, (group, tau, nu, m, V) in enumerate(zip(model.sites, sites.precision, sites.shift, means, variances)):
         m_a, V_a = (m, V) if anchor is None else (anchor[0][k], anchor[1][k])
-        cavity_precision = 1.0 / V_a - power * tau
-        ok = cavity_precision > 0
-        V_c = 1.0 / jnp.where(ok, cavity_precision, 1.0)
-        m_c = (m_a / V_a - power * nu) * V_c
+        m_c, V_c, ok = cavity(m_a, V_a, tau, nu, power)
         log_zhat, m_hat, V_hat = group.potential.tilted_moments(m_c, V_c, power)
-        terms = (log_zhat + _log_normaliser(m_c, V_c) - _log_normaliser(m_a, V_a)) / power
+        terms = (log_zhat + log_normaliser(m_c, V_c) - log_normaliser(m_a, V_a)) / power
         proper = proper & jnp.all(ok)
         ok = ok & jnp.isfinite(terms) & jnp.isfinite(m_hat) & (V_hat > 0)
         value = value + jnp.sum(terms)
@@ -162,8 +159,9 @@ def _direction(ev: _Evaluation, sites: SiteParams, power) -> SiteParams:
     dtau, dnu = [], []
     for m, V, m_hat, V_hat, ok in zip(ev.marginal_mean, ev.marginal_var, ev.tilted_mean, ev.tilted_var, ev.valid):
         V_hat = jnp.where(ok, V_hat, 1.0)
-        dtau.append(jnp.where(ok, (1.0 / V_hat - 1.0 / V) / power, 0.0))
-        dnu.append(jnp.where(ok, (m_hat / V_hat - m / V) / power, 0.0))
+        step_tau, step_nu = site_step(m, V, m_hat, V_hat, power)
+        dtau.append(jnp.where(ok, step_tau, 0.0))
+        dnu.append(jnp.where(ok, step_nu, 0.0))
     return SiteParams(tuple(dtau), tuple(dnu))
 
 
@@ -171,9 +169,36 @@ def _residual(ev: _Evaluation):
     """max_n |m̂_n − m_n|/√V_n + |log(V̂_n/V_n)| over valid sites: 0 exactly at a fixed point."""
     worst = jnp.zeros((), ev.value.dtype)
     for m, V, m_hat, V_hat, ok in zip(ev.marginal_mean, ev.marginal_var, ev.tilted_mean, ev.tilted_var, ev.valid):
-        r = jnp.abs(m_hat - m) / jnp.sqrt(V) + jnp.abs(jnp.log(jnp.where(ok, V_hat, 1.0) / V))
+        r = moment_residual(m, V, m_hat, jnp.where(ok, V_hat, 1.0))
         worst = jnp.maximum(worst, jnp.max(jnp.where(ok, r, 0.0), initial=0.0))
     return jnp.where(ev.proper, worst, jnp.inf)
+
+
+# Per-site EP maths (elementwise), shared by the EPs of vijax: `EP` here and nested EP
+# (`vj.gp.multiclass`). With the energy's terms (`log_normaliser`) they are the whole site update.
+
+
+def cavity(mean, var, tau, nu, power=1.0):
+    """The cavity N(m₋, V₋) ∝ N(x | mean, var) · t̃(x)^{−η} of a site t̃(x) = exp(νx − ½τx²).
+
+    1/V₋ = 1/var − ητ and m₋/V₋ = mean/var − ην. Returns ``(m₋, V₋, proper)``, each of the shape of
+    the broadcast inputs; where the cavity is improper (1/V₋ ≤ 0), V₋ = 1 and ``proper`` is False.
+    """
+    precision = 1.0 / var - power * tau
+    proper = precision > 0
+    cavity_var = 1.0 / jnp.where(proper, precision, 1.0)
+    return (mean / var - power * nu) * cavity_var, cavity_var, proper
+
+
+def site_step(mean, var, tilted_mean, tilted_var, power=1.0):
+    """The undamped EP step of a site, (Δτ, Δν) = ((1/V̂ − 1/V)/η, (m̂/V̂ − m/V)/η): the change that
+    moves q's marginal N(mean, var) to the tilted moments (m̂, V̂) (Jylänki eqs. 2.36–2.37, δ = 1)."""
+    return (1.0 / tilted_var - 1.0 / var) / power, (tilted_mean / tilted_var - mean / var) / power
+
+
+def moment_residual(mean, var, tilted_mean, tilted_var):
+    """|m̂ − m|/√V + |log(V̂/V)|: the distance of the tilted moments from q's marginal, 0 at a fixed point."""
+    return jnp.abs(tilted_mean - mean) / jnp.sqrt(var) + jnp.abs(jnp.log(tilted_var / var))
 
 
 def _num_invalid(ev: _Evaluation):

@@ -1,4 +1,4 @@
-"""Multi-class GP classification: nested EP for the multinomial probit, and the stick-breaking model.
+"""Multi-class GP classification with the multinomial-probit likelihood, by nested EP.
 
 C classes, N inputs, one latent function per class, f_c ~ GP(0, K_c) independently; the latent
 vector is class-major, f = (f_1(x_1), …, f_1(x_N), …, f_C(x_N)), and f_i ∈ R^C collects the values
@@ -39,26 +39,16 @@ energy there; it is stationary in the sites, so ``jax.grad`` of `log_z` in the k
 hyperparameters is the total derivative (`nested_ep_log_z`). `tilted_moments` runs one full
 inner EP (sequential over the C − 1 factors) for a given cavity; `predict_proba` uses it at each
 test input with the predictive N(μ_*, Σ_*) as the cavity (the EP estimate of the orthant
-probability), or a 1-D Gauss–Hermite rule.
+probability), or a 1-D Gauss–Hermite rule (``rule=``).
 
-**Stick-breaking logistic likelihood** (Khan thesis §5.6), K = C − 1 stick functions η_k:
-
-.. math::
-
-    p(y = k \\mid \\eta) = \\sigma(\\eta_k) \\prod_{j < k} (1 - \\sigma(\\eta_j)),\\ k < K, \\qquad
-    p(y = K \\mid \\eta) = \\prod_{j < K} (1 - \\sigma(\\eta_j)),
-
-so log p(y = k | η) = Σ_{j ≤ k} log σ(±η_j) (+ for j = k, − for j < k): binary logistic sites,
-one per (stick j, input n) with j ≤ rank(y_n), signs in H. Stick j's value at an input whose class
-comes before j in the ordering is in no site; those coordinates are integrated out of the prior
-exactly (a marginal of a GP is a GP), which leaves one site per latent coordinate, H = diag(±1),
-and a block-diagonal prior: a `vj.gp.model`-shaped `LatentLinearModel` for which every method (and
-the fast GP paths of G-KL and EP) applies, and whose posterior factorises over sticks.
+The inner sites are updated by the EP maths of `vijax.methods.ep` (`cavity`, `site_step`, `moment_residual`,
+`log_normaliser`), as in `vj.EP`. `NestedEPResult` records the layout of the fit (the kernels, X,
+the labels and C), so predictions take ``(result, X_test)``.
 """
 
 from __future__ import annotations
 
-import math
+import warnings
 from typing import NamedTuple
 
 import equinox as eqx
@@ -67,10 +57,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.linalg import block_diag, cho_solve, solve_triangular
 
-from ..model import DenseGaussian, GaussianFactor, LatentLinearModel, ScaledIdentity, Sites
-from ..potentials import Logistic, PiecewiseLogistic, Probit
-from ..quadrature import GaussHermite, safe_sqrt
-from .kernels import AbstractKernel, _inputs
+from ...methods.ep import cavity, log_normaliser, moment_residual, site_step
+from ...posterior import Diagnostics
+from ...potentials import Probit
+from ...quadrature import GaussHermite
+from .._layout import class_kernels, class_labels, class_prior_covariances, same_arrays
+from ..kernels import AbstractKernel, _inputs
+from ..models import DEFAULT_JITTER
 
 __all__ = [
     "NestedEPResult",
@@ -81,51 +74,11 @@ __all__ = [
     "predict",
     "predict_proba",
     "posterior_covariance",
-    "stick_breaking_model",
-    "stick_breaking_probabilities",
-    "stick_breaking_predict",
-    "stick_breaking_proba",
+    "RULES",
 ]
 
-_LOG_2PI = math.log(2 * math.pi)
-DEFAULT_JITTER = 1e-6
+RULES = ("ep", "quadrature")  # `predict_proba`'s integration rules
 _PROBIT = Probit()
-
-
-# ----------------------------------------------------------------------------------------------
-# Validation
-
-
-def _labels(labels, n, num_classes, owner):
-    """Integer labels in {0, …, C − 1}, one per input, as a NumPy array."""
-    if not (isinstance(num_classes, (int, np.integer)) and num_classes >= 2):
-        raise ValueError(f"{owner}: `num_classes` must be an integer ≥ 2, got {num_classes!r}.")
-    y = np.asarray(labels)
-    if y.ndim != 1 or y.shape[0] != n:
-        raise ValueError(f"{owner}: `labels` must have shape ({n},), one per row of X, got {y.shape}.")
-    if not (np.issubdtype(y.dtype, np.integer) or np.all(np.mod(y, 1) == 0)):
-        raise ValueError(f"{owner}: `labels` must be integer class indices in 0 … {num_classes - 1}.")
-    y = y.astype(np.int64)
-    if y.size and (y.min() < 0 or y.max() >= num_classes):
-        raise ValueError(f"{owner}: `labels` must lie in 0 … {num_classes - 1} (num_classes = {num_classes}); "
-                         f"got values from {y.min()} to {y.max()}. Map class names to 0 … C − 1 first.")
-    return y
-
-
-def _kernels(kernel, num_classes, owner):
-    """One kernel per class: a single kernel is shared by every class."""
-    kernels = (kernel,) * num_classes if isinstance(kernel, AbstractKernel) else tuple(kernel)
-    if len(kernels) != num_classes or not all(isinstance(k, AbstractKernel) for k in kernels):
-        raise ValueError(f"{owner}: `kernel` must be a vj.gp.kernels kernel or a sequence of {num_classes} "
-                         "of them (one per class).")
-    return kernels
-
-
-def _prior_covariances(kernel, X, num_classes, jitter, owner):
-    """K_c(X) + jitter·I stacked: shape ``(C, N, N)``."""
-    kernels = _kernels(kernel, num_classes, owner)
-    eye = jnp.eye(X.shape[0], dtype=X.dtype)
-    return jnp.stack([k(X) + jitter * eye for k in kernels])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -180,11 +133,6 @@ def _z_marginals(m, V, tau, nu, onehot):
     return mean, var
 
 
-def _log_gaussian_normaliser(mean, var):
-    """log ∫ exp(−½ x²/v + x m/v) dx = ½ log 2πv + ½ m²/v (the Z(m, V) of Jylänki eq. 2.43, d = 1)."""
-    return 0.5 * (_LOG_2PI + jnp.log(var) + mean**2 / var)
-
-
 class _ScalarUpdate(NamedTuple):
     tau: jax.Array
     nu: jax.Array
@@ -196,20 +144,20 @@ class _ScalarUpdate(NamedTuple):
 def _scalar_update(mz, vz, tau, nu, active):
     """The EP update of every probit factor Φ(z) from its marginal N(mz, vz) under q (elementwise).
 
-    A factor whose cavity is improper (1/v − τ ≤ 0) or whose new site is not finite is left alone;
-    for a proper cavity the probit (log-concave) gives τ_new > 0, so every π stays ≥ 0 and the
-    posterior's B_c = I + D_c½ K_c D_c½ stays positive definite.
+    The cavity, step, residual and energy terms are those of `vj.EP` (`vj.ep.cavity`, `site_step`,
+    `moment_residual`, `log_normaliser`; power η = 1). A factor whose cavity is improper
+    (1/v − τ ≤ 0) or whose new site is not finite is left alone; for a proper cavity the probit
+    (log-concave) gives τ_new > 0, so every π stays ≥ 0 and the posterior's B_c = I + D_c½ K_c D_c½
+    stays positive definite.
     """
-    cavity_precision = 1.0 / vz - tau
-    proper = active & (cavity_precision > 0)
-    vc = 1.0 / jnp.where(proper, cavity_precision, 1.0)
-    mc = vc * (mz / vz - nu)
+    mc, vc, proper = cavity(mz, vz, tau, nu)
+    proper = active & proper
     log_zhat, m_hat, v_hat = _PROBIT.tilted_moments(jnp.where(proper, mc, 0.0), vc)
-    tau_new = 1.0 / v_hat - 1.0 / vc
-    nu_new = m_hat / v_hat - mc / vc
+    step_tau, step_nu = site_step(mz, vz, m_hat, v_hat)
+    tau_new, nu_new = tau + step_tau, nu + step_nu
     ok = proper & jnp.isfinite(tau_new) & jnp.isfinite(nu_new) & (tau_new >= 0)
-    residual = jnp.abs(m_hat - mz) / jnp.sqrt(vz) + jnp.abs(jnp.log(v_hat / vz))
-    log_terms = log_zhat + _log_gaussian_normaliser(mc, vc) - _log_gaussian_normaliser(mz, vz)
+    residual = moment_residual(mz, vz, m_hat, v_hat)
+    log_terms = log_zhat + log_normaliser(mc, vc) - log_normaliser(mz, vz)
     return _ScalarUpdate(jnp.where(ok, tau_new, tau), jnp.where(ok, nu_new, nu), jnp.where(ok, residual, 0.0),
                          jnp.where(proper, log_terms, 0.0), jnp.sum(active & ~ok))
 
@@ -240,7 +188,7 @@ def _inner_energy(m0, V0, tau, nu, onehot, m, V):
     return factors + 0.5 * (s**2 / S - jnp.log(S)) + gaussian
 
 
-def _inner_ep(m0, V0, onehot, max_sweeps, tol, tau=None, nu=None):
+def _inner_ep(m0, V0, onehot, max_iter, tol, tau=None, nu=None):
     """Inner EP for one site: sequential sweeps over the C − 1 factors until the residual ≤ ``tol``."""
     C = m0.shape[0]
     tau = jnp.zeros_like(m0) if tau is None else tau
@@ -262,29 +210,34 @@ def _inner_ep(m0, V0, onehot, max_sweeps, tol, tau=None, nu=None):
     m, V = _combine(m0, V0, tau, nu, onehot)
     init = (tau, nu, m, V, jnp.asarray(jnp.inf, m0.dtype), jnp.asarray(0))
     tau, nu, m, V, residual, sweeps = jax.lax.while_loop(
-        lambda s: (s[4] > tol) & (s[5] < max_sweeps), sweep, init)
+        lambda s: (s[4] > tol) & (s[5] < max_iter), sweep, init)
     return _inner_energy(m0, V0, tau, nu, onehot, m, V), m, V, residual <= tol
 
 
-def tilted_moments(cavity_mean, cavity_cov, label, max_sweeps=100, tol=1e-10):
+def tilted_moments(cavity_mean, cavity_cov, label, max_iter=100, tol=1e-10, *, max_sweeps=None):
     """Normaliser and moments of p̂(f) ∝ N(f | m, V) p(y = label | f) by the inner EP of nested EP.
 
     **Arguments:**
 
     - `cavity_mean`, `cavity_cov`: m, shape ``(C,)``, and V, shape ``(C, C)`` (positive definite).
     - `label`: the class y, an integer in 0 … C − 1.
-    - `max_sweeps`, `tol`: sequential sweeps over the C − 1 probit factors until every factor's
-      moment-matching residual is ≤ ``tol``.
+    - `max_iter`, `tol`: at most ``max_iter`` sequential sweeps over the C − 1 probit factors, until
+      every factor's moment-matching residual is ≤ ``tol``. (`max_sweeps` is the deprecated name
+      of `max_iter`.)
 
     **Returns:** ``(log_z, mean, cov, converged)``: the EP estimates of log Ẑ = log ∫ N(f | m, V)
     p(y | f) df (an orthant probability of a (C − 1)-dimensional Gaussian, which inner EP does not
     compute exactly), of the tilted mean ``(C,)`` and covariance ``(C, C)``. Cost O(C⁴) per sweep
     (C ≲ 20 is the intended range). Pure: ``jax.vmap`` it over sites.
     """
+    if max_sweeps is not None:
+        warnings.warn("vj.gp.multiclass.tilted_moments: `max_sweeps` is deprecated; use `max_iter`.",
+                      DeprecationWarning, stacklevel=2)
+        max_iter = max_sweeps
     m0 = jnp.asarray(cavity_mean)
     V0 = jnp.asarray(cavity_cov, m0.dtype)
     onehot = jax.nn.one_hot(label, m0.shape[0], dtype=m0.dtype)
-    return _inner_ep(m0, V0, onehot, max_sweeps, tol)
+    return _inner_ep(m0, V0, onehot, max_iter, tol)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -349,7 +302,7 @@ def _evaluate(K, tau, nu, onehot):
 
 
 class NestedEPResult(eqx.Module):
-    """A nested-EP fit of a multinomial-probit GP classifier.
+    """A nested-EP fit of a multinomial-probit GP classifier, with the layout it was fitted on.
 
     **Fields:**
 
@@ -360,10 +313,20 @@ class NestedEPResult(eqx.Module):
       (predictive covariances, R&W Alg. 3.4).
     - `prior_cov`: K_c + jitter·I, ``(C, N, N)``.
     - `tau`, `nu`: the inner sites, ``(N, C)`` (0 at each input's own class); pass as ``init``.
-    - `log_z`: the EP energy, an approximation of log p(y | X).
-    - `iterations`, `converged`, `residual` (max moment-matching residual of the last
-      iteration), `damping` (δ at the end), `skipped` (factor updates left out in the last
-      iteration: improper cavity or non-finite moments).
+    - `log_z`: the EP energy, a scalar approximation of log p(y | X).
+    - `diagnostics`: a `vj.Diagnostics`: `iterations` (outer), `converged`, `stationarity` (the
+      largest moment-matching residual |m̂ − m|/√v + |log(v̂/v)| over the probit factors at the
+      returned sites), `grad_norm` (max |∂ log_z / ∂(τ, ν)| there: 0 at an EP fixed point, up to
+      O(tol)), `objective_trace` (the energy after each outer iteration, NaN-padded to
+      ``max_iter + 1``), `num_value_evals`, `num_grad_evals`, `num_hvp_evals`; method
+      ``"NestedEP"``, solver ``"parallel"``.
+    - `damping`: δ at the end; `skipped`: factor updates left out in the last iteration (improper
+      cavity or non-finite moments).
+    - The layout: `kernels` (one per class), `X` ``(N, d)``, `labels` ``(N,)`` and `num_classes` C,
+      so that `predict` and `predict_proba` need only the test inputs.
+
+    ``result.iterations``, ``.converged`` and ``.residual`` are deprecated names for
+    ``result.diagnostics.iterations``, ``.converged`` and ``.stationarity``.
     """
 
     mean: jax.Array
@@ -375,11 +338,31 @@ class NestedEPResult(eqx.Module):
     tau: jax.Array
     nu: jax.Array
     log_z: jax.Array
-    iterations: jax.Array
-    converged: jax.Array
-    residual: jax.Array
+    diagnostics: Diagnostics
     damping: jax.Array
     skipped: jax.Array
+    kernels: tuple[AbstractKernel, ...]
+    X: jax.Array
+    labels: jax.Array
+    num_classes: int = eqx.field(static=True)
+
+    def _deprecated(self, old, new):
+        # stacklevel: this method, the property, two frames of equinox's __getattribute__, the caller
+        warnings.warn(f"NestedEPResult.{old} is deprecated; use result.diagnostics.{new}.", DeprecationWarning,
+                      stacklevel=5)
+        return getattr(self.diagnostics, new)
+
+    @property
+    def iterations(self):
+        return self._deprecated("iterations", "iterations")
+
+    @property
+    def converged(self):
+        return self._deprecated("converged", "converged")
+
+    @property
+    def residual(self):
+        return self._deprecated("residual", "stationarity")
 
 
 class _Loop(NamedTuple):
@@ -388,33 +371,52 @@ class _Loop(NamedTuple):
     residual: jax.Array
     damping: jax.Array
     iteration: jax.Array
+    trace: jax.Array
+
+
+class _Fit(NamedTuple):
+    post: _Posterior
+    log_z: jax.Array
+    diagnostics: Diagnostics
+    tau: jax.Array
+    nu: jax.Array
+    damping: jax.Array
+    skipped: jax.Array
 
 
 @eqx.filter_jit
-def _fit(K, onehot, tau, nu, damping, min_damping, tol, max_iter):
-    """Parallel incremental nested EP from sites (τ, ν), then the result at the final sites.
+def _fit(K, onehot, tau, nu, damping, min_damping, tol, trace):
+    """Parallel incremental nested EP from sites (τ, ν), then the posterior and energy at the final sites.
 
     δ halves (down to ``min_damping``) whenever the largest moment-matching residual rises, the
     standard cure for oscillating parallel EP. The loop runs on stop_gradient(K); the energy is then
-    evaluated with the live K at the frozen sites, so its gradient is the total derivative.
+    evaluated with the live K at the frozen sites, so its gradient is the total derivative. ``trace``
+    (NaN, shape ``(max_iter + 1,)``) receives the energy after each iteration.
     """
     frozen = jax.lax.stop_gradient(K)
+    max_iter = trace.shape[0] - 1
 
     def step(state):
-        _, update, _ = _evaluate(frozen, state.tau, state.nu, onehot)
+        _, update, energy = _evaluate(frozen, state.tau, state.nu, onehot)
         residual = jnp.max(update.residual)
         delta = jnp.where(residual > state.residual, jnp.maximum(0.5 * state.damping, min_damping), state.damping)
         tau = state.tau + delta * (update.tau - state.tau)
         nu = state.nu + delta * (update.nu - state.nu)
-        return _Loop(tau, nu, residual, delta, state.iteration + 1)
+        return _Loop(tau, nu, residual, delta, state.iteration + 1, state.trace.at[state.iteration].set(energy))
 
-    init = _Loop(tau, nu, jnp.asarray(jnp.inf, K.dtype), damping, jnp.asarray(0))
+    init = _Loop(tau, nu, jnp.asarray(jnp.inf, K.dtype), damping, jnp.asarray(0), trace)
     loop = jax.lax.while_loop(lambda s: (s.residual > tol) & (s.iteration < max_iter), step, init)
     sites = jax.lax.stop_gradient((loop.tau, loop.nu))
     post, update, energy = _evaluate(K, *sites, onehot)
-    return NestedEPResult(post.mean, post.site_cov, post.alpha, post.E, post.chol_m, K, loop.tau, loop.nu, energy,
-                          loop.iteration, loop.residual <= tol, jnp.max(update.residual), loop.damping,
-                          update.skipped)
+    # The energy's gradient in the active sites (the own-class entries are no parameters): ~0 at a fixed point.
+    gradient = jax.grad(lambda t, n: _evaluate(frozen, t, n, onehot)[2], argnums=(0, 1))(*sites)
+    grad_norm = jnp.max(jnp.abs(jnp.where(onehot == 0, jnp.stack(gradient), 0.0)))
+    diagnostics = Diagnostics(
+        iterations=loop.iteration, converged=loop.residual <= tol, stationarity=jnp.max(update.residual),
+        grad_norm=grad_norm, objective_trace=loop.trace.at[loop.iteration].set(jax.lax.stop_gradient(energy)),
+        num_value_evals=loop.iteration + 1, num_grad_evals=jnp.asarray(1), num_hvp_evals=jnp.asarray(0),
+        method="NestedEP", solver="parallel")
+    return _Fit(post, energy, diagnostics, loop.tau, loop.nu, loop.damping, update.skipped)
 
 
 def nested_ep_log_z(K, labels, tau, nu):
@@ -440,20 +442,25 @@ def nested_ep(kernel, X, labels, num_classes, damping=0.7, min_damping=0.05, tol
     - `damping`: the initial δ ∈ (0, 1] of the parallel site updates; halved, down to `min_damping`,
       whenever the largest moment-matching residual rises.
     - `tol`: converged when max_ij |m̂_ij − m_ij|/√v_ij + |log(v̂_ij/v_ij)| ≤ ``tol`` over the probit
-      factors (the energy's error is of order tol²); `max_iter`: most outer iterations.
+      factors (the energy's error is of order tol²); `max_iter`: most outer iterations (a new value
+      compiles the loop anew; new `tol` or `damping` values do not).
     - `jitter`: added to each K_c's diagonal; `init`: a previous `NestedEPResult` (same N, C) to
       warm-start from, e.g. at a neighbouring grid point of hyperparameters.
 
-    **Returns:** a `NestedEPResult`. One outer iteration costs O(C N³) (C Cholesky factorisations of
-    N × N matrices and one more of M) plus O(C² N²) for the per-input C × C covariances.
+    **Returns:** a `NestedEPResult`, which records the kernels, X and labels for `predict` and
+    `predict_proba`. One outer iteration costs O(C N³) (C Cholesky factorisations of N × N matrices
+    and one more of M) plus O(C² N²) for the per-input C × C covariances.
     """
     owner = "vj.gp.multiclass.nested_ep"
     X = _inputs(X, owner)
-    y = _labels(labels, X.shape[0], num_classes, owner)
+    y = class_labels(labels, X.shape[0], num_classes, owner)
     if not (0 < float(damping) <= 1 and 0 < float(min_damping) <= float(damping)):
         raise ValueError(f"{owner}: need 0 < min_damping ≤ damping ≤ 1, got damping={damping}, "
                          f"min_damping={min_damping}.")
-    K = _prior_covariances(kernel, X, num_classes, jitter, owner)
+    if not (isinstance(max_iter, (int, np.integer)) and max_iter >= 1):
+        raise ValueError(f"{owner}: `max_iter` must be a positive integer, got {max_iter!r}.")
+    kernels = class_kernels(kernel, num_classes, owner)
+    K = class_prior_covariances(kernels, X, num_classes, jitter, owner)
     onehot = jax.nn.one_hot(jnp.asarray(y), num_classes, dtype=K.dtype)
     if init is None:
         tau = nu = jnp.zeros_like(onehot)
@@ -463,7 +470,12 @@ def nested_ep(kernel, X, labels, num_classes, damping=0.7, min_damping=0.05, tol
         tau, nu = init.tau * (1 - onehot), init.nu * (1 - onehot)
     # Numbers as arrays, not static: fits with other tolerances or damping reuse the compiled loop.
     settings = (jnp.asarray(float(v), K.dtype) for v in (damping, min_damping, tol))
-    return _fit(K, onehot, tau, nu, *settings, jnp.asarray(int(max_iter)))
+    fit = _fit(K, onehot, tau, nu, *settings, jnp.full((int(max_iter) + 1,), jnp.nan, K.dtype))
+    post = fit.post
+    return NestedEPResult(mean=post.mean, site_cov=post.site_cov, alpha=post.alpha, E=post.E, chol_m=post.chol_m,
+                          prior_cov=K, tau=fit.tau, nu=fit.nu, log_z=fit.log_z, diagnostics=fit.diagnostics,
+                          damping=fit.damping, skipped=fit.skipped, kernels=kernels, X=X, labels=jnp.asarray(y),
+                          num_classes=int(num_classes))
 
 
 def posterior_covariance(result: NestedEPResult):
@@ -480,18 +492,43 @@ def posterior_covariance(result: NestedEPResult):
 # Prediction
 
 
-def predict(result: NestedEPResult, kernel, X, X_test):
-    """Predictive latent means ``(T, C)`` and covariances ``(T, C, C)`` at ``X_test`` (R&W Alg. 3.4).
+def _recorded(result, legacy, owner, form):
+    """The kernels, X and X_test of a prediction: ``legacy`` is empty (new form, the fit's layout) or
+    ``(kernel, X, X_test)`` of the deprecated form, which must agree with what the fit recorded."""
+    if not isinstance(result, NestedEPResult):
+        raise ValueError(f"{owner}: `result` must be the NestedEPResult of vj.gp.multiclass.nested_ep, "
+                         f"got {type(result).__name__}.")
+    if len(legacy) == 1:
+        return result.kernels, result.X, legacy[0]
+    if len(legacy) != 3:
+        raise ValueError(f"{owner}: call {owner.rsplit('.', 1)[-1]}(result, X_test); got {len(legacy) + 1} "
+                         "positional arguments.")
+    kernel, X, X_test = legacy
+    warnings.warn(f"{owner}({form}) is deprecated: the result records its kernels and X; "
+                  f"call {owner.rsplit('.', 1)[-1]}(result, X_test).", DeprecationWarning, stacklevel=3)
+    kernels, X = class_kernels(kernel, result.num_classes, owner), _inputs(X, owner)
+    if not (same_arrays(kernels, result.kernels) and same_arrays(X, result.X)):
+        raise ValueError(f"{owner}: the kernel or X given differ from those `result` was fitted with, so the "
+                         f"prediction would be wrong; call {owner.rsplit('.', 1)[-1]}(result, X_test).")
+    return kernels, X, X_test
+
+
+def predict(result: NestedEPResult, X_test, *legacy):
+    """Predictive latent means ``(T, C)`` and covariances ``(T, C, C)`` at ``X_test`` ``(T, d)`` (R&W Alg. 3.4).
 
     μ_*c = k_c*ᵀ α_c and Σ_* = diag_c(k_c** − k_c*ᵀ E_c k_c*) + (E k_*)ᵀ M⁻¹ (E k_*), with the kernels
-    and X of the fit.
+    and X recorded in ``result``. (The form ``predict(result, kernel, X, X_test)`` is deprecated.)
     """
     owner = "vj.gp.multiclass.predict"
+    kernels, X, X_test = _recorded(result, (X_test, *legacy), owner, "result, kernel, X, X_test")
+    return _predict(result, kernels, X, X_test, owner)
+
+
+def _predict(result, kernels, X, X_test, owner):
     C, n, _ = result.E.shape
     X, X_test = _inputs(X, owner), _inputs(X_test, owner)
     if X.shape[0] != n:
         raise ValueError(f"{owner}: X has {X.shape[0]} rows but the fit has {n} inputs.")
-    kernels = _kernels(kernel, C, owner)
     cross = jnp.stack([k(X, X_test) for k in kernels])  # (C, N, T)
     diag = jnp.stack([k.diagonal(X_test) for k in kernels])  # (C, T)
     mean = jnp.einsum("cnt,cn->tc", cross, result.alpha)
@@ -528,24 +565,38 @@ def _gauss_hermite_proba(mean, cov, quadrature):
     return jax.vmap(one_class)(jnp.arange(C))
 
 
-def predict_proba(result: NestedEPResult, kernel, X, X_test, method="ep", quadrature=GaussHermite(64)):
-    """Class probabilities p(y_* = c | x_*, data), shape ``(T, C)``, rows summing to one.
+def predict_proba(result: NestedEPResult, X_test, *legacy, rule="ep", quadrature=GaussHermite(64), method=None):
+    """Class probabilities p(y_* = c | x_*, data) at ``X_test`` ``(T, d)``: shape ``(T, C)``, rows summing to one.
 
     The predictive latent f_* ~ N(μ_*, Σ_*) (`predict`) is integrated against the likelihood:
 
-    - ``method="ep"`` (default): log p(y_* = c) is the inner-EP estimate of log ∫ N(f | μ_*, Σ_*)
+    - ``rule="ep"`` (default): log p(y_* = c) is the inner-EP estimate of log ∫ N(f | μ_*, Σ_*)
       p(c | f) df (`tilted_moments` with the predictive as the cavity), which keeps every
       between-class correlation of Σ_*; the C estimates are renormalised (EP's orthant probabilities
       sum to 1 only approximately).
-    - ``method="quadrature"``: with g = f_* + ε, p(c) = P(g_c ≥ g_j ∀j) by ``quadrature`` in g_c
+    - ``rule="quadrature"``: with g = f_* + ε, p(c) = P(g_c ≥ g_j ∀j) by ``quadrature`` in g_c
       (the u of the likelihood shifted by f_c), each f_j replaced by its Gaussian conditional given
       g_c; exact for a class-diagonal Σ_* (far from the data) and an approximation otherwise;
       renormalised.
+
+    Deprecated forms: ``predict_proba(result, kernel, X, X_test, method=…)`` (``method`` is the old
+    name of ``rule``).
     """
-    if method not in ("ep", "quadrature"):
-        raise ValueError(f"vj.gp.multiclass.predict_proba: `method` must be 'ep' or 'quadrature', got {method!r}.")
-    mean, cov = predict(result, kernel, X, X_test)
-    log_p = _log_proba_ep(mean, cov) if method == "ep" else _log_proba_quadrature(mean, cov, quadrature)
+    owner = "vj.gp.multiclass.predict_proba"
+    if len(legacy) > 2:  # the old positional (result, kernel, X, X_test, method, quadrature)
+        method, *rest = legacy[2:]
+        quadrature = rest[0] if rest else quadrature
+        legacy = legacy[:2]
+    if method is not None:
+        warnings.warn(f"{owner}: `method` is deprecated; use `rule` (same values: {RULES}).", DeprecationWarning,
+                      stacklevel=2)
+        rule = method
+    if rule not in RULES:
+        raise ValueError(f"{owner}: `rule` must be 'ep' (inner EP on the predictive) or 'quadrature' "
+                         f"(a 1-D rule), got {rule!r}.")
+    kernels, X, X_test = _recorded(result, (X_test, *legacy), owner, "result, kernel, X, X_test")
+    mean, cov = _predict(result, kernels, X, X_test, owner)
+    log_p = _log_proba_ep(mean, cov) if rule == "ep" else _log_proba_quadrature(mean, cov, quadrature)
     return jax.nn.softmax(log_p, axis=-1)
 
 
@@ -558,125 +609,3 @@ def _log_proba_ep(mean, cov):
 @eqx.filter_jit
 def _log_proba_quadrature(mean, cov, quadrature):
     return jax.vmap(lambda m, V: _gauss_hermite_proba(m, V, quadrature))(mean, cov)
-
-
-# ----------------------------------------------------------------------------------------------
-# Stick-breaking likelihood
-
-
-class _Layout(NamedTuple):
-    rank: np.ndarray  # position of each input's class in the ordering, (N,)
-    ordering: np.ndarray  # class at each position, (C,)
-    stick: np.ndarray  # stick of each latent coordinate, (D,)
-    point: np.ndarray  # input of each latent coordinate, (D,)
-    sign: np.ndarray  # +1 where the input's class is this stick's, −1 where it comes later, (D,)
-
-
-def _layout(labels, n, num_classes, ordering, owner) -> _Layout:
-    y = _labels(labels, n, num_classes, owner)
-    order = np.arange(num_classes) if ordering is None else np.asarray(ordering)
-    if order.shape != (num_classes,) or sorted(order.tolist()) != list(range(num_classes)):
-        raise ValueError(f"{owner}: `ordering` must be a permutation of 0 … {num_classes - 1} (the class "
-                         f"broken off by each stick in turn), got {ordering!r}.")
-    rank = np.argsort(order)[y]
-    stick, point = [], []
-    for j in range(num_classes - 1):
-        members = np.flatnonzero(rank >= j)  # inputs that reach stick j
-        stick.append(np.full(members.size, j))
-        point.append(members)
-    stick, point = np.concatenate(stick), np.concatenate(point)
-    sign = np.where(rank[point] == stick, 1.0, -1.0)
-    return _Layout(rank, order, stick, point, sign)
-
-
-def stick_breaking_model(kernel, X, labels, num_classes, pieces=20, ordering=None,
-                         jitter=DEFAULT_JITTER) -> LatentLinearModel:
-    """The stick-breaking logistic GP classifier as a `vj.LatentLinearModel`.
-
-    K = C − 1 independent GPs η_j ~ GP(0, k) (one ``kernel``, shared); stick j sees only the inputs
-    whose class is at position ≥ j of ``ordering`` (the others' η_j are integrated out), so the
-    latent vector holds, stick by stick, η_j at those inputs; prior block-diagonal
-    N(0, blkdiag(K_j + jitter·I)). Sites: log σ(+η_j(x_n)) where the class of x_n is at position j,
-    log σ(−η_j(x_n)) where it comes later, the signs in H = diag(±1).
-
-    **Arguments:**
-
-    - `kernel`, `X` ``(N, d)``, `labels` (integers 0 … C − 1), `num_classes` C ≥ 2.
-    - `pieces`: R for `vj.potentials.PiecewiseLogistic(R)` sites (the thesis's Stick-PW: with
-      `vj.GKL` the ``log_z`` is a lower bound on the stick model's log Z), or None for exact
-      `Logistic` sites (for `vj.EP`, `vj.Laplace`, or the G-KL bound with quadrature).
-    - `ordering`: the class broken off by each stick in turn (a permutation of 0 … C − 1);
-      default 0, 1, …, C − 1.
-    - `jitter`: added to the diagonal of each block.
-    """
-    owner = "vj.gp.multiclass.stick_breaking_model"
-    if not isinstance(kernel, AbstractKernel):
-        raise ValueError(f"{owner}: `kernel` must be a vj.gp.kernels kernel, got {type(kernel).__name__}.")
-    X = _inputs(X, owner)
-    layout = _layout(labels, X.shape[0], num_classes, ordering, owner)
-    Kx = kernel(X)
-    blocks = [Kx[np.ix_(layout.point[layout.stick == j], layout.point[layout.stick == j])]
-              for j in range(num_classes - 1)]
-    prior = GaussianFactor.dense(jnp.zeros(layout.point.size, Kx.dtype), block_diag(*blocks), jitter=jitter)
-    potential = Logistic() if pieces is None else PiecewiseLogistic(pieces)
-    return LatentLinearModel(prior, Sites(ScaledIdentity(jnp.asarray(layout.sign, Kx.dtype)), potential))
-
-
-def stick_breaking_probabilities(eta):
-    """p(y = c | η) for stick values ``eta`` ``(..., C − 1)``: shape ``(..., C)``, summing to one.
-
-    In stick order (position k of the ordering); σ(−η) = 1 − σ(η) is used for the breaks, so the
-    telescoping sum is one to rounding.
-    """
-    eta = jnp.asarray(eta)
-    log_keep = jnp.cumsum(jax.nn.log_sigmoid(-eta), axis=-1)  # log ∏_{j≤k} (1 − σ(η_j))
-    before = jnp.concatenate([jnp.zeros_like(eta[..., :1]), log_keep[..., :-1]], axis=-1)
-    return jnp.concatenate([jnp.exp(jax.nn.log_sigmoid(eta) + before), jnp.exp(log_keep[..., -1:])], axis=-1)
-
-
-def stick_breaking_predict(post, kernel, X, X_test, labels, num_classes, ordering=None):
-    """Predictive means and variances of the stick functions at ``X_test``: two arrays ``(T, C − 1)``.
-
-    ``post`` is any fit of ``stick_breaking_model(kernel, X, labels, num_classes, ordering=…)``; per
-    stick j, B_j = (K_j + εI)⁻¹ K(X_j, X_*) and q(η_j*) = N(B_jᵀ m_j, k_** − diag(K_*j B_j) + diag(B_jᵀ S B_j)).
-    """
-    owner = "vj.gp.multiclass.stick_breaking_predict"
-    X, X_test = _inputs(X, owner), _inputs(X_test, owner)
-    layout = _layout(labels, X.shape[0], num_classes, ordering, owner)
-    prior = post.model.prior
-    if not isinstance(prior, DenseGaussian) or prior.dim != layout.point.size:
-        raise ValueError(f"{owner}: `post` is not a fit of stick_breaking_model with these labels "
-                         f"({layout.point.size} latent values expected).")
-    prior_diag = kernel.diagonal(X_test)
-    means, variances = [], []
-    for j in range(num_classes - 1):
-        idx = np.flatnonzero(layout.stick == j)
-        chol = prior.chol[np.ix_(idx, idx)]  # the Cholesky factor of a block-diagonal matrix is blockwise
-        A = solve_triangular(chol, kernel(X[layout.point[idx]], X_test), lower=True)
-        B = solve_triangular(chol.T, A, lower=False)
-        H = jnp.zeros((X_test.shape[0], prior.dim), B.dtype).at[:, idx].set(B.T)
-        mean, var = post.marginals(H)
-        means.append(mean)
-        variances.append(jnp.maximum(prior_diag - jnp.sum(A**2, axis=0) + var, 0.0))
-    return jnp.stack(means, -1), jnp.stack(variances, -1)
-
-
-def stick_breaking_proba(post, kernel, X, X_test, labels, num_classes, ordering=None,
-                         quadrature=GaussHermite(64)):
-    """Class probabilities ``(T, C)`` (columns in class order, rows summing to one) at ``X_test``.
-
-    p(y_* = k) = ⟨σ(η_k)⟩ ∏_{j<k} ⟨1 − σ(η_j)⟩ with each ⟨·⟩ a 1-D Gauss–Hermite expectation under
-    the stick's predictive marginal (`stick_breaking_predict`). The product of expectations treats
-    the sticks as independent a posteriori, which is exact for the model's posterior (the prior is
-    block-diagonal and every site touches one stick) and for EP, Laplace and the optimal full-
-    covariance G-KL q (all block-diagonal at their optimum); for a q with cross-stick covariance
-    it uses only the per-stick marginals. Since ⟨σ(−η)⟩ = 1 − ⟨σ(η)⟩ under the same rule, the
-    probabilities sum to one.
-    """
-    mean, var = stick_breaking_predict(post, kernel, X, X_test, labels, num_classes, ordering)
-    layout = _layout(labels, _inputs(X, "stick_breaking_proba").shape[0], num_classes, ordering, "stick_breaking_proba")
-    a = quadrature.expect(jax.nn.sigmoid, mean, safe_sqrt(var))  # ⟨σ(η_j)⟩, (T, K)
-    log_keep = jnp.cumsum(jnp.log1p(-a), axis=-1)
-    before = jnp.concatenate([jnp.zeros_like(a[:, :1]), log_keep[:, :-1]], axis=-1)
-    in_stick_order = jnp.concatenate([a * jnp.exp(before), jnp.exp(log_keep[:, -1:])], axis=-1)
-    return in_stick_order[:, np.argsort(layout.ordering)]

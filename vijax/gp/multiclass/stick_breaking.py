@@ -1,0 +1,236 @@
+"""Multi-class GP classification with the stick-breaking logistic likelihood (Khan thesis §5.6).
+
+C classes, K = C − 1 stick functions η_j ~ GP(0, k), independent, broken off in the order of a
+permutation of the classes (``ordering``; class ``ordering[k]`` is at position k):
+
+.. math::
+
+    p(y = k \\mid \\eta) = \\sigma(\\eta_k) \\prod_{j < k} (1 - \\sigma(\\eta_j)),\\ k < K, \\qquad
+    p(y = K \\mid \\eta) = \\prod_{j < K} (1 - \\sigma(\\eta_j)),
+
+so log p(y = k | η) = Σ_{j ≤ k} log σ(±η_j) (+ for j = k, − for j < k): binary logistic sites,
+one per (stick j, input n) with j ≤ rank(y_n), signs in H. Stick j's value at an input whose class
+comes before j in the ordering is in no site; those coordinates are integrated out of the prior
+exactly (a marginal of a GP is a GP), which leaves one site per latent coordinate, H = diag(±1),
+and a block-diagonal prior: a `vj.gp.model`-shaped `LatentLinearModel` (`StickBreakingModel`, which
+also records the kernel, X, labels, C and the ordering) for which every method (and the fast GP
+paths of G-KL and EP) applies, and whose posterior factorises over sticks. Predictions take
+``(post, X_test)``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import NamedTuple
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.scipy.linalg import block_diag, solve_triangular
+
+from ...model import DenseGaussian, GaussianFactor, LatentLinearModel, ScaledIdentity, Sites
+from ...potentials import Logistic, PiecewiseLogistic
+from ...quadrature import GaussHermite, safe_sqrt
+from .._layout import class_labels, same_arrays
+from ..kernels import AbstractKernel, _inputs
+from ..models import DEFAULT_JITTER
+
+__all__ = [
+    "StickBreakingModel",
+    "StickLayout",
+    "stick_breaking_model",
+    "stick_breaking_probabilities",
+    "stick_breaking_predict",
+    "stick_breaking_proba",
+]
+
+
+class StickLayout(NamedTuple):
+    """Where each latent coordinate of a `StickBreakingModel` sits (NumPy arrays, D latent values)."""
+
+    rank: np.ndarray  # position of each input's class in the ordering, (N,)
+    ordering: np.ndarray  # class at each position, (C,)
+    stick: np.ndarray  # stick of each latent coordinate, (D,)
+    point: np.ndarray  # input of each latent coordinate, (D,)
+    sign: np.ndarray  # +1 where the input's class is this stick's, −1 where it comes later, (D,)
+
+
+def _layout(labels, n, num_classes, ordering, owner) -> StickLayout:
+    y = class_labels(labels, n, num_classes, owner)
+    order = np.arange(num_classes) if ordering is None else np.asarray(ordering)
+    if order.shape != (num_classes,) or sorted(order.tolist()) != list(range(num_classes)):
+        raise ValueError(f"{owner}: `ordering` must be a permutation of 0 … {num_classes - 1} (the class "
+                         f"broken off by each stick in turn), got {ordering!r}.")
+    rank = np.argsort(order)[y]
+    stick, point = [], []
+    for j in range(num_classes - 1):
+        members = np.flatnonzero(rank >= j)  # inputs that reach stick j
+        stick.append(np.full(members.size, j))
+        point.append(members)
+    stick, point = np.concatenate(stick), np.concatenate(point)
+    sign = np.where(rank[point] == stick, 1.0, -1.0)
+    return StickLayout(rank, order, stick, point, sign)
+
+
+class StickBreakingModel(LatentLinearModel):
+    """The stick-breaking logistic GP classifier: a `vj.LatentLinearModel` that records its layout.
+
+    K = C − 1 independent GPs η_j ~ GP(0, k) (one ``kernel``, shared); stick j sees only the inputs
+    whose class is at position ≥ j of ``ordering`` (the others' η_j are integrated out), so the
+    latent vector w (D values) holds, stick by stick, η_j at those inputs; prior block-diagonal
+    N(0, blkdiag(K_j + jitter·I)). Sites: log σ(+η_j(x_n)) where the class of x_n is at position j,
+    log σ(−η_j(x_n)) where it comes later, the signs in H = diag(±1).
+
+    **Arguments:**
+
+    - `kernel`, `X` ``(N, d)``, `labels` (integers 0 … C − 1, shape ``(N,)``), `num_classes` C ≥ 2.
+    - `pieces`: R for `vj.potentials.PiecewiseLogistic(R)` sites (the thesis's Stick-PW: with
+      `vj.GKL` the ``log_z`` is a lower bound on the stick model's log Z), or None for exact
+      `Logistic` sites (for `vj.EP`, `vj.Laplace`, or the G-KL bound with quadrature).
+    - `ordering`: the class broken off by each stick in turn (a permutation of 0 … C − 1);
+      default 0, 1, …, C − 1.
+    - `jitter`: added to the diagonal of each block.
+
+    **Fields** besides `prior` and `sites`: `kernel` and `X` (arrays, differentiable), and the static
+    `labels`, `num_classes` and `ordering` (tuples of ints; they fix the latent dimension). The
+    property `layout` (a `StickLayout`) places each latent coordinate.
+    """
+
+    kernel: AbstractKernel
+    X: jax.Array
+    labels: tuple[int, ...] = eqx.field(static=True)
+    num_classes: int = eqx.field(static=True)
+    ordering: tuple[int, ...] = eqx.field(static=True)
+
+    def __init__(self, kernel, X, labels, num_classes, pieces=20, ordering=None, jitter=DEFAULT_JITTER):
+        owner = "vj.gp.multiclass.stick_breaking_model"
+        if not isinstance(kernel, AbstractKernel):
+            raise ValueError(f"{owner}: `kernel` must be a vj.gp.kernels kernel, got {type(kernel).__name__}.")
+        X = _inputs(X, owner)
+        layout = _layout(labels, X.shape[0], num_classes, ordering, owner)
+        Kx = kernel(X)
+        blocks = [Kx[np.ix_(layout.point[layout.stick == j], layout.point[layout.stick == j])]
+                  for j in range(num_classes - 1)]
+        prior = GaussianFactor.dense(jnp.zeros(layout.point.size, Kx.dtype), block_diag(*blocks), jitter=jitter)
+        potential = Logistic() if pieces is None else PiecewiseLogistic(pieces)
+        super().__init__(prior, Sites(ScaledIdentity(jnp.asarray(layout.sign, Kx.dtype)), potential))
+        self.kernel = kernel
+        self.X = X
+        self.labels = tuple(int(c) for c in class_labels(labels, X.shape[0], num_classes, owner))
+        self.num_classes = int(num_classes)
+        self.ordering = tuple(int(c) for c in layout.ordering)
+
+    @property
+    def layout(self) -> StickLayout:
+        """The stick, input and sign of each latent coordinate (from the recorded labels and ordering)."""
+        return _layout(np.asarray(self.labels), len(self.labels), self.num_classes, self.ordering,
+                       "StickBreakingModel.layout")
+
+
+def stick_breaking_model(kernel, X, labels, num_classes, pieces=20, ordering=None,
+                         jitter=DEFAULT_JITTER) -> StickBreakingModel:
+    """The stick-breaking logistic GP classifier as a `StickBreakingModel` (a `vj.LatentLinearModel`
+    that records its kernel, X, labels, C and ordering); see `StickBreakingModel` for the arguments."""
+    return StickBreakingModel(kernel, X, labels, num_classes, pieces, ordering, jitter)
+
+
+def stick_breaking_probabilities(eta):
+    """p(y = c | η) for stick values ``eta`` ``(..., C − 1)``: shape ``(..., C)``, summing to one.
+
+    In stick order (position k of the ordering); σ(−η) = 1 − σ(η) is used for the breaks, so the
+    telescoping sum is one to rounding.
+    """
+    eta = jnp.asarray(eta)
+    log_keep = jnp.cumsum(jax.nn.log_sigmoid(-eta), axis=-1)  # log ∏_{j≤k} (1 − σ(η_j))
+    before = jnp.concatenate([jnp.zeros_like(eta[..., :1]), log_keep[..., :-1]], axis=-1)
+    return jnp.concatenate([jnp.exp(jax.nn.log_sigmoid(eta) + before), jnp.exp(log_keep[..., -1:])], axis=-1)
+
+
+def _fitted_layout(post, X_test, legacy, keywords, owner):
+    """(kernel, X, layout, X_test) of a prediction: recorded on ``post.model`` (new form), or given
+    by the deprecated form (kernel, X, X_test, labels, num_classes[, ordering]), which must then
+    agree with what the model recorded."""
+    name = owner.rsplit(".", 1)[-1]
+    model = getattr(post, "model", None)
+    if not legacy and not keywords:
+        if not isinstance(model, StickBreakingModel):
+            raise ValueError(f"{owner}: `post` must be a fit of vj.gp.multiclass.stick_breaking_model (its "
+                             f"model records the layout), got a fit of {type(model).__name__}.")
+        return model.kernel, model.X, model.layout, X_test
+    unknown = sorted(set(keywords) - {"ordering"})
+    if unknown:
+        raise TypeError(f"{name}() got unexpected keyword arguments {unknown}.")
+    if not isinstance(X_test, AbstractKernel) or len(legacy) not in (4, 5) or (len(legacy) == 5 and keywords):
+        raise ValueError(f"{owner}: call {name}(post, X_test); the model records the kernel, X and labels.")
+    kernel, (X, X_test, labels, num_classes), ordering = X_test, legacy[:4], keywords.get("ordering")
+    if len(legacy) == 5:
+        ordering = legacy[4]
+    warnings.warn(f"{owner}(post, kernel, X, X_test, labels, num_classes, ordering) is deprecated: the model "
+                  f"records its layout; call {name}(post, X_test).", DeprecationWarning, stacklevel=3)
+    X = _inputs(X, owner)
+    layout = _layout(labels, X.shape[0], num_classes, ordering, owner)
+    if isinstance(model, StickBreakingModel):
+        given = (tuple(layout.ordering[layout.rank].tolist()), int(num_classes), tuple(layout.ordering.tolist()))
+        if not (given == (model.labels, model.num_classes, model.ordering) and same_arrays(kernel, model.kernel)
+                and same_arrays(X, model.X)):
+            raise ValueError(f"{owner}: the kernel, X, labels, num_classes or ordering given differ from those the "
+                             f"model was built with, so the prediction would be wrong; call {name}(post, X_test).")
+    return kernel, X, layout, X_test
+
+
+def stick_breaking_predict(post, X_test, *legacy, **deprecated):
+    """Predictive means and variances of the stick functions at ``X_test`` ``(T, d)``: two arrays ``(T, C − 1)``.
+
+    ``post`` is any fit of a `stick_breaking_model`, whose kernel, X and layout it uses; per stick j,
+    B_j = (K_j + εI)⁻¹ K(X_j, X_*) and q(η_j*) = N(B_jᵀ m_j, k_** − diag(K_*j B_j) + diag(B_jᵀ S B_j)).
+    (The form ``stick_breaking_predict(post, kernel, X, X_test, labels, num_classes, ordering=None)``
+    is deprecated.)
+    """
+    owner = "vj.gp.multiclass.stick_breaking_predict"
+    kernel, X, layout, X_test = _fitted_layout(post, X_test, legacy, deprecated, owner)
+    return _predict(post, kernel, X, layout, X_test, owner)
+
+
+def _predict(post, kernel, X, layout, X_test, owner):
+    X_test = _inputs(X_test, owner)
+    prior = post.model.prior
+    if not isinstance(prior, DenseGaussian) or prior.dim != layout.point.size:
+        raise ValueError(f"{owner}: `post` is not a fit of stick_breaking_model with these labels "
+                         f"({layout.point.size} latent values expected).")
+    prior_diag = kernel.diagonal(X_test)
+    means, variances = [], []
+    for j in range(len(layout.ordering) - 1):
+        idx = np.flatnonzero(layout.stick == j)
+        chol = prior.chol[np.ix_(idx, idx)]  # the Cholesky factor of a block-diagonal matrix is blockwise
+        A = solve_triangular(chol, kernel(X[layout.point[idx]], X_test), lower=True)
+        B = solve_triangular(chol.T, A, lower=False)
+        H = jnp.zeros((X_test.shape[0], prior.dim), B.dtype).at[:, idx].set(B.T)
+        mean, var = post.marginals(H)
+        means.append(mean)
+        variances.append(jnp.maximum(prior_diag - jnp.sum(A**2, axis=0) + var, 0.0))
+    return jnp.stack(means, -1), jnp.stack(variances, -1)
+
+
+def stick_breaking_proba(post, X_test, *legacy, quadrature=GaussHermite(64), **deprecated):
+    """Class probabilities ``(T, C)`` (columns in class order, rows summing to one) at ``X_test`` ``(T, d)``.
+
+    p(y_* = k) = ⟨σ(η_k)⟩ ∏_{j<k} ⟨1 − σ(η_j)⟩ with each ⟨·⟩ a 1-D ``quadrature`` expectation under
+    the stick's predictive marginal (`stick_breaking_predict`). The product of expectations treats
+    the sticks as independent a posteriori, which is exact for the model's posterior (the prior is
+    block-diagonal and every site touches one stick) and for EP, Laplace and the optimal full-
+    covariance G-KL q (all block-diagonal at their optimum); for a q with cross-stick covariance
+    it uses only the per-stick marginals. Since ⟨σ(−η)⟩ = 1 − ⟨σ(η)⟩ under the same rule, the
+    probabilities sum to one. (The form ``stick_breaking_proba(post, kernel, X, X_test, labels,
+    num_classes, ordering=None, quadrature=…)`` is deprecated.)
+    """
+    owner = "vj.gp.multiclass.stick_breaking_proba"
+    if len(legacy) == 6:  # the old positional (…, num_classes, ordering, quadrature)
+        legacy, quadrature = legacy[:5], legacy[5]
+    kernel, X, layout, X_test = _fitted_layout(post, X_test, legacy, deprecated, owner)
+    mean, var = _predict(post, kernel, X, layout, X_test, owner)
+    a = quadrature.expect(jax.nn.sigmoid, mean, safe_sqrt(var))  # ⟨σ(η_j)⟩, (T, K)
+    log_keep = jnp.cumsum(jnp.log1p(-a), axis=-1)
+    before = jnp.concatenate([jnp.zeros_like(a[:, :1]), log_keep[:, :-1]], axis=-1)
+    in_stick_order = jnp.concatenate([a * jnp.exp(before), jnp.exp(log_keep[:, -1:])], axis=-1)
+    return in_stick_order[:, np.argsort(layout.ordering)]
