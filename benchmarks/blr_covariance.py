@@ -38,9 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import pathlib
 import platform
-import time
 
 import jax
 
@@ -51,7 +49,8 @@ from jax.flatten_util import ravel_pytree
 import vijax as vj
 from vijax.data import synthetic_logistic_regression
 
-RESULTS = pathlib.Path(__file__).parent / "results"
+from _common import RESULTS, mean_se, timed
+
 FAMILIES = {
     "Chev": vj.covariance.Chevron,
     "Band": vj.covariance.Banded,
@@ -144,9 +143,7 @@ def fit_cell(dim, num_train, rank, family, seeds):
         model = vj.glm.logistic_regression(data.X_train, (data.y_train > 0).astype(float), prior_variance=1.0)
         if compiled is None:
             compiled = fit.lower(model).compile()
-        start = time.perf_counter()
-        post = jax.block_until_ready(compiled(model))
-        seconds = time.perf_counter() - start
+        post, (seconds,) = timed(compiled, model)
         error = np.asarray(post.mean) - data.w_true
         y01 = (data.y_test > 0).astype(float)
         rows.append(dict(
@@ -156,12 +153,6 @@ def fit_cell(dim, num_train, rank, family, seeds):
             iterations=int(post.diagnostics.iterations), converged=bool(post.diagnostics.converged),
         ))
     return rows
-
-
-def summary(values):
-    values = np.asarray(values, float)
-    se = values.std(ddof=1) / math.sqrt(len(values)) if len(values) > 1 else float("nan")
-    return float(values.mean()), float(se)
 
 
 def agree(ours, theirs):
@@ -180,7 +171,7 @@ def print_table(dim, cells):
         for family in FAMILIES:
             line = f"  {family:<14}"
             for c, (n, k) in enumerate(cols):
-                ours = summary([r[metric] for r in cells[(n, k, family)]])
+                ours = mean_se([r[metric] for r in cells[(n, k, family)]], finite_only=False)
                 text = f"{ours[0]:.2f}±{ours[1]:.2f}"
                 key = {"seconds": "time", "error_sq": "error"}.get(metric, metric)
                 theirs = paper(dim, key, family, c)
@@ -196,12 +187,7 @@ def eval_seconds(model, covariance, repeats):
     params = vj.GKL(covariance=covariance).init_params(model)
     x, unravel = ravel_pytree(params)
     value_and_grad = jax.jit(jax.value_and_grad(lambda v: vj.gkl.bound(unravel(v), model)))
-    jax.block_until_ready(value_and_grad(x))
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(value_and_grad(x))
-        times.append(time.perf_counter() - start)
+    _, times = timed(value_and_grad, x, repeats=repeats, warmup=1)
     return float(np.median(times))
 
 
@@ -262,9 +248,8 @@ def main():
         cells = {}
         for n, k in columns(dim):
             for family in FAMILIES:
-                start = time.perf_counter()
-                cells[(n, k, family)] = fit_cell(dim, n, k, family, seeds)
-                print(f"  D={dim} N={n} K={k} {family}: {time.perf_counter() - start:.1f} s", flush=True)
+                cells[(n, k, family)], (seconds,) = timed(fit_cell, dim, n, k, family, seeds)
+                print(f"  D={dim} N={n} K={k} {family}: {seconds:.1f} s", flush=True)
         print_table(dim, cells)
         tables[dim] = {f"{n},{k},{f}": rows for (n, k, f), rows in cells.items()}
 

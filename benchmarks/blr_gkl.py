@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import pathlib
 import platform
 import time
 
@@ -63,7 +62,8 @@ import vijax as vj
 from vijax.data import synthetic_logistic_regression
 from vijax.methods.gkl import GaussianParams
 
-RESULTS = pathlib.Path(__file__).parent / "results"
+from _common import RESULTS, timed
+
 DIM = 500
 TARGET_EQUIVALENTS = 40.0  # Newton-CG
 TARGET_NATURAL = 30.0  # the natural-parameter fit
@@ -71,12 +71,6 @@ TARGET_AGREEMENT = 1e-8  # |bound(natural) - bound(Newton-CG)|
 TARGET_RATIO = 2.5
 TARGET_SPEEDUP = 20.0
 NAT = 0.1
-
-
-def _timed(fn, *args):
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    return time.perf_counter() - start
 
 
 def median_times(calls, repeats):
@@ -87,7 +81,7 @@ def median_times(calls, repeats):
     samples = [[] for _ in calls]
     for _ in range(repeats):
         for store, (fn, args) in zip(samples, calls):
-            store.append(_timed(fn, *args))
+            store += timed(fn, *args)[1]
     return [float(np.median(s)) for s in samples]
 
 
@@ -207,9 +201,8 @@ def run_numpyro(model, data, target, max_steps, chunk=500, lr=1e-2, seed=0):
     history = [(0, 0.0, float(vijax_bound(svi.get_params(state))))]
     elapsed, steps, reached = 0.0, 0, None
     while steps < max_steps:
-        start = time.perf_counter()
-        state = jax.block_until_ready(advance(state))
-        elapsed += time.perf_counter() - start
+        state, (seconds,) = timed(advance, state)
+        elapsed += seconds
         steps += chunk
         value = float(vijax_bound(svi.get_params(state)))
         history.append((steps, elapsed, value))

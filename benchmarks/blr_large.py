@@ -33,14 +33,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import pathlib
 import platform
 import resource
 import subprocess
 import sys
-import time
 
-RESULTS = pathlib.Path(__file__).parent / "results"
+from _common import RESULTS, timed
+
 PROBLEMS = {
     # name: (D, N, non-zeros or None for a density, density, binary values, tau, chevron K)
     "a9a": dict(dim=123, num=16_000, nnz=None, density=0.113, binary=True, tau=1.0, rank=80),
@@ -98,12 +97,8 @@ def run_one(problem, family, solver_name, float32):
     solver = {"ncg": vj.solvers.NonlinearCG(tol=0.1, max_iter=2000),
               "newton_cg": vj.solvers.NewtonCG(tol=0.1, max_iter=200)}[solver_name]
     fit = jax.jit(lambda m: vj.infer(m, vj.GKL(covariance=covariance, solver=solver)))
-    start = time.perf_counter()
-    compiled = fit.lower(model).compile()
-    compile_seconds = time.perf_counter() - start
-    start = time.perf_counter()
-    post = jax.block_until_ready(compiled(model))
-    seconds = time.perf_counter() - start
+    compiled, (compile_seconds,) = timed(lambda: fit.lower(model).compile())
+    post, (seconds,) = timed(compiled, model)
     d = post.diagnostics
     print("RESULT " + json.dumps(dict(
         problem=problem, family=family, solver=solver_name, nnz=int(values.size), seconds=seconds,

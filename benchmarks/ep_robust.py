@@ -64,7 +64,6 @@ import argparse
 import io
 import json
 import math
-import pathlib
 import platform
 import sys
 import time
@@ -78,7 +77,9 @@ from jax.scipy.special import gammaln, logsumexp
 
 import vijax as vj
 
-RESULTS = pathlib.Path(__file__).parent / "results"
+import _data
+from _common import RESULTS, mean_se, timed
+
 N = 100
 JITTER = 1e-6
 IS_DF = 5.0
@@ -86,20 +87,12 @@ IS_DF = 5.0
 
 # ------------------------------------------------------------------------------------------ data
 def neal_data(rng):
-    x = rng.normal(size=(N, 1))
-    f = 0.3 + 0.4 * x[:, 0] + 0.5 * np.sin(2.7 * x[:, 0]) + 1.1 / (1 + x[:, 0] ** 2)
-    outlier = rng.uniform(size=N) < 0.05
-    y = f + np.where(outlier, 1.0, 0.1) * rng.normal(size=N)
+    x, y = _data.neal_data(rng, N)
     return x, y, dict(lengthscale=np.ones(1), variance=1.0, scale=0.1)
 
 
 def friedman_data(rng):
-    x = rng.uniform(size=(N, 10))
-    f = 10 * np.sin(np.pi * x[:, 0] * x[:, 1]) + 20 * (x[:, 2] - 0.5) ** 2 + 10 * x[:, 3] + 5 * x[:, 4]
-    y = f + rng.normal(size=N)
-    idx = rng.permutation(N)[: N // 10]
-    y[idx] = f[idx] + 15.0 * rng.normal(size=len(idx))
-    y = (y - y.mean()) / y.std()
+    x, y = _data.friedman_data(rng, N, standardise=True)
     return x, y, dict(lengthscale=np.ones(10), variance=1.0, scale=0.1)
 
 
@@ -145,9 +138,8 @@ def timed_fit(model, name, method):
     key = (type(model.sites[0].potential).__name__, name)
     if key not in _COMPILED:
         _COMPILED[key] = jax.jit(lambda m: vj.infer(m, method)).lower(model).compile()
-    start = time.perf_counter()
-    post = jax.block_until_ready(_COMPILED[key](model))
-    return post, time.perf_counter() - start
+    post, (seconds,) = timed(_COMPILED[key], model)
+    return post, seconds
 
 
 # ----------------------------------------------------------------------------- importance sampling
@@ -227,15 +219,6 @@ def run_case(data, likelihood, seeds, dl_seeds, num_is, log):
     return runs
 
 
-def mean_se(values):
-    values = [v for v in values if finite(v)]
-    if not values:
-        return float("nan"), float("nan"), 0
-    a = np.asarray(values)
-    se = a.std(ddof=1) / math.sqrt(len(a)) if len(a) > 1 else float("nan")
-    return float(a.mean()), float(se), len(a)
-
-
 def summarise(runs):
     rows = []
     for name in VARIANTS:
@@ -250,7 +233,7 @@ def summarise(runs):
             nonfinite=sum(not finite(v["log_z"]) for _, v in rs),
             median_iterations=float(np.median([v["iterations"] for _, v in rs])),
             median_seconds=float(np.median([v["seconds"] for _, v in rs])),
-            minus_is=mean_se(is_diff), minus_gkl=mean_se(gkl_diff),
+            minus_is=mean_se(is_diff, count=True), minus_gkl=mean_se(gkl_diff, count=True),
             below_gkl=sum(d < -1e-6 for d in gkl_diff),
             beyond_is_3se=sum(abs(v["log_z"] - r["is_log_z"]) > 3 * r["is_se"] + 1e-3 for r, v in rs
                               if finite(r["is_log_z"]) and finite(v["log_z"]))))

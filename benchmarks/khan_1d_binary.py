@@ -16,8 +16,6 @@ for each bound, and saves the curves to ``benchmarks/results/khan_1d_binary.png`
 
 from __future__ import annotations
 
-import pathlib
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -28,9 +26,10 @@ jax.config.update("jax_enable_x64", True)
 
 import vijax as vj  # noqa: E402
 
+from _common import RESULTS  # noqa: E402
+
 MU, SIGMA_STAR = 2.0, 2.0
 SIGMA_MIN = 0.01  # σ is searched on [SIGMA_MIN, 5]
-RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 
 
 def exact_log_p(y, sigma):

@@ -34,9 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import pathlib
 import platform
-import time
 
 import jax
 
@@ -47,7 +45,8 @@ from jax.scipy.special import logsumexp
 
 import vijax as vj
 
-RESULTS = pathlib.Path(__file__).parent / "results"
+from _common import RESULTS, timed
+
 SPARSE = dict(dim=512, num_train=256, num_test=500, zero_fraction=0.75, noise_variance=0.01, tau=1 / math.sqrt(2))
 
 
@@ -172,20 +171,19 @@ def run_nuts(numpyro_model, args, num_warmup, num_samples, seed=0):
     from numpyro.infer import MCMC, NUTS
 
     mcmc = MCMC(NUTS(numpyro_model), num_warmup=num_warmup, num_samples=num_samples, progress_bar=False)
-    start = time.perf_counter()
-    mcmc.run(jax.random.key(seed), *args)
-    W = np.asarray(mcmc.get_samples()["w"])
-    return W, time.perf_counter() - start
+    def sample():
+        mcmc.run(jax.random.key(seed), *args)
+        return np.asarray(mcmc.get_samples()["w"])
+
+    W, (seconds,) = timed(sample)
+    return W, seconds
 
 
 def fit(model, method):
     run = jax.jit(lambda m: vj.infer(m, method))
-    start = time.perf_counter()
-    compiled = run.lower(model).compile()
-    compile_seconds = time.perf_counter() - start
-    start = time.perf_counter()
-    post = jax.block_until_ready(compiled(model))
-    return post, time.perf_counter() - start, compile_seconds
+    compiled, (compile_seconds,) = timed(lambda: run.lower(model).compile())
+    post, (seconds,) = timed(compiled, model)
+    return post, seconds, compile_seconds
 
 
 def evaluate(problem, num_warmup, num_samples):

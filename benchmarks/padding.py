@@ -30,9 +30,9 @@ import os
 import pathlib
 import subprocess
 import sys
-import time
 
-RESULTS = pathlib.Path(__file__).parent / "results"
+from _common import RESULTS, timed
+
 HERE = pathlib.Path(__file__).resolve()
 METHODS = {
     "gkl": "vj.GKL()",
@@ -78,9 +78,7 @@ def worker(method_name, mode, sizes, size, seed):
     rows = []
     for n, model in zip(sizes, models):
         before = len(compiles)
-        start = time.perf_counter()
-        post = jax.block_until_ready(fit(model))
-        seconds = time.perf_counter() - start
+        post, (seconds,) = timed(fit, model)
         d = post.diagnostics
         rows.append(dict(n=n, seconds=seconds, backend_compiles=len(compiles) - before,
                          compile_seconds=sum(compiles[before:]), log_z=float(post.log_z),

@@ -31,8 +31,8 @@ jax.config.update("jax_enable_x64", True)
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
 import robustness_cases as cases  # noqa: E402
+from _common import RESULTS  # noqa: E402
 
-RESULTS = pathlib.Path(__file__).parent / "results"
 SHORT = {"ok": "ok", "wrong": "WRONG", "not converged": "not conv.", "error": "error"}
 
 

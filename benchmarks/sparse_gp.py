@@ -74,7 +74,6 @@ and a plot of test log-lik against cumulative training time, ``sparse_gp[_quick]
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import math
 import os
@@ -95,7 +94,8 @@ from jax.scipy.special import log_ndtr
 
 import vijax as vj
 
-RESULTS = pathlib.Path(__file__).parent / "results"
+from _common import RESULTS, Tee, timed
+
 JITTER = 1e-6
 INIT = dict(lengthscale=1.0, variance=1.0, noise_sd=0.5)
 METHODS = ("vijax collapsed", "GPJax collapsed", "vijax SVGP", "vijax SVGP clip", "GPJax SVGP")
@@ -165,9 +165,7 @@ class Compiled:
             new_dyn, _ = eqx.partition(out, eqx.is_array)
             return new_dyn
 
-        t0 = time.perf_counter()
-        self.exe = jax.jit(run).lower(dyn, *args).compile()
-        self.compile_s = time.perf_counter() - t0
+        self.exe, (self.compile_s,) = timed(lambda: jax.jit(run).lower(dyn, *args).compile())
 
     def __call__(self, state, *args):
         dyn, _ = eqx.partition(state, eqx.is_array)
@@ -396,9 +394,7 @@ def train_epochs(state, epoch, evaluate, elbo, N, args, log_epoch, hyper):
     for e in range(1, args.epochs + 1):
         if e > 1:
             batches = epoch_batches(rng, N, args.batch_size)
-        t0 = time.perf_counter()
-        state = fn(state, batches)
-        dt = time.perf_counter() - t0
+        state, (dt,) = timed(fn, state, batches)
         times.append(dt)
         elapsed += dt
         ll, m = evaluate(state)
@@ -417,9 +413,7 @@ def train_iterations(state, iteration, evaluate, elbo, args, log_epoch, hyper):
     ll0, m0 = evaluate(state)
     curve.append(dict(epoch=0, seconds=0.0, test_ll=ll0, metric=m0))
     for it in range(1, args.collapsed_iters + 1):
-        t0 = time.perf_counter()
-        state = fn(state)
-        dt = time.perf_counter() - t0
+        state, (dt,) = timed(fn, state)
         times.append(dt)
         elapsed += dt
         if it % args.collapsed_eval == 0 or it == args.collapsed_iters:
@@ -577,11 +571,7 @@ def main():
     import gpjax as gpx
 
     start = time.perf_counter()
-    out = io.StringIO()
-
-    def log(s=""):
-        print(s, flush=True)
-        print(s, file=out)
+    log = Tee()
 
     affinity = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else "?"
     log(f"vijax {vj.__version__}, GPJax {gpx.__version__}, jax {jax.__version__}, optax {optax.__version__}, "
@@ -634,7 +624,7 @@ def main():
     outdir = pathlib.Path(args.out) if args.out else RESULTS
     outdir.mkdir(exist_ok=True)
     stem = f"sparse_gp{'_quick' if q else ''}"
-    (outdir / f"{stem}.txt").write_text(" ".join(sys.argv) + "\n" + out.getvalue())
+    log.save(stem, outdir, header=" ".join(sys.argv))
     (outdir / f"{stem}.json").write_text(json.dumps(dict(
         settings=dict(vars(args), init=INIT, jitter=JITTER, wall_seconds=wall, cpu_affinity=str(affinity),
                       versions=dict(vijax=vj.__version__, gpjax=gpx.__version__, jax=jax.__version__,

@@ -35,7 +35,7 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from .model import Dense, Identity, LatentLinearModel, Sparse
+from .model import Dense, Identity, LatentLinearModel, ScaledIdentity, Sparse
 
 __all__ = ["shard_sites"]
 
@@ -63,17 +63,19 @@ def shard_sites(model: LatentLinearModel, mesh: Mesh | None = None, axis_name: s
 
     **Arguments:**
 
-    - `model`: a `vj.LatentLinearModel`. Dense site groups are split across devices; groups with
-      `vj.Identity` projections (one site per coordinate, as many sites as latent dimensions) are
-      replicated with the rest of the model.
+    - `model`: a `vj.LatentLinearModel`. Dense site groups (H of shape ``(N, D)``) are split
+      across devices by rows; groups with `vj.Identity` or `ScaledIdentity` projections (one
+      site per coordinate, as many sites as latent dimensions: the models of `vj.gp.model`) are
+      replicated with the prior and the rest of the model.
     - `mesh`: a `jax.sharding.Mesh`; by default a one-axis mesh over all ``jax.devices()``.
     - `axis_name`: the mesh axis that sites are split over (other mesh axes, if any, replicate).
 
     **Returns:** an equivalent `LatentLinearModel` whose arrays are placed on the mesh. Pass it to
     `vj.infer` (inside `jax.jit` for the partitioned computation).
 
-    Raises `ValueError` for sparse (`BCOO`) projections, which JAX cannot yet partition; convert
-    such a group to dense rows (``H.todense()``) or keep it on one device.
+    Raises `ValueError` for sparse (`BCOO`) projections, which JAX cannot yet partition (convert
+    such a group to dense rows, ``H.todense()``, or keep it on one device), and for projection
+    types other than `Dense`, `Identity` and `ScaledIdentity`.
     """
     if not isinstance(model, LatentLinearModel):
         raise ValueError(f"shard_sites: expected a vj.LatentLinearModel, got {type(model).__name__}.")
@@ -91,13 +93,20 @@ def shard_sites(model: LatentLinearModel, mesh: Mesh | None = None, axis_name: s
 
     groups = []
     for index, group in enumerate(model.sites):
-        if isinstance(group.projection, Sparse):
+        projection = group.projection
+        if isinstance(projection, Sparse):
             raise ValueError(f"shard_sites: site group {index} has a sparse (BCOO) H, which JAX cannot partition; "
                              "use a dense H for sharded sites (H.todense()), or run this model on one device.")
-        if isinstance(group.projection, Identity) or group.num_sites < num_devices:
+        if not isinstance(projection, (Dense, Identity, ScaledIdentity)):
+            raise ValueError(f"shard_sites: site group {index} has a {type(projection).__name__} projection, which "
+                             "shard_sites does not know how to lay out; it splits dense rows (H an (N, D) array) "
+                             "and replicates Identity and ScaledIdentity groups. Give that group a dense H "
+                             "(an (N, D) array), or run this model on one device.")
+        # One site per coordinate (Identity, ScaledIdentity: GP models): the group costs O(D) against the
+        # O(D²)-O(D³) of the replicated prior and variational parameters, so it is replicated with them.
+        if isinstance(projection, (Identity, ScaledIdentity)) or group.num_sites < num_devices:
             groups.append(_place(group, lambda _: replicated))
             continue
-        assert isinstance(group.projection, Dense)
         n = group.num_sites
         cut = n - n % num_devices
         head = _rows(group, slice(0, cut), n)
