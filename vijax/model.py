@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import ClassVar
 
 import equinox as eqx
@@ -21,6 +20,7 @@ from jax.experimental import sparse as jsparse
 from jax.scipy.linalg import cho_solve, solve_triangular
 
 from . import _checks
+from ._linalg import LOG_2PI
 from .potentials import AbstractPotential
 
 __all__ = [
@@ -34,8 +34,6 @@ __all__ = [
     "Sites",
     "LatentLinearModel",
 ]
-
-_LOG_2PI = math.log(2 * math.pi)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -444,7 +442,7 @@ class GaussianFactor(eqx.Module):
         L = jnp.linalg.cholesky(prec)
         logdet = 2 * jnp.sum(jnp.log(jnp.diag(L)))
         shift = prec @ mean
-        const = 0.5 * logdet - 0.5 * mean.shape[0] * _LOG_2PI - 0.5 * mean @ shift
+        const = 0.5 * logdet - 0.5 * mean.shape[0] * LOG_2PI - 0.5 * mean @ shift
         return NaturalGaussian(prec, shift, const)
 
     @staticmethod
@@ -458,7 +456,7 @@ class GaussianFactor(eqx.Module):
         _checks.check_finite("y", y, owner)
         _checks.check_positive("noise_variance", noise_variance, owner)
         nu2 = jnp.asarray(noise_variance, M.dtype)
-        const = -0.5 * (y @ y) / nu2 - 0.5 * y.shape[0] * (_LOG_2PI + jnp.log(nu2))
+        const = -0.5 * (y @ y) / nu2 - 0.5 * y.shape[0] * (LOG_2PI + jnp.log(nu2))
         return NaturalGaussian(M.T @ M / nu2, M.T @ y / nu2, const)
 
 
@@ -505,7 +503,7 @@ class IsotropicGaussian(GaussianFactor):
 
     def log_density(self, w):
         r = w - self.mean
-        return -0.5 * (self.dim * (_LOG_2PI + jnp.log(self.variance)) + r @ r / self.variance)
+        return -0.5 * (self.dim * (LOG_2PI + jnp.log(self.variance)) + r @ r / self.variance)
 
     def trace_gram(self, C):
         return jnp.sum(C**2) / self.variance
@@ -541,7 +539,7 @@ class DiagonalGaussian(GaussianFactor):
 
     def log_density(self, w):
         r = w - self.mean
-        return -0.5 * (self.dim * _LOG_2PI + jnp.sum(jnp.log(self.variance)) + jnp.sum(r**2 / self.variance))
+        return -0.5 * (self.dim * LOG_2PI + jnp.sum(jnp.log(self.variance)) + jnp.sum(r**2 / self.variance))
 
     def trace_gram(self, C):
         return jnp.sum(C**2 / self.variance[None, :])
@@ -585,7 +583,7 @@ class DenseGaussian(GaussianFactor):
     def log_density(self, w):
         r = solve_triangular(self.chol, w - self.mean, lower=True)
         logdet = 2 * jnp.sum(jnp.log(jnp.diag(self.chol)))
-        return -0.5 * (self.dim * _LOG_2PI + logdet + r @ r)
+        return -0.5 * (self.dim * LOG_2PI + logdet + r @ r)
 
     def trace_gram(self, C):
         # tr(Σ⁻¹ CᵀC) = ‖L⁻¹ Cᵀ‖²_F

@@ -27,7 +27,6 @@ llp(x) = log(1 + eˣ), and take ``bound``:
 
 from __future__ import annotations
 
-import math
 from typing import ClassVar
 
 import equinox as eqx
@@ -37,13 +36,13 @@ import numpy as np
 from jax.scipy.special import gammaln, logsumexp
 
 from .. import _checks, _piecewise
+from .._linalg import LOG_2PI as _LOG_2PI
 
 __all__ = ["AbstractLikelihood", "Gaussian", "Bernoulli", "Poisson", "Ordinal", "StickBreaking",
            "Multinomial", "LOGISTIC_BOUNDS", "MULTINOMIAL_BOUNDS"]
 
 LOGISTIC_BOUNDS = ("piecewise", "jaakkola", "bohning")
 MULTINOMIAL_BOUNDS = ("bohning", "log", "tilted", "pos")
-_LOG_2PI = math.log(2 * math.pi)
 _TILTED_ITERATIONS = 30
 
 

@@ -58,7 +58,6 @@ the fast GP paths of G-KL and EP) applies, and whose posterior factorises over s
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import equinox as eqx
@@ -67,6 +66,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.linalg import block_diag, cho_solve, solve_triangular
 
+from .._linalg import LOG_2PI as _LOG_2PI
 from ..model import DenseGaussian, GaussianFactor, LatentLinearModel, ScaledIdentity, Sites
 from ..potentials import Logistic, PiecewiseLogistic, Probit
 from ..quadrature import GaussHermite, safe_sqrt
@@ -87,7 +87,6 @@ __all__ = [
     "stick_breaking_proba",
 ]
 
-_LOG_2PI = math.log(2 * math.pi)
 DEFAULT_JITTER = 1e-6
 _PROBIT = Probit()
 

@@ -35,9 +35,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
-from jax.scipy.linalg import solve_triangular
 
-from ..covariance._dense import _reversed_cholesky
+from .._linalg import inverse_factor, nan_trace, reversed_cholesky
 from ..potentials import PiecewiseLogistic
 from ..quadrature import GaussHermite, safe_sqrt
 from ._gaussian import diagonal_form, integrate_diagonal
@@ -126,8 +125,8 @@ def _covariance(model, lam):
     """
     L = model.prior.chol.astype(lam.dtype)
     eye = jnp.eye(L.shape[0], dtype=lam.dtype)
-    R = _reversed_cholesky(eye + L.T @ (lam[:, None] * L))
-    C = solve_triangular(R, L.T, lower=False)
+    R = reversed_cholesky(eye + L.T @ (lam[:, None] * L))
+    C = inverse_factor(R, L)
     return C.T @ C, jnp.sum(C**2, axis=0), -2.0 * jnp.sum(jnp.log(jnp.abs(jnp.diag(R))))
 
 
@@ -372,7 +371,7 @@ def column_ascent(model, max_sweeps: int = 50, tol: float = 1e-10, atol: float =
     zero = jnp.zeros((), dtype)
     count = jnp.array(0)
     work0 = dict(scalar=count, fallback=count, newton=count, site_evals=jnp.array(1))
-    trace = jnp.full((max_sweeps + 1,), jnp.nan, dtype).at[0].set(e0)
+    trace = nan_trace(max_sweeps, dtype, e0)
     s = _Sweep(mu, jnp.zeros_like(mu), K, var0, jnp.zeros_like(mu), zero, e0, e0, count, trace,
                jnp.array(False), work0)
     s = jax.lax.while_loop(lambda s: ~s.stalled & (s.k < max_sweeps), sweep, s)
@@ -443,7 +442,7 @@ def opper_archambeau(model, max_iter: int = 5000, tol: float = 1e-10, atol: floa
         return _LBFGS(x, state, value, k, s.trace.at[k].set(value), s.evals + n_ls, stalled)
 
     v0 = bound(x0)
-    trace = jnp.full((max_iter + 1,), jnp.nan, dtype).at[0].set(v0)
+    trace = nan_trace(max_iter, dtype, v0)
     s = _LBFGS(x0, opt.init(x0), v0, jnp.array(0), trace, jnp.array(1), jnp.array(False))
     s = jax.lax.while_loop(lambda s: ~s.stalled & (s.k < max_iter) & jnp.all(jnp.isfinite(s.x)), step, s)
 

@@ -47,13 +47,13 @@ hyperparameters). ``xi`` is a tuple with one entry per site group of the model: 
 from __future__ import annotations
 
 import functools
-import math
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 
 from .. import potentials as pot
+from .._linalg import LOG_2PI
 from ..covariance import CholeskyFactor, DiagonalFactor
 from ..model import LatentLinearModel
 from ..posterior import Diagnostics, Posterior
@@ -64,7 +64,6 @@ from .laplace import expand_at_mode, whitened
 __all__ = ["LVB", "bound", "gaussian", "update", "local_bound", "initial_xi", "AbstractLocalBound",
            "Jaakkola", "Bohning", "ScaleMixture", "Exact", "MaskedBound"]
 
-_LOG_2PI = math.log(2 * math.pi)
 BOUNDS = ("jaakkola", "bohning")
 
 
@@ -156,7 +155,7 @@ class Exact(AbstractLocalBound):
 
     def quadratic(self, xi):
         loc, prec = self.potential.loc, 1.0 / self.potential.scale**2
-        return loc * prec, prec, -0.5 * (_LOG_2PI + jnp.log(self.potential.scale**2) + loc**2 * prec)
+        return loc * prec, prec, -0.5 * (LOG_2PI + jnp.log(self.potential.scale**2) + loc**2 * prec)
 
     def update(self, mean, var):
         return None
