@@ -76,17 +76,13 @@ class Subspace(AbstractCovariance):
         E = _leading_eigenvectors(curvature.sites_mv, dim, self._k(dim), curvature.weights[0].dtype)
         return _fit_in_basis(E, curvature)
 
-    def update(self, params, model, quadrature):
-        from ..methods.gkl import GaussianParams, bound, curvature
-
-        factor = params.factor
+    def update(self, factor, mean, objective, curvature):
         if self.basis_update == "fixed_point":
-            P = curvature(params, model, quadrature)
-            E = _leading_eigenvectors(P.sites_mv, factor.dim, factor.rank, factor.scale.dtype)
+            E = _leading_eigenvectors(curvature.sites_mv, factor.dim, factor.rank, factor.scale.dtype)
             return factor.in_basis(E)
 
         def value(E):
-            return bound(GaussianParams(params.mean, eqx.tree_at(lambda f: f.basis, factor, E)), model, quadrature)
+            return objective(eqx.tree_at(lambda f: f.basis, factor, E))
 
         g = jax.grad(value)(factor.basis)
         g = g - factor.basis @ (factor.basis.T @ g)  # tangent to the Stiefel manifold: drop the in-span part

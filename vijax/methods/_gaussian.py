@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from jax.scipy.linalg import solve_triangular
 
 from .._linalg import LOG_2PI, inverse_factor, reversed_cholesky
-from ..covariance._dense import CholeskyFactor
+from ..covariance import CholeskyFactor
 from ..model import DenseGaussian, Identity, LatentLinearModel, ScaledIdentity
 
 __all__ = ["integrate", "working_model", "diagonal_form", "integrate_diagonal", "marginals"]
