@@ -31,6 +31,7 @@ label folded into ``h_n`` (``labels_in_projection = True``), as the GLM builders
 
 from __future__ import annotations
 
+import abc
 import functools
 from typing import Callable, ClassVar
 
@@ -81,9 +82,9 @@ class AbstractPotential(eqx.Module):
     super_gaussian: ClassVar[bool] = False
     labels_in_projection: ClassVar[bool] = False
 
+    @abc.abstractmethod
     def log_phi(self, x):
         """``log φ(x)`` elementwise; ``x`` has shape ``(N,)`` (or broadcasts with the parameters)."""
-        raise NotImplementedError
 
     def expected_log_phi(self, mu, sigma, quadrature: GaussHermite = _DEFAULT_QUADRATURE):
         """:math:`\\langle \\log\\varphi(\\mu + \\sigma z)\\rangle_z`, shape of ``mu``."""

@@ -37,6 +37,7 @@ to ``tol = 1e-14`` for the same accuracy. `Solution.decrement` reports the last 
 
 from __future__ import annotations
 
+import abc
 from typing import Callable, NamedTuple
 
 import equinox as eqx
@@ -83,8 +84,10 @@ class AbstractSolver(eqx.Module):
     tol: eqx.AbstractVar[float]
     max_iter: eqx.AbstractVar[int]
 
+    @abc.abstractmethod
     def maximise(self, fn: Callable, x0: jax.Array, preconditioner: Callable | None = None) -> Solution:
-        raise NotImplementedError
+        """Maximise ``fn`` (a scalar function of a flat ``(P,)`` vector) from ``x0``, optionally
+        preconditioned by ``preconditioner(x)`` (see the class docstring); one `lax.while_loop`."""
 
     def threshold(self, f):
         """The squared Newton decrement at which the solver stops: ``tol``, or the rounding of f."""

@@ -46,6 +46,7 @@ hyperparameters). ``xi`` is a tuple with one entry per site group of the model: 
 
 from __future__ import annotations
 
+import abc
 import functools
 
 import equinox as eqx
@@ -74,13 +75,13 @@ BOUNDS = ("jaakkola", "bohning")
 class AbstractLocalBound(eqx.Module):
     """An exponentiated-quadratic lower bound log φ(x) ≥ a x − ½ A x² + c with parameter ξ."""
 
+    @abc.abstractmethod
     def quadratic(self, xi):
         """``(a, A, c)`` at ``xi``, each broadcastable to the group's sites."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def update(self, mean, var):
         """The ξ maximising ⟨a x − ½ A x² + c⟩ for x ~ N(mean, var) (shape ``(N,)`` each)."""
-        raise NotImplementedError
 
     def __call__(self, x, xi):
         """The bound itself at ``x`` (for checks: it is ≤ log φ(x))."""
