@@ -253,3 +253,48 @@ def test_linalg_helpers():
     assert float(picked["b"][0]) == 5.0
     trace = _linalg.nan_trace(3, jnp.float64, jnp.array(1.5))
     assert trace.shape == (4,) and float(trace[0]) == 1.5 and bool(jnp.all(jnp.isnan(trace[1:])))
+
+
+def test_families_declare_concavity_and_gkl_picks_the_solver():
+    """Covariance families import no solver: they declare ``concave`` and `GKL` chooses from it."""
+    import vijax as vj
+
+    cov = vj.covariance
+    for family in (cov.Full(), cov.Diagonal(), cov.Banded(2), cov.Chevron(1), cov.Subspace(1)):
+        assert family.concave
+        assert isinstance(vj.GKL(covariance=family)._solver(), vj.solvers.NewtonCG)
+    assert not cov.FactorAnalysis(2).concave
+    assert isinstance(vj.GKL(covariance=cov.FactorAnalysis(2))._solver(), vj.solvers.LBFGS)
+    given = vj.solvers.Newton()
+    assert vj.GKL(covariance=cov.FactorAnalysis(2), solver=given)._solver() is given
+
+
+def test_subspace_update_uses_what_the_method_passes_in():
+    """`Subspace.update(factor, mean, objective, curvature)`: the projected-gradient basis update never
+    lowers the objective it is given (at the factor's C; the factor returned then refits C to the new
+    basis); the fixed point takes the top eigenvectors of the curvature's sites."""
+    import equinox as eqx
+    import jax.numpy as jnp
+    import numpy as np
+
+    import vijax as vj
+
+    D, K = 5, 2
+    rng = np.random.default_rng(1)
+    A = rng.normal(size=(D, D))
+    target = jnp.asarray(A @ A.T / D + np.eye(D))
+    family = vj.covariance.Subspace(K, basis_update="gradient")
+    factor = vj.covariance.SubspaceFactor(jnp.eye(D, K), jnp.diag(jnp.array([3.0, 2.0])), jnp.array(1.0))
+    objective = lambda f: -jnp.sum((f.dense() - target) ** 2)
+    updated = family.update(factor, jnp.zeros(D), objective, None)
+    assert float(objective(eqx.tree_at(lambda f: f.basis, factor, updated.basis))) > float(objective(factor)) + 1e-3
+    np.testing.assert_allclose(updated.basis.T @ updated.basis, np.eye(K), atol=1e-12)
+
+    class Sites:  # the part of a `Curvature` the fixed point uses: the operator Σ_n w_n h_n h_nᵀ
+        def sites_mv(self, X):
+            return target @ X
+
+    fixed = vj.covariance.Subspace(K).update(factor, jnp.zeros(D), objective, Sites())
+    top = np.linalg.eigh(np.asarray(target))[1][:, ::-1][:, :K]
+    projector = lambda E: np.asarray(E) @ np.asarray(E).T
+    np.testing.assert_allclose(projector(fixed.basis), projector(top), atol=1e-6)
