@@ -73,7 +73,7 @@ def test_structured_quantities_equal_dense(rng, name):
     H = _site_matrix(rng)
     expected = np.einsum("nd,de,ne->n", H, S, H)
     for projection in (H, jsparse.BCOO.fromdense(H)):
-        got = factor.projected_variances(vj.model._as_projection(projection))
+        got = factor.projected_variances(vj.projections.as_projection(projection))
         np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(factor.projected_variances(vj.Identity(D)), np.diag(S), rtol=1e-10)
     np.testing.assert_allclose(factor.variances(), np.diag(S), rtol=1e-10)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from jax.experimental import sparse as jsparse
 
-from vijax.model import Sparse
+from vijax.projections import Sparse
 
 
 def _random_sparse(rng, n, d, density):

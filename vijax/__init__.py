@@ -1,6 +1,6 @@
 """vijax: deterministic approximate inference for latent linear models in JAX."""
 
-from . import covariance, factor, glm, gp, piecewise, potentials, quadrature, solvers
+from . import covariance, factor, gaussian, glm, gp, piecewise, potentials, projections, quadrature, solvers
 from .inference import ConvergenceWarning, infer
 from .methods import EP, GKL, LVB, MAP, Laplace, MeanField, ep, gkl, laplace, lvb
 from .model import GaussianFactor, Identity, LatentLinearModel, Sites

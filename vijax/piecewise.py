@@ -36,6 +36,8 @@ import equinox as eqx
 import numpy as np
 
 from ._piecewise import KINDS, PIECES, expected, log_expected_exp_neg, table, value
+from .model import LatentLinearModel
+from .potentials import Logistic, Masked, PiecewiseLogistic
 
 __all__ = ["KINDS", "PIECES", "table", "max_error", "value", "expected", "log_expected_exp_neg", "fit",
            "bound_logistic_sites"]
@@ -56,9 +58,6 @@ def bound_logistic_sites(model, kind: str = "quadratic", pieces: int = 20):
     lower bound on the original model's log Z, at most N·ε_R (N the number of logistic sites) below
     the G-KL bound with exact logistic expectations.
     """
-    from .model import LatentLinearModel
-    from .potentials import Logistic, Masked, PiecewiseLogistic
-
     site = PiecewiseLogistic(pieces, kind)
 
     def replaced(potential):

@@ -7,7 +7,8 @@ import jax
 import jax.numpy as jnp
 
 from .covariance import AbstractFactor
-from .model import LatentLinearModel, _as_projection
+from .model import LatentLinearModel
+from .projections import as_projection
 
 __all__ = ["Posterior", "Diagnostics"]
 
@@ -101,7 +102,7 @@ class Posterior(eqx.Module):
 
         ``H`` is a dense ``(N, D)`` array, a BCOO matrix, or `vj.Identity(D)`.
         """
-        projection = _as_projection(H)
+        projection = as_projection(H)
         if projection.shape[1] != self.mean.shape[0]:
             raise ValueError(f"Posterior.marginals: H has {projection.shape[1]} columns, expected {self.mean.shape[0]}.")
         return projection.mv(self.mean), self.factor.projected_variances(projection)

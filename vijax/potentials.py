@@ -33,6 +33,7 @@ label folded into ``h_n`` (``labels_in_projection = True``), as the GLM builders
 
 from __future__ import annotations
 
+import abc
 import functools
 from typing import Callable, ClassVar
 
@@ -43,6 +44,7 @@ import numpy as np
 from jax.scipy.special import erf, gammaln, log_ndtr, ndtr
 
 from . import _checks, _piecewise
+from ._linalg import LOG_2PI
 from .quadrature import (ExpectationDerivatives, GaussHermite, expectation_derivatives, moments_from_log_normaliser,
                          safe_sqrt, tilted_moments)
 
@@ -62,7 +64,6 @@ __all__ = [
 ]
 
 # Python floats (weakly typed), so that float32 inputs stay float32 when x64 is enabled.
-_LOG_2PI = float(np.log(2 * np.pi))
 _SQRT_2PI = float(np.sqrt(2 * np.pi))
 _WIDE_LOG_SIGMOID = 1.5  # σ from which ⟨log σ(x)⟩ splits off min(x, 0) and integrates the rest by Gauss–Laguerre
 _WIDE_SIGMOID = 1.5  # σ from which ⟨σ(x)⟩ is computed by Gauss–Laguerre, not Gauss–Hermite
@@ -97,9 +98,9 @@ class AbstractPotential(eqx.Module):
         """
         return bool(self.log_concave)
 
+    @abc.abstractmethod
     def log_phi(self, x):
         """``log φ(x)`` elementwise; ``x`` has shape ``(N,)`` (or broadcasts with the parameters)."""
-        raise NotImplementedError
 
     def expected_log_phi(self, mu, sigma, quadrature: GaussHermite = _DEFAULT_QUADRATURE):
         """:math:`\\langle \\log\\varphi(\\mu + \\sigma z)\\rangle_z`, shape of ``mu``."""
@@ -467,7 +468,7 @@ class Probit(AbstractPotential):
         s = jnp.sqrt(1.0 + var)
         z = mean / s
         log_z = log_ndtr(z)
-        rho = jnp.where(z > -10, jnp.exp(-0.5 * z**2 - 0.5 * _LOG_2PI - log_z), _inverse_mills(-z))
+        rho = jnp.where(z > -10, jnp.exp(-0.5 * z**2 - 0.5 * LOG_2PI - log_z), _inverse_mills(-z))
         return log_z, mean + var * rho / s, var - var**2 * rho * (z + rho) / s**2
 
 
@@ -533,21 +534,21 @@ class Gaussian(AbstractPotential):
         self.scale = _param("scale", scale, "Gaussian", positive=True)
 
     def log_phi(self, x):
-        return -0.5 * (_LOG_2PI + 2 * jnp.log(self.scale) + ((self.loc - x) / self.scale) ** 2)
+        return -0.5 * (LOG_2PI + 2 * jnp.log(self.scale) + ((self.loc - x) / self.scale) ** 2)
 
     def expected_log_phi(self, mu, sigma, quadrature: GaussHermite = _DEFAULT_QUADRATURE):
         return self.log_phi(mu) - 0.5 * (sigma / self.scale) ** 2
 
     def log_expected_phi(self, mu, sigma, quadrature: GaussHermite = _DEFAULT_QUADRATURE):
         var = self.scale**2 + sigma**2
-        return -0.5 * (_LOG_2PI + jnp.log(var) + (self.loc - mu) ** 2 / var)
+        return -0.5 * (LOG_2PI + jnp.log(var) + (self.loc - mu) ** 2 / var)
 
     def tilted_moments(self, mean, var, power=1.0):
         # φ^η = (2πs²)^{(1−η)/2} η^{−1/2} N(loc | x, s²/η): a Gaussian again.
         s2 = self.scale**2 / power
         total = var + s2
         log_z = 0.5 * (1 - power) * jnp.log(2 * jnp.pi * self.scale**2) - 0.5 * jnp.log(power) \
-            - 0.5 * (_LOG_2PI + jnp.log(total) + (self.loc - mean) ** 2 / total)
+            - 0.5 * (LOG_2PI + jnp.log(total) + (self.loc - mean) ** 2 / total)
         return log_z, mean + var * (self.loc - mean) / total, var * s2 / total
 
     def observe(self, y):

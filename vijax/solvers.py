@@ -37,11 +37,14 @@ to ``tol = 1e-14`` for the same accuracy. `Solution.decrement` reports the last 
 
 from __future__ import annotations
 
+import abc
 from typing import Callable, NamedTuple
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+
+from ._linalg import nan_trace, select
 
 __all__ = ["AbstractSolver", "NewtonCG", "Newton", "GaussNewton", "LBFGS", "NonlinearCG", "Solution",
            "extrapolated_distance", "FixedPoint", "fixed_point"]
@@ -81,8 +84,10 @@ class AbstractSolver(eqx.Module):
     tol: eqx.AbstractVar[float]
     max_iter: eqx.AbstractVar[int]
 
+    @abc.abstractmethod
     def maximise(self, fn: Callable, x0: jax.Array, preconditioner: Callable | None = None) -> Solution:
-        raise NotImplementedError
+        """Maximise ``fn`` (a scalar function of a flat ``(P,)`` vector) from ``x0``, optionally
+        preconditioned by ``preconditioner(x)`` (see the class docstring); one `lax.while_loop`."""
 
     def threshold(self, f):
         """The squared Newton decrement at which the solver stops: ``tol``, or the rounding of f."""
@@ -136,9 +141,8 @@ def fixed_point(evaluate, update, change, x0, *, tol, max_evals, floor):
     axpy = lambda a, x, y: jax.tree_util.tree_map(lambda u, w: a * u + w, x, y)
     sub = lambda x, y: jax.tree_util.tree_map(jnp.subtract, x, y)
     norm = lambda t: jnp.sqrt(sum((jnp.vdot(u, u) for u in leaves(t)), jnp.zeros((), value.dtype)))
-    select = lambda c, a, b: jax.tree_util.tree_map(lambda u, w: jnp.where(c, u, w), a, b)
     inf = jnp.array(jnp.inf, value.dtype)
-    trace = jnp.full((max_evals + 1,), jnp.nan, value.dtype)
+    trace = nan_trace(max_evals, value.dtype)
     # phase 0: the point is an accepted iterate x₀; 1: the point is x₁; 2: the point is x'.
     state = dict(k=jnp.array(1), phase=jnp.array(0), point=x0, value=value, aux=aux, x0=x0, x2=x0,
                  v1=value, accepted=jnp.array(-1), trace=trace, distance=inf, done=jnp.array(False))
@@ -236,7 +240,7 @@ def _newton_loop(solver, fn, x0, local_model, direction):
     """
     dtype = x0.dtype
     zero, false = jnp.array(0), jnp.array(False)
-    trace = jnp.full((solver.max_iter + 1,), jnp.nan, dtype)
+    trace = nan_trace(solver.max_iter, dtype)
     minus_inf = jnp.array(-jnp.inf, dtype)
     state = _LoopState(x0, minus_inf, jnp.zeros_like(x0), jnp.zeros_like(x0), jnp.array(jnp.inf, dtype),
                        jnp.ones((), dtype), zero, false, false, trace, zero, zero, zero)
@@ -491,7 +495,7 @@ class LBFGS(AbstractSolver):
         empty = jnp.zeros((self.memory, x0.shape[0]), dtype)
         rho0 = jnp.zeros((self.memory,), dtype)
         d0, slope0 = direction(x0, g0, empty, empty, rho0)
-        trace = jnp.full((self.max_iter + 1,), jnp.nan, f0.dtype).at[0].set(f0)
+        trace = nan_trace(self.max_iter, f0.dtype, f0)
         false = jnp.array(False)
         state = _LBFGSState(x0, f0, g0, d0, slope0, empty, empty, rho0, jnp.array(0), false, false, trace,
                             jnp.array(1))
@@ -574,7 +578,7 @@ class NonlinearCG(AbstractSolver):
 
         f0, g0 = value_and_grad(x0)
         z0 = precondition(x0, g0)
-        trace = jnp.full((self.max_iter + 1,), jnp.nan, f0.dtype).at[0].set(f0)
+        trace = nan_trace(self.max_iter, f0.dtype, f0)
         zero = jnp.zeros((), f0.dtype)
         d0, slope0 = _restarted(g0, z0, z0)
         false = jnp.array(False)

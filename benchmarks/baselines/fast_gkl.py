@@ -54,6 +54,7 @@ import optax
 import vijax as vj
 from vijax.methods._gaussian import diagonal_form, integrate_diagonal
 from vijax.methods._gkl_natural import covariance_from_lambda, site_bound
+from vijax._linalg import nan_trace
 from vijax.quadrature import GaussHermite, safe_sqrt
 
 __all__ = ["FastGKLResult", "column_ascent", "opper_archambeau"]
@@ -393,7 +394,7 @@ def column_ascent(model, max_sweeps: int = 50, tol: float = 1e-10, atol: float =
     zero = jnp.zeros((), dtype)
     count = jnp.array(0)
     work0 = dict(scalar=count, fallback=count, newton=count, site_evals=jnp.array(1))
-    trace = jnp.full((max_sweeps + 1,), jnp.nan, dtype).at[0].set(e0)
+    trace = nan_trace(max_sweeps, dtype, e0)
     s = _Sweep(mu, jnp.zeros_like(mu), K, var0, jnp.zeros_like(mu), zero, e0, e0, count, trace,
                jnp.array(False), work0)
     s = jax.lax.while_loop(lambda s: ~s.stalled & (s.k < max_sweeps), sweep, s)
@@ -464,7 +465,7 @@ def opper_archambeau(model, max_iter: int = 5000, tol: float = 1e-10, atol: floa
         return _LBFGS(x, state, value, k, s.trace.at[k].set(value), s.evals + n_ls, stalled)
 
     v0 = bound(x0)
-    trace = jnp.full((max_iter + 1,), jnp.nan, dtype).at[0].set(v0)
+    trace = nan_trace(max_iter, dtype, v0)
     s = _LBFGS(x0, opt.init(x0), v0, jnp.array(0), trace, jnp.array(1), jnp.array(False))
     s = jax.lax.while_loop(lambda s: ~s.stalled & (s.k < max_iter) & jnp.all(jnp.isfinite(s.x)), step, s)
 

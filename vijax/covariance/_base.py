@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import abc
+from typing import Callable, ClassVar
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -9,34 +12,39 @@ import numpy as np
 
 
 class AbstractCovariance(eqx.Module):
-    """A covariance family: configuration that builds factors of its own structure."""
+    """A covariance family: configuration that builds factors of its own structure.
 
+    ``concave``: whether the G-KL bound is jointly concave in (m, factor) for log-concave sites; a
+    method picks its solver from it (`vj.GKL`: Newton-CG if so, L-BFGS if not).
+    """
+
+    concave: ClassVar[bool] = True
+
+    @abc.abstractmethod
     def init(self, dim: int, scale) -> "AbstractFactor":
         """A factor with S ≈ diag(scale²) (``scale`` scalar or shape ``(dim,)``; exact where the structure allows)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def from_dense(self, cov) -> "AbstractFactor":
         """A factor of this family close to a dense covariance (exact when it fits the structure)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def from_curvature(self, curvature) -> "AbstractFactor":
         """S ≈ P⁻¹ for a curvature P (see `vj.gkl.curvature`): a well-scaled starting point."""
-        raise NotImplementedError
-
-    def default_solver(self):
-        """The solver `vj.GKL` uses with this family when none is given."""
-        from ..solvers import NewtonCG
-
-        return NewtonCG()
 
     @property
     def num_rounds(self) -> int:
         """Outer rounds of `update` between inner solves (structure updates such as a subspace basis)."""
         return 0
 
-    def update(self, params, model, quadrature) -> "AbstractFactor":
-        """One outer update of the fixed (non-trainable) part of ``params.factor`` at the current solution."""
-        return params.factor
+    def update(self, factor: "AbstractFactor", mean, objective: Callable, curvature) -> "AbstractFactor":
+        """One outer update of the fixed (non-trainable) part of ``factor`` at the current solution.
+
+        ``mean``: q's mean, shape ``(D,)``; ``objective``: factor ↦ the method's bound at (``mean``,
+        factor), a scalar; ``curvature``: the expected site curvature at the solution (a
+        `vijax._curvature.Curvature`). The method supplies them, so no family imports a method.
+        """
+        return factor
 
     def owns(self, factor, dim: int) -> bool:
         """Whether ``factor`` has exactly the structure ``self.init(dim)`` would build."""
@@ -51,20 +59,21 @@ class AbstractFactor(eqx.Module):
     """The parameters of one covariance S, and the quantities the bounds need from it."""
 
     @property
+    @abc.abstractmethod
     def dim(self) -> int:
-        raise NotImplementedError
+        """D, the dimension of w."""
 
+    @abc.abstractmethod
     def projected_variances(self, projection):
         """s_n² = h_nᵀ S h_n for every row of ``projection``: shape ``(N,)``."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def logdet(self):
         """log det S."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def variances(self):
         """diag(S), shape ``(D,)``."""
-        raise NotImplementedError
 
     def trace_precision(self, gaussian):
         """tr(Λ S) for the model's Gaussian term with precision Λ."""
@@ -72,26 +81,26 @@ class AbstractFactor(eqx.Module):
             return jnp.sum(gaussian.precision_diagonal() * self.variances())
         return gaussian.trace_gram(self.cholesky())
 
+    @abc.abstractmethod
     def dense(self):
         """S as a dense ``(D, D)`` matrix."""
-        raise NotImplementedError
 
     def cholesky(self):
         """A square ``C`` with S = CᵀC (upper-triangular; dense, O(D³) unless the family stores one)."""
         return jnp.linalg.cholesky(self.dense()).T
 
+    @abc.abstractmethod
     def canonical(self) -> "AbstractFactor":
         """The same S with sign conventions fixed (positive Cholesky diagonals)."""
-        raise NotImplementedError
 
     def sample(self, key, num_samples: int):
         """``num_samples`` draws from N(0, S): shape ``(num_samples, D)``."""
         z = jax.random.normal(key, (num_samples, self.dim), self.dtype)
         return z @ self.cholesky()
 
+    @abc.abstractmethod
     def preconditioner(self, curvature):
         """A map ``(mean_tangent, factor_tangent) ↦`` approximate inverse negative Hessian applied to them."""
-        raise NotImplementedError
 
     def trainable(self):
         """A pytree of booleans (equinox filter spec): which leaves the solver optimises."""

@@ -6,15 +6,10 @@ import jax
 import jax.numpy as jnp
 from jax.scipy.linalg import solve_triangular
 
+from .._linalg import inverse_factor, reversed_cholesky
 from ._base import AbstractCovariance, AbstractFactor, as_scale
 
 __all__ = ["Full", "Diagonal", "CholeskyFactor", "DiagonalFactor"]
-
-
-
-def _reversed_cholesky(P):
-    """Upper-triangular R with P = R Rᵀ (the Cholesky factor of P with rows and columns reversed)."""
-    return jnp.linalg.cholesky(P[::-1, ::-1])[::-1, ::-1]
 
 
 class Full(AbstractCovariance):
@@ -28,8 +23,7 @@ class Full(AbstractCovariance):
 
     def from_curvature(self, curvature):
         # P = R Rᵀ with R upper-triangular gives P⁻¹ = R⁻ᵀR⁻¹, so C = R⁻¹.
-        R = _reversed_cholesky(curvature.dense())
-        return CholeskyFactor.from_matrix(solve_triangular(R, jnp.eye(R.shape[0], dtype=R.dtype), lower=False))
+        return CholeskyFactor.from_matrix(inverse_factor(reversed_cholesky(curvature.dense())))
 
 
 class CholeskyFactor(AbstractFactor):
@@ -87,7 +81,7 @@ class CholeskyFactor(AbstractFactor):
         solves with R, and the entropy term is a Sherman–Morrison correction per row using
         u_i = P[i:, i:]⁻¹ e₁ (the columns of R⁻ᵀ diag(1/R_ii)).
         """
-        R = _reversed_cholesky(curvature.dense())
+        R = reversed_cholesky(curvature.dense())
         U = solve_triangular(R.T, jnp.diag(1.0 / jnp.diag(R)), lower=True)
         barrier = 1.0 / jnp.diag(self.cholesky()) ** 2
         shrink = barrier / (1.0 + barrier * jnp.diag(U))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -28,6 +30,7 @@ class FactorAnalysis(AbstractCovariance):
     """
 
     rank: int = eqx.field(static=True)
+    concave: ClassVar[bool] = False
 
     def _k(self, dim):
         return check_rank("rank", self.rank, dim, "FactorAnalysis")
@@ -46,11 +49,6 @@ class FactorAnalysis(AbstractCovariance):
 
     def from_curvature(self, curvature):
         return self.init(curvature.model.dim, 1.0 / jnp.sqrt(curvature.diagonal()))
-
-    def default_solver(self):
-        from ..solvers import LBFGS
-
-        return LBFGS()
 
 
 class FactorAnalysisFactor(AbstractFactor):

@@ -13,6 +13,7 @@ is a linear subspace of the upper-triangular matrices.
 
 from __future__ import annotations
 
+import abc
 import hashlib
 
 import equinox as eqx
@@ -20,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..projections import Dense, Identity
 from ._base import AbstractCovariance, AbstractFactor, as_scale, check_rank
 
 __all__ = ["Banded", "SparseMask", "SparseCholeskyFactor"]
@@ -74,8 +76,6 @@ class SparseCholeskyFactor(AbstractFactor):
         return C.at[rows, self.pattern.columns].add(self._masked())
 
     def projected_variances(self, projection):
-        from ..model import Dense, Identity
-
         if isinstance(projection, Identity):
             return self.variances()
         if isinstance(projection, Dense):
@@ -142,8 +142,9 @@ def _project_dense(pattern, cov):
 
 
 class _PatternFamily(AbstractCovariance):
+    @abc.abstractmethod
     def pattern(self, dim: int) -> Pattern:
-        raise NotImplementedError
+        """The non-zero pattern of C (upper-triangular, diagonal included) for dimension ``dim``."""
 
     def init(self, dim, scale=1.0):
         pattern = self.pattern(dim)

@@ -7,10 +7,10 @@ from typing import Literal
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jax.scipy.linalg import solve_triangular
 
+from .._linalg import inverse_factor, reversed_cholesky
 from ._base import AbstractCovariance, AbstractFactor, as_scale, check_rank
-from ._dense import CholeskyFactor, _reversed_cholesky
+from ._dense import CholeskyFactor
 
 __all__ = ["Subspace", "SubspaceFactor"]
 
@@ -76,17 +76,13 @@ class Subspace(AbstractCovariance):
         E = _leading_eigenvectors(curvature.sites_mv, dim, self._k(dim), curvature.weights[0].dtype)
         return _fit_in_basis(E, curvature)
 
-    def update(self, params, model, quadrature):
-        from ..methods.gkl import GaussianParams, bound, curvature
-
-        factor = params.factor
+    def update(self, factor, mean, objective, curvature):
         if self.basis_update == "fixed_point":
-            P = curvature(params, model, quadrature)
-            E = _leading_eigenvectors(P.sites_mv, factor.dim, factor.rank, factor.scale.dtype)
+            E = _leading_eigenvectors(curvature.sites_mv, factor.dim, factor.rank, factor.scale.dtype)
             return factor.in_basis(E)
 
         def value(E):
-            return bound(GaussianParams(params.mean, eqx.tree_at(lambda f: f.basis, factor, E)), model, quadrature)
+            return objective(eqx.tree_at(lambda f: f.basis, factor, E))
 
         g = jax.grad(value)(factor.basis)
         g = g - factor.basis @ (factor.basis.T @ g)  # tangent to the Stiefel manifold: drop the in-span part
@@ -182,8 +178,8 @@ def _fit_in_basis(E, curvature):
     """C = R⁻¹ with EᵀPE = R Rᵀ, and c² = (D − K) / tr((I − EEᵀ) P): S ≈ P⁻¹ within the structure."""
     dim, k = E.shape
     inner = E.T @ curvature.mv(E)
-    R = _reversed_cholesky(0.5 * (inner + inner.T))
-    C = solve_triangular(R, jnp.eye(k, dtype=R.dtype), lower=False)
+    R = reversed_cholesky(0.5 * (inner + inner.T))
+    C = inverse_factor(R)
     outside_trace = jnp.sum(curvature.diagonal()) - jnp.trace(inner)
     scale = jnp.sqrt((dim - k) / outside_trace) if k < dim else jnp.ones((), R.dtype)
     return SubspaceFactor(E, C, scale)

@@ -37,6 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._linalg import select
 from ..solvers import extrapolated_distance
 from .model import FactorModel, Prior, block_data, check_data, check_weights, neg_kl, site_terms
 
@@ -172,7 +173,7 @@ def _point_e_step(model, prior, y, mask, mean, cov, precision, shared, max_iter,
         change, previous = jnp.where(accept, change, s.change), jnp.where(accept, s.change, s.previous)
         converged = accept & (extrapolated_distance(change, previous, floor) <= tol)
         stalled = (~accept) & (s.rho <= 2.0**-_HALVINGS)
-        pick = lambda a, b: jax.tree.map(lambda x, y: jnp.where(accept, x, y), a, b)  # (None for hessian)
+        pick = lambda a, b: select(accept, a, b)  # (None for hessian)
         return _PointState(pick(m_new, s.mean), pick(v_new, s.cov), pick(p_new, s.precision), pick(logdet, s.logdet),
                            pick(value, s.bound), pick(target, s.target), pick(grad, s.grad), pick(hessian, s.hessian),
                            jnp.where(accept, jnp.minimum(2 * s.rho, 1.0), 0.5 * s.rho), change, previous,

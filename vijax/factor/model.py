@@ -18,8 +18,6 @@ from .likelihoods import AbstractLikelihood
 
 __all__ = ["Block", "FactorModel", "factor_analysis", "graphical_model", "elbo_point"]
 
-_LOG_2PI = math.log(2 * math.pi)
-
 
 class Block(eqx.Module):
     """Columns ``columns`` of the data, all with one likelihood type.

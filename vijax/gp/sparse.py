@@ -16,16 +16,14 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.scipy.linalg import solve_triangular
 
 from .. import _checks
+from .._linalg import LOG_2PI as _LOG_2PI
 from ..quadrature import safe_sqrt
 from .models import label_signs
 
 __all__ = ["collapsed_elbo", "optimal_inducing_posterior", "predict_sparse", "svgp_elbo", "svgp_natural_step"]
-
-_LOG_2PI = float(np.log(2 * np.pi))
 
 
 # --------------------------------------------------------------------------- validation

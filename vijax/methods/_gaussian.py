@@ -19,19 +19,17 @@ the general path (`integrate_diagonal`, used by `marginals`).
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax.scipy.linalg import solve_triangular
 
-from ..covariance._dense import CholeskyFactor, _reversed_cholesky
+from .._linalg import LOG_2PI, inverse_factor, reversed_cholesky
+from ..covariance import CholeskyFactor
 from ..model import DenseGaussian, Identity, LatentLinearModel, ScaledIdentity
 
 __all__ = ["integrate", "working_model", "diagonal_form", "integrate_diagonal", "marginals"]
-
-_LOG_2PI = math.log(2 * math.pi)
 
 
 def working_model(model: LatentLinearModel):
@@ -58,7 +56,7 @@ def integrate(model: LatentLinearModel, quadratics, sites=None, whitening=None, 
         sites, whitening = working_model(model)
     d, dtype = model.dim, model.dtype
     if whitening is not None:
-        P, r, const = jnp.eye(d, dtype=dtype), jnp.zeros(d, dtype), jnp.asarray(-0.5 * d * _LOG_2PI, dtype)
+        P, r, const = jnp.eye(d, dtype=dtype), jnp.zeros(d, dtype), jnp.asarray(-0.5 * d * LOG_2PI, dtype)
     elif model.prior is None:
         P, r, const = jnp.zeros((d, d), dtype), jnp.zeros(d, dtype), jnp.zeros((), dtype)
     else:
@@ -73,19 +71,19 @@ def integrate(model: LatentLinearModel, quadratics, sites=None, whitening=None, 
         r = r + group.projection.rmv(a - A * b)
         const = const + jnp.sum(a * b - 0.5 * A * b**2 + c)
     P = 0.5 * (P + P.T)
-    R = _reversed_cholesky(P)  # P = RRᵀ; NaN where P is not positive definite
+    R = reversed_cholesky(P)  # P = RRᵀ; NaN where P is not positive definite
     # A P singular to working precision (a rank-deficient sum, rounded) can still factorise, with pivots
     # at the rounding of its diagonal: its integral diverges all the same.
     singular = jnp.any(jnp.diag(R) ** 2 <= d * jnp.finfo(dtype).eps * jnp.diag(P))
     z = solve_triangular(R, r, lower=False)  # rᵀP⁻¹r = ‖z‖², and the mean is P⁻¹r = R⁻ᵀz
-    value = const + 0.5 * z @ z + 0.5 * d * _LOG_2PI - jnp.sum(jnp.log(jnp.diag(R)))
+    value = const + 0.5 * z @ z + 0.5 * d * LOG_2PI - jnp.sum(jnp.log(jnp.diag(R)))
     value = jnp.where(singular, jnp.nan, value)
     mean = solve_triangular(R, z, lower=False, trans="T")
     if whitening is not None and map_back:
         # S = L P⁻¹ Lᵀ = CᵀC with C = R⁻¹Lᵀ (upper × upper: still upper-triangular), one solve.
         loc, L = whitening
-        return value, loc + L @ mean, solve_triangular(R, L.T, lower=False)
-    return value, mean, solve_triangular(R, jnp.eye(d, dtype=R.dtype), lower=False)
+        return value, loc + L @ mean, inverse_factor(R, L)
+    return value, mean, inverse_factor(R)
 
 
 def diagonal_form(model: LatentLinearModel):

@@ -73,7 +73,7 @@ import jax.numpy as jnp
 from jax.scipy.linalg import cho_solve, lu_factor, lu_solve, solve_triangular
 
 from ..covariance import CholeskyFactor
-from ..covariance._dense import _reversed_cholesky
+from .._linalg import inverse_factor, nan_trace, reversed_cholesky, select
 from ..model import LatentLinearModel
 from ..posterior import Diagnostics
 from ._gaussian import diagonal_form
@@ -206,8 +206,8 @@ class _Primal(_Linear):
         not positive definite."""
         P = self.precision_plus(weights)
         scale = 1.0 / jnp.sqrt(jnp.diag(P))
-        R = _reversed_cholesky(scale[:, None] * P * scale[None, :])  # = RRᵀ, R upper
-        return solve_triangular(R, jnp.diag(scale), lower=False), 2 * jnp.sum(jnp.log(jnp.diag(R) / scale))
+        R = reversed_cholesky(scale[:, None] * P * scale[None, :])  # = RRᵀ, R upper
+        return inverse_factor(R, jnp.diag(scale)), 2 * jnp.sum(jnp.log(jnp.diag(R) / scale))
 
     def factor(self, lam) -> _Factor:
         C, logdet = self._cholesky(lam)
@@ -238,7 +238,7 @@ class _Primal(_Linear):
     def solve_matrix(self, P, r):
         """P⁻¹ r for a symmetric D × D matrix P (scaled to unit diagonal first; NaN unless positive definite)."""
         scale = 1.0 / jnp.sqrt(jnp.diag(P))
-        R = _reversed_cholesky(scale[:, None] * P * scale[None, :])
+        R = reversed_cholesky(scale[:, None] * P * scale[None, :])
         z = solve_triangular(R, scale * r, lower=False)
         return scale * solve_triangular(R, z, lower=False, trans="T")
 
@@ -504,7 +504,7 @@ def fit(model: LatentLinearModel, work: LatentLinearModel, mean, lam, quadrature
     # Before the first point, a placeholder of its shape (value −∞, so that any finite point replaces it).
     shapes = jax.eval_shape(lambda: point(mean, lam, lin.factor(lam), False))
     nothing = jax.tree_util.tree_map(lambda a: jnp.full(a.shape, -jnp.inf if a.dtype == dtype else 0, a.dtype), shapes)
-    trace = jnp.full((max_iter + 1,), jnp.nan, dtype)
+    trace = nan_trace(max_iter, dtype)
     one, false = jnp.ones((), dtype), jnp.array(False)
     state = _State(nothing, mean, lam, one, false, jnp.array(jnp.inf, dtype), jnp.zeros((), dtype), jnp.array(0),
                    jnp.array(0), false, false, trace, jnp.array(0))
@@ -529,7 +529,7 @@ def fit(model: LatentLinearModel, work: LatentLinearModel, mean, lam, quadrature
         # differences are noise, and a step that lowers it by up to `loose` is taken.
         noise = jnp.where(decrement <= loose, loose, _ROUNDING * eps * jnp.abs(p.value))
         ok = jnp.isfinite(new.value) & ((new.value >= p.value - noise) | ~started | s.retry)
-        p = jax.tree_util.tree_map(lambda a, b: jnp.where(ok, a, b), new, p)
+        p = select(ok, new, p)
         k = s.k + (ok & started & ~s.retry)
         halvings = jnp.where(ok, 0, s.halvings + 1)
         t = jnp.where(ok, one, 0.5 * s.t)

@@ -60,13 +60,13 @@ iterations, so a fit ends in bounded time.
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+from .._linalg import LOG_2PI as _LOG_2PI, select
 from ..covariance import CholeskyFactor
 from ..model import LatentLinearModel
 from ..posterior import Diagnostics, Posterior
@@ -80,7 +80,6 @@ SCHEDULES = ("parallel", "sequential", "double_loop")
 # What a run that has not converged continues with (`EP.fallback`): each schedule is slower per
 # iteration, or in the number of iterations, and more robust than the one before it.
 _FALLBACK = {"parallel": ("sequential",), "sequential": ("double_loop",), "double_loop": ()}
-_LOG_2PI = math.log(2 * math.pi)
 _SAFE_DAMPING = 0.5  # adaptive damping's step fraction once a full step has raised the residual
 _MAX_HALVINGS = 30  # steps shortened to keep q and the cavities proper, and inner line searches
 _MAX_EXTRAPOLATION = 64.0  # largest ω of the double loop's outer step
@@ -364,8 +363,7 @@ class EP(eqx.Module):
     def _record(self, run: _Run, sites, ev, evals, skipped, shrunk, change, stuck) -> _Run:
         residual = _residual(ev)
         improved = residual < 0.99 * run.best
-        best_sites, best_ev = jax.tree_util.tree_map(lambda a, b: jnp.where(residual < run.best, a, b),
-                                                     (sites, ev), (run.best_sites, run.best_ev))
+        best_sites, best_ev = select(residual < run.best, (sites, ev), (run.best_sites, run.best_ev))
         k = run.k + 1
         return run._replace(sites=sites, ev=ev, residual=residual, k=k, trace=run.trace.at[k].set(ev.value),
                             best=jnp.minimum(run.best, residual), since_best=jnp.where(improved, 0, run.since_best + 1),
@@ -416,13 +414,12 @@ class EP(eqx.Module):
                 rose = _residual(ev) > run.residual
                 accept = ok & ~(rose & (run.damping > _SAFE_DAMPING))
                 damping = jnp.where(ok & rose, jnp.minimum(run.damping, _SAFE_DAMPING), run.damping)
-            keep = lambda new, old: jax.tree_util.tree_map(lambda a, b: jnp.where(accept, a, b), new, old)
+            keep = lambda new, old: select(accept, new, old)
             done = self._record(run._replace(damping=damping, alpha=jnp.ones_like(run.alpha), halvings=jnp.array(0)),
                                 keep(run.sites + step, run.sites), keep(ev, run.ev), jnp.array(1),
                                 _num_invalid(run.ev), (run.halvings > 0).astype(int), _change(step.scale(accept), run.ev),
                                 ~ok)
             halved = run._replace(alpha=0.5 * run.alpha, halvings=run.halvings + 1, evals=run.evals + 1)
-            select = lambda c, a, b: jax.tree_util.tree_map(lambda x, y: jnp.where(c, x, y), a, b)
             return select(run.started, select(halve, halved, done), first)
 
         return body
@@ -477,7 +474,7 @@ class EP(eqx.Module):
             change = _change(jax.tree_util.tree_map(jnp.subtract, sites, run.sites), run.ev)
             # Rounding can still leave q improper (a rank-one downdate of a nearly singular S): keep the
             # last proper state and stop (the fallback takes over from the best one).
-            keep = lambda new, old: jax.tree_util.tree_map(lambda a, b: jnp.where(ev.proper, a, b), new, old)
+            keep = lambda new, old: select(ev.proper, new, old)
             return self._record(run, keep(sites, run.sites), keep(ev, run.ev), jnp.array(1), skipped, jnp.array(0),
                                 change, ~ev.proper)
 
@@ -528,8 +525,8 @@ class EP(eqx.Module):
                 first = _evaluate(sites + step, model, power, work, anchor)
                 alpha, new, n = jax.lax.while_loop(search, halve, (one, first, jnp.array(0)))
                 ok = sufficient(new, alpha)
-                sites = jax.tree_util.tree_map(lambda a, b: jnp.where(ok, a, b), sites + step.scale(alpha), sites)
-                ev = jax.tree_util.tree_map(lambda a, b: jnp.where(ok, a, b), new, ev)
+                sites = select(ok, sites + step.scale(alpha), sites)
+                ev = select(ok, new, ev)
                 return sites, ev, j + 1, ~ok, evals + n + 1
 
             state = (sites, ev, jnp.array(0), jnp.array(False), jnp.array(1))
@@ -571,7 +568,7 @@ class EP(eqx.Module):
             ev = _evaluate(sites, model, power, work)
             change = _change(jax.tree_util.tree_map(jnp.subtract, sites, run.sites), run.ev)
             stuck = ~ev.proper | (change == 0)
-            keep = lambda new, old: jax.tree_util.tree_map(lambda a, b: jnp.where(ev.proper, a, b), new, old)
+            keep = lambda new, old: select(ev.proper, new, old)
             sites, ev = keep(sites, run.sites), keep(ev, run.ev)
             run = run._replace(outer=keep((anchor_new, phi_new, omega), run.outer))
             return self._record(run, sites, ev, evals_t + evals + 1, _num_invalid(run.ev), jnp.array(0), change, stuck)

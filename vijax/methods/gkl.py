@@ -35,7 +35,7 @@ from ..covariance import AbstractCovariance, AbstractFactor, CholeskyFactor, Ful
 from ..model import LatentLinearModel
 from ..posterior import Diagnostics, Posterior
 from ..quadrature import GaussHermite, safe_sqrt
-from ..solvers import AbstractSolver
+from ..solvers import LBFGS, AbstractSolver, NewtonCG
 from . import _gkl_natural
 from ._envelope import computed
 from .laplace import expand_at_mode, whitened
@@ -157,7 +157,9 @@ class GKL(eqx.Module):
         return model.prior.whitening()
 
     def _solver(self):
-        return self.solver if self.solver is not None else self.covariance.default_solver()
+        if self.solver is not None:
+            return self.solver
+        return NewtonCG() if self.covariance.concave else LBFGS()
 
     def _solve(self, solver, params, model):
         """Maximise the bound over the trainable leaves of ``params``; returns (params, Solution)."""
@@ -259,7 +261,10 @@ class GKL(eqx.Module):
             # Families with a fixed structure (a subspace basis) alternate structure updates and solves.
             def round_(_, carry):
                 opt, sol = carry
-                opt = GaussianParams(opt.mean, self.covariance.update(opt, work_model, self.quadrature))
+                objective = lambda factor: bound(GaussianParams(opt.mean, factor), work_model, self.quadrature)
+                factor = self.covariance.update(opt.factor, opt.mean, objective,
+                                                curvature(opt, work_model, self.quadrature))
+                opt = GaussianParams(opt.mean, factor)
                 opt, new = self._solve(solver, opt, work_model)
                 spent = {f: getattr(sol, f) + getattr(new, f) for f in ("iterations", "num_value_evals",
                                                                          "num_grad_evals", "num_hvp_evals")}

@@ -27,7 +27,6 @@ The pure functions `log_joint`, `site_curvatures`, `negative_hessian` and `evide
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import equinox as eqx
@@ -36,9 +35,9 @@ import jax.numpy as jnp
 from jax.scipy.linalg import cho_factor, cho_solve, solve_triangular
 
 from .. import _checks
+from .._linalg import LOG_2PI, inverse_factor, reversed_cholesky
 from .._curvature import Curvature, site_curvatures, site_derivatives
 from ..covariance import CholeskyFactor
-from ..covariance._dense import _reversed_cholesky
 from ..model import GaussianFactor, LatentLinearModel
 from ..posterior import Diagnostics, Posterior
 from ..solvers import AbstractSolver, GaussNewton, NewtonCG, Solution
@@ -48,7 +47,6 @@ from ._gaussian import working_model
 __all__ = ["Laplace", "mode_solver", "log_joint", "site_curvatures", "negative_hessian", "evidence", "find_mode",
            "SiteExpansion", "expand_at_mode", "whitened"]
 
-_LOG_2PI = math.log(2 * math.pi)
 _MAX_JITTER_TRIES = 12
 
 
@@ -72,7 +70,7 @@ def evidence(w, model: LatentLinearModel, gauss_newton=False, jitter=0.0):
     """
     A = negative_hessian(w, model, gauss_newton)
     L = jnp.linalg.cholesky(A + jitter * jnp.eye(model.dim, dtype=A.dtype))
-    return log_joint(w, model) + 0.5 * model.dim * _LOG_2PI - jnp.sum(jnp.log(jnp.diag(L)))
+    return log_joint(w, model) + 0.5 * model.dim * LOG_2PI - jnp.sum(jnp.log(jnp.diag(L)))
 
 
 def find_mode(model: LatentLinearModel, w0, solver: AbstractSolver):
@@ -120,7 +118,7 @@ def mode_solver(model: LatentLinearModel, solver: AbstractSolver | None = None) 
 
 def _factorise(A):
     """Upper-triangular R with A = R Rᵀ, or NaNs where A is not positive definite."""
-    R = _reversed_cholesky(A)
+    R = reversed_cholesky(A)
     return R, jnp.all(jnp.isfinite(R))
 
 
@@ -181,8 +179,7 @@ class ModeFit(NamedTuple):
     def factor(self, basis=None) -> CholeskyFactor:
         """The `CholeskyFactor` of S = A⁻¹ = CᵀC (C = R⁻¹), or with a lower-triangular ``basis`` B
         of B A⁻¹ Bᵀ (C = R⁻¹Bᵀ, upper × upper, still upper-triangular)."""
-        rhs = jnp.eye(self.R.shape[0], dtype=self.R.dtype) if basis is None else basis.T
-        return CholeskyFactor.from_matrix(solve_triangular(self.R, rhs, lower=False))
+        return CholeskyFactor.from_matrix(inverse_factor(self.R, basis))
 
 
 def fit_mode(model: LatentLinearModel, init, solver: AbstractSolver, owner: str) -> ModeFit:
@@ -299,7 +296,7 @@ class Laplace(eqx.Module):
             fit = fit_mode(working(model), w0, solver, "Laplace")
             mode, factor = loc0 + L0 @ fit.mode, fit.factor(basis=L0)  # S = L S̃ Lᵀ
         # `evidence` at the mode, from the factor of A already at hand (A + jitter·I = RRᵀ).
-        value = log_joint(fit.mode, working(model)) + 0.5 * model.dim * _LOG_2PI - jnp.sum(jnp.log(jnp.diag(fit.R)))
+        value = log_joint(fit.mode, working(model)) + 0.5 * model.dim * LOG_2PI - jnp.sum(jnp.log(jnp.diag(fit.R)))
 
         def log_z(fit, model):
             work = working(model)

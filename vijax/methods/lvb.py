@@ -46,14 +46,15 @@ hyperparameters). ``xi`` is a tuple with one entry per site group of the model: 
 
 from __future__ import annotations
 
+import abc
 import functools
-import math
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 
 from .. import potentials as pot
+from .._linalg import LOG_2PI
 from ..covariance import CholeskyFactor, DiagonalFactor
 from ..model import LatentLinearModel
 from ..posterior import Diagnostics, Posterior
@@ -64,7 +65,6 @@ from .laplace import expand_at_mode, whitened
 __all__ = ["LVB", "bound", "gaussian", "update", "local_bound", "initial_xi", "AbstractLocalBound",
            "Jaakkola", "Bohning", "ScaleMixture", "Exact", "MaskedBound"]
 
-_LOG_2PI = math.log(2 * math.pi)
 BOUNDS = ("jaakkola", "bohning")
 
 
@@ -75,13 +75,13 @@ BOUNDS = ("jaakkola", "bohning")
 class AbstractLocalBound(eqx.Module):
     """An exponentiated-quadratic lower bound log φ(x) ≥ a x − ½ A x² + c with parameter ξ."""
 
+    @abc.abstractmethod
     def quadratic(self, xi):
         """``(a, A, c)`` at ``xi``, each broadcastable to the group's sites."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def update(self, mean, var):
         """The ξ maximising ⟨a x − ½ A x² + c⟩ for x ~ N(mean, var) (shape ``(N,)`` each)."""
-        raise NotImplementedError
 
     def __call__(self, x, xi):
         """The bound itself at ``x`` (for checks: it is ≤ log φ(x))."""
@@ -163,7 +163,7 @@ class Exact(AbstractLocalBound):
 
     def quadratic(self, xi):
         loc, prec = self.potential.loc, 1.0 / self.potential.scale**2
-        return loc * prec, prec, -0.5 * (_LOG_2PI + jnp.log(self.potential.scale**2) + loc**2 * prec)
+        return loc * prec, prec, -0.5 * (LOG_2PI + jnp.log(self.potential.scale**2) + loc**2 * prec)
 
     def update(self, mean, var):
         return None

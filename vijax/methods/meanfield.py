@@ -35,12 +35,12 @@ free-form bound, with equality when the sites are Gaussian.
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+from .._linalg import LOG_2PI as _LOG_2PI, nan_trace
 from ..covariance import Diagonal, DiagonalFactor
 from ..model import Identity, LatentLinearModel
 from ..posterior import Diagnostics, Posterior
@@ -50,8 +50,6 @@ from .gkl import GKL
 from .laplace import expand_at_mode
 
 __all__ = ["MeanField", "free_form_applies", "factor_moments", "bound"]
-
-_LOG_2PI = math.log(2 * math.pi)
 
 
 def free_form_applies(model: LatentLinearModel) -> bool:
@@ -158,7 +156,7 @@ class MeanField(eqx.Module):
             return (k < self.max_sweeps) & ~(distance(change, previous) <= self.tol) & jnp.isfinite(trace[k])
 
         first = bound(c, v, frozen, self.quadrature)
-        trace = jnp.full((self.max_sweeps + 1,), jnp.nan, first.dtype).at[0].set(first)
+        trace = nan_trace(self.max_sweeps, first.dtype, first)
         inf = jnp.asarray(jnp.inf, first.dtype)
         start = (c, mean, residual, inf, inf, jnp.array(0), trace)
         c, _, _, change, previous, sweeps, trace = jax.lax.while_loop(unfinished, sweep, start)

@@ -1,0 +1,80 @@
+"""Blocked ELLPACK kernels for sparse projections (`vijax.projections.Sparse`).
+
+A sparse H of shape ``(N, D)`` is stored row by row: each row's column indices and values padded to
+the longest row, arrays of shape ``(N_pad, width)`` with N_pad a multiple of the block size. The
+products run over blocks of rows in one `lax.map` (``mv``: a gather and a small contraction per
+block) or `lax.scan` (``rmv``: a scatter-add of the same size), which keeps the working set in cache.
+``layout`` builds the padded form from a concrete BCOO (NumPy, outside tracing).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = ["layout", "mv", "rmv", "MAX_PADDING"]
+
+# ELLPACK rows are padded to a multiple of this, or of the next power of two of N if smaller
+# (so that power-of-two blocks divide them) ...
+_ROW_ALIGN = 1024
+# ... and a block holds about this many gathered elements (block rows × width × K).
+_BLOCK_ELEMENTS = 1 << 19
+# Rows longer than this many times the mean make the padded layout wasteful: keep BCOO.
+MAX_PADDING = 8
+
+
+def layout(H):
+    """Column indices, positions in ``H.data`` and validity, each ``(N_pad, width)``; None if not possible."""
+    if isinstance(H.indices, jax.core.Tracer) or H.nse == 0:
+        return None
+    indices = np.asarray(H.indices)
+    num_rows = H.shape[0]
+    rows, columns = indices[:, 0], indices[:, 1]
+    order = np.argsort(rows, kind="stable")
+    counts = np.bincount(rows, minlength=num_rows)
+    width = int(counts.max())
+    if width > MAX_PADDING * max(counts.mean(), 1.0):
+        return None
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    slot = np.arange(order.size) - starts[rows[order]]
+    align = min(_ROW_ALIGN, 1 << int(np.ceil(np.log2(num_rows))))
+    padded_rows = -(-num_rows // align) * align
+    ell_columns = np.zeros((padded_rows, width), np.int32)
+    position = np.zeros((padded_rows, width), np.int64)
+    valid = np.zeros((padded_rows, width), bool)
+    ell_columns[rows[order], slot] = columns[order]
+    position[rows[order], slot] = order
+    valid[rows[order], slot] = True
+    return ell_columns, position, valid
+
+
+def _block_rows(padded, width, x):
+    k = int(np.prod(x.shape[1:], dtype=int))
+    target = max(_BLOCK_ELEMENTS // max(width * k, 1), 1)
+    return int(min(2 ** int(np.log2(target)), _ROW_ALIGN, padded & -padded))
+
+
+def mv(columns, values, x, num_rows):
+    padded, width = columns.shape
+    x = jnp.asarray(x)
+    b = _block_rows(padded, width, x)
+    blocks = (columns.reshape(-1, b, width), values.reshape(-1, b, width))
+    out = jax.lax.map(lambda cv: jnp.einsum("bw,bw...->b...", cv[1], x[cv[0]]), blocks)
+    return out.reshape((padded,) + x.shape[1:])[:num_rows]
+
+
+def rmv(columns, values, y, dim):
+    padded, width = columns.shape
+    y = jnp.asarray(y)
+    b = _block_rows(padded, width, y)
+    y = jnp.pad(y, ((0, padded - y.shape[0]),) + ((0, 0),) * (y.ndim - 1))
+    blocks = (columns.reshape(-1, b, width), values.reshape(-1, b, width), y.reshape((-1, b) + y.shape[1:]))
+
+    def accumulate(total, block):
+        c, v, yb = block
+        contributions = jnp.einsum("bw,b...->bw...", v, yb)
+        return total.at[c.reshape(-1)].add(contributions.reshape((-1,) + yb.shape[1:])), None
+
+    zero = jnp.zeros((dim,) + y.shape[1:], jnp.result_type(values, y))
+    return jax.lax.scan(accumulate, zero, blocks)[0]
