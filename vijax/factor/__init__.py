@@ -22,3 +22,7 @@ __all__ = ["FactorModel", "Block", "factor_analysis", "graphical_model", "fit", 
            "initial_posteriors", "Posteriors", "FactorFit", "elbo_point", "penalty_term", "log_predictive",
            "probabilities", "impute", "AbstractLikelihood", "Gaussian", "Bernoulli", "Poisson", "Ordinal",
            "StickBreaking", "Multinomial"]
+
+
+def __dir__():
+    return list(__all__)
