@@ -73,11 +73,11 @@ def main():
         kls, info = [], []
         for lik in (F.Multinomial(c, "bohning"), F.Multinomial(c, "log"), F.StickBreaking(c)):
             t0 = time.perf_counter()
-            fit = F.fit(F.graphical_model(lik, num_columns=2), Y, weights=weights, num_iters=args.iters, tol=1e-9)
+            fit = F.fit(F.graphical_model(lik, num_columns=2), Y, weights=weights, max_iter=args.iters, tol=1e-9)
             elapsed = time.perf_counter() - t0
             fitted = vector_probabilities(lik, np.asarray(fit.model.mean), np.asarray(fit.model.cov), c, seed=1)
             kls.append(float(np.sum(truth * (np.log(truth) - np.log(fitted)))))
-            info.append(f"{len(fit.bound)}/{elapsed:.0f}")
+            info.append(f"{int(fit.diagnostics.iterations)}/{elapsed:.0f}")
         lines.append(f"{c:>3} {kls[0]:>14.4f} {kls[1]:>10.4f} {kls[2]:>15.4f}   " + ", ".join(info))
         print(lines[-1], flush=True)
     RESULTS.mkdir(exist_ok=True)

@@ -56,7 +56,7 @@ def main():
     print("\n".join(lines), flush=True)
     for name, lik in bounds:
         t0 = time.perf_counter()
-        result = vj.factor.fit(vj.factor.graphical_model(lik, num_columns=5), Y, weights=weights, num_iters=20_000,
+        result = vj.factor.fit(vj.factor.graphical_model(lik, num_columns=5), Y, weights=weights, max_iter=20_000,
                                tol=1e-10)
         elapsed = time.perf_counter() - t0
         m, s = np.asarray(result.model.mean), np.asarray(result.model.cov)
@@ -64,7 +64,7 @@ def main():
         kl = float(np.sum(p_true * (np.log(p_true) - np.log(p_fit))))
         sd = np.sqrt(np.diag(s))
         corr = s / np.outer(sd, sd)
-        line = (f"{name:<9} {kl:>14.5f} {len(result.bound):>7d} {elapsed:>7.1f}  "
+        line = (f"{name:<9} {kl:>14.5f} {int(result.diagnostics.iterations):>7d} {elapsed:>7.1f}  "
                 f"{np.array2string(np.diag(s), precision=2):<34} {corr[0, 1]:.3f}, {corr[3, 4]:.3f}")
         print(line, flush=True)
         lines.append(line)
