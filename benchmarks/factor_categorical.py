@@ -72,10 +72,10 @@ def main():
         kls, info = [], []
         for lik in (F.Multinomial(c, "bohning"), F.Multinomial(c, "log"), F.StickBreaking(c)):
             fit, (elapsed,) = timed(lambda: F.fit(F.graphical_model(lik, num_columns=2), Y, weights=weights,
-                                                  num_iters=args.iters, tol=1e-9))
+                                                  max_iter=args.iters, tol=1e-9))
             fitted = vector_probabilities(lik, np.asarray(fit.model.mean), np.asarray(fit.model.cov), c, seed=1)
             kls.append(float(np.sum(truth * (np.log(truth) - np.log(fitted)))))
-            info.append(f"{len(fit.bound)}/{elapsed:.0f}")
+            info.append(f"{int(fit.diagnostics.iterations)}/{elapsed:.0f}")
         log(f"{c:>3} {kls[0]:>14.4f} {kls[1]:>10.4f} {kls[2]:>15.4f}   " + ", ".join(info))
     log.save("factor_categorical")
 

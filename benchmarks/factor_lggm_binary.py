@@ -55,13 +55,13 @@ def main():
         f"{'bound':<9} {'KL(true||fit)':>14} {'EM its':>7} {'time s':>7}  {'fitted variances':<34} fitted corr(1,2), corr(4,5)")
     for name, lik in bounds:
         result, (elapsed,) = timed(lambda: vj.factor.fit(vj.factor.graphical_model(lik, num_columns=5), Y,
-                                                         weights=weights, num_iters=20_000, tol=1e-10))
+                                                         weights=weights, max_iter=20_000, tol=1e-10))
         m, s = np.asarray(result.model.mean), np.asarray(result.model.cov)
         p_fit = pattern_probabilities(m, s)
         kl = float(np.sum(p_true * (np.log(p_true) - np.log(p_fit))))
         sd = np.sqrt(np.diag(s))
         corr = s / np.outer(sd, sd)
-        log(f"{name:<9} {kl:>14.5f} {len(result.bound):>7d} {elapsed:>7.1f}  "
+        log(f"{name:<9} {kl:>14.5f} {int(result.diagnostics.iterations):>7d} {elapsed:>7.1f}  "
             f"{np.array2string(np.diag(s), precision=2):<34} {corr[0, 1]:.3f}, {corr[3, 4]:.3f}")
     log("true variances 4.0, correlations 0.9 (dims 1–3) and −0.9 (dims 4–5)")
     log.save("factor_lggm_binary")

@@ -43,7 +43,7 @@ ML-II (type-II maximum likelihood of v and ℓ, starting from the fixed values):
 - ``sklearn ML-II``: ``GaussianProcessClassifier(..., optimizer="fmin_l_bfgs_b",
   n_restarts_optimizer=0)`` (its default), timed over ``fit`` (one call);
 - ``vijax ML-II``: ``vj.gp.fit_hyperparameters(k, X, vj.potentials.Logistic(), vj.Laplace(),
-  labels=y, train_likelihood=(), num_steps=50)`` (``--quick``: 10 steps), timed over the whole call.
+  labels=y, train_likelihood=(), max_iter=50)`` (``--quick``: 10 steps), timed over the whole call.
   ``fit_hyperparameters`` builds its jitted step functions inside each call, so this time
   *includes* JAX compilation (it cannot be excluded without changing the library); sklearn's does
   not compile anything.
@@ -53,7 +53,7 @@ fits after one warm-up fit, vijax fits being ahead-of-time compiled ``jax.jit`` 
 (the kernel matrix is built inside, as in sklearn's ``fit``), so compilation is excluded, with
 ``jax.block_until_ready``; log Z (sklearn: ``log_marginal_likelihood_value_``; vijax:
 ``post.log_z``, the Laplace / EP / G-KL-bound estimate); test mean log predictive density (vijax:
-``vj.gp.log_predictive(post, k, X, X_test, y_test).mean()``; sklearn: mean log ``predict_proba`` of the
+``vj.gp.log_predictive(post, X_test, y_test).mean()``; sklearn: mean log ``predict_proba`` of the
 true class); and test error rate (threshold 0.5 on the predictive probability).
 
 Fits under 0.5 s (all of Ripley's) are timed over ``--rounds`` rounds (default 5): each round runs
@@ -126,7 +126,7 @@ def sk_metrics(clf, Xt, yt):
 
 
 def vj_metrics(post, k, X, Xt, yt):
-    lp = np.asarray(vj.gp.log_predictive(post, k, X, Xt, yt))
+    lp = np.asarray(vj.gp.log_predictive(post, Xt, yt))
     return float(lp.mean()), float(np.mean(lp < np.log(0.5)))
 
 
@@ -170,11 +170,11 @@ def worker(data, method, quick, fit_limit, mlii_steps):
         for jitter in JITTERS:
             res, (sec,) = timed(lambda: vj.gp.fit_hyperparameters(
                 k, Xj, vj.potentials.Logistic(), vj.Laplace(), labels=yj, train_likelihood=(),
-                num_steps=mlii_steps, jitter=jitter))
+                max_iter=mlii_steps, jitter=jitter))
             if math.isfinite(float(res.posterior.log_z)):
                 break
         rec.update(seconds=sec, times=[sec], over_limit=False, jitter=jitter, log_z=float(res.posterior.log_z),
-                   steps=len(res.log_z) - 1, converged=bool(res.converged),
+                   steps=int(res.diagnostics.iterations), converged=bool(res.converged),
                    hyper=dict(variance=float(res.kernel.variance), lengthscale=float(res.kernel.lengthscale)),
                    includes_compile=True)
         rec["mlpd"], rec["error"] = vj_metrics(res.posterior, res.kernel, Xj, Xtj, ytj)

@@ -213,16 +213,15 @@ def fit_one(kind, method, trn, val, scale, steps):
     train_lik = ("scale",) if kind == "gauss" else ()
     fit, (seconds,) = timed(lambda: vj.gp.fit_hyperparameters(
         init_kernel(X.shape[1], white=kind != "gauss"), X, likelihood(kind, y, scale), method,
-        train_likelihood=train_lik, num_steps=steps))
-    val_lp = float(jnp.mean(vj.gp.log_predictive(fit.posterior, fit.kernel, X, val[0], val[1])))
+        train_likelihood=train_lik, max_iter=steps))
+    val_lp = float(jnp.mean(vj.gp.log_predictive(fit.posterior, val[0], val[1])))
     return fit, val_lp, seconds
 
 
 def score(fit, trn, tst, sy):
-    X = trn[0]
-    mean, _ = vj.gp.predict(fit.posterior, fit.kernel, X, tst[0])
+    mean, _ = vj.gp.predict(fit.posterior, tst[0])
     err = np.asarray(mean) - tst[1]
-    lp = vj.gp.log_predictive(fit.posterior, fit.kernel, X, tst[0], tst[1])
+    lp = vj.gp.log_predictive(fit.posterior, tst[0], tst[1])
     return dict(LML=float(fit.posterior.log_z), MSE=float(np.mean(err**2)),
                 mse_orig=float(np.mean(err**2) * sy**2), TLP=float(jnp.mean(lp)))
 

@@ -20,7 +20,11 @@ def as_float_array(name: str, x, owner: str, ndim: int | None = None):
     if isinstance(x, jax.core.Tracer):
         arr = x
     else:
-        arr = jnp.asarray(x)
+        try:
+            arr = jnp.asarray(x)
+        except TypeError:  # strings, objects: JAX has no dtype for them
+            raise ValueError(f"{owner}: `{name}` must be numeric, got dtype {np.asarray(x).dtype}; "
+                             "encode labels or categories as numbers first.") from None
         if not (jnp.issubdtype(arr.dtype, jnp.floating) or jnp.issubdtype(arr.dtype, jnp.integer)
                 or jnp.issubdtype(arr.dtype, jnp.bool_)):
             raise ValueError(f"{owner}: `{name}` must be numeric, got dtype {arr.dtype}.")

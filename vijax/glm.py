@@ -153,3 +153,7 @@ def log_predictive(post, X_test, y_test, quadrature=GaussHermite()):
         potential = potential.observe(y_test)
     mean, var = post.marginals(X_test)
     return potential.log_expected_phi(mean, safe_sqrt(var), quadrature)
+
+
+def __dir__():
+    return list(__all__)

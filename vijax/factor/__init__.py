@@ -3,8 +3,9 @@
     z_n ~ N(μ, Σ),   η_dn = W_d z_n + w_0d,   y_dn ~ p_d(y | η_dn)
 
 >>> model = vj.factor.factor_analysis(vj.factor.Bernoulli(), latent_dim=3, key=key, num_columns=D)
->>> result = vj.factor.fit(model, Y, mask, progress=True)     # bound per EM iteration, never falling
->>> log_p = vj.factor.log_predictive(result.model, result.posteriors, Y_true, held_out)
+>>> result = vj.factor.fit(model, Y, mask, progress=True)     # result.log_z: the final bound
+>>> result.diagnostics.objective_trace                        # the bound per EM iteration, never falling
+>>> log_p = vj.factor.log_predictive(result.model, result.posteriors, Y_true, key=key)
 
 Likelihoods (`likelihoods`): `GaussianColumn`, `Bernoulli` (piecewise / Jaakkola / Böhning bounds),
 `PoissonColumn`, `Ordinal` (cumulative logit), `StickBreaking` and `Multinomial` (Böhning / log / tilted)
@@ -36,3 +37,6 @@ def __getattr__(name):
                       "is the site potential).", DeprecationWarning, stacklevel=2)
         return globals()[new]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+def __dir__():
+    return list(__all__)

@@ -30,6 +30,7 @@ bound never falls; then each likelihood's own parameters (`update`).
 from __future__ import annotations
 
 import time
+import warnings
 from typing import Callable, NamedTuple
 
 import equinox as eqx
@@ -38,6 +39,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._linalg import select
+from .._keywords import renamed
+from ..posterior import Diagnostics
 from ..solvers import extrapolated_distance
 from .model import FactorModel, Prior, block_data, check_data, check_weights, neg_kl, site_terms
 
@@ -360,14 +363,33 @@ def m_step(model: FactorModel, Y, mask, q: Posteriors, loading_steps: int = 1, w
 
 
 class FactorFit(NamedTuple):
-    """Result of `fit`: the learned model, the per-point posteriors after the last E-step, the bound
-    Σ_n w_n L_n (minus the ℓ1 penalty, if any) after each E-step, and whether the relative change fell
-    below ``tol``."""
+    """Result of `fit`.
+
+    - `model`: the learned `FactorModel`.
+    - `posteriors`: the per-point `Posteriors` after the last E-step.
+    - `log_z`: the final bound Σ_n w_n L_n (minus the ℓ1 penalty, if any), a scalar.
+    - `diagnostics`: a `vj.Diagnostics` of the EM loop: ``objective_trace`` the bound after each
+      E-step (never falling), ``iterations`` the E-steps run, ``converged`` whether the bound's
+      relative change fell below ``tol``, ``stationarity`` that last relative change,
+      ``num_value_evals`` the bounds evaluated (one per E-step); ``grad_norm`` is not computed (NaN).
+    """
 
     model: FactorModel
     posteriors: Posteriors
-    bound: np.ndarray
-    converged: bool
+    log_z: jax.Array
+    diagnostics: Diagnostics
+
+    @property
+    def converged(self) -> bool:
+        """Whether the bound's relative change fell below ``tol`` (``diagnostics.converged``)."""
+        return bool(self.diagnostics.converged)
+
+    @property
+    def bound(self) -> np.ndarray:
+        """Deprecated: the bound per EM iteration, now ``diagnostics.objective_trace``."""
+        warnings.warn("FactorFit.bound is deprecated: the final bound is `log_z` and the bound per EM iteration "
+                      "is `diagnostics.objective_trace`.", DeprecationWarning, stacklevel=2)
+        return np.asarray(self.diagnostics.objective_trace)
 
 
 def _report(progress, it, value, change, elapsed):
@@ -378,24 +400,33 @@ def _report(progress, it, value, change, elapsed):
         print(line, flush=True)
 
 
-def fit(model: FactorModel, Y, mask=None, *, weights=None, num_iters: int = 100, tol: float = 1e-6,
-        e_step_iters: int = 100, loading_steps: int = 1, progress: bool | Callable = False) -> FactorFit:
+def fit(model: FactorModel, Y, mask=None, *, weights=None, max_iter: int = 100, tol: float = 1e-6,
+        e_step_max_iter: int = 100, loading_steps: int = 1, progress: bool | Callable = False,
+        num_iters: int | None = None, e_step_iters: int | None = None) -> FactorFit:
     """Variational EM: alternate `e_step` (all q(z_n), vmapped, warm-started) and `m_step` until the
-    bound's relative change is below ``tol`` or ``num_iters`` iterations.
+    bound's relative change is below ``tol`` or ``max_iter`` iterations.
 
     ``Y`` is (N, D) with the columns the model's blocks name (classes and levels as integers 0 … C−1);
     ``mask`` (N, D) booleans mark the observed entries (default: all). ``weights`` (N,) are
     non-negative row weights w_n, e.g. the counts of distinct rows: the bound is Σ_n w_n L_n, so
-    a row of weight 2 counts as that row twice (default: 1 each). ``progress=True`` prints the
-    bound at each iteration; a callable is called as ``progress(iteration, bound)``.
+    a row of weight 2 counts as that row twice (default: 1 each). ``e_step_max_iter`` caps each
+    E-step (`e_step`'s ``max_iter``). ``progress=True`` prints the bound at each iteration; a callable
+    is called as ``progress(iteration, bound)``. (``num_iters`` and ``e_step_iters`` are the deprecated
+    names of ``max_iter`` and ``e_step_max_iter``.)
     """
-    Y, mask = check_data(model, Y, mask, "vj.factor.fit")
-    weights = check_weights(weights, Y.shape[0], Y.dtype, "vj.factor.fit")
+    owner = "vj.factor.fit"
+    max_iter = renamed(num_iters, "num_iters", max_iter, "max_iter", owner)
+    e_step_max_iter = renamed(e_step_iters, "e_step_iters", e_step_max_iter, "e_step_max_iter", owner)
+    for name, value in (("max_iter", max_iter), ("e_step_max_iter", e_step_max_iter)):
+        if not (isinstance(value, (int, np.integer)) and value >= 1):
+            raise ValueError(f"{owner}: `{name}` must be a positive integer, got {value!r}.")
+    Y, mask = check_data(model, Y, mask, owner)
+    weights = check_weights(weights, Y.shape[0], Y.dtype, owner)
     complete = bool(np.all(np.asarray(mask)))
     q = initial_posteriors(model, Y.shape[0])
-    trace, converged, start = [], False, time.perf_counter()
-    for it in range(num_iters):
-        q = e_step(model, Y, mask, q, e_step_iters, complete=complete)
+    trace, converged, change, start = [], False, np.inf, time.perf_counter()
+    for it in range(max_iter):
+        q = e_step(model, Y, mask, q, e_step_max_iter, complete=complete)
         value = float(weights @ q.bound - penalty_term(model, jnp.sum(weights)))
         change = abs(value - trace[-1]) / (1.0 + abs(value)) if trace else np.inf
         trace.append(value)
@@ -405,4 +436,10 @@ def fit(model: FactorModel, Y, mask=None, *, weights=None, num_iters: int = 100,
             converged = True
             break
         model = m_step(model, Y, mask, q, loading_steps, weights)
-    return FactorFit(model, q, np.asarray(trace), converged)
+    dtype = Y.dtype
+    diagnostics = Diagnostics(
+        iterations=jnp.asarray(len(trace)), converged=jnp.asarray(converged), stationarity=jnp.asarray(change, dtype),
+        grad_norm=jnp.asarray(jnp.nan, dtype), objective_trace=jnp.asarray(trace, dtype),
+        num_value_evals=jnp.asarray(len(trace)), num_grad_evals=jnp.asarray(0), num_hvp_evals=jnp.asarray(0),
+        method="variational EM", solver="E-step (natural gradient) / M-step")
+    return FactorFit(model, q, jnp.asarray(trace[-1], dtype), diagnostics)

@@ -2,10 +2,15 @@
 
 For an entry (n, d), p(y_dn | observed) ≈ ⟨p(y | η)⟩ under q's predictor N(m̃_dn, Ṽ_dn) (thesis eq. 3.26),
 with q(z_n) fitted on the point's observed entries. Scalar predictors are integrated by Gauss–Hermite
-quadrature (32 nodes); categorical ones (K > 1) by Monte Carlo with ``num_samples`` draws from ``key``.
+quadrature (32 nodes); categorical ones (K > 1) by Monte Carlo with ``num_samples`` draws from ``key``,
+a `jax.random` key the caller passes (without one, a Monte Carlo estimate warns with a
+`DeprecationWarning` and uses ``jax.random.PRNGKey(0)``; a future version will raise). All three
+functions return JAX arrays.
 """
 
 from __future__ import annotations
+
+import warnings
 
 import equinox as eqx
 import jax
@@ -42,15 +47,31 @@ def _log_expected_prob(lik, y, mean, cov, key, num_samples):
     return logsumexp(jax.vmap(lambda e: lik.log_prob(y, e))(eta), axis=0) - jnp.log(num_samples)
 
 
-@eqx.filter_jit
-def log_predictive(model: FactorModel, q: Posteriors, Y, key=None, num_samples: int = 2000):
+def _monte_carlo_key(key, blocks, owner):
+    """``key``, or (deprecated) a fixed key where a Monte Carlo estimate needs one and none was given."""
+    if key is not None:
+        return key
+    if any(block.likelihood.num_predictors > 1 for block in blocks):
+        warnings.warn(f"{owner}: pass `key=jax.random.PRNGKey(...)`; categorical predictions are Monte Carlo "
+                      "estimates, and calling without a key (a fixed PRNGKey(0)) is deprecated and will raise.",
+                      DeprecationWarning, stacklevel=3)
+    return jax.random.PRNGKey(0)
+
+
+def log_predictive(model: FactorModel, q: Posteriors, Y, *, key=None, num_samples: int = 2000):
     """log p(y_dn | q(z_n)) for every entry of ``Y`` (N, D): score held-out entries with it.
 
     Entries of ``Y`` not to be scored may hold any valid value (they are not used by q, which was
-    fitted with its own mask).
+    fitted with its own mask). ``key`` (a `jax.random` key) drives the Monte Carlo estimate for
+    categorical blocks. Returns a JAX array of shape (N, D).
     """
+    key = _monte_carlo_key(key, model.blocks, "vj.factor.log_predictive")
+    return _log_predictive(model, q, Y, key, num_samples)
+
+
+@eqx.filter_jit
+def _log_predictive(model: FactorModel, q: Posteriors, Y, key, num_samples: int):
     Y = jnp.asarray(Y, model.mean.dtype)
-    key = jax.random.PRNGKey(0) if key is None else key
     out = jnp.zeros(Y.shape, Y.dtype)
     for i, block in enumerate(model.blocks):
         mean, cov = _block_predictors(block, q)
@@ -62,15 +83,22 @@ def log_predictive(model: FactorModel, q: Posteriors, Y, key=None, num_samples: 
     return out
 
 
-@eqx.filter_jit
-def probabilities(model: FactorModel, q: Posteriors, block: int = 0, key=None, num_samples: int = 2000):
-    """Predictive probabilities of every outcome of a discrete block: shape (N, D_b, C)."""
+def probabilities(model: FactorModel, q: Posteriors, block: int = 0, *, key=None, num_samples: int = 2000):
+    """Predictive probabilities of every outcome of a discrete block: a JAX array of shape (N, D_b, C).
+
+    ``key`` (a `jax.random` key) drives the Monte Carlo estimate for a categorical block."""
     blk = model.blocks[block]
-    c = blk.likelihood.num_outcomes
-    if c is None:
+    if blk.likelihood.num_outcomes is None:
         raise ValueError(f"probabilities: block {block} ({type(blk.likelihood).__name__}) is not discrete; "
                          "use log_predictive or impute for continuous columns.")
-    key = jax.random.PRNGKey(0) if key is None else key
+    key = _monte_carlo_key(key, (blk,), "vj.factor.probabilities")
+    return _probabilities(model, q, block, key, num_samples)
+
+
+@eqx.filter_jit
+def _probabilities(model: FactorModel, q: Posteriors, block: int, key, num_samples: int):
+    blk = model.blocks[block]
+    c = blk.likelihood.num_outcomes
     mean, cov = _block_predictors(blk, q)
     keys = jax.random.split(key, mean.shape[0])
 
@@ -82,9 +110,11 @@ def probabilities(model: FactorModel, q: Posteriors, block: int = 0, key=None, n
     return jax.vmap(point)(mean, cov, keys)
 
 
-def impute(model: FactorModel, q: Posteriors, Y, mask, key=None, num_samples: int = 2000):
+def impute(model: FactorModel, q: Posteriors, Y, mask, *, key=None, num_samples: int = 2000):
     """``Y`` with its unobserved entries (``mask`` False) set to the predictive mode (discrete columns)
-    or mean (Gaussian, Poisson)."""
+    or mean (Gaussian, Poisson): a JAX array of shape (N, D). ``key`` as for `probabilities`."""
+    key = _monte_carlo_key(key, [b for b in model.blocks if b.likelihood.num_outcomes is not None],
+                           "vj.factor.impute")
     Y = np.array(Y, dtype=float)
     mask = np.asarray(mask, bool)
     for i, block in enumerate(model.blocks):
@@ -93,8 +123,9 @@ def impute(model: FactorModel, q: Posteriors, Y, mask, key=None, num_samples: in
             mean, cov = _block_predictors(block, q)
             fill = np.asarray(jax.vmap(block.likelihood.predictive_mean)(mean, cov))
         else:
-            fill = np.argmax(np.asarray(probabilities(model, q, i, key, num_samples)), -1).astype(float)
+            fill = np.argmax(np.asarray(_probabilities(model, q, i, key, num_samples)),
+                             -1).astype(float)
         sub = Y[:, idx]
         sub[~mask[:, idx]] = fill[~mask[:, idx]]
         Y[:, idx] = sub
-    return Y
+    return jnp.asarray(Y, model.mean.dtype)

@@ -3,7 +3,7 @@
     k = vj.gp.kernels.SquaredExponential(lengthscale=jnp.ones(d), variance=1.0)
     model = vj.gp.model(k, X, likelihood=vj.potentials.StudentT(df=3.0, scale=0.1, loc=y))
     post = vj.infer(model, vj.EP())                    # any method
-    f_mean, f_var = vj.gp.predict(post, k, X, X_test)  # latent predictive at test inputs
+    f_mean, f_var = vj.gp.predict(post, X_test)        # latent predictive at test inputs (the model records k, X)
 
 Multi-class classification: `vj.gp.multiclass` (nested EP, stick-breaking), `vj.gp.softmax` (softmax bounds).
 Sparse GPs with inducing inputs Z: `collapsed_elbo` (Titsias) with `optimal_inducing_posterior`,
@@ -13,7 +13,7 @@ Sparse GPs with inducing inputs Z: `collapsed_elbo` (Titsias) with `optimal_indu
 
 from . import kernels, multiclass, softmax
 from .hyper import HyperparameterFit, fit_hyperparameters
-from .models import log_predictive, model, predict, predict_proba
+from .models import GPModel, log_predictive, model, predict, predict_proba
 from .sparse import collapsed_elbo, optimal_inducing_posterior, predict_sparse, svgp_elbo, svgp_natural_step
 
 __all__ = [
@@ -21,6 +21,7 @@ __all__ = [
     "multiclass",
     "softmax",
     "model",
+    "GPModel",
     "predict",
     "predict_proba",
     "log_predictive",
@@ -32,3 +33,7 @@ __all__ = [
     "svgp_elbo",
     "svgp_natural_step",
 ]
+
+
+def __dir__():
+    return list(__all__)

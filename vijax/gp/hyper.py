@@ -12,12 +12,14 @@ as logarithms too, so every step keeps them positive.
 from __future__ import annotations
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
 from ..inference import infer
-from ..posterior import Posterior
+from .._keywords import renamed
+from ..posterior import Diagnostics, Posterior
 from .kernels import AbstractKernel
 from .models import DEFAULT_JITTER, model
 
@@ -28,22 +30,34 @@ class HyperparameterFit(eqx.Module):
     """The result of `fit_hyperparameters`.
 
     - `kernel`, `likelihood`: at the optimum.
-    - `posterior`: the method's fit at the optimum.
-    - `log_z`: ``posterior.log_z`` per outer step (a NumPy array; the first entry is at the start).
-    - `converged`: whether the change of log Ẑ fell below ``tol`` before ``num_steps``. A step whose
-      log Ẑ is not finite stops the run at the last finite point (``converged`` False).
+    - `posterior`: the method's fit at the optimum; ``posterior.model`` is the `vj.gp.GPModel` built
+      with the fitted kernel and likelihood, so ``vj.gp.predict(fit.posterior, X_test)`` predicts
+      under them.
+    - `log_z`: the final log Ẑ, ``posterior.log_z`` (a scalar).
+    - `diagnostics`: a `vj.Diagnostics` of the outer (ML-II) loop: ``objective_trace`` holds log Ẑ
+      per outer step (the first entry at the start, the last at the returned point), ``iterations`` the
+      outer steps taken, ``converged`` whether the change of log Ẑ fell below ``tol`` before
+      ``max_iter`` (a step whose log Ẑ is not finite stops the run at the last finite point, not
+      converged), ``stationarity`` that last relative change, ``grad_norm`` max |∂ log Ẑ/∂θ| at the
+      last step (θ: the log-parameters), ``num_value_evals`` and ``num_grad_evals`` the fits and
+      gradients outside the optimizer's line search.
     """
 
     kernel: AbstractKernel
     likelihood: object
     posterior: Posterior
-    log_z: np.ndarray
-    converged: bool = eqx.field(static=True)
+    log_z: jax.Array
+    diagnostics: Diagnostics
+
+    @property
+    def converged(self) -> bool:
+        """Whether the outer loop met its stopping rule (``diagnostics.converged``)."""
+        return bool(self.diagnostics.converged)
 
 
 def fit_hyperparameters(kernel, X, likelihood, method, *, labels=None, mean=0.0, jitter=DEFAULT_JITTER,
-                        train_likelihood=None, optimizer=None, num_steps=100, tol=1e-6,
-                        progress=False) -> HyperparameterFit:
+                        train_likelihood=None, optimizer=None, max_iter=100, tol=1e-6,
+                        progress=False, num_steps=None) -> HyperparameterFit:
     """Maximise the method's log Ẑ over the kernel's and the likelihood's parameters.
 
     **Arguments:**
@@ -54,18 +68,19 @@ def fit_hyperparameters(kernel, X, likelihood, method, *, labels=None, mean=0.0,
       when the likelihood has a scale, else none. ``()`` keeps the likelihood fixed.
     - `optimizer`: an optax transformation minimising −log Ẑ; default ``optax.lbfgs()`` (its line
       search re-runs the warm-started inner fit).
-    - `num_steps`, `tol`: at most ``num_steps`` outer steps; stop when log Ẑ changes by less than
-      ``tol·(1 + |log Ẑ|)``.
+    - `max_iter`, `tol`: at most ``max_iter`` outer steps; stop when log Ẑ changes by less than
+      ``tol·(1 + |log Ẑ|)``. (``num_steps`` is the deprecated name of ``max_iter``.)
     - `progress`: print log Ẑ after every step.
     """
     owner = "vj.gp.fit_hyperparameters"
+    max_iter = renamed(num_steps, "num_steps", max_iter, "max_iter", owner)
     if train_likelihood is None:
         train_likelihood = ("scale",) if hasattr(likelihood, "scale") else ()
     for name in train_likelihood:
         if not hasattr(likelihood, name):
             raise ValueError(f"{owner}: the {type(likelihood).__name__} likelihood has no parameter `{name}`.")
-    if not (isinstance(num_steps, int) and num_steps >= 1):
-        raise ValueError(f"{owner}: `num_steps` must be a positive integer, got {num_steps!r}.")
+    if not (isinstance(max_iter, int) and max_iter >= 1):
+        raise ValueError(f"{owner}: `max_iter` must be a positive integer, got {max_iter!r}.")
     optimizer = _LBFGS if optimizer is None else optimizer
     # Everything the jitted functions need travels as arguments (arrays traced, the rest static), so
     # a second call with data of the same shapes reuses the compiled fit and step.
@@ -73,10 +88,11 @@ def fit_hyperparameters(kernel, X, likelihood, method, *, labels=None, mean=0.0,
     params = (kernel, {name: jnp.log(jnp.asarray(getattr(likelihood, name))) for name in train_likelihood})
     post = _fit(params, data, method, None)
     opt_state = optimizer.init(params)
-    trace, converged = [], False
+    trace, converged, change, grad_norm, steps = [], False, np.inf, np.nan, 0
     good = (params, post)  # the last point whose fit was finite
-    for it in range(num_steps):
-        new_params, opt_state, post = _step(params, opt_state, post, data, method, optimizer)
+    for it in range(max_iter):
+        new_params, opt_state, post, step_grad_norm = _step(params, opt_state, post, data, method, optimizer)
+        steps += 1
         value = float(post.log_z)
         if progress:
             print(f"{owner}: step {it:4d}  log Z = {value:.6f}", flush=True)
@@ -84,14 +100,23 @@ def fit_hyperparameters(kernel, X, likelihood, method, *, labels=None, mean=0.0,
             params, post = good
             break
         good = (params, post)
+        grad_norm = float(step_grad_norm)
         trace.append(value)
-        if it > 0 and abs(trace[-1] - trace[-2]) <= tol * (1 + abs(value)):
-            converged = True
-            break
+        if it > 0:
+            change = abs(trace[-1] - trace[-2]) / (1 + abs(value))
+            if change <= tol:
+                converged = True
+                break
         params = new_params
     post = _fit(params, data, method, post)
     trace.append(float(post.log_z))
-    return HyperparameterFit(params[0], _build(params, data)[1], post, np.asarray(trace), converged)
+    dtype = jnp.result_type(post.log_z)
+    diagnostics = Diagnostics(
+        iterations=jnp.asarray(steps), converged=jnp.asarray(converged), stationarity=jnp.asarray(change, dtype),
+        grad_norm=jnp.asarray(grad_norm, dtype), objective_trace=jnp.asarray(trace, dtype),
+        num_value_evals=jnp.asarray(steps + 2), num_grad_evals=jnp.asarray(steps), num_hvp_evals=jnp.asarray(0),
+        method=post.diagnostics.method, solver="ML-II (optax)")
+    return HyperparameterFit(params[0], _build(params, data)[1], post, post.log_z, diagnostics)
 
 
 _LBFGS = optax.lbfgs()  # one instance, so the default optimizer hashes equal across calls
@@ -121,4 +146,6 @@ def _step(params, opt_state, init, data, method, optimizer):
     (value, post), grad = eqx.filter_value_and_grad(_negative_log_z, has_aux=True)(params, data, method, init)
     updates, opt_state = optimizer.update(grad, opt_state, params, value=value, grad=grad,
                                           value_fn=lambda p: _negative_log_z(p, data, method, init)[0])
-    return optax.apply_updates(params, updates), opt_state, post
+    leaves = [jnp.max(jnp.abs(g)) for g in jax.tree_util.tree_leaves(grad)]
+    grad_norm = jnp.max(jnp.stack(leaves)) if leaves else jnp.zeros(())
+    return optax.apply_updates(params, updates), opt_state, post, grad_norm

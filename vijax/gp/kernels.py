@@ -28,7 +28,11 @@ Kernels add and multiply: ``k1 + k2`` and ``k1 * k2``.
 
 from __future__ import annotations
 
+import dataclasses
+
+import jax
 import jax.numpy as jnp
+import numpy as np
 
 import equinox as eqx
 
@@ -59,6 +63,17 @@ def _inputs(X, owner):
     return X
 
 
+def _format(value):
+    """A parameter's value for `repr`: numbers for concrete arrays, the shape for traced ones."""
+    if isinstance(value, jax.core.Tracer):
+        return f"<traced {jnp.shape(value)}>"
+    a = np.asarray(value)
+    if a.ndim == 0:
+        text = f"{float(a):.6g}"
+        return text if any(c in text for c in ".ein") else text + ".0"
+    return np.array2string(a, precision=6, separator=", ")
+
+
 def _log_positive(name, value, owner):
     value = _checks.as_float_array(name, value, owner)
     _checks.check_positive(name, value, owner)
@@ -86,6 +101,16 @@ class AbstractKernel(eqx.Module):
     def _diagonal(self, X):
         raise NotImplementedError
 
+    def __repr__(self):
+        """The parameters' values (``variance=2.0``), not their stored logarithms."""
+        parts = []
+        for field in dataclasses.fields(self):
+            name, value = field.name, getattr(self, field.name)
+            if name.startswith("log_"):
+                name, value = name[4:], jnp.exp(value)
+            parts.append(f"{name}={_format(value)}")
+        return f"{type(self).__name__}({', '.join(parts)})"
+
     def __add__(self, other):
         return Sum(self, other)
 
@@ -99,6 +124,9 @@ class Sum(AbstractKernel):
     first: AbstractKernel
     second: AbstractKernel
 
+    def __repr__(self):
+        return f"({self.first!r} + {self.second!r})"
+
     def _matrix(self, X1, X2, same):
         return self.first._matrix(X1, X2, same) + self.second._matrix(X1, X2, same)
 
@@ -111,6 +139,9 @@ class Product(AbstractKernel):
 
     first: AbstractKernel
     second: AbstractKernel
+
+    def __repr__(self):
+        return f"({self.first!r} * {self.second!r})"
 
     def _matrix(self, X1, X2, same):
         return self.first._matrix(X1, X2, same) * self.second._matrix(X1, X2, same)
@@ -265,3 +296,7 @@ class White(AbstractKernel):
 
     def _diagonal(self, X):
         return jnp.full(X.shape[0], self.variance, X.dtype)
+
+
+def __dir__():
+    return list(__all__)

@@ -18,7 +18,11 @@ any covariance family and any method works.
 
 from __future__ import annotations
 
+import warnings
+
+import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.scipy.linalg import solve_triangular
 
 from .. import _checks
@@ -28,12 +32,41 @@ from ..potentials import AbstractPotential
 from ..quadrature import GaussHermite, safe_sqrt
 from .kernels import AbstractKernel, _inputs
 
-__all__ = ["model", "predict", "predict_proba", "log_predictive"]
+__all__ = ["GPModel", "model", "predict", "predict_proba", "log_predictive"]
 
 DEFAULT_JITTER = 1e-6
 
 
-def model(kernel, X, likelihood, labels=None, mean=0.0, jitter=DEFAULT_JITTER) -> LatentLinearModel:
+class GPModel(LatentLinearModel):
+    """A GP model: a `LatentLinearModel` (so every method fits it) that also records the kernel and
+    the inputs, which the predictive functions need.
+
+    Fields, beyond ``prior`` and ``sites``: ``kernel`` (a `vj.gp.kernels` kernel, a pytree leaf path,
+    so ``jax.grad`` of ``infer(model, method).log_z`` differentiates through it) and ``X`` (the
+    inputs, shape ``(N, d)``). The constant prior ``mean`` and the ``jitter`` are those of the
+    prior, f ~ N(mean·1, K(X) + jitter·I). Build one with `vj.gp.model`.
+    """
+
+    kernel: AbstractKernel
+    X: jax.Array
+
+    def __init__(self, prior, sites, kernel, X):
+        super().__init__(prior, sites)
+        self.kernel = kernel
+        self.X = X
+
+    @property
+    def mean(self):
+        """The constant prior mean (a scalar)."""
+        return self.prior.mean[0]
+
+    @property
+    def jitter(self):
+        """What was added to the diagonal of K(X) before factorising."""
+        return self.prior.jitter
+
+
+def model(kernel, X, likelihood, labels=None, mean=0.0, jitter=DEFAULT_JITTER) -> GPModel:
     """A GP model: prior f ~ N(mean, K(X) + jitter·I), one site φ_n(f_n) per input.
 
     **Arguments:**
@@ -41,12 +74,15 @@ def model(kernel, X, likelihood, labels=None, mean=0.0, jitter=DEFAULT_JITTER) -
     - `kernel`: a `vj.gp.kernels` kernel.
     - `X`: inputs, shape ``(N, d)`` or ``(N,)``.
     - `likelihood`: a potential carrying the observations, e.g.
-      ``vj.potentials.StudentT(df=3.0, loc=y, scale=0.1)``; for binary classification
-      ``vj.potentials.Probit()`` or ``Logistic()`` together with ``labels``.
+      ``vj.potentials.StudentT(df=3.0, loc=y, scale=0.1)`` (``loc`` one value per row of X); for
+      binary classification ``vj.potentials.Probit()`` or ``Logistic()`` together with ``labels``.
     - `labels`: class labels in {0, 1} or {−1, +1}, required by (and only by) classification
       likelihoods; they are folded into H = diag(±1).
     - `mean`: a constant prior mean (scalar).
     - `jitter`: added to the diagonal of K before factorising (reported on the prior as ``.jitter``).
+
+    Returns a `GPModel`, a `LatentLinearModel` that records ``kernel`` and ``X`` for
+    `vj.gp.predict`, `predict_proba` and `log_predictive`.
     """
     owner = "vj.gp.model"
     if not isinstance(kernel, AbstractKernel):
@@ -59,11 +95,25 @@ def model(kernel, X, likelihood, labels=None, mean=0.0, jitter=DEFAULT_JITTER) -
         raise ValueError(f"{owner}: `mean` must be a scalar (a constant mean function), got shape {mean.shape}.")
     _checks.check_finite("mean", mean, owner)
     n = X.shape[0]
+    _check_observations(likelihood, n, owner)
     K = kernel(X)
     prior = GaussianFactor.dense(jnp.full(n, mean, K.dtype), K, jitter=jitter)
     signs = label_signs(likelihood, labels, n, owner)
     H = Identity(n) if signs is None else ScaledIdentity(signs.astype(K.dtype))
-    return LatentLinearModel(prior, Sites(H, likelihood))
+    return GPModel(prior, Sites(H, likelihood), kernel, X)
+
+
+def _check_observations(likelihood, n, owner):
+    """A regression likelihood must carry one observation per input: a location family (Gaussian,
+    Student-t, Laplace, Cauchy) whose ``loc`` is a scalar — the default 0 when ``loc=y`` was left out —
+    would silently fit y ≡ loc."""
+    loc = getattr(likelihood, "loc", None)
+    if loc is None or n <= 1 or jnp.ndim(loc) != 0 and jnp.size(loc) != 1:
+        return
+    raise ValueError(f"{owner}: the {type(likelihood).__name__} likelihood has a scalar `loc` "
+                     f"({float(jnp.ravel(loc)[0]) if _checks.is_concrete(loc) else 'traced'}), so every one of the {n} "
+                     f"observations would be that value. Pass the observations, e.g. "
+                     f"vj.potentials.{type(likelihood).__name__}(loc=y, ...) with y of shape ({n},).")
 
 
 def label_signs(likelihood, labels, n, owner):
@@ -93,17 +143,50 @@ def _gp_prior(post, owner):
     return prior
 
 
-def predict(post, kernel, X, X_test):
-    """Latent predictive mean and variance of f at ``X_test``: two arrays of shape ``(T,)``.
+def _recorded(post, owner):
+    """The kernel and inputs the posterior's `GPModel` records."""
+    _gp_prior(post, owner)
+    if not isinstance(post.model, GPModel):
+        raise ValueError(f"{owner}: the posterior's model is a {type(post.model).__name__}, which does not record "
+                         "a kernel and inputs; build it with vj.gp.model(kernel, X, likelihood).")
+    return post.model.kernel, post.model.X
 
-    ``post`` is a fit of ``vj.gp.model(kernel, X, …)`` by any method; ``kernel`` and ``X`` must be
-    the ones the model was built with (the prior's jitter is taken from ``post.model``).
-    """
-    owner = "vj.gp.predict"
+
+def _legacy(post, kernel, X, owner, new_form):
+    """The kernel and inputs for the deprecated form ``f(post, kernel, X, X_test, …)``.
+
+    Warns, and raises where the posterior's model records a different kernel or X (the old form
+    otherwise predicted silently under a kernel the posterior was not fitted with)."""
+    warnings.warn(f"{owner}(post, kernel, X, X_test, ...) is deprecated: the model records its kernel and inputs, "
+                  f"so call {new_form}.", DeprecationWarning, stacklevel=3)
+    X = _inputs(X, owner)
+    if not isinstance(post.model, GPModel):  # a hand-built or padded model: trust the caller, as before
+        _gp_prior(post, owner)
+        return kernel, X
+    rec_kernel, rec_X = _recorded(post, owner)
+    if _checks.is_concrete(kernel, X, rec_kernel, rec_X):
+        same_X = X.shape == rec_X.shape and bool(np.allclose(np.asarray(X), np.asarray(rec_X), rtol=1e-12, atol=0))
+        if not same_X:
+            raise ValueError(f"{owner}: `X` differs from the inputs the posterior's model was built with; "
+                             f"call {new_form}, which uses the recorded inputs.")
+        leaves, rec_leaves = jax.tree_util.tree_leaves(kernel), jax.tree_util.tree_leaves(rec_kernel)
+        same_kernel = (jax.tree_util.tree_structure(kernel) == jax.tree_util.tree_structure(rec_kernel)
+                       and all(np.shape(a) == np.shape(b) and np.allclose(np.asarray(a), np.asarray(b), rtol=1e-12, atol=0)
+                               for a, b in zip(leaves, rec_leaves)))
+        if not same_kernel:
+            raise ValueError(f"{owner}: `kernel` ({kernel!r}) differs from the kernel the posterior was fitted under "
+                             f"({rec_kernel!r}); predicting under another kernel gives wrong means and variances. "
+                             f"Call {new_form}, which uses the recorded kernel, or refit under the new kernel.")
+    return rec_kernel, rec_X
+
+
+def _latent(post, kernel, X, X_test, owner):
     prior = _gp_prior(post, owner)
-    X, X_test = _inputs(X, owner), _inputs(X_test, owner)
+    X_test = _inputs(X_test, owner)
     if X.shape[0] != prior.dim:
         raise ValueError(f"{owner}: X has {X.shape[0]} rows but the model has {prior.dim} latent values.")
+    if X_test.shape[1] != X.shape[1]:
+        raise ValueError(f"{owner}: X_test has {X_test.shape[1]} columns but the training inputs have {X.shape[1]}.")
     A = solve_triangular(prior.chol, kernel(X, X_test), lower=True)
     B = solve_triangular(prior.chol.T, A, lower=False)
     centred = B.T @ (post.mean - prior.mean)
@@ -112,27 +195,69 @@ def predict(post, kernel, X, X_test):
     return prior.mean[0] + centred, jnp.maximum(var, 0.0)
 
 
-def predict_proba(post, kernel, X, X_test, quadrature=GaussHermite()):
-    """p(y_* = 1 | x_*) = ⟨φ(f_*)⟩ under q(f_*) for a binary classification GP: shape ``(T,)``."""
+def predict(post, X_test, *legacy):
+    """Latent predictive mean and variance of f at ``X_test``: two arrays of shape ``(T,)``.
+
+    ``post`` is a fit of ``vj.gp.model(kernel, X, …)`` by any method; the kernel, the inputs X and the
+    jitter are those its model records. (The form ``predict(post, kernel, X, X_test)`` is deprecated;
+    it raises where ``kernel`` or ``X`` differ from those recorded.)
+    """
+    owner = "vj.gp.predict"
+    if isinstance(X_test, AbstractKernel):
+        if len(legacy) != 2:
+            raise ValueError(f"{owner}: call predict(post, X_test).")
+        kernel, X = _legacy(post, X_test, legacy[0], owner, "vj.gp.predict(post, X_test)")
+        X_test = legacy[1]
+    else:
+        if legacy:
+            raise ValueError(f"{owner}: takes (post, X_test); got {1 + len(legacy)} further positional arguments.")
+        kernel, X = _recorded(post, owner)
+    return _latent(post, kernel, X, X_test, owner)
+
+
+def predict_proba(post, X_test, *legacy, quadrature=GaussHermite()):
+    """p(y_* = 1 | x_*) = ⟨φ(f_*)⟩ under q(f_*) for a binary classification GP: shape ``(T,)``.
+
+    (The form ``predict_proba(post, kernel, X, X_test)`` is deprecated, as for `predict`.)"""
     owner = "vj.gp.predict_proba"
     _gp_prior(post, owner)
     potential = post.model.sites[0].potential
     if not potential.labels_in_projection:
         raise ValueError(f"{owner}: needs a classification posterior, got a {type(potential).__name__} likelihood.")
-    mean, var = predict(post, kernel, X, X_test)
+    if isinstance(X_test, AbstractKernel):
+        if len(legacy) not in (2, 3):
+            raise ValueError(f"{owner}: call predict_proba(post, X_test).")
+        kernel, X = _legacy(post, X_test, legacy[0], owner, "vj.gp.predict_proba(post, X_test)")
+        X_test, quadrature = legacy[1], (legacy[2] if len(legacy) == 3 else quadrature)
+    else:
+        if legacy:
+            raise ValueError(f"{owner}: takes (post, X_test, quadrature=...); got further positional arguments.")
+        kernel, X = _recorded(post, owner)
+    mean, var = _latent(post, kernel, X, X_test, owner)
     return jnp.exp(potential.log_expected_phi(mean, safe_sqrt(var), quadrature))
 
 
-def log_predictive(post, kernel, X, X_test, y_test, quadrature=GaussHermite()):
+def log_predictive(post, X_test, y_test, *legacy, quadrature=GaussHermite()):
     """log p(y_* | x_*, data) ≈ log ⟨p(y_* | f_*)⟩ under q(f_*) for each test point: shape ``(T,)``.
 
     ``y_test`` holds labels for classification and observations otherwise (the likelihood's
-    other parameters, e.g. its scale, are those of the fitted model).
+    other parameters, e.g. its scale, are those of the fitted model). (The form
+    ``log_predictive(post, kernel, X, X_test, y_test)`` is deprecated, as for `predict`.)
     """
     owner = "vj.gp.log_predictive"
     _gp_prior(post, owner)
     potential = post.model.sites[0].potential
-    mean, var = predict(post, kernel, X, X_test)
+    if isinstance(X_test, AbstractKernel):
+        if len(legacy) not in (2, 3):
+            raise ValueError(f"{owner}: call log_predictive(post, X_test, y_test).")
+        kernel, X = _legacy(post, X_test, y_test, owner, "vj.gp.log_predictive(post, X_test, y_test)")
+        X_test, y_test = legacy[0], legacy[1]
+        quadrature = legacy[2] if len(legacy) == 3 else quadrature
+    else:
+        if legacy:
+            raise ValueError(f"{owner}: takes (post, X_test, y_test, quadrature=...); got further positional arguments.")
+        kernel, X = _recorded(post, owner)
+    mean, var = _latent(post, kernel, X, X_test, owner)
     y_test = _checks.as_float_array("y_test", y_test, owner, ndim=1)
     if y_test.shape[0] != mean.shape[0]:
         raise ValueError(f"{owner}: X_test has {mean.shape[0]} rows but `y_test` has {y_test.shape[0]} entries.")
@@ -141,4 +266,3 @@ def log_predictive(post, kernel, X, X_test, y_test, quadrature=GaussHermite()):
     else:
         potential = potential.observe(y_test)
     return potential.log_expected_phi(mean, safe_sqrt(var), quadrature)
-

@@ -16,12 +16,14 @@ and `predict_proba` averages the softmax over q's predictive at test inputs by M
 
 from __future__ import annotations
 
+import warnings
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.scipy.linalg import solve_triangular
 
+from ..posterior import Diagnostics
 from ..factor import Block, FactorModel, Multinomial, e_step, initial_posteriors
 from ._layout import class_kernels as _kernels, class_labels as _labels, class_prior_covariances as _prior_covariances
 
@@ -29,15 +31,26 @@ __all__ = ["SoftmaxFit", "fit", "predict", "predict_proba"]
 
 
 class SoftmaxFit(eqx.Module):
-    """q(f̃) = N(mean, cov) over the whitened latents (class-major, C·N), the bound ``log_z``, the
-    prior Cholesky factors ``chol`` (C, N, N), and the E-step's ``iterations`` and ``converged``."""
+    """q(f̃) = N(mean, cov) over the whitened latents (class-major, C·N), the bound ``log_z`` (a
+    scalar), the prior Cholesky factors ``chol`` (C, N, N), and the E-step's ``diagnostics`` (a
+    `vj.Diagnostics`: ``iterations``, ``converged``; ``objective_trace`` holds the final bound only,
+    as the E-step keeps no trace; ``stationarity`` and ``grad_norm`` are not computed, NaN)."""
 
     mean: jax.Array
     cov: jax.Array
     chol: jax.Array
     log_z: jax.Array
-    iterations: jax.Array
-    converged: jax.Array
+    diagnostics: Diagnostics
+
+    @property
+    def iterations(self):
+        """E-step iterations (``diagnostics.iterations``)."""
+        return self.diagnostics.iterations
+
+    @property
+    def converged(self):
+        """Whether the E-step converged (``diagnostics.converged``)."""
+        return self.diagnostics.converged
 
 
 def _loadings(chol, num_classes):
@@ -76,7 +89,12 @@ def _fit(chol, y, likelihood, max_iter, tol):
     model = FactorModel(jnp.zeros(latent, chol.dtype), jnp.eye(latent, dtype=chol.dtype), (block,),
                         learn_prior=False, learn_loadings=False)
     q = e_step(model, y[None], jnp.ones((1, n), bool), initial_posteriors(model, 1), max_iter, tol, newton=True)
-    return SoftmaxFit(q.mean[0], q.cov[0], chol, q.bound[0], q.iterations[0], q.converged[0])
+    log_z, nan = q.bound[0], jnp.asarray(jnp.nan, chol.dtype)
+    diagnostics = Diagnostics(iterations=q.iterations[0], converged=q.converged[0], stationarity=nan, grad_norm=nan,
+                              objective_trace=log_z[None], num_value_evals=q.iterations[0],
+                              num_grad_evals=q.iterations[0], num_hvp_evals=jnp.zeros((), q.iterations.dtype),
+                              method="softmax", solver="E-step (Newton)")
+    return SoftmaxFit(q.mean[0], q.cov[0], chol, log_z, diagnostics)
 
 
 def predict(result: SoftmaxFit, kernel, X, X_test):
@@ -95,10 +113,16 @@ def predict(result: SoftmaxFit, kernel, X, X_test):
 
 
 def predict_proba(result: SoftmaxFit, kernel, X, X_test, key=None, num_samples: int = 4000):
-    """Class probabilities (M, C): ⟨softmax(f_*)⟩ under the predictive Gaussian, by Monte Carlo."""
+    """Class probabilities (M, C), a JAX array: ⟨softmax(f_*)⟩ under the predictive Gaussian, by Monte
+    Carlo with ``num_samples`` draws from ``key`` (a `jax.random` key; calling without one is
+    deprecated: it warns and uses ``jax.random.PRNGKey(0)``)."""
+    if key is None:
+        warnings.warn("vj.gp.softmax.predict_proba: pass `key=jax.random.PRNGKey(...)`; the probabilities are a "
+                      "Monte Carlo estimate, and calling without a key (a fixed PRNGKey(0)) is deprecated and "
+                      "will raise.", DeprecationWarning, stacklevel=2)
+        key = jax.random.PRNGKey(0)
     mean, cov = predict(result, kernel, X, X_test)
-    key = jax.random.PRNGKey(0) if key is None else key
     chol = jnp.linalg.cholesky(cov + 1e-10 * jnp.eye(cov.shape[-1], dtype=cov.dtype))
     eps = jax.random.normal(key, (num_samples,) + mean.shape, mean.dtype)
     samples = mean + jnp.einsum("mcd,smd->smc", chol, eps)
-    return np.asarray(jnp.mean(jax.nn.softmax(samples, -1), 0))
+    return jnp.mean(jax.nn.softmax(samples, -1), 0)
