@@ -62,3 +62,14 @@ def check_broadcastable(name: str, x, num_sites: int, owner: str) -> None:
     if shape not in ((), (1,), (num_sites,)):
         raise ValueError(f"{owner}: per-site parameter `{name}` has shape {shape}; it must be a scalar "
                          f"or have one entry per site, shape ({num_sites},).")
+
+
+def as_inputs(X, owner: str):
+    """GP inputs as a finite float ``(N, d)`` array (a vector is ``(N, 1)``)."""
+    X = as_float_array("X", X, owner)
+    if X.ndim == 1:
+        X = X[:, None]
+    if X.ndim != 2:
+        raise ValueError(f"{owner}: inputs must have shape (N, d) or (N,), got {X.shape}.")
+    check_finite("X", X, owner)
+    return X

@@ -53,16 +53,6 @@ __all__ = [
 ]
 
 
-def _inputs(X, owner):
-    X = _checks.as_float_array("X", X, owner)
-    if X.ndim == 1:
-        X = X[:, None]
-    if X.ndim != 2:
-        raise ValueError(f"{owner}: inputs must have shape (N, d) or (N,), got {X.shape}.")
-    _checks.check_finite("X", X, owner)
-    return X
-
-
 def _format(value):
     """A parameter's value for `repr`: numbers for concrete arrays, the shape for traced ones."""
     if isinstance(value, jax.core.Tracer):
@@ -85,15 +75,15 @@ class AbstractKernel(eqx.Module):
 
     def __call__(self, X1, X2=None):
         owner = type(self).__name__
-        X1 = _inputs(X1, owner)
-        X2 = X1 if X2 is None else _inputs(X2, owner)
+        X1 = _checks.as_inputs(X1, owner)
+        X2 = X1 if X2 is None else _checks.as_inputs(X2, owner)
         if X1.shape[1] != X2.shape[1]:
             raise ValueError(f"{owner}: inputs have {X1.shape[1]} and {X2.shape[1]} columns; they must agree.")
         return self._matrix(X1, X2, X2 is X1)
 
     def diagonal(self, X):
         """k(x_n, x_n) for each row: shape ``(N,)``."""
-        return self._diagonal(_inputs(X, type(self).__name__))
+        return self._diagonal(_checks.as_inputs(X, type(self).__name__))
 
     def _matrix(self, X1, X2, same):
         raise NotImplementedError

@@ -30,7 +30,7 @@ from ..glm import signed_labels
 from ..model import DenseGaussian, GaussianFactor, Identity, LatentLinearModel, ScaledIdentity, Sites
 from ..potentials import AbstractPotential
 from ..quadrature import GaussHermite, safe_sqrt
-from .kernels import AbstractKernel, _inputs
+from .kernels import AbstractKernel
 
 __all__ = ["GPModel", "model", "predict", "predict_proba", "log_predictive"]
 
@@ -89,7 +89,7 @@ def model(kernel, X, likelihood, labels=None, mean=0.0, jitter=DEFAULT_JITTER) -
         raise ValueError(f"{owner}: `kernel` must be a vj.gp.kernels kernel, got {type(kernel).__name__}.")
     if not isinstance(likelihood, AbstractPotential):
         raise ValueError(f"{owner}: `likelihood` must be a vj.potentials potential, got {type(likelihood).__name__}.")
-    X = _inputs(X, owner)
+    X = _checks.as_inputs(X, owner)
     mean = _checks.as_float_array("mean", mean, owner)
     if mean.ndim != 0:
         raise ValueError(f"{owner}: `mean` must be a scalar (a constant mean function), got shape {mean.shape}.")
@@ -159,7 +159,7 @@ def _legacy(post, kernel, X, owner, new_form):
     otherwise predicted silently under a kernel the posterior was not fitted with)."""
     warnings.warn(f"{owner}(post, kernel, X, X_test, ...) is deprecated: the model records its kernel and inputs, "
                   f"so call {new_form}.", DeprecationWarning, stacklevel=3)
-    X = _inputs(X, owner)
+    X = _checks.as_inputs(X, owner)
     if not isinstance(post.model, GPModel):  # a hand-built or padded model: trust the caller, as before
         _gp_prior(post, owner)
         return kernel, X
@@ -182,7 +182,7 @@ def _legacy(post, kernel, X, owner, new_form):
 
 def _latent(post, kernel, X, X_test, owner):
     prior = _gp_prior(post, owner)
-    X_test = _inputs(X_test, owner)
+    X_test = _checks.as_inputs(X_test, owner)
     if X.shape[0] != prior.dim:
         raise ValueError(f"{owner}: X has {X.shape[0]} rows but the model has {prior.dim} latent values.")
     if X_test.shape[1] != X.shape[1]:

@@ -62,7 +62,8 @@ from ...posterior import Diagnostics
 from ...potentials import Probit
 from ...quadrature import GaussHermite
 from .._layout import class_kernels, class_labels, class_prior_covariances, same_arrays
-from ..kernels import AbstractKernel, _inputs
+from ... import _checks
+from ..kernels import AbstractKernel
 from ..models import DEFAULT_JITTER
 
 __all__ = [
@@ -452,7 +453,7 @@ def nested_ep(kernel, X, labels, num_classes, damping=0.7, min_damping=0.05, tol
     and one more of M) plus O(C² N²) for the per-input C × C covariances.
     """
     owner = "vj.gp.multiclass.nested_ep"
-    X = _inputs(X, owner)
+    X = _checks.as_inputs(X, owner)
     y = class_labels(labels, X.shape[0], num_classes, owner)
     if not (0 < float(damping) <= 1 and 0 < float(min_damping) <= float(damping)):
         raise ValueError(f"{owner}: need 0 < min_damping ≤ damping ≤ 1, got damping={damping}, "
@@ -506,7 +507,7 @@ def _recorded(result, legacy, owner, form):
     kernel, X, X_test = legacy
     warnings.warn(f"{owner}({form}) is deprecated: the result records its kernels and X; "
                   f"call {owner.rsplit('.', 1)[-1]}(result, X_test).", DeprecationWarning, stacklevel=3)
-    kernels, X = class_kernels(kernel, result.num_classes, owner), _inputs(X, owner)
+    kernels, X = class_kernels(kernel, result.num_classes, owner), _checks.as_inputs(X, owner)
     if not (same_arrays(kernels, result.kernels) and same_arrays(X, result.X)):
         raise ValueError(f"{owner}: the kernel or X given differ from those `result` was fitted with, so the "
                          f"prediction would be wrong; call {owner.rsplit('.', 1)[-1]}(result, X_test).")
@@ -526,7 +527,7 @@ def predict(result: NestedEPResult, X_test, *legacy):
 
 def _predict(result, kernels, X, X_test, owner):
     C, n, _ = result.E.shape
-    X, X_test = _inputs(X, owner), _inputs(X_test, owner)
+    X, X_test = _checks.as_inputs(X, owner), _checks.as_inputs(X_test, owner)
     if X.shape[0] != n:
         raise ValueError(f"{owner}: X has {X.shape[0]} rows but the fit has {n} inputs.")
     cross = jnp.stack([k(X, X_test) for k in kernels])  # (C, N, T)

@@ -33,7 +33,8 @@ from ...model import DenseGaussian, GaussianFactor, LatentLinearModel, ScaledIde
 from ...potentials import Logistic, PiecewiseLogistic
 from ...quadrature import GaussHermite, safe_sqrt
 from .._layout import class_labels, same_arrays
-from ..kernels import AbstractKernel, _inputs
+from ... import _checks
+from ..kernels import AbstractKernel
 from ..models import DEFAULT_JITTER
 
 __all__ = [
@@ -107,7 +108,7 @@ class StickBreakingModel(LatentLinearModel):
         owner = "vj.gp.multiclass.stick_breaking_model"
         if not isinstance(kernel, AbstractKernel):
             raise ValueError(f"{owner}: `kernel` must be a vj.gp.kernels kernel, got {type(kernel).__name__}.")
-        X = _inputs(X, owner)
+        X = _checks.as_inputs(X, owner)
         layout = _layout(labels, X.shape[0], num_classes, ordering, owner)
         Kx = kernel(X)
         blocks = [Kx[np.ix_(layout.point[layout.stick == j], layout.point[layout.stick == j])]
@@ -168,7 +169,7 @@ def _fitted_layout(post, X_test, legacy, keywords, owner):
         ordering = legacy[4]
     warnings.warn(f"{owner}(post, kernel, X, X_test, labels, num_classes, ordering) is deprecated: the model "
                   f"records its layout; call {name}(post, X_test).", DeprecationWarning, stacklevel=3)
-    X = _inputs(X, owner)
+    X = _checks.as_inputs(X, owner)
     layout = _layout(labels, X.shape[0], num_classes, ordering, owner)
     if isinstance(model, StickBreakingModel):
         given = (tuple(layout.ordering[layout.rank].tolist()), int(num_classes), tuple(layout.ordering.tolist()))
@@ -193,7 +194,7 @@ def stick_breaking_predict(post, X_test, *legacy, **deprecated):
 
 
 def _predict(post, kernel, X, layout, X_test, owner):
-    X_test = _inputs(X_test, owner)
+    X_test = _checks.as_inputs(X_test, owner)
     prior = post.model.prior
     if not isinstance(prior, DenseGaussian) or prior.dim != layout.point.size:
         raise ValueError(f"{owner}: `post` is not a fit of stick_breaking_model with these labels "
