@@ -89,6 +89,23 @@ def test_gp_classification_predict_proba_new_and_old(regression):
         np.testing.assert_array_equal(vj.gp.predict_proba(post, kernel, X, X[:5]), p)
 
 
+def test_model_transformations_keep_what_gp_prediction_needs(regression, gp_fit):
+    """`shard_sites` and `piecewise.bound_logistic_sites` return a model of the type given, so
+    prediction still takes (post, X_test)."""
+    X, y = regression
+    kernel, post = gp_fit
+    sharded = vj.shard_sites(post.model, jax.make_mesh((1,), ("sites",)))
+    logistic = vj.gp.model(kernel, X, P.Logistic(), labels=(y > 0).astype(int))
+    bounded = vj.piecewise.bound_logistic_sites(logistic, "quadratic", 10)
+    for m, original in ((sharded, post.model), (bounded, logistic)):
+        assert isinstance(m, vj.gp.GPModel)
+        for a, b in zip(jax.tree.leaves((m.X, m.kernel)), jax.tree.leaves((original.X, original.kernel))):
+            np.testing.assert_array_equal(a, b)
+    refit = vj.infer(sharded, vj.GKL())
+    np.testing.assert_allclose(refit.log_z, post.log_z, rtol=1e-9)
+    for a, b in zip(vj.gp.predict(refit, X[:4]), vj.gp.predict(post, X[:4])):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-9)
+
 def test_gp_model_jit_vmap_grad(regression, gp_fit):
     X, y = regression
     kernel, post = gp_fit

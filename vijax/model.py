@@ -107,6 +107,12 @@ class LatentLinearModel(eqx.Module):
         self.prior = prior
         self.sites = sites
 
+    def with_sites(self, sites) -> "LatentLinearModel":
+        """This model, of its own type (a GP model keeps its kernel and inputs), with other site groups:
+        for transformations such as `vj.pad_sites` and `vj.shard_sites`."""
+        sites = (sites,) if isinstance(sites, Sites) else tuple(sites)
+        return eqx.tree_at(lambda m: m.sites, self, sites)
+
     @property
     def dim(self) -> int:
         return self.sites[0].dim

@@ -36,7 +36,6 @@ import equinox as eqx
 import numpy as np
 
 from ._piecewise import KINDS, PIECES, expected, log_expected_exp_neg, table, value
-from .model import LatentLinearModel
 from .potentials import Logistic, Masked, PiecewiseLogistic
 
 __all__ = ["KINDS", "PIECES", "table", "max_error", "value", "expected", "log_expected_exp_neg", "fit",
@@ -71,7 +70,7 @@ def bound_logistic_sites(model, kind: str = "quadratic", pieces: int = 20):
         return g if potential is g.potential else eqx.tree_at(lambda g: g.potential, g, potential)
 
     groups = tuple(group(g) for g in model.sites)
-    return LatentLinearModel(model.prior, groups)
+    return model.with_sites(groups)
 
 
 # ----------------------------------------------------------------------------------------------
