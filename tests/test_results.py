@@ -113,6 +113,10 @@ def test_iteration_caps_are_named_max_iter():
         vj.MeanField(max_iter=0)
     with pytest.raises(ValueError, match="schedule"):  # EP's own checks still run
         vj.EP(schedule="bogus")
+    from vijax.methods.fast_gkl import column_ascent
+
+    with pytest.raises(ValueError, match="only `max_iter`"), pytest.warns(DeprecationWarning, match="max_sweeps"):
+        column_ascent(None, max_iter=4, max_sweeps=3)  # refused before the model is looked at
 
 
 # ------------------------------------------------------------------------------------------ repr, std, summary

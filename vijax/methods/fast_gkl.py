@@ -40,6 +40,7 @@ from jax.scipy.linalg import solve_triangular
 from ..covariance._dense import _reversed_cholesky
 from ..potentials import PiecewiseLogistic
 from ..quadrature import GaussHermite, safe_sqrt
+from ._base import renamed_keyword
 from ._gaussian import diagonal_form, integrate_diagonal
 
 __all__ = ["FastGKLResult", "column_ascent", "opper_archambeau"]
@@ -266,8 +267,9 @@ class _Sweep(NamedTuple):
     work: dict
 
 
-def column_ascent(model, max_sweeps: int = 50, tol: float = 1e-10, atol: float = 0.0, inner_iters: int = 20,
-                  newton_iters: int = 20, quadrature: GaussHermite = GaussHermite()) -> FastGKLResult:
+def column_ascent(model, max_iter: int = 50, tol: float = 1e-10, atol: float = 0.0, inner_max_iter: int = 20,
+                  newton_max_iter: int = 20, quadrature: GaussHermite = GaussHermite(), *, max_sweeps=None,
+                  inner_iters=None, newton_iters=None) -> FastGKLResult:
     """Thesis Alg. 3: concave coordinate ascent on the G-KL bound of a GP-type model.
 
     Starts at q = prior (V = K, λ = 0, m = μ) and repeats sweeps of
@@ -301,19 +303,24 @@ def column_ascent(model, max_sweeps: int = 50, tol: float = 1e-10, atol: float =
        inverse of K), until the predicted rise is below a tenth of the stopping threshold.
 
     It stops when a sweep raises the bound by at most max(``atol``, ``tol``·|bound|) (the thesis's
-    Table 3.1 uses ``atol=1e-3``, ``tol=0``) or after ``max_sweeps``. Cost per sweep: 2D³ flops for the
-    rank-one updates, a few scalar site evaluations per column (``inner_iters`` caps them), one
+    Table 3.1 uses ``atol=1e-3``, ``tol=0``) or after ``max_iter`` sweeps. Cost per sweep: 2D³ flops for the
+    rank-one updates, a few scalar site evaluations per column (``inner_max_iter`` caps them), one
     evaluation of all D sites for the check, and D³/3 per Newton step.
 
     **Arguments:** ``model`` (GP-type, concave site expectations; a `ValueError` otherwise),
-    ``max_sweeps``, ``tol``/``atol`` (stopping rule), ``inner_iters`` (cap on each column's scalar
-    iterations), ``newton_iters`` (cap on Newton steps per sweep), ``quadrature`` (for potentials
-    without a closed-form expectation).
+    ``max_iter`` (cap on sweeps), ``tol``/``atol`` (stopping rule), ``inner_max_iter`` (cap on each
+    column's scalar iterations), ``newton_max_iter`` (cap on Newton steps per sweep), ``quadrature``
+    (for potentials without a closed-form expectation). The former names ``max_sweeps``,
+    ``inner_iters`` and ``newton_iters`` still work, with a `DeprecationWarning`.
 
     **Returns:** a `FastGKLResult`; its ``trace`` is non-decreasing (up to rounding). The returned ``covariance`` and
     ``bound`` are recomputed from λ (so rank-one rounding does not reach them); the trace is the
     bound tracked through the sweeps.
     """
+    max_iter = renamed_keyword("column_ascent", "max_sweeps", "max_iter", max_sweeps, max_iter, 50)
+    inner_max_iter = renamed_keyword("column_ascent", "inner_iters", "inner_max_iter", inner_iters, inner_max_iter, 20)
+    newton_max_iter = renamed_keyword("column_ascent", "newton_iters", "newton_max_iter", newton_iters,
+                                      newton_max_iter, 20)
     K, mu, groups = _validated(model, "column_ascent")
     dtype, D = K.dtype, K.shape[0]
     expected_all = lambda m, v: jnp.sum(_expected(groups, m, v, quadrature))
@@ -331,7 +338,7 @@ def column_ascent(model, max_sweeps: int = 50, tol: float = 1e-10, atol: float =
                 # Thesis eq. 3.60: only f̲_d moves (O(1) per call); Ω₂₂ − t₂₂ = 1/v_old − λ_d.
                 site = _at(groups, d)
                 G, c = (lambda v: _expected(site, s.m[d], v, quadrature)), 1.0 / v_old - s.lam[d]
-            v_new, n = _maximise_scalar(G, c, v_old, inner_iters)
+            v_new, n = _maximise_scalar(G, c, v_old, inner_max_iter)
             beta = (v_new - v_old) / v_old**2  # V ← V + β u uᵀ: thesis eqs. 3.64 and 3.67 in one
             counter = "site_evals" if exact else "scalar"
             return s._replace(V=s.V + beta * jnp.outer(u, u), var=s.var + beta * u**2,
@@ -358,7 +365,7 @@ def column_ascent(model, max_sweeps: int = 50, tol: float = 1e-10, atol: float =
         new = jax.lax.cond(ok, lambda _: new, lambda _: exact_sweep(s._replace(work=new.work)), None)
         threshold = 0.1 * _threshold(new.value, tol, atol)
         mean = _mean_update(K, mu, groups, quadrature, new.var, new.m, new.alpha, new.expected, threshold,
-                            newton_iters)
+                            newton_max_iter)
         value = _bound(new.logdet, new.lam, new.var, mean.alpha, mean.m, mu, mean.expected)
         k = s.k + 1
         work = dict(new.work, newton=new.work["newton"] + mean.k, site_evals=new.work["site_evals"] + mean.evals,
@@ -372,10 +379,10 @@ def column_ascent(model, max_sweeps: int = 50, tol: float = 1e-10, atol: float =
     zero = jnp.zeros((), dtype)
     count = jnp.array(0)
     work0 = dict(scalar=count, fallback=count, newton=count, site_evals=jnp.array(1))
-    trace = jnp.full((max_sweeps + 1,), jnp.nan, dtype).at[0].set(e0)
+    trace = jnp.full((max_iter + 1,), jnp.nan, dtype).at[0].set(e0)
     s = _Sweep(mu, jnp.zeros_like(mu), K, var0, jnp.zeros_like(mu), zero, e0, e0, count, trace,
                jnp.array(False), work0)
-    s = jax.lax.while_loop(lambda s: ~s.stalled & (s.k < max_sweeps), sweep, s)
+    s = jax.lax.while_loop(lambda s: ~s.stalled & (s.k < max_iter), sweep, s)
 
     V, var, logdet = _covariance(model, s.lam)
     value = _bound(logdet, s.lam, var, s.alpha, s.m, mu, expected_all(s.m, var))
