@@ -92,7 +92,7 @@ def _moved(name):
     def get(self):
         warnings.warn(f"`diagnostics.{name}` is deprecated: read `diagnostics.info.{name}` "
                       "(a vj.EPInfo for EP, a vj.LaplaceInfo for Laplace and MAP; None for other methods).",
-                      DeprecationWarning, stacklevel=2)
+                      DeprecationWarning, stacklevel=3)  # 3: past equinox's __getattribute__
         value = getattr(self.info, name, None)
         return jnp.asarray(default) if value is None else value
 

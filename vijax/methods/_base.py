@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import sys
 import warnings
 
 import equinox as eqx
@@ -49,7 +50,16 @@ def renamed_keyword(owner: str, old: str, new: str, old_value, new_value, defaul
     if old_value is None:
         return new_value
     warnings.warn(f"{owner}: the keyword `{old}` is deprecated; use `{new}={old_value!r}`.", DeprecationWarning,
-                  stacklevel=3)
+                  stacklevel=_user_stacklevel())
     if new_value != default and new_value != old_value:
         raise ValueError(f"{owner}: got both `{old}={old_value!r}` and `{new}={new_value!r}`; pass only `{new}`.")
     return old_value
+
+
+def _user_stacklevel() -> int:
+    """For a `warnings.warn` in the function calling this one: the stack level of the first caller outside
+    vijax and equinox (whose metaclass stands between a user and a module's ``__init__``)."""
+    frame, level = sys._getframe(2), 2
+    while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] in ("vijax", "equinox"):
+        frame, level = frame.f_back, level + 1
+    return level
