@@ -46,7 +46,7 @@ over seeds of log Z_EP − log Z_IS and of log Z_EP − (G-KL bound); the number
 below the G-KL bound, and whose |log Z_EP − log Z_IS| exceeds 3 IS standard errors. Non-finite log Z
 values are excluded from the means and counted in the ``nan`` column. Each block's header gives the
 mean G-KL bound and the mean ESS and IS standard error over seeds. Columns ``fb`` and ``osc`` count
-``diagnostics.fallback`` and ``diagnostics.oscillating``.
+``diagnostics.info.fallback`` and ``diagnostics.info.oscillating``.
 
 Run (float64 is switched on by this script)::
 
@@ -199,8 +199,8 @@ def run_case(data, likelihood, seeds, dl_seeds, num_is, log):
             d = post.diagnostics
             rec["variants"][name] = dict(
                 log_z=float(post.log_z), converged=bool(d.converged), iterations=int(d.iterations),
-                seconds=seconds, fallback=bool(d.fallback), oscillating=bool(d.oscillating),
-                skipped=int(d.skipped), shrunk=int(d.shrunk), max_change=float(d.max_change),
+                seconds=seconds, fallback=bool(d.info.fallback), oscillating=bool(d.info.oscillating),
+                skipped=int(d.info.skipped), shrunk=int(d.info.shrunk), max_change=float(d.info.max_change),
                 num_value_evals=int(d.num_value_evals))
             if name == "default":
                 default_post = post

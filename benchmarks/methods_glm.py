@@ -207,7 +207,7 @@ def evaluate(problem, num_warmup, num_samples):
             mean_error=float(np.linalg.norm(m - m_ref) / np.linalg.norm(m_ref)),
             test_ll=test_ll_of_q(post), iterations=int(post.diagnostics.iterations),
             converged=bool(post.diagnostics.converged), seconds=seconds, compile_seconds=compile_seconds,
-            fallback=bool(post.diagnostics.fallback)))
+            fallback=bool(getattr(post.diagnostics.info, "fallback", False))))
     return rows
 
 

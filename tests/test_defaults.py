@@ -127,7 +127,7 @@ def _student_gp(log_scale, lengthscale=0.1):
      vj.GKL(covariance=vj.covariance.Diagonal(), solver=vj.solvers.NewtonCG(tol=1e-20, max_iter=300))),
     ("lvb", vj.LVB(), vj.LVB(tol=1e-14, max_iter=5000)),
     ("ep", vj.EP(), vj.EP(tol=1e-13, max_iter=1000)),
-    ("mean-field", vj.MeanField(), vj.MeanField(tol=1e-14, max_sweeps=5000)),
+    ("mean-field", vj.MeanField(), vj.MeanField(tol=1e-14, max_iter=5000)),
 ], ids=lambda v: v if isinstance(v, str) else "")
 def test_default_envelope_gradients_and_moments_equal_tight_ones(name, method, tight):
     """Student-t GP regression on five points (ℓ = 0.1, the example that gave d(−log Z)/d log σ =

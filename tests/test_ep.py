@@ -319,16 +319,16 @@ def test_fallback_is_reported(probit_gp):
     for schedule in ("parallel", "sequential"):
         with pytest.warns(vj.ConvergenceWarning, match="without converging"):
             d = vj.infer(model, vj.EP(schedule=schedule, max_iter=2)).diagnostics
-        assert bool(d.fallback) and int(d.iterations) > 2
+        assert bool(d.info.fallback) and int(d.iterations) > 2
     post = vj.infer(model, vj.EP(max_iter=6))  # 6 parallel iterations leave a residual of 3e-8
-    assert bool(post.diagnostics.fallback) and bool(post.diagnostics.converged)
+    assert bool(post.diagnostics.info.fallback) and bool(post.diagnostics.converged)
     np.testing.assert_allclose(post.log_z, log_z, rtol=1e-8)
     # Called eagerly, infer compiles the fallback as a stage of its own; under jit it is one program.
     traced = jax.jit(lambda m: vj.infer(m, vj.EP(max_iter=6)))(model)
     assert int(traced.diagnostics.iterations) == int(post.diagnostics.iterations)
     np.testing.assert_allclose(traced.log_z, post.log_z, rtol=1e-13)
     np.testing.assert_allclose(traced.mean, post.mean, rtol=1e-11, atol=1e-13)
-    assert vj.infer(model, vj.EP()).diagnostics.fallback == False  # noqa: E712
+    assert vj.infer(model, vj.EP()).diagnostics.info.fallback == False  # noqa: E712
     # The double loop alone reaches the same fixed point.
     dl = vj.infer(model, vj.EP(schedule="double_loop", max_iter=300))
     assert bool(dl.diagnostics.converged)
@@ -345,7 +345,7 @@ def test_plain_ep_on_a_hard_problem_stays_proper_and_reports_it():
         warnings.simplefilter("ignore", vj.ConvergenceWarning)  # whether it converges is not the point here
         plain = vj.infer(model, vj.EP(damping=1.0, fallback=False))
     d = plain.diagnostics
-    assert int(d.shrunk) + int(d.skipped) > 0 or bool(d.converged)
+    assert int(d.info.shrunk) + int(d.info.skipped) > 0 or bool(d.converged)
     assert np.all(np.isfinite(plain.mean)) and np.all(np.isfinite(plain.covariance))
     assert bool(vj.infer(model, vj.EP(power=0.5, fallback=False)).diagnostics.converged)
 

@@ -68,7 +68,7 @@ def test_exact_on_conjugate_models(rng, prior_kind, h_kind):
     np.testing.assert_allclose(post.mean, mean, atol=1e-8)
     np.testing.assert_allclose(post.covariance, S, atol=1e-8)
     np.testing.assert_allclose(post.log_z, log_z, atol=1e-8)
-    assert not post.is_lower_bound and not bool(post.diagnostics.fallback)
+    assert not post.is_lower_bound and not bool(post.diagnostics.info.fallback)
     assert isinstance(post.factor, vj.covariance.CholeskyFactor)
     C = np.asarray(post.factor.cholesky())
     np.testing.assert_array_equal(C, np.triu(C))
@@ -126,7 +126,7 @@ def test_student_t_outlier_uses_exact_hessian(rng):
     post = vj.infer(model, vj.Laplace(solver=TIGHT))
     (omega,) = vj.laplace.site_curvatures(post.mean, model)
     assert float(omega[0]) < 0
-    assert not bool(post.diagnostics.fallback)
+    assert not bool(post.diagnostics.info.fallback)
     A = -np.asarray(jax.hessian(model.log_joint)(post.mean))
     np.testing.assert_allclose(post.covariance, np.linalg.inv(A), rtol=1e-9)
     np.testing.assert_allclose(post.log_z, model.log_joint(post.mean) + 1.5 * np.log(2 * np.pi)
@@ -144,17 +144,17 @@ def test_indefinite_hessian_falls_back_to_gauss_newton(with_prior):
     assert float(vj.laplace.negative_hessian(jnp.zeros(1), model)[0, 0]) < 0
     for method in (vj.Laplace(), vj.MAP()):
         post = vj.infer(model, method, init=jnp.zeros(1))
-        assert bool(post.diagnostics.fallback)
+        assert bool(post.diagnostics.info.fallback)
         assert np.isfinite(post.log_z) and np.all(np.isfinite(post.covariance))
         assert float(post.covariance[0, 0]) > 0
     if with_prior:  # Gauss–Newton curvature: only the prior's (both site curvatures clip to 0)
-        assert float(post.diagnostics.jitter) == 0.0
+        assert float(post.diagnostics.info.jitter) == 0.0
         np.testing.assert_allclose(post.covariance, [[100.0]], rtol=1e-12)
     else:  # Gauss–Newton curvature is zero: a jitter makes it invertible, and is reported
-        assert float(post.diagnostics.jitter) > 0
+        assert float(post.diagnostics.info.jitter) > 0
     # the fit from the default start finds a mode, where no fallback is needed
     if with_prior:
-        assert not bool(vj.infer(model, vj.Laplace(), init=jnp.array([1.0])).diagnostics.fallback)
+        assert not bool(vj.infer(model, vj.Laplace(), init=jnp.array([1.0])).diagnostics.info.fallback)
 
 
 # ------------------------------------------------------------------------------------------ gradients
@@ -235,7 +235,7 @@ def test_laplace_on_gp_classification_matches_scikit_learn(rng):
     model = vj.LatentLinearModel(vj.GaussianFactor.dense(np.zeros(40), K),
                                  vj.Sites(np.diag(y), vj.potentials.Logistic()))
     post = vj.infer(model, vj.Laplace(solver=vj.solvers.NewtonCG(tol=1e-10, max_iter=200)))
-    assert bool(post.diagnostics.converged) and not bool(post.diagnostics.fallback)
+    assert bool(post.diagnostics.converged) and not bool(post.diagnostics.info.fallback)
     np.testing.assert_allclose(post.log_z, reference.log_marginal_likelihood_value_, rtol=0, atol=1e-6)
 
 

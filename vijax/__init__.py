@@ -1,11 +1,11 @@
 """vijax: deterministic approximate inference for latent linear models in JAX."""
 
-from . import covariance, factor, gaussian, glm, gp, piecewise, potentials, projections, quadrature, solvers
+from . import covariance, factor, gaussian, glm, gp, methods, piecewise, potentials, projections, quadrature, solvers
 from .inference import ConvergenceWarning, infer
-from .methods import EP, GKL, LVB, MAP, Laplace, MeanField, ep, gkl, laplace, lvb
+from .methods import EP, GKL, LVB, MAP, AbstractMethod, Laplace, MeanField, ep, gkl, laplace, lvb
 from .model import GaussianFactor, Identity, LatentLinearModel, Sites
 from .padding import pad_sites
-from .posterior import Diagnostics, Posterior
+from .posterior import Diagnostics, EPInfo, LaplaceInfo, Posterior
 from .sharding import shard_sites
 
 __version__ = "0.1.0"
@@ -15,6 +15,10 @@ __all__ = [
     "ConvergenceWarning",
     "Posterior",
     "Diagnostics",
+    "EPInfo",
+    "LaplaceInfo",
+    "AbstractMethod",
+    "methods",
     "LatentLinearModel",
     "GaussianFactor",
     "Sites",

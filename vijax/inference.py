@@ -9,6 +9,7 @@ import jax
 import numpy as np
 
 from . import _checks
+from .methods import AbstractMethod
 from .model import LatentLinearModel
 from .posterior import Posterior
 
@@ -30,7 +31,9 @@ def _fit(model, method, init):
 def infer(model: LatentLinearModel, method, init=None) -> Posterior:
     """Fit ``method`` (e.g. ``vj.GKL()``) to ``model``; returns a `Posterior`.
 
-    ``init`` warm-starts the fit from a previous `Posterior` (or method parameters).
+    ``method`` is an instance of a `vj.AbstractMethod` subclass (``vj.GKL()``, not the class ``vj.GKL``).
+    ``init`` warm-starts the fit: None, a previous `Posterior`, or the method's own parameters (the one
+    rule for every method is in `vj.AbstractMethod`'s docstring).
     The fit is compiled once per model structure and shape (`equinox.filter_jit`; EP compiles its
     fallback schedules only for a fit that needs them) and is traceable: it works under `jax.jit` and `jax.vmap`, and
     ``jax.grad`` of ``infer(...).log_z`` with respect to the model's
@@ -38,14 +41,22 @@ def infer(model: LatentLinearModel, method, init=None) -> Posterior:
     """
     if not isinstance(model, LatentLinearModel):
         raise ValueError(f"infer: `model` must be a vj.LatentLinearModel, got {type(model).__name__}.")
-    if not hasattr(method, "fit"):
-        raise ValueError(f"infer: `method` must be a vijax method such as vj.GKL(), got {method!r}.")
+    if isinstance(method, type) and issubclass(method, AbstractMethod):
+        raise ValueError(f"infer: `method` is the class vj.{method.__name__}, not an instance; call it to make "
+                         f"one: vj.infer(model, vj.{method.__name__}()).")
+    if not isinstance(method, AbstractMethod):
+        raise ValueError(f"infer: `method` must be a vijax method, an instance of a vj.AbstractMethod subclass such "
+                         f"as vj.GKL() or vj.EP(); got {type(method).__name__}: {method!r}.")
     if isinstance(init, (jax.Array, np.ndarray)) and _checks.is_concrete(init) and not np.all(np.isfinite(init)):
         raise ValueError("infer: `init` contains NaN or infinite values; pass a finite starting point or None.")
     # Outside jit, vmap and grad a method may run in compiled stages, so that code only some fits need
     # (EP's fallback schedules) is compiled only when a fit needs it.
     staged = getattr(method, "staged_fit", None)
     post = staged(model, init) if staged is not None and _checks.is_concrete(model, init) else _fit(model, method, init)
+    if _checks.is_concrete(post.log_z, post.is_lower_bound) and not isinstance(post.is_lower_bound, bool) \
+            and np.ndim(post.is_lower_bound) == 0:
+        # Built under the compiled fit, the flag is an array: a Python bool again for a concrete fit.
+        post = eqx.tree_at(lambda p: p.is_lower_bound, post, bool(post.is_lower_bound))
     _warn_unless_converged(post)
     return post
 
@@ -58,7 +69,8 @@ def _warn_unless_converged(post: Posterior) -> None:
     name = f"{d.method} ({d.solver})"
     log_z = float(post.log_z)
     if not np.isfinite(log_z):
-        warnings.warn(f"{name}: log Z is {log_z}, the fit failed; see post.diagnostics (a wider or improper "
+        warnings.warn(f"{name}: log Z is {log_z}, the fit failed, and it is not a lower bound "
+                      "(post.is_lower_bound is False); see post.diagnostics (a wider or improper "
                       "posterior than the data determine, or non-finite data, are the usual causes).",
                       ConvergenceWarning, stacklevel=3)
     elif not bool(d.converged):

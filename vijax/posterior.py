@@ -2,49 +2,136 @@
 
 from __future__ import annotations
 
+import warnings
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .covariance import AbstractFactor
 from .model import LatentLinearModel
 from .projections import as_projection
 
-__all__ = ["Posterior", "Diagnostics"]
+__all__ = ["Posterior", "Diagnostics", "EPInfo", "LaplaceInfo"]
+
+
+def _traced(*xs) -> bool:
+    return any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(xs))
+
+
+def _show(x) -> str:
+    """A field for `repr`: a scalar as its value, an array as dtype and shape, a module by its own repr."""
+    if x is None or isinstance(x, (bool, int, float, str)):
+        return repr(x)
+    if isinstance(x, (jax.Array, np.ndarray, np.generic)):
+        if np.ndim(x) == 0:
+            value = np.asarray(x).item()
+            return f"{value:.6g}" if isinstance(value, float) else repr(value)
+        return f"{np.dtype(x.dtype).name}{list(np.shape(x))}"
+    if isinstance(x, (EPInfo, LaplaceInfo, Diagnostics)):
+        return repr(x)
+    return type(x).__name__
+
+
+def _fields_repr(obj, names) -> str:
+    return f"{type(obj).__name__}(" + ", ".join(f"{n}={_show(getattr(obj, n))}" for n in names) + ")"
+
+
+class EPInfo(eqx.Module):
+    """What expectation propagation reports beyond the common `Diagnostics` (``post.diagnostics.info``).
+
+    - `max_change`: the largest change of a site parameter in the last iteration, in units of the
+      site's marginal (max over sites of |Δτ_n|·V_n and |Δν_n|·√V_n); scalar.
+    - `oscillating`: True when the moment-matching residual stopped improving (the symptom of
+      oscillating or diverging EP); scalar bool.
+    - `skipped`: site updates left out because the site's cavity was improper or its tilted moments
+      were not finite; scalar int.
+    - `shrunk`: steps shortened so that q and every cavity stay proper; scalar int.
+    - `fallback`: True when the run went on with a more robust schedule (parallel → sequential →
+      double loop) because the first did not converge; scalar bool.
+    """
+
+    max_change: jax.Array
+    oscillating: jax.Array
+    skipped: jax.Array
+    shrunk: jax.Array
+    fallback: jax.Array
+
+    def __repr__(self):
+        if _traced(self):
+            return super().__repr__()
+        return _fields_repr(self, ("max_change", "oscillating", "skipped", "shrunk", "fallback"))
+
+
+class LaplaceInfo(eqx.Module):
+    """What `vj.Laplace` and `vj.MAP` report beyond the common `Diagnostics` (``post.diagnostics.info``).
+
+    - `fallback`: True when the Hessian of the log joint at the mode was not negative definite and
+      the Gauss–Newton curvature stood in for it; scalar bool.
+    - `jitter`: what was added to the diagonal of the curvature matrix before factorising it
+      (0 unless it was singular); scalar float.
+    """
+
+    fallback: jax.Array
+    jitter: jax.Array
+
+    def __repr__(self):
+        if _traced(self):
+            return super().__repr__()
+        return _fields_repr(self, ("fallback", "jitter"))
+
+
+# Old `Diagnostics` attributes, now in `info`: name -> (default where `info` lacks it).
+_MOVED = {"fallback": False, "jitter": 0.0, "max_change": float("nan"), "oscillating": False, "skipped": 0,
+          "shrunk": 0}
+
+
+def _moved(name):
+    default = _MOVED[name]
+
+    def get(self):
+        warnings.warn(f"`diagnostics.{name}` is deprecated: read `diagnostics.info.{name}` "
+                      "(a vj.EPInfo for EP, a vj.LaplaceInfo for Laplace and MAP; None for other methods).",
+                      DeprecationWarning, stacklevel=3)  # 3: past equinox's __getattribute__
+        value = getattr(self.info, name, None)
+        return jnp.asarray(default) if value is None else value
+
+    get.__doc__ = f"Deprecated: ``info.{name}`` (``{default}`` where the method has none)."
+    return property(get)
 
 
 class Diagnostics(eqx.Module):
-    """How a fit went.
+    """How a fit went: the fields every method reports, and a method's own record in `info`.
 
-    - `iterations`, `converged`, `grad_norm` (max |gradient| of the objective at the end);
+    Built by keyword only, e.g. ``Diagnostics(iterations=k, converged=ok, objective_trace=trace,
+    method="GKL", solver="NewtonCG", grad_norm=g)``. Every field is a scalar (batched under `vmap`)
+    except `objective_trace`.
+
+    - `iterations`: iterations (sweeps, outer steps) done; int.
+    - `converged`: whether the method's convergence test held at the end; bool.
     - `stationarity`: the measure `converged` was judged by, at the end: for solver-based fits
       (G-KL, Laplace, MAP, mean field with Gaussian factors) the squared Newton decrement
       gᵀ(−∇²f)⁻¹g ≈ 2 × the objective's remaining gain (last measured, before the final step);
       for EP the moment-matching residual; for LVB and free-form mean field the extrapolated
       distance of their parameters from the fixed point; for the natural-parameter G-KL its
-      decrement ∇Bᵀ(Δm, Δλ) (see each method);
-    - `objective_trace`: objective after each iteration (NaN-padded to ``max_iter + 1``);
-    - `num_value_evals`, `num_grad_evals`, `num_hvp_evals`: work done, for cost accounting;
-    - `method`, `solver`: names of what produced the answer;
-    - `fallback`: True when the method could not use its exact curvature and fell back on
-      an approximation (`vj.Laplace` and `vj.MAP`: the Gauss–Newton curvature, where the
-      Hessian at the optimum is not negative definite); always False for G-KL;
-    - `jitter`: what was added to the diagonal of a curvature matrix before factorising it
-      (0 unless it was singular).
+      decrement ∇Bᵀ(Δm, Δλ) (see each method). NaN (default) where not measured.
+    - `grad_norm`: max |gradient| of the objective in the method's parameters at the end; NaN
+      (default) where not measured.
+    - `objective_trace`: the objective after each iteration, shape ``(max_iter + 1,)``, NaN-padded.
+    - `num_value_evals`, `num_grad_evals`, `num_hvp_evals`: work done, for cost accounting
+      (default 0).
+    - `method`, `solver`: names of what produced the answer (static strings).
+    - `info`: the method's own record, or None (default): `EPInfo` for `vj.EP`, `LaplaceInfo` for
+      `vj.Laplace` and `vj.MAP`.
 
-    Expectation propagation also reports (NaN, False or 0 for other methods):
-
-    - `max_change`: the largest change of a site parameter in the last iteration, in units of
-      the site's marginal (max over sites of |Δτ_n|·V_n and |Δν_n|·√V_n);
-    - `oscillating`: True when the moment-matching residual stopped improving (the symptom of
-      oscillating or diverging EP);
-    - `skipped`: site updates left out because the site's cavity was improper or its tilted
-      moments were not finite;
-    - `shrunk`: steps shortened so that q and every cavity stay proper.
+    The attributes `fallback`, `jitter`, `max_change`, `oscillating`, `skipped` and `shrunk` of earlier
+    versions still read (from `info`, with a `DeprecationWarning`).
     """
 
     iterations: jax.Array
     converged: jax.Array
+    stationarity: jax.Array
     grad_norm: jax.Array
     objective_trace: jax.Array
     num_value_evals: jax.Array
@@ -52,19 +139,46 @@ class Diagnostics(eqx.Module):
     num_hvp_evals: jax.Array
     method: str = eqx.field(static=True)
     solver: str = eqx.field(static=True)
-    fallback: jax.Array = eqx.field(default_factory=lambda: jnp.array(False))
-    jitter: jax.Array = eqx.field(default_factory=lambda: jnp.array(0.0))
-    max_change: jax.Array = eqx.field(default_factory=lambda: jnp.array(jnp.nan))
-    oscillating: jax.Array = eqx.field(default_factory=lambda: jnp.array(False))
-    skipped: jax.Array = eqx.field(default_factory=lambda: jnp.array(0))
-    shrunk: jax.Array = eqx.field(default_factory=lambda: jnp.array(0))
-    stationarity: jax.Array = eqx.field(default_factory=lambda: jnp.array(jnp.nan))
+    info: EPInfo | LaplaceInfo | None = None
+
+    def __init__(self, *, iterations, converged, objective_trace, method: str, solver: str,
+                 stationarity=None, grad_norm=None, num_value_evals=0, num_grad_evals=0, num_hvp_evals=0,
+                 info=None):
+        dtype = jnp.result_type(objective_trace)
+        nan = jnp.full((), jnp.nan, dtype if jnp.issubdtype(dtype, jnp.floating) else float)
+        self.iterations = iterations
+        self.converged = converged
+        self.stationarity = nan if stationarity is None else stationarity
+        self.grad_norm = nan if grad_norm is None else grad_norm
+        self.objective_trace = objective_trace
+        self.num_value_evals = jnp.asarray(num_value_evals)
+        self.num_grad_evals = jnp.asarray(num_grad_evals)
+        self.num_hvp_evals = jnp.asarray(num_hvp_evals)
+        self.method = method
+        self.solver = solver
+        self.info = info
 
     @classmethod
-    def from_solution(cls, sol, method: str, solver: str, fallback=False, jitter=0.0) -> "Diagnostics":
-        return cls(sol.iterations, sol.converged, sol.grad_norm, sol.trace, sol.num_value_evals,
-                   sol.num_grad_evals, sol.num_hvp_evals, method, solver,
-                   jnp.asarray(fallback, bool), jnp.asarray(jitter, sol.trace.dtype), stationarity=sol.decrement)
+    def from_solution(cls, sol, method: str, solver: str, info=None) -> "Diagnostics":
+        """From a `vj.solvers` solution (its iterations, convergence, decrement, trace and counts)."""
+        return cls(iterations=sol.iterations, converged=sol.converged, stationarity=sol.decrement,
+                   grad_norm=sol.grad_norm, objective_trace=sol.trace, num_value_evals=sol.num_value_evals,
+                   num_grad_evals=sol.num_grad_evals, num_hvp_evals=sol.num_hvp_evals, method=method,
+                   solver=solver, info=info)
+
+    fallback = _moved("fallback")
+    jitter = _moved("jitter")
+    max_change = _moved("max_change")
+    oscillating = _moved("oscillating")
+    skipped = _moved("skipped")
+    shrunk = _moved("shrunk")
+
+    def __repr__(self):
+        if _traced(self):
+            return super().__repr__()
+        return _fields_repr(self, ("method", "solver", "iterations", "converged", "stationarity", "grad_norm",
+                                   "num_value_evals", "num_grad_evals", "num_hvp_evals", "objective_trace",
+                                   "info"))
 
 
 class Posterior(eqx.Module):
@@ -77,11 +191,16 @@ class Posterior(eqx.Module):
     - `log_z`: the method's log-evidence estimate, differentiable in the model's
       hyperparameters. For G-KL, mean field and LVB a lower bound on log Z (envelope theorem); for Laplace an
       approximation; for MAP the log joint at the mode (not an evidence estimate).
-    - `is_lower_bound`: whether `log_z` is a guaranteed lower bound.
+    - `is_lower_bound`: whether `log_z` is a guaranteed lower bound: the method gives one **and** `log_z`
+      is finite (a failed fit's NaN or ±inf is never reported as a bound). A Python bool for a concrete
+      fit (usable in ``if``); a bool array of `log_z`'s shape when the posterior was built under `jit`
+      or `vmap` (``bool(post.is_lower_bound)`` then works once it is concrete).
     - `diagnostics`: a `Diagnostics`.
     - `model`: the model that was fitted (used by predictive functions).
     - `state`: what the method needs to warm-start from this fit (`vj.EP`: its `vj.ep.SiteParams`);
       None for methods whose `init` is the posterior itself.
+
+    ``post.std`` is the marginal standard deviations ``(D,)``; ``post.summary(names)`` a readable table.
     """
 
     mean: jax.Array
@@ -89,13 +208,27 @@ class Posterior(eqx.Module):
     log_z: jax.Array
     diagnostics: Diagnostics
     model: LatentLinearModel
-    is_lower_bound: bool = eqx.field(static=True)
+    is_lower_bound: bool | jax.Array
     state: object = None
+
+    def __init__(self, mean, factor, log_z, diagnostics, model, is_lower_bound, state=None):
+        self.mean = mean
+        self.factor = factor
+        self.log_z = log_z
+        self.diagnostics = diagnostics
+        self.model = model
+        self.state = state
+        self.is_lower_bound = _bound_flag(is_lower_bound, log_z)
 
     @property
     def covariance(self):
         """S as a dense ``(D, D)`` matrix (computed on access for structured families)."""
         return self.factor.dense()
+
+    @property
+    def std(self):
+        """Marginal standard deviations √diag(S) of w under q, shape ``(D,)``."""
+        return jnp.sqrt(self.factor.variances())
 
     def marginals(self, H):
         """Means and variances of ``H w`` under q: two arrays of shape ``(N,)``.
@@ -110,3 +243,64 @@ class Posterior(eqx.Module):
     def sample(self, key, num_samples: int):
         """``num_samples`` draws from q: shape ``(num_samples, D)``."""
         return self.mean + self.factor.sample(key, num_samples)
+
+    def summary(self, names=None, max_rows: int | None = None) -> str:
+        """A table of q's mean and standard deviation per coordinate, with log Z and what it is.
+
+        ``names``: one label per coordinate (a sequence of ``D`` strings); default ``w[0]``, ``w[1]``, ….
+        ``max_rows``: show at most this many coordinates (the first ones), or all (None, default).
+        For a concrete, unbatched posterior (not under `jit` or `vmap`, mean of shape ``(D,)``).
+        """
+        if _traced(self.mean, self.log_z):
+            raise ValueError("Posterior.summary: the posterior is traced (inside jit, vmap or grad); "
+                             "call summary() on the concrete result outside the transformation.")
+        if np.ndim(self.mean) != 1:
+            raise ValueError(f"Posterior.summary: mean has shape {np.shape(self.mean)}, a batch of posteriors "
+                             "(from vmap); select one first, e.g. jax.tree.map(lambda x: x[0], post).")
+        dim = int(np.shape(self.mean)[0])
+        if names is None:
+            names = [f"w[{i}]" for i in range(dim)]
+        else:
+            names = [str(n) for n in names]
+            if len(names) != dim:
+                raise ValueError(f"Posterior.summary: got {len(names)} names for {dim} coordinates; pass one "
+                                 "name per coordinate of the mean, or None.")
+        mean, std = np.asarray(self.mean), np.asarray(self.std)
+        shown = dim if max_rows is None else min(dim, int(max_rows))
+        d = self.diagnostics
+        log_z = float(self.log_z)
+        if bool(self.is_lower_bound):
+            kind = "a lower bound on log Z"
+        elif not np.isfinite(log_z):
+            kind = "not finite: the fit failed"
+        elif d.method == "MAP":
+            kind = "the log joint at the mode, not an evidence estimate"
+        else:
+            kind = "an approximation of log Z"
+        status = "converged" if bool(np.all(d.converged)) else "NOT converged"
+        width = max([len("coordinate")] + [len(n) for n in names[:shown]])
+        lines = [f"{d.method} ({d.solver}): {status} after {int(d.iterations)} iterations",
+                 f"log Z = {log_z:.6g} ({kind})",
+                 f"{'coordinate':<{width}}  {'mean':>12}  {'sd':>12}"]
+        lines += [f"{names[i]:<{width}}  {mean[i]:>12.5g}  {std[i]:>12.5g}" for i in range(shown)]
+        if shown < dim:
+            lines.append(f"... {dim - shown} more coordinates")
+        return "\n".join(lines)
+
+    def __repr__(self):
+        if _traced(self.mean, self.log_z, self.diagnostics):
+            return super().__repr__()
+        factor = type(self.factor).__name__
+        return (f"Posterior(mean={_show(self.mean)}, factor={factor}, log_z={_show(self.log_z)}, "
+                f"is_lower_bound={_show(self.is_lower_bound)}, diagnostics={_show(self.diagnostics)}, "
+                f"model={type(self.model).__name__}, state={_show(self.state)})")
+
+
+def _bound_flag(claim, log_z):
+    """The method's claim ``claim`` that ``log_z`` is a lower bound, withdrawn where ``log_z`` is not finite:
+    a Python bool when both are concrete, else a bool array (traced under jit or vmap)."""
+    if _traced(claim, log_z):
+        return jnp.logical_and(claim, jnp.isfinite(log_z))
+    if np.ndim(log_z) == 0 and np.ndim(claim) == 0:
+        return bool(claim) and bool(np.isfinite(np.asarray(log_z)))
+    return jnp.logical_and(claim, jnp.isfinite(log_z))

@@ -286,8 +286,8 @@ class _Sweep(NamedTuple):
     work: dict
 
 
-def column_ascent(model, max_sweeps: int = 50, tol: float = 1e-10, atol: float = 0.0, inner_iters: int = 20,
-                  newton_iters: int = 20, quadrature: GaussHermite = GaussHermite(),
+def column_ascent(model, max_iter: int = 50, tol: float = 1e-10, atol: float = 0.0, inner_max_iter: int = 20,
+                  newton_max_iter: int = 20, quadrature: GaussHermite = GaussHermite(),
                   require_concave: bool = True) -> FastGKLResult:
     """Thesis Alg. 3: concave coordinate ascent on the G-KL bound of a GP-type model.
 
@@ -322,14 +322,14 @@ def column_ascent(model, max_sweeps: int = 50, tol: float = 1e-10, atol: float =
        inverse of K), until the predicted rise is below a tenth of the stopping threshold.
 
     It stops when a sweep raises the bound by at most max(``atol``, ``tol``·|bound|) (the thesis's
-    Table 3.1 uses ``atol=1e-3``, ``tol=0``) or after ``max_sweeps``. Cost per sweep: 2D³ flops for the
-    rank-one updates, a few scalar site evaluations per column (``inner_iters`` caps them), one
+    Table 3.1 uses ``atol=1e-3``, ``tol=0``) or after ``max_iter`` sweeps. Cost per sweep: 2D³ flops for the
+    rank-one updates, a few scalar site evaluations per column (``inner_max_iter`` caps them), one
     evaluation of all D sites for the check, and D³/3 per Newton step.
 
     **Arguments:** ``model`` (GP-type, concave site expectations unless ``require_concave=False``; a
     `ValueError` otherwise),
-    ``max_sweeps``, ``tol``/``atol`` (stopping rule), ``inner_iters`` (cap on each column's scalar
-    iterations), ``newton_iters`` (cap on Newton steps per sweep), ``quadrature`` (for potentials
+    ``max_iter``, ``tol``/``atol`` (stopping rule), ``inner_max_iter`` (cap on each column's scalar
+    iterations), ``newton_max_iter`` (cap on Newton steps per sweep), ``quadrature`` (for potentials
     without a closed-form expectation).
 
     **Returns:** a `FastGKLResult`; its ``trace`` is non-decreasing (up to rounding). The returned ``covariance`` and
@@ -353,7 +353,7 @@ def column_ascent(model, max_sweeps: int = 50, tol: float = 1e-10, atol: float =
                 # Thesis eq. 3.60: only f̲_d moves (O(1) per call); Ω₂₂ − t₂₂ = 1/v_old − λ_d.
                 site = _at(groups, d)
                 G, c = (lambda v: _expected(site, s.m[d], v, quadrature)), 1.0 / v_old - s.lam[d]
-            v_new, n = _maximise_scalar(G, c, v_old, inner_iters)
+            v_new, n = _maximise_scalar(G, c, v_old, inner_max_iter)
             beta = (v_new - v_old) / v_old**2  # V ← V + β u uᵀ: thesis eqs. 3.64 and 3.67 in one
             counter = "site_evals" if exact else "scalar"
             return s._replace(V=s.V + beta * jnp.outer(u, u), var=s.var + beta * u**2,
@@ -380,7 +380,7 @@ def column_ascent(model, max_sweeps: int = 50, tol: float = 1e-10, atol: float =
         new = jax.lax.cond(ok, lambda _: new, lambda _: exact_sweep(s._replace(work=new.work)), None)
         threshold = 0.1 * _threshold(new.value, tol, atol)
         mean = _mean_update(K, mu, groups, quadrature, new.var, new.m, new.alpha, new.expected, threshold,
-                            newton_iters)
+                            newton_max_iter)
         value = _bound(new.logdet, new.lam, new.var, mean.alpha, mean.m, mu, mean.expected)
         k = s.k + 1
         work = dict(new.work, newton=new.work["newton"] + mean.k, site_evals=new.work["site_evals"] + mean.evals,
@@ -394,10 +394,10 @@ def column_ascent(model, max_sweeps: int = 50, tol: float = 1e-10, atol: float =
     zero = jnp.zeros((), dtype)
     count = jnp.array(0)
     work0 = dict(scalar=count, fallback=count, newton=count, site_evals=jnp.array(1))
-    trace = nan_trace(max_sweeps, dtype, e0)
+    trace = nan_trace(max_iter, dtype, e0)
     s = _Sweep(mu, jnp.zeros_like(mu), K, var0, jnp.zeros_like(mu), zero, e0, e0, count, trace,
                jnp.array(False), work0)
-    s = jax.lax.while_loop(lambda s: ~s.stalled & (s.k < max_sweeps), sweep, s)
+    s = jax.lax.while_loop(lambda s: ~s.stalled & (s.k < max_iter), sweep, s)
 
     V, var, logdet = _covariance(model, s.lam)
     value = _bound(logdet, s.lam, var, s.alpha, s.m, mu, expected_all(s.m, var))

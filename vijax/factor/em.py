@@ -415,8 +415,8 @@ def fit(model: FactorModel, Y, mask=None, *, weights=None, max_iter: int = 100, 
     names of ``max_iter`` and ``e_step_max_iter``.)
     """
     owner = "vj.factor.fit"
-    max_iter = renamed(num_iters, "num_iters", max_iter, "max_iter", owner)
-    e_step_max_iter = renamed(e_step_iters, "e_step_iters", e_step_max_iter, "e_step_max_iter", owner)
+    max_iter = renamed(owner, "num_iters", "max_iter", num_iters, max_iter)
+    e_step_max_iter = renamed(owner, "e_step_iters", "e_step_max_iter", e_step_iters, e_step_max_iter)
     for name, value in (("max_iter", max_iter), ("e_step_max_iter", e_step_max_iter)):
         if not (isinstance(value, (int, np.integer)) and value >= 1):
             raise ValueError(f"{owner}: `{name}` must be a positive integer, got {value!r}.")

@@ -73,7 +73,7 @@ def fit_hyperparameters(kernel, X, likelihood, method, *, labels=None, mean=0.0,
     - `progress`: print log Ẑ after every step.
     """
     owner = "vj.gp.fit_hyperparameters"
-    max_iter = renamed(num_steps, "num_steps", max_iter, "max_iter", owner)
+    max_iter = renamed(owner, "num_steps", "max_iter", num_steps, max_iter)
     if train_likelihood is None:
         train_likelihood = ("scale",) if hasattr(likelihood, "scale") else ()
     for name in train_likelihood:

@@ -1,6 +1,7 @@
-"""Inference methods: configuration objects with a ``fit(model, init)`` method."""
+"""Inference methods: configuration objects, subclasses of `AbstractMethod`, with a ``fit(model, init)`` method."""
 
 from . import ep, gkl, laplace, lvb
+from ._base import AbstractMethod
 from .ep import EP
 from .gkl import GKL
 from .laplace import Laplace
@@ -8,4 +9,4 @@ from .lvb import LVB
 from .map import MAP
 from .meanfield import MeanField
 
-__all__ = ["ep", "EP", "gkl", "laplace", "lvb", "GKL", "Laplace", "LVB", "MAP", "MeanField"]
+__all__ = ["AbstractMethod", "ep", "EP", "gkl", "laplace", "lvb", "GKL", "Laplace", "LVB", "MAP", "MeanField"]

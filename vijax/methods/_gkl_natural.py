@@ -553,8 +553,8 @@ def fit(model: LatentLinearModel, work: LatentLinearModel, mean, lam, quadrature
                            body, state)
     p = s.point
     grad_norm = jnp.maximum(jnp.max(jnp.abs(p.grad)), jnp.max(0.5 * jnp.abs(p.gap)))
-    diagnostics = Diagnostics(s.k, jnp.isfinite(p.value) & s.converged, grad_norm, s.trace, s.evals, s.evals,
-                              jnp.array(0), "GKL",
-                              f"natural-parameter ascent ({'dual' if lin.dense_coupling else 'primal'})",
-                              stationarity=s.decrement)
+    diagnostics = Diagnostics(iterations=s.k, converged=jnp.isfinite(p.value) & s.converged,
+                              stationarity=s.decrement, grad_norm=grad_norm, objective_trace=s.trace,
+                              num_value_evals=s.evals, num_grad_evals=s.evals, num_hvp_evals=0, method="GKL",
+                              solver=f"natural-parameter ascent ({'dual' if lin.dense_coupling else 'primal'})")
     return NaturalFit(p.mean, lin.cholesky(p.fac, p.lam), _split(p.lam, sizes), p.value, diagnostics)

@@ -33,10 +33,10 @@ hyperparameters with the sites frozen is the total derivative (`energy`).
 Schedules (`EP.schedule`):
 
 - ``"parallel"``: all sites from one q, then q once (a Cholesky); the step is halved until q and every
-  cavity are proper (``diagnostics.shrunk``). By default the damping adapts: full steps while the
+  cavity are proper (``diagnostics.info.shrunk``). By default the damping adapts: full steps while the
   moment-matching residual falls; the first step that raises it is undone, and δ = ½ from then on.
 - ``"sequential"``: one site at a time with a rank-one update of q (O(D²) a site), q recomputed from
-  the sites after every sweep; a site whose cavity is improper is skipped (``diagnostics.skipped``).
+  the sites after every sweep; a site whose cavity is improper is skipped (``diagnostics.info.skipped``).
 - ``"double_loop"``: the expectation-consistent min–max form of the energy (Jylänki §2.3.7; Opper &
   Winther 2005; Heskes & Zoeter 2002). Outer loop: anchor each cavity at q's current marginal.
   Inner loop: minimise the convex function
@@ -52,7 +52,7 @@ improper or the cavities as wide as the prior.
 
 By default a run that has not converged (the residual stopped improving for ``patience`` iterations,
 or ``max_iter`` was reached) is continued from its best sites by the next, more robust schedule
-(``diagnostics.fallback``): parallel by sequential sweeps (many sites sharing few directions, where
+(``diagnostics.info.fallback``): parallel by sequential sweeps (many sites sharing few directions, where
 parallel steps overshoot together, are where sequential EP is at its best, and a sweep costs about
 what a parallel iteration does there), sequential by the double loop. Each gets ``max_iter``
 iterations, so a fit ends in bounded time.
@@ -69,7 +69,9 @@ import jax.numpy as jnp
 from .._linalg import LOG_2PI as _LOG_2PI, select
 from ..covariance import CholeskyFactor
 from ..model import LatentLinearModel
-from ..posterior import Diagnostics, Posterior
+from ..posterior import Diagnostics, EPInfo, Posterior
+from .._keywords import renamed
+from ._base import AbstractMethod
 from ._envelope import computed
 from ._gaussian import integrate, marginals, working_model
 from .laplace import expand_at_mode, whitened
@@ -292,7 +294,7 @@ def _largest_proper_fraction(conditions):
     return jnp.where(ok(alpha), alpha, 0.0)
 
 
-class EP(eqx.Module):
+class EP(AbstractMethod):
     """Expectation propagation with damping, power EP and fallbacks to more robust schedules.
 
     **Arguments:**
@@ -312,7 +314,8 @@ class EP(eqx.Module):
       sequential sweeps, sequential with the double loop (see the module docstring).
     - `patience`: iterations without a 1% improvement of the residual before a run is declared
       oscillating (and handed to the fallback).
-    - `inner_iter`: the most inner steps per outer iteration of the double loop.
+    - `inner_max_iter`: the most inner steps per outer iteration of the double loop (``inner_iter``,
+      its former name, still works with a `DeprecationWarning`).
 
     ``vj.infer(model, vj.EP())`` returns a `Posterior` with q = N(mean, S) (a full `CholeskyFactor`)
     and ``log_z`` = `energy` at the frozen sites, an approximation (not a bound) whose ``jax.grad``
@@ -330,7 +333,18 @@ class EP(eqx.Module):
     tol: float = eqx.field(static=True, default=1e-8)
     fallback: bool = eqx.field(static=True, default=True)
     patience: int = eqx.field(static=True, default=20)
-    inner_iter: int = eqx.field(static=True, default=50)
+    inner_max_iter: int = eqx.field(static=True, default=50)
+
+    def __init__(self, schedule="parallel", damping=None, power=1.0, max_iter=200, tol=1e-8, fallback=True,
+                 patience=20, inner_max_iter=50, *, inner_iter=None):
+        self.schedule = schedule
+        self.damping = damping
+        self.power = power
+        self.max_iter = max_iter
+        self.tol = tol
+        self.fallback = fallback
+        self.patience = patience
+        self.inner_max_iter = renamed("EP", "inner_iter", "inner_max_iter", inner_iter, inner_max_iter, 50)
 
     def __check_init__(self):
         if self.schedule not in SCHEDULES:
@@ -493,7 +507,7 @@ class EP(eqx.Module):
 
             def cond(state):
                 sites, ev, j, failed, evals = state
-                return (j < self.inner_iter) & ~failed & (_residual(ev) > target)
+                return (j < self.inner_max_iter) & ~failed & (_residual(ev) > target)
 
             def body(state):
                 sites, ev, j, _, evals = state
@@ -673,10 +687,12 @@ class EP(eqx.Module):
         _, mean, C = integrate(frozen, _quadratics(sites), *work)
         grad = _energy_gradient(run.ev, frozen, C, self.power)
         grad_norm = jnp.max(jnp.stack([jnp.max(jnp.abs(g), initial=0.0) for g in jax.tree_util.tree_leaves(grad)]))
+        info = EPInfo(max_change=run.change, oscillating=oscillated | (run.since_best >= self.patience),
+                      skipped=run.skipped, shrunk=run.shrunk, fallback=used_fallback)
         diagnostics = Diagnostics(
-            run.k, run.residual <= run.tol, grad_norm, run.trace, run.evals, jnp.array(1), jnp.array(0), "EP",
-            self.schedule, used_fallback, jnp.zeros((), run.trace.dtype), run.change,
-            oscillated | (run.since_best >= self.patience), run.skipped, run.shrunk, stationarity=run.residual)
+            iterations=run.k, converged=run.residual <= run.tol, stationarity=run.residual, grad_norm=grad_norm,
+            objective_trace=run.trace, num_value_evals=run.evals, num_grad_evals=1, num_hvp_evals=0, method="EP",
+            solver=self.schedule, info=info)
         factor = CholeskyFactor.from_matrix(C).canonical()
         return Posterior(mean, factor, log_z, diagnostics, model, is_lower_bound=False, state=sites)
 

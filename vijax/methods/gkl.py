@@ -36,6 +36,7 @@ from ..model import LatentLinearModel
 from ..posterior import Diagnostics, Posterior
 from ..quadrature import GaussHermite, safe_sqrt
 from ..solvers import LBFGS, AbstractSolver, NewtonCG
+from ._base import AbstractMethod
 from . import _gkl_natural
 from ._envelope import computed
 from .laplace import expand_at_mode, whitened
@@ -118,7 +119,7 @@ def shrunk_until_finite(params: GaussianParams, objective, max_halvings: int = 6
     return at(t)
 
 
-class GKL(eqx.Module):
+class GKL(AbstractMethod):
     """Gaussian KL approximate inference: maximise `bound` over (m, C).
 
     **Arguments:**
@@ -279,5 +280,5 @@ class GKL(eqx.Module):
         # Envelope theorem: at the optimum ∂B/∂(m, C) = 0, so differentiating the bound with
         # the parameters frozen gives the derivative of the optimal bound in the model.
         log_z = bound(opt, model, self.quadrature)
-        diagnostics = Diagnostics.from_solution(sol, "GKL", type(solver).__name__)
+        diagnostics = Diagnostics.from_solution(sol, method="GKL", solver=type(solver).__name__)
         return Posterior(opt.mean, opt.factor, log_z, diagnostics, model, is_lower_bound=True)

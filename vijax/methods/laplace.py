@@ -29,7 +29,6 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jax.scipy.linalg import cho_factor, cho_solve, solve_triangular
@@ -39,8 +38,9 @@ from .._linalg import LOG_2PI, inverse_factor, reversed_cholesky
 from .._curvature import Curvature, site_curvatures, site_derivatives
 from ..covariance import CholeskyFactor
 from ..model import GaussianFactor, LatentLinearModel
-from ..posterior import Diagnostics, Posterior
+from ..posterior import Diagnostics, LaplaceInfo, Posterior
 from ..solvers import AbstractSolver, GaussNewton, NewtonCG, Solution
+from ._base import AbstractMethod
 from ._envelope import computed
 from ._gaussian import working_model
 
@@ -181,6 +181,10 @@ class ModeFit(NamedTuple):
         of B A⁻¹ Bᵀ (C = R⁻¹Bᵀ, upper × upper, still upper-triangular)."""
         return CholeskyFactor.from_matrix(inverse_factor(self.R, basis))
 
+    def info(self) -> LaplaceInfo:
+        """The `LaplaceInfo` of ``post.diagnostics.info``: the curvature's fallback and jitter."""
+        return LaplaceInfo(fallback=jnp.asarray(self.fallback, bool), jitter=jnp.asarray(self.jitter, self.R.dtype))
+
 
 def fit_mode(model: LatentLinearModel, init, solver: AbstractSolver, owner: str) -> ModeFit:
     """The shared first half of `Laplace` and `MAP`: the mode of the frozen model and its curvature."""
@@ -252,7 +256,7 @@ def expand_at_mode(model: LatentLinearModel, solver: AbstractSolver = _START_SOL
     return SiteExpansion(mode, tuple(precision), tuple(shift), sol)
 
 
-class Laplace(eqx.Module):
+class Laplace(AbstractMethod):
     """The Laplace approximation q(w) = N(w*, (−∇²ℓ(w*))⁻¹) and its evidence estimate.
 
     **Arguments:**
@@ -272,7 +276,7 @@ class Laplace(eqx.Module):
     Laplace evidence: ℓ(w*) contributes its partial derivative (the envelope theorem, ∇ℓ = 0
     at w*), and the log-determinant also its dependence through the mode,
     dw*/dθ = A⁻¹ ∂_θ∇ℓ(w*) (implicit differentiation). Where the exact curvature is not
-    positive definite (``post.diagnostics.fallback``) the Gauss–Newton curvature stands in
+    positive definite (``post.diagnostics.info.fallback``) the Gauss–Newton curvature stands in
     for A throughout, so the evidence and its gradient are those of that approximation.
     """
 
@@ -302,6 +306,6 @@ class Laplace(eqx.Module):
             work = working(model)
             return evidence(differentiable_mode(fit, work), work, fit.fallback, fit.jitter)
 
-        diagnostics = Diagnostics.from_solution(fit.solution, "Laplace", type(solver).__name__,
-                                                fit.fallback, fit.jitter)
+        diagnostics = Diagnostics.from_solution(fit.solution, method="Laplace", solver=type(solver).__name__,
+                                                info=fit.info())
         return Posterior(mode, factor, computed(value, log_z, fit, model), diagnostics, model, is_lower_bound=False)

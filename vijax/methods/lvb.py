@@ -59,6 +59,7 @@ from ..covariance import CholeskyFactor, DiagonalFactor
 from ..model import LatentLinearModel
 from ..posterior import Diagnostics, Posterior
 from ..solvers import fixed_point
+from ._base import AbstractMethod
 from ._gaussian import integrate, marginals, working_model
 from .laplace import expand_at_mode, whitened
 
@@ -302,7 +303,7 @@ def initial_xi(model: LatentLinearModel, bound: str = "jaakkola", init=None):
 # The method
 
 
-class LVB(eqx.Module):
+class LVB(AbstractMethod):
     """Local variational bounds: maximise B_LVB(ξ) over the site parameters by fixed-point (EM) steps.
 
     **Arguments:**
@@ -371,7 +372,8 @@ class LVB(eqx.Module):
         # model has the derivative of the optimal bound in every hyperparameter.
         log_z = bound(xi, model, self.bound)
         # Work done: one bound evaluation per point tried (k), one gradient (for grad_norm).
-        diagnostics = Diagnostics(k, converged, grad_norm, trace, k, jnp.array(1), jnp.array(0), "LVB",
-                                  "fixed_point", stationarity=run.distance)
+        diagnostics = Diagnostics(iterations=k, converged=converged, stationarity=run.distance, grad_norm=grad_norm,
+                                  objective_trace=trace, num_value_evals=k, num_grad_evals=1, num_hvp_evals=0,
+                                  method="LVB", solver="fixed_point")
         return Posterior(mean, CholeskyFactor.from_matrix(C).canonical(), log_z, diagnostics, model,
                          is_lower_bound=True)

@@ -10,17 +10,17 @@ The mode search, the curvature at the mode and its fallback are those of `vj.Lap
 
 from __future__ import annotations
 
-import equinox as eqx
 
 from ..model import LatentLinearModel
 from ..posterior import Diagnostics, Posterior
 from ..solvers import AbstractSolver
+from ._base import AbstractMethod
 from .laplace import fit_mode, log_joint, mode_solver
 
 __all__ = ["MAP"]
 
 
-class MAP(eqx.Module):
+class MAP(AbstractMethod):
     """The posterior mode, with the Laplace covariance around it.
 
     **Arguments:**
@@ -41,5 +41,6 @@ class MAP(eqx.Module):
     def fit(self, model: LatentLinearModel, init=None) -> Posterior:
         solver = mode_solver(model, self.solver)
         fit = fit_mode(model, init, solver, "MAP")
-        diagnostics = Diagnostics.from_solution(fit.solution, "MAP", type(solver).__name__, fit.fallback, fit.jitter)
+        diagnostics = Diagnostics.from_solution(fit.solution, method="MAP", solver=type(solver).__name__,
+                                                info=fit.info())
         return Posterior(fit.mode, fit.factor(), log_joint(fit.mode, model), diagnostics, model, is_lower_bound=False)

@@ -46,6 +46,8 @@ from ..model import Identity, LatentLinearModel
 from ..posterior import Diagnostics, Posterior
 from ..quadrature import GaussHermite
 from ..solvers import AbstractSolver, extrapolated_distance
+from .._keywords import renamed
+from ._base import AbstractMethod
 from .gkl import GKL
 from .laplace import expand_at_mode
 
@@ -80,7 +82,7 @@ def _bound(c, v, model, log_z, mean, var):
     return entropy_and_sites + model.prior.expected_log_density(mean, DiagonalFactor(jnp.sqrt(var)))
 
 
-class MeanField(eqx.Module):
+class MeanField(AbstractMethod):
     """Mean-field approximation: free-form factors where H = I, Gaussian factors otherwise.
 
     **Arguments:**
@@ -88,12 +90,13 @@ class MeanField(eqx.Module):
     - `solver`: for Gaussian factors, a `vj.solvers` solver (default: the diagonal family's,
       `NewtonCG()` with a Jacobi preconditioner).
     - `quadrature`: the rule for expectations without a closed form.
-    - `max_sweeps`, `tol`: for free-form factors, the most coordinate-ascent sweeps, and the distance
+    - `max_iter`, `tol`: for free-form factors, the most coordinate-ascent sweeps, and the distance
       of the factors' means from the fixed point, in units of their standard deviations, at which they
       stop (extrapolated from the last two sweeps, `vj.solvers.extrapolated_distance`: coordinate
       ascent converges linearly).
     - `free_form`: use free-form factors when the model allows them (``True``, default) or always
       Gaussian factors (``False``).
+    - `max_sweeps`: deprecated name of `max_iter`.
 
     ``vj.infer(model, vj.MeanField())`` returns a `Posterior` with the factors' means and variances
     (a `DiagonalFactor`) and ``log_z`` the mean-field lower bound on log Z, differentiable in the
@@ -104,9 +107,21 @@ class MeanField(eqx.Module):
 
     solver: AbstractSolver | None = None
     quadrature: GaussHermite = GaussHermite()
-    max_sweeps: int = eqx.field(static=True, default=1000)
+    max_iter: int = eqx.field(static=True, default=1000)
     tol: float = eqx.field(static=True, default=1e-9)
     free_form: bool = eqx.field(static=True, default=True)
+
+    def __init__(self, solver=None, quadrature=GaussHermite(), max_iter=1000, tol=1e-9, free_form=True, *,
+                 max_sweeps=None):
+        self.solver = solver
+        self.quadrature = quadrature
+        self.max_iter = renamed("MeanField", "max_sweeps", "max_iter", max_sweeps, max_iter, 1000)
+        self.tol = tol
+        self.free_form = free_form
+
+    def __check_init__(self):
+        if not (isinstance(self.max_iter, int) and self.max_iter >= 1):
+            raise ValueError(f"MeanField: `max_iter` must be a positive integer, got {self.max_iter!r}.")
 
     def fit(self, model: LatentLinearModel, init=None) -> Posterior:
         if self.free_form and free_form_applies(model):
@@ -153,10 +168,10 @@ class MeanField(eqx.Module):
 
         def unfinished(state):
             *_, change, previous, k, trace = state
-            return (k < self.max_sweeps) & ~(distance(change, previous) <= self.tol) & jnp.isfinite(trace[k])
+            return (k < self.max_iter) & ~(distance(change, previous) <= self.tol) & jnp.isfinite(trace[k])
 
         first = bound(c, v, frozen, self.quadrature)
-        trace = nan_trace(self.max_sweeps, first.dtype, first)
+        trace = nan_trace(self.max_iter, first.dtype, first)
         inf = jnp.asarray(jnp.inf, first.dtype)
         start = (c, mean, residual, inf, inf, jnp.array(0), trace)
         c, _, _, change, previous, sweeps, trace = jax.lax.while_loop(unfinished, sweep, start)
@@ -166,7 +181,8 @@ class MeanField(eqx.Module):
         c, v = jax.lax.stop_gradient((c, v))
         _, mean, var = factor_moments(c, v, frozen, self.quadrature)
         log_z = bound(c, v, model, self.quadrature)  # live model: the envelope theorem
-        zero = jnp.array(0)
-        diagnostics = Diagnostics(sweeps, converged, jnp.asarray(jnp.nan, trace.dtype), trace, zero, zero, zero,
-                                  "MeanField", "coordinate_ascent", stationarity=stationarity)
+        # Work done: the bound once at the start and after every sweep (the sweeps' 1-D tilted moments aside).
+        diagnostics = Diagnostics(iterations=sweeps, converged=converged, stationarity=stationarity,
+                                  objective_trace=trace, num_value_evals=sweeps + 1, method="MeanField",
+                                  solver="coordinate_ascent")
         return Posterior(mean, DiagonalFactor(jnp.sqrt(var)), log_z, diagnostics, model, is_lower_bound=True)

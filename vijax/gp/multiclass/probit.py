@@ -63,6 +63,7 @@ from ...potentials import Probit
 from ...quadrature import GaussHermite
 from .._layout import class_kernels, class_labels, class_prior_covariances, same_arrays
 from ... import _checks
+from ..._keywords import renamed
 from ..kernels import AbstractKernel
 from ..models import DEFAULT_JITTER
 
@@ -231,10 +232,7 @@ def tilted_moments(cavity_mean, cavity_cov, label, max_iter=100, tol=1e-10, *, m
     compute exactly), of the tilted mean ``(C,)`` and covariance ``(C, C)``. Cost O(C⁴) per sweep
     (C ≲ 20 is the intended range). Pure: ``jax.vmap`` it over sites.
     """
-    if max_sweeps is not None:
-        warnings.warn("vj.gp.multiclass.tilted_moments: `max_sweeps` is deprecated; use `max_iter`.",
-                      DeprecationWarning, stacklevel=2)
-        max_iter = max_sweeps
+    max_iter = renamed("vj.gp.multiclass.tilted_moments", "max_sweeps", "max_iter", max_sweeps, max_iter)
     m0 = jnp.asarray(cavity_mean)
     V0 = jnp.asarray(cavity_cov, m0.dtype)
     onehot = jax.nn.one_hot(label, m0.shape[0], dtype=m0.dtype)
