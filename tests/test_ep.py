@@ -1,4 +1,7 @@
-"""Expectation propagation: tilted moments, exactness, fixed points, energy, gradients, robustness."""
+"""Expectation propagation: tilted moments, a reference EP, fixed points, energy, gradients, robustness.
+
+Exactness on conjugate models (every schedule, power EP), jit/vmap/grad, float32, warm starts and
+evidence gradients are checked for every method in test_methods.py."""
 
 import warnings
 
@@ -6,33 +9,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from scipy import integrate, special, stats
+from scipy import special, stats
 
 import vijax as vj
 from vijax.methods import ep as ep_module
 from vijax.methods._gaussian import integrate as gaussian_integral, working_model
 
-from helpers import gaussian_posterior
+from helpers import neal as _neal, quad_moments as _quad_moments, se_kernel as _se_kernel
+from registry import MODELS
 
 P = vj.potentials
 
 
 # ----------------------------------------------------------------------------------------------
 # Tilted moments
-
-
-def _quad_moments(log_phi, m, v, power):
-    s = np.sqrt(v)
-    log_f = lambda x: power * log_phi(x) + stats.norm.logpdf(x, m, s)
-    # Breakpoints at the cavity and at the site's own peak keep quad accurate for narrow peaks.
-    points = sorted({m - 8 * s, m, m + 8 * s, 0.0, 0.7, 3.0})
-    lo, hi = min(points) - 40 * s - 40, max(points) + 40 * s + 40
-    shift = np.max(log_f(np.linspace(lo, hi, 20001)))
-    kw = dict(points=points, limit=1000, epsabs=0, epsrel=1e-12)
-    z = integrate.quad(lambda x: np.exp(log_f(x) - shift), lo, hi, **kw)[0]
-    mean = integrate.quad(lambda x: x * np.exp(log_f(x) - shift), lo, hi, **kw)[0] / z
-    var = integrate.quad(lambda x: (x - mean) ** 2 * np.exp(log_f(x) - shift), lo, hi, **kw)[0] / z
-    return np.log(z) + shift, mean, var
 
 
 _CASES = [
@@ -89,35 +79,7 @@ def test_probit_closed_form_matches_autodiff_identity():
 
 
 # ----------------------------------------------------------------------------------------------
-# Exactness and agreement with independent implementations
-
-
-@pytest.fixture(scope="module")
-def conjugate():
-    rng = np.random.default_rng(1)
-    N, D = 25, 4
-    X = rng.normal(size=(N, D))
-    y = X @ rng.normal(size=D) + 0.3 * rng.normal(size=N)
-    prior_cov = 1.5 * np.eye(D) + 0.3
-    model = vj.LatentLinearModel(vj.GaussianFactor.dense(np.zeros(D), prior_cov), vj.Sites(X, P.Gaussian(y, 0.3)))
-    return model, gaussian_posterior(np.zeros(D), prior_cov, X, y, 0.09)
-
-
-@pytest.mark.parametrize("method", [vj.EP(), vj.EP(schedule="sequential"), vj.EP(schedule="double_loop"),
-                                    vj.EP(power=0.5)], ids=["parallel", "sequential", "double_loop", "power"])
-def test_exact_on_gaussian_sites(conjugate, method):
-    """Gaussian sites: EP (any schedule, any power) recovers the exact posterior and log Z."""
-    model, (mean, cov, log_z) = conjugate
-    post = vj.infer(model, method)
-    assert bool(post.diagnostics.converged)
-    np.testing.assert_allclose(post.mean, mean, atol=1e-6)
-    np.testing.assert_allclose(post.covariance, cov, atol=1e-6)
-    np.testing.assert_allclose(post.log_z, log_z, atol=1e-8)
-    assert post.is_lower_bound is False
-
-
-def _se_kernel(x, variance=1.0, lengthscale=1.0):
-    return variance * np.exp(-0.5 * (x[:, None] - x[None, :]) ** 2 / lengthscale**2) + 1e-8 * np.eye(len(x))
+# Agreement with independent implementations
 
 
 def _reference_probit_ep(K, y, sweeps=200):
@@ -159,11 +121,8 @@ def _reference_probit_ep(K, y, sweeps=200):
 
 @pytest.fixture(scope="module")
 def probit_gp():
-    rng = np.random.default_rng(3)
-    x = np.sort(rng.uniform(-3, 3, 30))
-    y = np.where(np.sin(2 * x) + 0.3 * rng.normal(size=30) > 0, 1.0, -1.0)
-    K = _se_kernel(x, 2.0, 0.8)
-    model = vj.LatentLinearModel(vj.GaussianFactor.dense(np.zeros(30), K), vj.Sites(np.diag(y), P.Probit()))
+    model, _ = MODELS["probit_gp"].build()
+    K, y = np.asarray(model.prior.cov), np.diag(np.asarray(model.sites[0].projection.matrix))
     return model, _reference_probit_ep(K, y)
 
 
@@ -182,13 +141,6 @@ def test_probit_gp_classification_matches_reference_ep(probit_gp, schedule):
 # Fixed points and the energy
 
 
-def _neal(seed, n):
-    rng = np.random.default_rng(seed)
-    x = rng.normal(size=n)
-    f = 0.3 + 0.4 * x + 0.5 * np.sin(2.7 * x) + 1.1 / (1 + x**2)
-    return x, f + np.where(rng.uniform(size=n) < 0.1, 1.0, 0.1) * rng.normal(size=n)
-
-
 def _student_gp(x, y, variance=1.0, scale=0.1):
     K = _se_kernel(x, variance)
     return vj.LatentLinearModel(vj.GaussianFactor.dense(jnp.zeros(len(x)), K),
@@ -197,10 +149,7 @@ def _student_gp(x, y, variance=1.0, scale=0.1):
 
 @pytest.fixture(scope="module")
 def robust_gp():
-    x, y = _neal(0, 25)
-    y = y.copy()
-    y[3] += 3.0  # a clear outlier: a negative site precision
-    model = _student_gp(x, y)
+    model, _ = MODELS["robust_gp"].build()  # Neal's data with a clear outlier: a negative site precision
     return model, vj.infer(model, vj.EP(tol=1e-10))
 
 
@@ -393,26 +342,6 @@ def test_no_gaussian_factor_and_warm_start():
     again = vj.infer(model, vj.EP(), init=post)
     assert int(again.diagnostics.iterations) == 0
     np.testing.assert_allclose(again.log_z, post.log_z, rtol=1e-12)
-
-
-def test_jit_vmap_and_float32(probit_gp):
-    model, _ = probit_gp
-    # vmap over two label vectors (folded into H) equals two separate fits.
-    H = jnp.stack([model.sites[0].projection.matrix, -model.sites[0].projection.matrix])
-    fit = lambda H: vj.infer(eqx_replace_H(model, H), vj.EP()).log_z
-    batched = jax.jit(jax.vmap(fit))(H)
-    np.testing.assert_allclose(batched, [fit(H[0]), fit(H[1])], rtol=1e-10)
-    # float32 on the same problem.
-    m32 = jax.tree_util.tree_map(lambda a: a.astype(jnp.float32) if jnp.issubdtype(a.dtype, jnp.floating) else a, model)
-    p32 = vj.infer(m32, vj.EP(tol=1e-4))
-    assert p32.mean.dtype == jnp.float32 and bool(p32.diagnostics.converged)
-    np.testing.assert_allclose(p32.log_z, fit(H[0]), rtol=1e-4)
-
-
-def eqx_replace_H(model, H):
-    import equinox as eqx
-
-    return eqx.tree_at(lambda m: m.sites[0].projection.matrix, model, H)
 
 
 def test_bad_configuration_and_init_raise(probit_gp):

@@ -1,62 +1,23 @@
-"""G-KL: exactness on conjugate models, gradients, concavity, envelope-theorem evidence gradients."""
+"""G-KL: a singular Gaussian factor, solvers, gradients, concavity, whitening, marginals and samples.
+
+Exactness on conjugate models, jit/vmap/grad, warm starts and evidence gradients are checked for
+every method in test_methods.py."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.experimental import sparse as jsparse
 from jax.flatten_util import ravel_pytree
 
 import vijax as vj
 from vijax.methods.gkl import GaussianParams
 
-from helpers import gaussian_posterior
+from helpers import gaussian_posterior, spd
 
 TIGHT = vj.solvers.NewtonCG(tol=1e-10, max_iter=200)
 
 
-def _regression_data(rng, n=30, d=4, noise=0.6):
-    X = rng.normal(size=(n, d))
-    y = X @ rng.normal(size=d) + noise * rng.normal(size=n)
-    return X, y
-
-
-def _spd(rng, d):
-    A = rng.normal(size=(d, d))
-    return A @ A.T / d + 0.5 * np.eye(d)
-
-
 # ------------------------------------------------------------------------------------------ exactness
-
-
-@pytest.mark.parametrize("prior_kind", ["isotropic", "diagonal", "dense", "dense_unwhitened", "precision"])
-@pytest.mark.parametrize("h_kind", ["dense", "sparse"])
-def test_exact_on_conjugate_models(rng, prior_kind, h_kind):
-    X, y = _regression_data(rng)
-    d = X.shape[1]
-    mu = rng.normal(size=d)
-    method = vj.GKL(solver=TIGHT)
-    if prior_kind == "isotropic":
-        prior, cov, mu = vj.GaussianFactor.isotropic(d, 2.0), 2.0 * np.eye(d), np.zeros(d)
-    elif prior_kind == "diagonal":
-        var = rng.uniform(0.5, 3.0, size=d)
-        prior, cov = vj.GaussianFactor.diagonal(var, mu), np.diag(var)
-    elif prior_kind.startswith("dense"):
-        cov = _spd(rng, d)
-        prior = vj.GaussianFactor.dense(mu, cov)
-        method = vj.GKL(solver=TIGHT, whiten=prior_kind == "dense")
-    else:
-        cov = _spd(rng, d)
-        prior = vj.GaussianFactor.precision(mu, np.linalg.inv(cov))
-    H = jsparse.BCOO.fromdense(X) if h_kind == "sparse" else X
-    model = vj.LatentLinearModel(prior, vj.Sites(H, vj.potentials.Gaussian(loc=y, scale=0.6)))
-    post = vj.infer(model, method)
-    mean, S, log_z = gaussian_posterior(mu, cov, X, y, 0.36)
-    assert post.is_lower_bound
-    assert bool(post.diagnostics.converged)
-    np.testing.assert_allclose(post.log_z, log_z, rtol=0, atol=1e-8)
-    np.testing.assert_allclose(post.mean, mean, atol=1e-8)
-    np.testing.assert_allclose(post.covariance, S, atol=1e-8)
 
 
 def test_linear_gaussian_factor_with_singular_precision(rng):
@@ -72,31 +33,6 @@ def test_linear_gaussian_factor_with_singular_precision(rng):
     np.testing.assert_allclose(post.log_z, log_z, atol=1e-8)
     np.testing.assert_allclose(post.mean, mean, atol=1e-8)
     np.testing.assert_allclose(post.covariance, S, atol=1e-8)
-
-
-def test_no_gaussian_term_and_several_groups(rng):
-    """Prior given as Gaussian sites on H = I, likelihood split over two site groups: still exact."""
-    X, y = _regression_data(rng, n=20, d=3)
-    groups = (
-        vj.Sites(X[:12], vj.potentials.Gaussian(loc=y[:12], scale=0.6)),
-        vj.Sites(X[12:], vj.potentials.Gaussian(loc=y[12:], scale=0.6)),
-        vj.Sites(vj.Identity(3), vj.potentials.Gaussian(loc=0.0, scale=1.0)),
-    )
-    post = vj.infer(vj.LatentLinearModel(None, groups), vj.GKL(solver=TIGHT))
-    mean, S, log_z = gaussian_posterior(np.zeros(3), np.eye(3), X, y, 0.36)
-    np.testing.assert_allclose(post.log_z, log_z, atol=1e-8)
-    np.testing.assert_allclose(post.covariance, S, atol=1e-8)
-
-
-def test_diagonal_family_on_gaussian_target(rng):
-    """For a Gaussian target the best diagonal q has the exact mean and variances 1/diag(precision)."""
-    X, y = _regression_data(rng)
-    model = vj.glm.linear_regression(X, y, noise_scale=0.6, prior_variance=2.0)
-    post = vj.infer(model, vj.GKL(covariance=vj.covariance.Diagonal(), solver=TIGHT))
-    mean, S, log_z = gaussian_posterior(np.zeros(4), 2.0 * np.eye(4), X, y, 0.36)
-    np.testing.assert_allclose(post.mean, mean, atol=1e-8)
-    np.testing.assert_allclose(np.diag(post.covariance), 1 / np.diag(np.linalg.inv(S)), atol=1e-8)
-    assert float(post.log_z) < log_z - 1e-3  # a strict bound: correlations are lost
 
 
 @pytest.mark.parametrize("solver", [vj.solvers.NewtonCG(tol=1e-8), vj.solvers.Newton(tol=1e-8),
@@ -153,7 +89,7 @@ POTENTIAL_MODELS = {
 def test_bound_gradient_matches_finite_differences(rng, family, name):
     X = 0.5 * rng.normal(size=(25, 4))
     y = rng.normal(size=25)
-    prior = vj.GaussianFactor.dense(np.zeros(4), _spd(rng, 4))
+    prior = vj.GaussianFactor.dense(np.zeros(4), spd(rng, 4))
     model = vj.LatentLinearModel(prior, vj.Sites(X, POTENTIAL_MODELS[name](X, y)))
     params = _random_params(rng, family, 4)
     x0, unravel = ravel_pytree(params)
@@ -209,68 +145,13 @@ def test_whitening_leaves_the_bound_unchanged(rng):
     """Appendix B.5: the change of basis is exact, so whitened and plain fits agree on a non-conjugate model."""
     X = rng.normal(size=(40, 4))
     y = (rng.random(40) < 0.5).astype(float)
-    cov = _spd(rng, 4)
+    cov = spd(rng, 4)
     model = vj.LatentLinearModel(vj.GaussianFactor.dense(np.ones(4), cov),
                                  vj.Sites(vj.glm.signed_labels(y)[:, None] * X, vj.potentials.Logistic()))
     a = vj.infer(model, vj.GKL(solver=TIGHT, whiten=True))
     b = vj.infer(model, vj.GKL(solver=TIGHT, whiten=False))
     np.testing.assert_allclose(a.log_z, b.log_z, atol=1e-9)
     np.testing.assert_allclose(a.covariance, b.covariance, atol=1e-7)
-
-
-# ------------------------------------------------------------------------------------------ evidence gradients
-
-
-def _refit_log_z(build, theta):
-    return float(vj.infer(build(theta), vj.GKL(solver=TIGHT)).log_z)
-
-
-@pytest.mark.parametrize("case", ["prior_variance", "likelihood_scale"])
-def test_log_z_gradient_equals_derivative_of_optimal_bound(rng, case):
-    X = rng.normal(size=(40, 3))
-    y = X @ np.array([1.0, -0.5, 0.3]) + 0.3 * rng.standard_t(3, size=40)
-    if case == "prior_variance":
-        yb = (y > 0).astype(float)
-        build = lambda t: vj.glm.logistic_regression(X, yb, prior_variance=jnp.exp(t))
-    else:
-        build = lambda t: vj.glm.robust_regression(X, y, likelihood="laplace", scale=jnp.exp(t))
-    theta = 0.2
-    grad = jax.grad(lambda t: vj.infer(build(t), vj.GKL(solver=TIGHT)).log_z)(theta)
-    h = 1e-4
-    fd = (_refit_log_z(build, theta + h) - _refit_log_z(build, theta - h)) / (2 * h)
-    np.testing.assert_allclose(grad, fd, rtol=1e-6, atol=1e-7)
-
-
-# ------------------------------------------------------------------------------------------ transformations
-
-
-@pytest.mark.slow
-def test_jit_vmap_and_grad_compose(rng):
-    Xs = rng.normal(size=(3, 50, 3))
-    ys = (rng.random((3, 50)) < 0.5).astype(float)
-
-    def log_z(X, y, log_var):
-        return vj.infer(vj.glm.logistic_regression(X, y, prior_variance=jnp.exp(log_var)), vj.GKL()).log_z
-
-    batched = jax.jit(jax.vmap(log_z, in_axes=(0, 0, None)))(Xs, ys, 0.0)
-    single = [float(log_z(Xs[i], ys[i], 0.0)) for i in range(3)]
-    np.testing.assert_allclose(batched, single, rtol=1e-10)
-    grads = jax.jit(jax.vmap(jax.grad(log_z, argnums=2), in_axes=(0, 0, None)))(Xs, ys, 0.0)
-    np.testing.assert_allclose(grads[1], jax.grad(log_z, argnums=2)(Xs[1], ys[1], 0.0), rtol=1e-8)
-
-
-@pytest.mark.slow
-def test_warm_start_from_posterior(rng):
-    X = rng.normal(size=(60, 4))
-    y = (rng.random(60) < 0.5).astype(float)
-    model = vj.glm.logistic_regression(X, y)
-    post = vj.infer(model, vj.GKL(solver=vj.solvers.NewtonCG(tol=1e-8)))
-    again = vj.infer(model, vj.GKL(solver=vj.solvers.NewtonCG(tol=1e-6)), init=post)
-    assert int(again.diagnostics.iterations) == 0
-    np.testing.assert_allclose(again.log_z, post.log_z, atol=1e-12)
-    # a posterior of another family warm-starts through its dense covariance
-    diag = vj.infer(model, vj.GKL(covariance=vj.covariance.Diagonal()), init=post)
-    assert bool(diag.diagnostics.converged)
 
 
 def test_posterior_marginals_and_samples(rng):

@@ -1,30 +1,21 @@
-"""Laplace and MAP: exactness on conjugate models, NumPy/SciPy oracles, fallback curvature, gradients."""
+"""Laplace and MAP: NumPy/SciPy oracles, the Cholesky factor, fallback curvature, bad starts, the default solver.
+
+Exactness on conjugate models, jit/vmap/grad, warm starts and evidence gradients are checked for
+every method in test_methods.py."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.optimize
-from jax.experimental import sparse as jsparse
 from scipy.special import expit, log_expit
 
 import vijax as vj
 
-from helpers import gaussian_posterior
+from helpers import logistic_data as _classification_data, regression_data as _regression_data
+from registry import MODELS
 
 TIGHT = vj.solvers.NewtonCG(tol=1e-10, max_iter=200)
-
-
-def _regression_data(rng, n=30, d=4, noise=0.6):
-    X = rng.normal(size=(n, d))
-    y = X @ rng.normal(size=d) + noise * rng.normal(size=n)
-    return X, y
-
-
-def _classification_data(rng, n=60, d=3):
-    X = rng.normal(size=(n, d))
-    y = (rng.random(n) < expit(X @ rng.normal(size=d))).astype(float)
-    return X, y
 
 
 def _numpy_neg_log_joint(X, y, v):
@@ -48,35 +39,16 @@ def _numpy_neg_log_joint(X, y, v):
 # ------------------------------------------------------------------------------------------ exactness
 
 
-@pytest.mark.parametrize("prior_kind, h_kind", [("isotropic", "dense"), ("dense", "sparse"), ("precision", "dense")])
-def test_exact_on_conjugate_models(rng, prior_kind, h_kind):
-    X, y = _regression_data(rng)
-    d, noise = X.shape[1], 0.6
-    if prior_kind == "isotropic":
-        mu, cov = np.zeros(d), 2.0 * np.eye(d)
-        prior = vj.GaussianFactor.isotropic(d, 2.0)
-    else:
-        A = rng.normal(size=(d, d))
-        mu, cov = rng.normal(size=d), A @ A.T / d + 0.5 * np.eye(d)
-        prior = (vj.GaussianFactor.dense(mu, cov) if prior_kind == "dense"
-                 else vj.GaussianFactor.precision(mu, np.linalg.inv(cov)))
-    H = jsparse.BCOO.fromdense(X) if h_kind == "sparse" else X
-    model = vj.LatentLinearModel(prior, vj.Sites(H, vj.potentials.Gaussian(loc=y, scale=noise)))
-    mean, S, log_z = gaussian_posterior(mu, cov, X, y, noise**2)
-
+def test_conjugate_fit_has_an_upper_cholesky_factor_and_exact_curvature():
+    """On a Gaussian target (exact: test_methods.py) the Laplace factor is an upper-triangular Cholesky
+    factor of the covariance, and no fallback curvature is used."""
+    model, (_, S, _) = MODELS["conjugate_dense_sparse"].build()
     post = vj.infer(model, vj.Laplace(solver=TIGHT))
-    np.testing.assert_allclose(post.mean, mean, atol=1e-8)
-    np.testing.assert_allclose(post.covariance, S, atol=1e-8)
-    np.testing.assert_allclose(post.log_z, log_z, atol=1e-8)
     assert not post.is_lower_bound and not bool(post.diagnostics.info.fallback)
     assert isinstance(post.factor, vj.covariance.CholeskyFactor)
     C = np.asarray(post.factor.cholesky())
     np.testing.assert_array_equal(C, np.triu(C))
-
-    map_post = vj.infer(model, vj.MAP(solver=TIGHT))
-    np.testing.assert_allclose(map_post.mean, mean, atol=1e-8)
-    np.testing.assert_allclose(map_post.covariance, S, atol=1e-8)
-    np.testing.assert_allclose(map_post.log_z, model.log_joint(jnp.asarray(mean)), atol=1e-8)
+    np.testing.assert_allclose(C.T @ C, S, atol=1e-8)
 
 
 # ------------------------------------------------------------------------------------------ logistic regression
@@ -157,64 +129,12 @@ def test_indefinite_hessian_falls_back_to_gauss_newton(with_prior):
         assert not bool(vj.infer(model, vj.Laplace(), init=jnp.array([1.0])).diagnostics.info.fallback)
 
 
-# ------------------------------------------------------------------------------------------ gradients
+# ------------------------------------------------------------------------------------------ inputs
 
 
-def test_evidence_gradient_on_conjugate_model(rng):
-    X, y = _regression_data(rng, n=25, d=3)
-
-    def log_z(log_var):
-        model = vj.glm.linear_regression(X, y, noise_scale=0.6, prior_variance=jnp.exp(log_var))
-        return vj.infer(model, vj.Laplace(solver=TIGHT)).log_z
-
-    def exact(log_var):
-        return gaussian_posterior(np.zeros(3), np.exp(log_var) * np.eye(3), X, y, 0.36)[2]
-
-    s, h = 0.3, 1e-5
-    g = jax.grad(log_z)(s)
-    np.testing.assert_allclose(g, (log_z(s + h) - log_z(s - h)) / (2 * h), rtol=1e-6)
-    np.testing.assert_allclose(g, (exact(s + h) - exact(s - h)) / (2 * h), rtol=1e-6)
-
-
-def test_evidence_gradient_includes_the_mode(rng):
-    """On logistic regression the log-determinant depends on θ through w*: the gradient is total."""
-    X, y = _classification_data(rng, n=40)
-
-    def log_z(log_var, method=vj.Laplace(solver=TIGHT)):
-        return vj.infer(vj.glm.logistic_regression(X, y, prior_variance=jnp.exp(log_var)), method).log_z
-
-    s, h = 0.2, 1e-4
-    g = jax.grad(log_z)(s)
-    np.testing.assert_allclose(g, (log_z(s + h) - log_z(s - h)) / (2 * h), rtol=1e-6)
-
-
-# ------------------------------------------------------------------------------------------ transformations, inputs
-
-
-def test_jit_and_vmap_compose(rng):
-    Xs = rng.normal(size=(3, 40, 3))
-    ys = (rng.random((3, 40)) < 0.5).astype(float)
-
-    def log_z(X, y, log_var):
-        return vj.infer(vj.glm.logistic_regression(X, y, prior_variance=jnp.exp(log_var)), vj.Laplace()).log_z
-
-    batched = jax.jit(jax.vmap(log_z, in_axes=(0, 0, None)))(Xs, ys, 0.0)
-    single = [float(log_z(Xs[i], ys[i], 0.0)) for i in range(3)]
-    np.testing.assert_allclose(batched, single, rtol=1e-10)
-    grads = jax.jit(jax.vmap(jax.grad(log_z, argnums=2), in_axes=(0, 0, None)))(Xs, ys, 0.0)
-    assert grads.shape == (3,) and np.all(np.isfinite(grads))
-    modes = jax.jit(jax.vmap(lambda X, y: vj.infer(vj.glm.logistic_regression(X, y), vj.MAP()).mean))(Xs, ys)
-    assert modes.shape == (3, 3)
-
-
-def test_warm_start_and_bad_init(rng):
+def test_bad_init_raises(rng):
     X, y = _classification_data(rng, n=30)
     model = vj.glm.logistic_regression(X, y)
-    post = vj.infer(model, vj.Laplace(solver=TIGHT))
-    again = vj.infer(model, vj.Laplace(solver=TIGHT), init=post)
-    # At the optimum the decrement is below the threshold at once: one (tiny) final step, no more.
-    assert int(again.diagnostics.iterations) <= 1
-    np.testing.assert_allclose(again.log_z, post.log_z, rtol=1e-14)
     for bad in ("zeros", jnp.zeros(4), jnp.zeros((3, 1)), jnp.array([0.0, np.nan, 0.0]), vj.GKL()):
         for method in (vj.Laplace(), vj.MAP()):
             with pytest.raises(ValueError, match="`init`"):

@@ -1,23 +1,19 @@
-"""Local variational bounds and mean field: exactness, the bound orderings of thesis §4.4.1 and
-Khan Thm 4.6.1, site-bound validity, monotone fixed-point steps, gradients, jit/vmap, errors."""
+"""Local variational bounds: the bound orderings of thesis §4.4.1 and Khan Thm 4.6.1, site-bound
+validity, monotone fixed-point steps, the stopping rule, errors.
+
+Exactness on conjugate models (and mean field as diagonal G-KL there), jit/vmap/grad, float32, warm
+starts and evidence gradients are checked for every method in test_methods.py."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from scipy.special import expit
 
 import vijax as vj
 
-from helpers import gaussian_posterior
+from helpers import logistic_data
 
 TIGHT_GKL = vj.GKL(solver=vj.solvers.NewtonCG(tol=1e-9, max_iter=200))
-
-
-def _logistic_data(rng, n=60, d=5):
-    X = rng.normal(size=(n, d))
-    y = (rng.random(n) < expit(X @ rng.normal(size=d))).astype(float)
-    return X, y
 
 
 def _sparse_regression(rng, n=30, d=8, scale=0.3):
@@ -61,42 +57,12 @@ def _assert_monotone(post):
     np.testing.assert_allclose(trace[-1], post.log_z, rtol=1e-12)
 
 
-# ------------------------------------------------------------------------------------- exactness
-
-
-def test_exact_on_conjugate_model_and_mean_field_is_diagonal_gkl(rng):
-    n, d, noise = 25, 4, 0.6
-    X = rng.normal(size=(n, d))
-    y = X @ rng.normal(size=d) + noise * rng.normal(size=n)
-    A = rng.normal(size=(d, d))
-    mu, cov = rng.normal(size=d), A @ A.T / d + 0.5 * np.eye(d)
-    b = rng.normal(size=n)  # offsets: N(y | Xw, ν²) written as N(y + b | Xw + b, ν²)
-    model = vj.LatentLinearModel(vj.GaussianFactor.dense(mu, cov),
-                                 vj.Sites(X, vj.potentials.Gaussian(y + b, noise), offset=b))
-    mean, S, log_z = gaussian_posterior(mu, cov, X, y, noise**2)
-    post = vj.infer(model, vj.LVB())
-    assert post.is_lower_bound and bool(post.diagnostics.converged)
-    assert post.diagnostics.method == "LVB"
-    np.testing.assert_allclose(post.log_z, log_z, rtol=1e-10, atol=1e-8)
-    np.testing.assert_allclose(post.mean, mean, rtol=1e-8, atol=1e-10)
-    np.testing.assert_allclose(post.covariance, S, rtol=1e-8, atol=1e-10)
-
-    mf = vj.infer(model, vj.MeanField())
-    diag = vj.infer(model, vj.GKL(covariance=vj.covariance.Diagonal()))
-    assert mf.diagnostics.method == "MeanField" and mf.is_lower_bound
-    for field in ("mean", "log_z", "covariance"):
-        np.testing.assert_allclose(getattr(mf, field), getattr(diag, field), rtol=1e-12, atol=1e-14)
-    # The G-KL bound at the exact posterior is log Z; the diagonal one stays below it.
-    np.testing.assert_allclose(vj.gkl.bound_at(jnp.asarray(mean), jnp.asarray(S), model), log_z, rtol=1e-10)
-    assert float(mf.log_z) < log_z
-
-
 # ------------------------------------------------------------------------------ orderings (§4.4.1)
 
 
 @pytest.fixture(scope="module")
 def logistic():
-    X, y = _logistic_data(np.random.default_rng(7))
+    X, y = logistic_data(np.random.default_rng(7), 60, 5)
     model = vj.glm.logistic_regression(X, y, prior_variance=2.0)
     fits = {bound: vj.infer(model, vj.LVB(bound=bound)) for bound in ("jaakkola", "bohning")}
     return model, vj.infer(model, TIGHT_GKL), fits
@@ -208,53 +174,20 @@ def test_stops_where_the_bound_is_flat_below_its_rounding():
     np.testing.assert_allclose(post.covariance, factor.dense(), atol=1e-5)
 
 
-# --------------------------------------------------------------------------- gradients, transforms
+# --------------------------------------------------------------------------- the bound under jit
 
 
-def test_log_z_gradient_matches_refitted_differences(rng):
-    X, y = _logistic_data(rng, n=40, d=4)
-    method = vj.LVB(tol=1e-14, max_iter=2000)
-    f = lambda t: vj.infer(vj.glm.logistic_regression(X, y, prior_variance=jnp.exp(t)), method).log_z
-    t, h = -1.0, 1e-4  # the gradient's error is about √tol (ξ* is accurate to √tol): keep tol tight
-    fd = (f(t + h) - f(t - h)) / (2 * h)
-    np.testing.assert_allclose(jax.grad(f)(t), fd, rtol=1e-5)
-
-    model = _sparse_regression(rng, n=20, d=5)
-
-    def g(log_scale):
-        sites = (model.sites[0], vj.Sites(vj.Identity(5), vj.potentials.Laplace(0.0, jnp.exp(log_scale))))
-        return vj.infer(vj.LatentLinearModel(None, sites), method).log_z
-
-    fd = (g(-1.0 + h) - g(-1.0 - h)) / (2 * h)
-    np.testing.assert_allclose(jax.grad(g)(-1.0), fd, rtol=1e-5)
-
-
-def test_jit_and_vmap_over_datasets(rng):
-    data = [_logistic_data(rng, n=30, d=3) for _ in range(3)]
-    Xs, ys = (jnp.stack(a) for a in zip(*data))
-    fit = lambda X, y: vj.infer(vj.glm.logistic_regression(X, y), vj.LVB())
-    batched = jax.jit(jax.vmap(lambda X, y: (fit(X, y).log_z, fit(X, y).mean)))(Xs, ys)
-    for k, (X, y) in enumerate(data):
-        post = fit(X, y)
-        np.testing.assert_allclose(batched[0][k], post.log_z, rtol=1e-9)
-        np.testing.assert_allclose(batched[1][k], post.mean, rtol=1e-7, atol=1e-9)
-    model = vj.glm.logistic_regression(*data[0])
-    post = fit(*data[0])
+def test_jitted_bound_at_the_fixed_point_is_log_z(logistic):
+    model, _, fits = logistic
+    post = fits["jaakkola"]
     np.testing.assert_allclose(jax.jit(vj.lvb.bound)(_xi_from(post, model), model), post.log_z, rtol=1e-9)
-    warm = vj.infer(model, vj.LVB(), init=post)  # ξ from the posterior's marginals: already the fixed point
-    assert int(warm.diagnostics.iterations) <= 3  # the start and the two plain steps of the stopping test
-    np.testing.assert_allclose(warm.log_z, post.log_z, rtol=1e-10)
-    # float32 data: the fit stays in float32 (the prior's float64 parameters do not promote it).
-    single = vj.infer(vj.glm.logistic_regression(*(np.float32(a) for a in data[0])), vj.LVB())
-    assert single.log_z.dtype == single.mean.dtype == jnp.float32 and bool(single.diagnostics.converged)
-    np.testing.assert_allclose(single.log_z, post.log_z, rtol=1e-5)
 
 
 # ------------------------------------------------------------------------------------------ errors
 
 
 def test_unsupported_potentials_and_singular_precision(rng):
-    X, y = _logistic_data(rng, n=10, d=3)
+    X, y = logistic_data(rng, n=10, d=3)
     for model in (vj.glm.probit_regression(X, y), vj.glm.poisson_regression(X, np.round(3 * y)),
                   vj.LatentLinearModel(None, vj.Sites(X, vj.potentials.Custom(jnp.tanh, super_gaussian=True)))):
         with pytest.raises(ValueError, match="no local variational bound.*Logistic"):

@@ -12,6 +12,8 @@ from scipy.special import expit
 import vijax as vj
 from vijax import piecewise as pw
 
+from helpers import logistic_data
+
 KINDS = pw.KINDS
 PIECES = pw.PIECES
 TIGHT_GKL = vj.GKL(solver=vj.solvers.NewtonCG(tol=1e-10, max_iter=200))
@@ -256,8 +258,7 @@ def test_potential_flags_errors_and_float32():
 
 
 def _logistic_regression(rng, n=60, d=5):
-    X = rng.normal(size=(n, d))
-    y = (rng.random(n) < expit(X @ rng.normal(size=d))).astype(float)
+    X, y = logistic_data(rng, n, d)
     return vj.glm.logistic_regression(X, y, prior_variance=2.0)
 
 
