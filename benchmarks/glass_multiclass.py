@@ -112,7 +112,7 @@ def fit(method, k, X, y, Xt):
         return r.log_z, mc.predict_proba(r, Xt), r.diagnostics.converged
     if method in SOFTMAX_BOUNDS:
         r = vj.gp.softmax.fit(k, X, y, C, SOFTMAX_BOUNDS[method], jitter=JITTER, tol=1e-9)
-        return r.log_z, vj.gp.softmax.predict_proba(r, k, X, Xt, key=jax.random.PRNGKey(0)), r.converged
+        return r.log_z, vj.gp.softmax.predict_proba(r, Xt, key=jax.random.PRNGKey(0)), r.converged
     pieces, inference = (20, vj.GKL()) if method == "Stick-PW" else (None, vj.EP())
     post = vj.infer(mc.stick_breaking_model(k, X, y, C, pieces=pieces, jitter=JITTER), inference)
     return post.log_z, mc.stick_breaking_proba(post, Xt), post.diagnostics.converged

@@ -272,8 +272,13 @@ def test_softmax_fit_diagnostics_and_keyed_predictions():
     assert isinstance(d, vj.Diagnostics) and np.ndim(fit.log_z) == 0
     assert float(d.objective_trace[-1]) == float(fit.log_z)
     assert bool(fit.converged) and int(fit.iterations) == int(d.iterations) > 0
-    probs = vj.gp.softmax.predict_proba(fit, k, X, X[:4], key=jax.random.PRNGKey(0))
+    probs = vj.gp.softmax.predict_proba(fit, X[:4], key=jax.random.PRNGKey(0))
     assert isinstance(probs, jax.Array)
     np.testing.assert_allclose(probs.sum(1), 1.0, atol=1e-12)
     with pytest.warns(DeprecationWarning, match="pass `key="):
-        np.testing.assert_array_equal(vj.gp.softmax.predict_proba(fit, k, X, X[:4]), probs)
+        np.testing.assert_array_equal(vj.gp.softmax.predict_proba(fit, X[:4]), probs)
+    # The fit records its kernels and inputs; the old form (kernel, X again) warns, and refuses others.
+    with pytest.warns(DeprecationWarning, match="records its kernels"):
+        np.testing.assert_array_equal(vj.gp.softmax.predict_proba(fit, k, X, X[:4], key=jax.random.PRNGKey(0)), probs)
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="differ"):
+        vj.gp.softmax.predict(fit, K_.SquaredExponential(1.0, 3.0), X, X[:4])

@@ -289,6 +289,6 @@ def test_softmax_bounds_are_ordered_and_below_the_exact_gkl_bound():
         assert float(r.log_z) <= float(exact) + 1e-8, b
     assert float(fits["tilted"].log_z) >= float(fits["log"].log_z) - 1e-8
     assert float(exact) - float(fits["tilted"].log_z) < 1.0
-    probs = vj.gp.softmax.predict_proba(fits["tilted"], k, X, X[:6], key=jax.random.PRNGKey(0))
+    probs = vj.gp.softmax.predict_proba(fits["tilted"], X[:6], key=jax.random.PRNGKey(0))
     np.testing.assert_allclose(probs.sum(1), 1.0, atol=1e-12)
     assert np.mean((probs[:, 1] > 0.5) == (labels[:6] == 1)) >= 0.8

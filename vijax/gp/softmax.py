@@ -23,24 +23,30 @@ import jax
 import jax.numpy as jnp
 from jax.scipy.linalg import solve_triangular
 
+from .. import _checks
 from ..posterior import Diagnostics
 from ..factor import Block, FactorModel, Multinomial, e_step, initial_posteriors
 from ._layout import class_kernels as _kernels, class_labels as _labels, class_prior_covariances as _prior_covariances
+from ._layout import same_arrays
+from .kernels import AbstractKernel
 
 __all__ = ["SoftmaxFit", "fit", "predict", "predict_proba"]
 
 
 class SoftmaxFit(eqx.Module):
     """q(f̃) = N(mean, cov) over the whitened latents (class-major, C·N), the bound ``log_z`` (a
-    scalar), the prior Cholesky factors ``chol`` (C, N, N), and the E-step's ``diagnostics`` (a
+    scalar), the prior Cholesky factors ``chol`` (C, N, N), the E-step's ``diagnostics`` (a
     `vj.Diagnostics`: ``iterations``, ``converged``; ``objective_trace`` holds the final bound only,
-    as the E-step keeps no trace; ``stationarity`` and ``grad_norm`` are not computed, NaN)."""
+    as the E-step keeps no trace; ``stationarity`` and ``grad_norm`` are not computed, NaN), and what
+    prediction needs: the C class ``kernels`` and the inputs ``X`` (N, d)."""
 
     mean: jax.Array
     cov: jax.Array
     chol: jax.Array
     log_z: jax.Array
     diagnostics: Diagnostics
+    kernels: tuple
+    X: jax.Array
 
     @property
     def iterations(self):
@@ -74,11 +80,12 @@ def fit(kernel, X, labels, num_classes: int, bound: str = "log", jitter: float =
     0 … C−1.
     """
     owner = "vj.gp.softmax.fit"
-    X = jnp.asarray(X)
+    X = _checks.as_inputs(X, owner)
     n = X.shape[0]
     y = _labels(labels, n, num_classes, owner)
     chol = jnp.linalg.cholesky(_prior_covariances(kernel, X, num_classes, jitter, owner))
-    return _fit(chol, jnp.asarray(y, X.dtype), Multinomial(num_classes, bound), max_iter, tol)
+    mean, cov, log_z, diagnostics = _fit(chol, jnp.asarray(y, X.dtype), Multinomial(num_classes, bound), max_iter, tol)
+    return SoftmaxFit(mean, cov, chol, log_z, diagnostics, tuple(_kernels(kernel, num_classes, owner)), X)
 
 
 @eqx.filter_jit
@@ -94,14 +101,34 @@ def _fit(chol, y, likelihood, max_iter, tol):
                               objective_trace=log_z[None], num_value_evals=q.iterations[0],
                               num_grad_evals=q.iterations[0], num_hvp_evals=jnp.zeros((), q.iterations.dtype),
                               method="softmax", solver="E-step (Newton)")
-    return SoftmaxFit(q.mean[0], q.cov[0], chol, log_z, diagnostics)
+    return q.mean[0], q.cov[0], log_z, diagnostics
 
 
-def predict(result: SoftmaxFit, kernel, X, X_test):
-    """Predictive latent means (M, C) and covariances (M, C, C) at ``X_test``."""
+def _legacy(result, args, owner, new_form):
+    """``(X_test, rest)`` from a call ``f(result, X_test, ...)`` or the deprecated ``f(result, kernel, X, X_test, ...)``."""
+    if not isinstance(args[0], AbstractKernel):
+        return args[0], args[1:]
+    warnings.warn(f"{owner}(result, kernel, X, X_test, ...) is deprecated: the fit records its kernels and inputs, "
+                  f"so call {new_form}.", DeprecationWarning, stacklevel=3)
+    kernels = tuple(_kernels(args[0], len(result.kernels), owner))
+    if not (same_arrays(kernels, result.kernels) and same_arrays(_checks.as_inputs(args[1], owner), result.X)):
+        raise ValueError(f"{owner}: `kernel` or `X` differ from those the fit recorded; call {new_form}.")
+    return args[2], args[3:]
+
+
+def predict(result: SoftmaxFit, X_test, *legacy):
+    """Predictive latent means (M, C) and covariances (M, C, C) at ``X_test``, under the kernels and
+    inputs the fit records. (The form ``predict(result, kernel, X, X_test)`` is deprecated.)"""
+    owner = "vj.gp.softmax.predict"
+    X_test, rest = _legacy(result, (X_test,) + legacy, owner, "vj.gp.softmax.predict(result, X_test)")
+    if rest:
+        raise ValueError(f"{owner}: takes (result, X_test).")
+    return _predict(result, _checks.as_inputs(X_test, owner))
+
+
+def _predict(result, X_test):
+    kernels, X = result.kernels, result.X
     num_classes, n = result.chol.shape[0], result.chol.shape[1]
-    kernels = _kernels(kernel, num_classes, "vj.gp.softmax.predict")
-    X, X_test = jnp.asarray(X), jnp.asarray(X_test)
     # A_c = K_*c L_c⁻ᵀ maps the whitened f̃_c to the conditional mean of f_*c.
     A = jnp.stack([solve_triangular(result.chol[c], k(X, X_test), lower=True).T for c, k in enumerate(kernels)])
     m = result.mean.reshape(num_classes, n)
@@ -112,16 +139,22 @@ def predict(result: SoftmaxFit, kernel, X, X_test):
     return mean, cov + jax.vmap(jnp.diag)(prior_var)
 
 
-def predict_proba(result: SoftmaxFit, kernel, X, X_test, key=None, num_samples: int = 4000):
+def predict_proba(result: SoftmaxFit, X_test, *legacy, key=None, num_samples: int = 4000):
     """Class probabilities (M, C), a JAX array: ⟨softmax(f_*)⟩ under the predictive Gaussian, by Monte
     Carlo with ``num_samples`` draws from ``key`` (a `jax.random` key; calling without one is
-    deprecated: it warns and uses ``jax.random.PRNGKey(0)``)."""
+    deprecated: it warns and uses ``jax.random.PRNGKey(0)``). (The form ``predict_proba(result,
+    kernel, X, X_test)`` is deprecated.)"""
+    owner = "vj.gp.softmax.predict_proba"
+    X_test, rest = _legacy(result, (X_test,) + legacy, owner, "vj.gp.softmax.predict_proba(result, X_test, key=key)")
+    if len(rest) > 1:
+        raise ValueError(f"{owner}: takes (result, X_test, key=...).")
+    key = rest[0] if rest else key
     if key is None:
         warnings.warn("vj.gp.softmax.predict_proba: pass `key=jax.random.PRNGKey(...)`; the probabilities are a "
                       "Monte Carlo estimate, and calling without a key (a fixed PRNGKey(0)) is deprecated and "
                       "will raise.", DeprecationWarning, stacklevel=2)
         key = jax.random.PRNGKey(0)
-    mean, cov = predict(result, kernel, X, X_test)
+    mean, cov = _predict(result, _checks.as_inputs(X_test, owner))
     chol = jnp.linalg.cholesky(cov + 1e-10 * jnp.eye(cov.shape[-1], dtype=cov.dtype))
     eps = jax.random.normal(key, (num_samples,) + mean.shape, mean.dtype)
     samples = mean + jnp.einsum("mcd,smd->smc", chol, eps)
