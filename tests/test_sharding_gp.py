@@ -80,6 +80,18 @@ class _Doubled(AbstractProjection):
     def rmv(self, y):
         return 2 * y
 
+    def squared_mv(self, v):
+        return 4 * v
+
+    def squared_rmv(self, w):
+        return 4 * w
+
+    def gram(self, w):
+        return jnp.diag(4 * w)
+
+    def right_multiply(self, L):
+        return 2 * L
+
 
 def test_shard_sites_rejects_unknown_projection_types():
     model = vj.LatentLinearModel(vj.GaussianFactor.isotropic(3), vj.Sites(_Doubled(3), vj.potentials.Logistic()))

@@ -10,6 +10,8 @@ re-exported here, so ``from vijax.model import GaussianFactor, Dense`` keeps wor
 
 from __future__ import annotations
 
+import copy
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -78,6 +80,9 @@ class Sites(eqx.Module):
         return Sites(self.projection.right_multiply(L), self.potential, self.offset + self.projection.mv(loc))
 
 
+_KEEP = object()
+
+
 class LatentLinearModel(eqx.Module):
     """p(w) ∝ f(w) · ∏_g ∏_n φ_{gn}(h_{gn}ᵀ w + b_{gn}).
 
@@ -107,11 +112,17 @@ class LatentLinearModel(eqx.Module):
         self.prior = prior
         self.sites = sites
 
-    def with_sites(self, sites) -> "LatentLinearModel":
-        """This model, of its own type (a GP model keeps its kernel and inputs), with other site groups:
-        for transformations such as `vj.pad_sites` and `vj.shard_sites`."""
-        sites = (sites,) if isinstance(sites, Sites) else tuple(sites)
-        return eqx.tree_at(lambda m: m.sites, self, sites)
+    def replace(self, *, prior=_KEEP, sites=_KEEP) -> "LatentLinearModel":
+        """This model, of its own type (a GP model keeps its kernel and inputs), with another ``prior``
+        and/or ``sites`` (a `Sites` group or a tuple of them); the parts not given are the same objects.
+        For transformations of a model: `vj.pad_sites`, `vj.shard_sites`, `bound_logistic_sites`."""
+        prior = self.prior if prior is _KEEP else prior
+        sites = self.sites if sites is _KEEP else sites
+        checked = LatentLinearModel(prior, sites)  # the same checks as a new model's
+        new = copy.copy(self)  # no __init__: subclasses build their fields from other arguments
+        object.__setattr__(new, "prior", checked.prior)
+        object.__setattr__(new, "sites", checked.sites)
+        return new
 
     @property
     def dim(self) -> int:

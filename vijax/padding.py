@@ -87,7 +87,7 @@ def pad_sites(model: LatentLinearModel, size=None, *, multiple=None) -> LatentLi
     sizes = _target_sizes(model, size, multiple)
     groups = tuple(group if target is None else _pad_group(group, target, index)
                    for index, (group, target) in enumerate(zip(model.sites, sizes)))
-    return model.with_sites(groups)
+    return model.replace(sites=groups)
 
 
 def _positive_int(name, value):

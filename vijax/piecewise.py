@@ -70,7 +70,7 @@ def bound_logistic_sites(model, kind: str = "quadratic", pieces: int = 20):
         return g if potential is g.potential else eqx.tree_at(lambda g: g.potential, g, potential)
 
     groups = tuple(group(g) for g in model.sites)
-    return model.with_sites(groups)
+    return model.replace(sites=groups)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -113,7 +113,5 @@ def shard_sites(model: LatentLinearModel, mesh: Mesh | None = None, axis_name: s
         groups.append(_place(head, lambda leaf: split if leaf.ndim >= 1 and leaf.shape[0] == cut else replicated))
         if cut < n:
             groups.append(_place(_rows(group, slice(cut, n), n), lambda _: replicated))
-    sharded = model.with_sites(groups)
-    if model.prior is None:
-        return sharded
-    return eqx.tree_at(lambda m: m.prior, sharded, _place(model.prior, lambda _: replicated))
+    prior = None if model.prior is None else _place(model.prior, lambda _: replicated)
+    return model.replace(prior=prior, sites=groups)
