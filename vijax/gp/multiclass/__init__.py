@@ -20,42 +20,7 @@ The softmax likelihood is `vj.gp.softmax`.
 """
 
 from . import probit, stick_breaking
-from .probit import (
-    RULES,
-    NestedEPResult,
-    multinomial_probit_log_likelihood,
-    nested_ep,
-    nested_ep_log_z,
-    posterior_covariance,
-    predict,
-    predict_proba,
-    tilted_moments,
-)
-from .stick_breaking import (
-    StickBreakingModel,
-    StickLayout,
-    stick_breaking_model,
-    stick_breaking_predict,
-    stick_breaking_proba,
-    stick_breaking_probabilities,
-)
+from .probit import *  # noqa: F403 (the public names of each model, listed in its __all__)
+from .stick_breaking import *  # noqa: F403
 
-__all__ = [
-    "probit",
-    "stick_breaking",
-    "NestedEPResult",
-    "nested_ep",
-    "nested_ep_log_z",
-    "tilted_moments",
-    "multinomial_probit_log_likelihood",
-    "predict",
-    "predict_proba",
-    "posterior_covariance",
-    "RULES",
-    "StickBreakingModel",
-    "StickLayout",
-    "stick_breaking_model",
-    "stick_breaking_probabilities",
-    "stick_breaking_predict",
-    "stick_breaking_proba",
-]
+__all__ = ["probit", "stick_breaking", *probit.__all__, *stick_breaking.__all__]
