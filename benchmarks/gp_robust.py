@@ -25,7 +25,7 @@ Methods (the columns of the table):
 
 Hyperparameters, as in the thesis: the kernel's (ℓ_1..ℓ_D, σ², γ²) by ML-II on each method's own
 log Ẑ, ``vj.gp.fit_hyperparameters(kernel, X, likelihood, method, train_likelihood=(),
-num_steps=S)`` (L-BFGS; the thesis used NCG); the robust likelihoods' scale s is chosen from the grid
+max_iter=S)`` (L-BFGS; the thesis used NCG); the robust likelihoods' scale s is chosen from the grid
 SCALES (normalised target units) by the mean validation log predictive density
 ``vj.gp.log_predictive`` (the thesis does not give its grid). The fit at the chosen s is then scored.
 
