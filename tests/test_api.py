@@ -251,9 +251,14 @@ def test_factor_monte_carlo_takes_a_key_and_returns_jax_arrays(factor_fit):
     np.testing.assert_array_equal(probs, vj.factor.probabilities(fit.model, fit.posteriors, 1, key=key, num_samples=500))
     assert not np.array_equal(probs, vj.factor.probabilities(fit.model, fit.posteriors, 1, key=jax.random.PRNGKey(6),
                                                                 num_samples=500))
-    lp = vj.factor.log_predictive(fit.model, fit.posteriors, Y, key=key, num_samples=500)
+    lp = vj.factor.log_predictive(fit, Y, key=key, num_samples=500)
     assert isinstance(lp, jax.Array) and np.all(np.asarray(lp) < 0)
-    filled = vj.factor.impute(fit.model, fit.posteriors, Y, np.ones_like(Y, bool), key=key)
+    # The fit carries what prediction needs; a model with other rows' posteriors is the same call.
+    np.testing.assert_array_equal(lp, vj.factor.log_predictive(fit.model, fit.posteriors, Y, key=key, num_samples=500))
+    np.testing.assert_array_equal(probs, vj.factor.probabilities(fit, block=1, key=key, num_samples=500))
+    with pytest.raises(TypeError, match="FactorFit"):
+        vj.factor.log_predictive(fit.posteriors, Y)
+    filled = vj.factor.impute(fit, Y, np.ones_like(Y, bool), key=key)
     assert isinstance(filled, jax.Array)
     np.testing.assert_array_equal(filled, Y)
     with pytest.warns(DeprecationWarning, match="pass `key="):

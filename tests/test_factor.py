@@ -217,11 +217,11 @@ def test_em_bound_never_decreases_on_mixed_data_with_missing_entries(rng):
     assert trace[-1] > trace[0] + 10
     assert np.all(np.diff(np.asarray(result.model.blocks[2].likelihood.thresholds)) > 0)
     # Held-out entries: the predictive densities are proper and beat a constant guess for the binary block.
-    lp = np.asarray(F.log_predictive(result.model, result.posteriors, Y, key=jax.random.PRNGKey(2)))
+    lp = np.asarray(F.log_predictive(result, Y, key=jax.random.PRNGKey(2)))
     assert np.all(np.isfinite(lp))
-    probs = np.asarray(F.probabilities(result.model, result.posteriors, 3, key=jax.random.PRNGKey(3)))
+    probs = np.asarray(F.probabilities(result, block=3, key=jax.random.PRNGKey(3)))
     np.testing.assert_allclose(probs.sum(-1), 1.0, atol=1e-10)
-    filled = F.impute(result.model, result.posteriors, Y, mask, key=jax.random.PRNGKey(3))
+    filled = F.impute(result, Y, mask, key=jax.random.PRNGKey(3))
     np.testing.assert_array_equal(filled[mask], Y[mask])
     assert set(np.unique(filled[:, 3])) <= {0.0, 1.0, 2.0}
 

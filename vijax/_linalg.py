@@ -8,6 +8,8 @@ Gaussian factors, covariance families, solvers, methods and models may all use i
 - `inverse_factor(R, basis)`: C = R⁻¹ Bᵀ, the upper-triangular factor of S = B P⁻¹ Bᵀ = CᵀC.
 - `select(cond, new, old)`: a tree-wide ``jnp.where``.
 - `nan_trace(max_iter, dtype, first)`: an objective trace of ``max_iter + 1`` entries, NaN where unused.
+- `backtrack(evaluate, acceptable, step, max_halvings)`: halve a step until a trial is acceptable.
+- `neg_kl(trace, mahalanobis, logdet_q, logdet_p, dim)`: −KL between two Gaussians, from its terms.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from jax.scipy.linalg import solve_triangular
 
-__all__ = ["LOG_2PI", "reversed_cholesky", "inverse_factor", "select", "nan_trace"]
+__all__ = ["LOG_2PI", "reversed_cholesky", "inverse_factor", "select", "nan_trace", "backtrack", "neg_kl"]
 
 LOG_2PI = math.log(2 * math.pi)
 """log 2π, as a Python float (weakly typed: it takes the dtype of the arrays it meets)."""
@@ -62,3 +64,37 @@ def nan_trace(max_iter: int, dtype, first=None):
     """
     trace = jnp.full((max_iter + 1,), jnp.nan, dtype)
     return trace if first is None else trace.at[0].set(first)
+
+
+def backtrack(evaluate, acceptable, step, max_halvings: int):
+    """Halve ``step`` until ``acceptable(step, evaluate(step))``, at most ``max_halvings`` times.
+
+    ``step``: a scalar, or an array of independent steps (one per column, per coordinate …), each
+    halved only while its own trial is unacceptable. ``evaluate(step)`` returns the trial's value (any
+    pytree); ``acceptable(step, value)`` a boolean of ``step``'s shape. One `jax.lax.while_loop`, with
+    ``evaluate`` traced twice (the first trial and the loop body).
+
+    Returns ``(step, value, ok, halvings)``: the last steps tried, their value, whether each is
+    acceptable (callers keep the old point where it is not) and the number of halvings.
+    """
+    def unfinished(state):
+        step, value, k = state
+        return jnp.any(~acceptable(step, value)) & (k < max_halvings)
+
+    def halve(state):
+        step, value, k = state
+        step = jnp.where(acceptable(step, value), step, 0.5 * step)
+        return step, evaluate(step), k + 1
+
+    step, value, k = jax.lax.while_loop(unfinished, halve, (step, evaluate(step), jnp.array(0)))
+    return step, value, acceptable(step, value), k
+
+
+def neg_kl(trace, mahalanobis, logdet_q, logdet_p, dim):
+    """−KL(N(m, V) ‖ N(μ, Σ)) = ½[log|V| − log|Σ| − tr(Σ⁻¹V) − (m − μ)ᵀΣ⁻¹(m − μ) + dim].
+
+    Each caller computes the terms in its own parametrisation (precisions, Cholesky factors,
+    whitened coordinates): ``trace`` = tr(Σ⁻¹V), ``mahalanobis`` = (m − μ)ᵀΣ⁻¹(m − μ), the log
+    determinants, and the dimension.
+    """
+    return 0.5 * (logdet_q - logdet_p - trace - mahalanobis + dim)

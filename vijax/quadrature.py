@@ -23,6 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._linalg import backtrack
+
 __all__ = [
     "GaussHermite", "safe_sqrt", "tilted_moments", "moments_from_log_normaliser", "elementwise_derivatives",
     "ExpectationDerivatives", "expectation_derivatives",
@@ -121,18 +123,8 @@ def _tilted_mode(log_density, x0, curvature_floor):
         g, h = jax.jvp(grad, (x,), (jnp.ones_like(x),))
         step = jnp.where(jnp.isfinite(g), g / jnp.maximum(-h, curvature_floor), 0.0)
         f0 = log_density(x)
-
-        def worse(state):
-            step, f, k = state
-            return jnp.any(~(f >= f0)) & (k < _MODE_HALVINGS)
-
-        def halve(state):
-            step, f, k = state
-            step = jnp.where(f >= f0, step, 0.5 * step)
-            return step, log_density(x + step), k + 1
-
-        step, f, _ = jax.lax.while_loop(worse, halve, (step, log_density(x + step), 0))
-        step = jnp.where(f >= f0, step, 0.0)
+        step, _, ok, _ = backtrack(lambda t: log_density(x + t), lambda t, f: f >= f0, step, _MODE_HALVINGS)
+        step = jnp.where(ok, step, 0.0)
         width = 1.0 / jnp.sqrt(jnp.maximum(-h, curvature_floor))
         return k + 1, x + step, jnp.max(jnp.where(jnp.isfinite(width), jnp.abs(step) / width, 0.0), initial=0.0)
 

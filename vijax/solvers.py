@@ -47,7 +47,7 @@ import jax.numpy as jnp
 from ._linalg import nan_trace, select
 
 __all__ = ["AbstractSolver", "NewtonCG", "Newton", "GaussNewton", "LBFGS", "NonlinearCG", "Solution",
-           "extrapolated_distance", "FixedPoint", "fixed_point"]
+           "iterate", "extrapolated_distance", "FixedPoint", "fixed_point"]
 
 _ROUNDING = 64  # f is known to about this many ulps: a smaller increase of f is no evidence of progress
 _DECREMENT_ROUNDING = 4  # a predicted gain ½λ² below a few ulps of f cannot be realised
@@ -92,6 +92,25 @@ class AbstractSolver(eqx.Module):
     def threshold(self, f):
         """The squared Newton decrement at which the solver stops: ``tol``, or the rounding of f."""
         return jnp.maximum(self.tol, _DECREMENT_ROUNDING * jnp.finfo(jnp.result_type(f)).eps * jnp.abs(f))
+
+
+def iterate(step, state, max_iter: int, done=None):
+    """``state = step(k, state)`` for k = 0, 1, … until ``done(k, state)`` or ``max_iter`` steps.
+
+    A `jax.lax.fori_loop` that stops early: the loop of vijax's iterative schemes (mean-field sweeps,
+    E-steps, nested EP). ``done(k, state)`` is checked before each step, with k the number of steps
+    taken (None: never done). Returns ``(state, k)``.
+    """
+    def unfinished(carry):
+        k, state = carry
+        return (k < max_iter) if done is None else (k < max_iter) & ~done(k, state)
+
+    def body(carry):
+        k, state = carry
+        return k + 1, step(k, state)
+
+    k, state = jax.lax.while_loop(unfinished, body, (jnp.array(0), state))
+    return state, k
 
 
 def extrapolated_distance(change, previous_change, floor):

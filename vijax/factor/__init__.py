@@ -5,7 +5,7 @@
 >>> model = vj.factor.factor_analysis(vj.factor.Bernoulli(), latent_dim=3, key=key, num_columns=D)
 >>> result = vj.factor.fit(model, Y, mask, progress=True)     # result.log_z: the final bound
 >>> result.diagnostics.objective_trace                        # the bound per EM iteration, never falling
->>> log_p = vj.factor.log_predictive(result.model, result.posteriors, Y_true, key=key)
+>>> log_p = vj.factor.log_predictive(result, Y_true, key=key)
 
 Likelihoods (`likelihoods`): `GaussianColumn`, `Bernoulli` (piecewise / Jaakkola / Böhning bounds),
 `PoissonColumn`, `Ordinal` (cumulative logit), `StickBreaking` and `Multinomial` (Böhning / log / tilted)

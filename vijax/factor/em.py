@@ -38,10 +38,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._linalg import select
+from .._linalg import backtrack, select
 from .._keywords import renamed
 from ..posterior import Diagnostics
-from ..solvers import extrapolated_distance
+from ..solvers import extrapolated_distance, iterate
 from .model import FactorModel, Prior, block_data, check_data, check_weights, neg_kl, site_terms
 
 __all__ = ["Posteriors", "FactorFit", "e_step", "m_step", "fit", "initial_posteriors"]
@@ -135,7 +135,6 @@ class _PointState(NamedTuple):
     rho: jax.Array
     change: jax.Array  # Δ of the last accepted step
     previous: jax.Array  # Δ of the one before
-    iterations: jax.Array
     done: jax.Array
 
 
@@ -154,9 +153,9 @@ def _point_e_step(model, prior, y, mask, mean, cov, precision, shared, max_iter,
     parts = lambda m, v, ld: _point_step_parts(model, prior, y, mask, m, v, ld, newton)
     inf = jnp.asarray(jnp.inf, mean.dtype)
     state = _PointState(mean, cov, precision, logdet0, *parts(mean, cov, logdet0),
-                        jnp.asarray(1.0, mean.dtype), inf, inf, jnp.asarray(0, jnp.int32), jnp.asarray(False))
+                        jnp.asarray(1.0, mean.dtype), inf, inf, jnp.asarray(False))
 
-    def body(s: _PointState) -> _PointState:
+    def body(_, s: _PointState) -> _PointState:
         if shared is None:
             p_new = (1 - s.rho) * s.precision + s.rho * s.target
             chol = jnp.linalg.cholesky(p_new)
@@ -180,11 +179,11 @@ def _point_e_step(model, prior, y, mask, mean, cov, precision, shared, max_iter,
         return _PointState(pick(m_new, s.mean), pick(v_new, s.cov), pick(p_new, s.precision), pick(logdet, s.logdet),
                            pick(value, s.bound), pick(target, s.target), pick(grad, s.grad), pick(hessian, s.hessian),
                            jnp.where(accept, jnp.minimum(2 * s.rho, 1.0), 0.5 * s.rho), change, previous,
-                           s.iterations + 1, converged | stalled)
+                           converged | stalled)
 
-    out = jax.lax.while_loop(lambda s: (~s.done) & (s.iterations < max_iter), body, state)
+    out, iterations = iterate(body, state, max_iter, lambda _, s: s.done)
     converged = extrapolated_distance(out.change, out.previous, floor) <= tol
-    return out.mean, out.cov, out.precision, out.bound, out.iterations, converged
+    return out.mean, out.cov, out.precision, out.bound, iterations, converged
 
 
 def _shared_covariance(model: FactorModel, prior: Prior):
@@ -320,14 +319,7 @@ def _update_loadings(block, Y, mask, weights, q: Posteriors, steps: int):
             return _block_values(block, Y, mask, weights, q, w + t[:, None, None] * step[..., :l],
                                  w0 + t[:, None] * step[..., l])
 
-        def halve(c):
-            t, f = c
-            t = jnp.where(f >= f0, t, 0.5 * t)
-            return t, trial(t)
-
-        t0 = jnp.ones(d, f0.dtype)
-        t, f = jax.lax.while_loop(lambda c: jnp.any((c[1] < f0) & (c[0] > 2.0**-_HALVINGS)), halve, (t0, trial(t0)))
-        ok = f >= f0
+        t, _, ok, _ = backtrack(trial, lambda t, f: f >= f0, jnp.ones(d, f0.dtype), _HALVINGS)
         return (jnp.where(ok[:, None, None], w + t[:, None, None] * step[..., :l], w),
                 jnp.where(ok[:, None], w0 + t[:, None] * step[..., l], w0))
 

@@ -35,6 +35,7 @@ names that clashed with the potentials; `vj.factor.Gaussian` and `vj.factor.Pois
 
 from __future__ import annotations
 
+import abc
 from typing import ClassVar
 
 import equinox as eqx
@@ -44,6 +45,7 @@ import numpy as np
 from jax.scipy.special import logsumexp
 
 from .. import _checks, _piecewise
+from .._linalg import backtrack
 from .. import potentials as pot
 from ..methods import lvb
 from ..quadrature import safe_sqrt
@@ -54,6 +56,7 @@ __all__ = ["AbstractLikelihood", "GaussianColumn", "Bernoulli", "PoissonColumn",
 LOGISTIC_BOUNDS = ("piecewise", "jaakkola", "bohning")
 MULTINOMIAL_BOUNDS = ("bohning", "log", "tilted", "pos")
 _TILTED_ITERATIONS = 30
+_HALVINGS = 20  # Newton steps on threshold parameters shortened at most 2⁻²⁰
 
 
 class AbstractLikelihood(eqx.Module):
@@ -76,17 +79,17 @@ class AbstractLikelihood(eqx.Module):
     def num_outcomes(self) -> int | None:
         return None
 
+    @abc.abstractmethod
     def expected(self, y, mean, cov):
         """The bound f̲(y, m̃, Ṽ), shape ``(D_b,)``."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def log_prob(self, y, eta):
         """The exact log p(y | η) for ``eta`` of shape ``(D_b, K)``."""
-        raise NotImplementedError
 
     def curvature(self, num_columns: int, dtype):
         """−2 ∂f̲/∂Ṽ, shape ``(D_b, K, K)``, for likelihoods with ``constant_curvature``."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} has no constant curvature (`constant_curvature` is False).")
 
     def check(self, y: np.ndarray, owner: str) -> None:
         """Raise `ValueError` if observed values ``y`` (NumPy, shape ``(N, D_b)``) are out of range."""
@@ -106,7 +109,7 @@ class AbstractLikelihood(eqx.Module):
 
     def predictive_mean(self, mean, cov):
         """⟨E[y | η]⟩ under N(m̃, Ṽ), shape ``(D_b,)`` (continuous data)."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} models discrete data: it has no predictive mean.")
 
 
 def _is_integer_in(y, lo, hi):
@@ -322,9 +325,9 @@ class Ordinal(AbstractLikelihood):
                 w, q = jnp.linalg.eigh(0.5 * (h + h.T))
                 w = jnp.minimum(w, -1e-8 * (1.0 + jnp.max(jnp.abs(w))))  # ascent direction even if not concave
                 direction = -(q / w) @ (q.T @ g)
-                halve = lambda c: (0.5 * c[0], fn(x + 0.5 * c[0] * direction))
-                t, f = jax.lax.while_loop(lambda c: (c[1] < f0) & (c[0] > 1e-6), halve, (1.0, fn(x + direction)))
-                return jnp.where(f >= f0, x + t * direction, x)
+                t, _, ok, _ = backtrack(lambda t: fn(x + t * direction), lambda t, f: f >= f0,
+                                        jnp.ones((), x.dtype), _HALVINGS)
+                return jnp.where(ok, x + t * direction, x)
 
             x = jax.lax.fori_loop(0, steps, step, jnp.concatenate([first[None], log_gaps]))
             return x[0], x[1:]

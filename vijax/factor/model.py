@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .. import _linalg
 from .likelihoods import AbstractLikelihood
 
 __all__ = ["Block", "FactorModel", "factor_analysis", "graphical_model", "elbo_point"]
@@ -163,8 +164,8 @@ class Prior(eqx.Module):
 def neg_kl(prior: Prior, mean, cov, logdet_cov):
     """−KL(N(m, V) ‖ N(μ, Σ)) = ½[log|VΣ⁻¹| − tr(Σ⁻¹V) − (m − μ)ᵀΣ⁻¹(m − μ) + L]."""
     d = mean - prior.mean
-    return 0.5 * (logdet_cov - prior.logdet - jnp.sum(prior.precision * cov) - d @ prior.precision @ d
-                  + mean.shape[0])
+    return _linalg.neg_kl(jnp.sum(prior.precision * cov), d @ prior.precision @ d, logdet_cov, prior.logdet,
+                          mean.shape[0])
 
 
 def elbo_point(model: FactorModel, y, mask, mean, cov):

@@ -1,5 +1,10 @@
 """Predictions from a fitted factor model: predictive densities of entries, class probabilities, imputation.
 
+Each function takes the `FactorFit` that `vj.factor.fit` returns, as `vj.glm` and `vj.gp` predictions
+take the fitted posterior: ``log_predictive(fit, Y)``, ``probabilities(fit)``, ``impute(fit, Y, mask)``.
+For rows the model was not fitted on, pass the model and their posteriors from `vj.factor.e_step`
+instead of the fit: ``log_predictive(model, q_test, Y_test)``.
+
 For an entry (n, d), p(y_dn | observed) ≈ ⟨p(y | η)⟩ under q's predictor N(m̃_dn, Ṽ_dn) (thesis eq. 3.26),
 with q(z_n) fitted on the point's observed entries. Scalar predictors are integrated by Gauss–Hermite
 quadrature (32 nodes); categorical ones (K > 1) by Monte Carlo with ``num_samples`` draws from ``key``,
@@ -19,7 +24,7 @@ import numpy as np
 from jax.scipy.special import logsumexp
 
 from ..quadrature import GaussHermite
-from .em import Posteriors
+from .em import FactorFit, Posteriors
 from .likelihoods import Gaussian
 from .model import FactorModel
 
@@ -47,6 +52,17 @@ def _log_expected_prob(lik, y, mean, cov, key, num_samples):
     return logsumexp(jax.vmap(lambda e: lik.log_prob(y, e))(eta), axis=0) - jnp.log(num_samples)
 
 
+def _fitted(owner, fit, args, names):
+    """(model, q, args): from ``fit`` (a `FactorFit`), or from ``(model, q, *args)`` (rows not fitted)."""
+    if isinstance(fit, FactorFit):
+        return fit.model, fit.posteriors, args
+    if isinstance(fit, FactorModel) and args and isinstance(args[0], Posteriors):
+        return fit, args[0], args[1:]
+    raise TypeError(f"{owner}: expects the `FactorFit` that vj.factor.fit returns, or a `FactorModel` and "
+                    f"`Posteriors` (from vj.factor.e_step), as {owner}(fit, {names}) or {owner}(model, q, {names}); "
+                    f"got {type(fit).__name__}.")
+
+
 def _monte_carlo_key(key, blocks, owner):
     """``key``, or (deprecated) a fixed key where a Monte Carlo estimate needs one and none was given."""
     if key is not None:
@@ -58,13 +74,15 @@ def _monte_carlo_key(key, blocks, owner):
     return jax.random.PRNGKey(0)
 
 
-def log_predictive(model: FactorModel, q: Posteriors, Y, *, key=None, num_samples: int = 2000):
+def log_predictive(fit: FactorFit, Y, *more, key=None, num_samples: int = 2000):
     """log p(y_dn | q(z_n)) for every entry of ``Y`` (N, D): score held-out entries with it.
 
-    Entries of ``Y`` not to be scored may hold any valid value (they are not used by q, which was
-    fitted with its own mask). ``key`` (a `jax.random` key) drives the Monte Carlo estimate for
-    categorical blocks. Returns a JAX array of shape (N, D).
+    ``fit``: the `FactorFit` of the data's rows (or a model and per-point posteriors: see the module
+    docstring). Entries of ``Y`` not to be scored may hold any valid
+    value (they are not used by q, which was fitted with its own mask). ``key`` (a `jax.random` key)
+    drives the Monte Carlo estimate for categorical blocks. Returns a JAX array of shape (N, D).
     """
+    model, q, (Y,) = _fitted("vj.factor.log_predictive", fit, (Y,) + more, "Y")
     key = _monte_carlo_key(key, model.blocks, "vj.factor.log_predictive")
     return _log_predictive(model, q, Y, key, num_samples)
 
@@ -83,10 +101,14 @@ def _log_predictive(model: FactorModel, q: Posteriors, Y, key, num_samples: int)
     return out
 
 
-def probabilities(model: FactorModel, q: Posteriors, block: int = 0, *, key=None, num_samples: int = 2000):
-    """Predictive probabilities of every outcome of a discrete block: a JAX array of shape (N, D_b, C).
+def probabilities(fit: FactorFit, *args, block: int = 0, key=None, num_samples: int = 2000):
+    """Predictive probabilities of every outcome of discrete block ``block``: shape (N, D_b, C).
 
-    ``key`` (a `jax.random` key) drives the Monte Carlo estimate for a categorical block."""
+    ``fit``: a `FactorFit` (or a model and per-point posteriors). ``key`` (a `jax.random` key) drives the Monte Carlo estimate for a
+    categorical block. Returns a JAX array."""
+    model, q, args = _fitted("vj.factor.probabilities", fit, args, "block=...")
+    if args:  # the block by position
+        (block,) = args
     blk = model.blocks[block]
     if blk.likelihood.num_outcomes is None:
         raise ValueError(f"probabilities: block {block} ({type(blk.likelihood).__name__}) is not discrete; "
@@ -110,9 +132,11 @@ def _probabilities(model: FactorModel, q: Posteriors, block: int, key, num_sampl
     return jax.vmap(point)(mean, cov, keys)
 
 
-def impute(model: FactorModel, q: Posteriors, Y, mask, *, key=None, num_samples: int = 2000):
+def impute(fit: FactorFit, Y, mask, *more, key=None, num_samples: int = 2000):
     """``Y`` with its unobserved entries (``mask`` False) set to the predictive mode (discrete columns)
-    or mean (Gaussian, Poisson): a JAX array of shape (N, D). ``key`` as for `probabilities`."""
+    or mean (Gaussian, Poisson): a JAX array of shape (N, D). ``fit``: a `FactorFit`; ``key`` as for
+    `probabilities`."""
+    model, q, (Y, mask) = _fitted("vj.factor.impute", fit, (Y, mask) + more, "Y, mask")
     key = _monte_carlo_key(key, [b for b in model.blocks if b.likelihood.num_outcomes is not None],
                            "vj.factor.impute")
     Y = np.array(Y, dtype=float)

@@ -28,6 +28,7 @@ Kernels add and multiply: ``k1 + k2`` and ``k1 * k2``.
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 
 import jax
@@ -85,11 +86,13 @@ class AbstractKernel(eqx.Module):
         """k(x_n, x_n) for each row: shape ``(N,)``."""
         return self._diagonal(_checks.as_inputs(X, type(self).__name__))
 
+    @abc.abstractmethod
     def _matrix(self, X1, X2, same):
-        raise NotImplementedError
+        """k(X1, X2), shape ``(N1, N2)``; ``same`` when X2 is X1 (exact zeros on the diagonal of r²)."""
 
+    @abc.abstractmethod
     def _diagonal(self, X):
-        raise NotImplementedError
+        """k(x_n, x_n), shape ``(N,)``."""
 
     def __repr__(self):
         """The parameters' values (``variance=2.0``), not their stored logarithms."""
@@ -181,8 +184,9 @@ class _Stationary(AbstractKernel):
     def _diagonal(self, X):
         return jnp.full(X.shape[0], self.variance * self._profile(jnp.zeros((), X.dtype)), X.dtype)
 
+    @abc.abstractmethod
     def _profile(self, r2):
-        raise NotImplementedError
+        """k as a function of the scaled squared distance r², for unit variance."""
 
 
 class SquaredExponential(_Stationary):

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from jax.scipy.linalg import solve_triangular
 
 from .. import _checks
-from .._linalg import LOG_2PI as _LOG_2PI
+from .._linalg import LOG_2PI as _LOG_2PI, neg_kl
 from ..quadrature import safe_sqrt
 from .models import label_signs
 
@@ -201,9 +201,8 @@ def svgp_elbo(mean_u, chol_u, kernel, inducing, X, likelihood, num_data=None, ji
 
     LinvR = solve_triangular(L, R, lower=True)
     Linvm = solve_triangular(L, mean_u, lower=True)
-    kl = 0.5 * (jnp.sum(LinvR**2) + jnp.dot(Linvm, Linvm) - M
-                + 2 * jnp.sum(jnp.log(jnp.diag(L))) - 2 * jnp.sum(jnp.log(jnp.abs(jnp.diag(R)))))
-    return scale * expected - kl
+    logdet = lambda T: 2 * jnp.sum(jnp.log(jnp.abs(jnp.diag(T))))
+    return scale * expected + neg_kl(jnp.sum(LinvR**2), jnp.dot(Linvm, Linvm), logdet(R), logdet(L), M)
 
 
 def svgp_natural_step(mean_u, chol_u, kernel, inducing, X, likelihood, num_data=None, learning_rate=1.0,

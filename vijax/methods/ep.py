@@ -66,10 +66,11 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from .._linalg import LOG_2PI as _LOG_2PI, select
+from .._linalg import LOG_2PI as _LOG_2PI, backtrack, select
 from ..covariance import CholeskyFactor
 from ..model import LatentLinearModel
 from ..posterior import Diagnostics, EPInfo, Posterior
+from ..solvers import iterate
 from .._keywords import renamed
 from ._base import AbstractMethod
 from ._envelope import computed
@@ -284,14 +285,11 @@ class _Run(NamedTuple):
 
 def _largest_proper_fraction(conditions):
     """Largest α in {1, ½, ¼, …} with every ``a + α·b > 0`` for the (a, b) pairs given; 0 if none."""
-    def ok(alpha):
+    def proper(alpha):
         return jnp.all(jnp.stack([a + alpha * b > 0 for a, b in conditions]))
 
-    def halve(_, alpha):
-        return jnp.where(ok(alpha), alpha, 0.5 * alpha)
-
-    alpha = jax.lax.fori_loop(0, _MAX_HALVINGS, halve, jnp.ones_like(conditions[0][0]))
-    return jnp.where(ok(alpha), alpha, 0.0)
+    alpha, _, ok, _ = backtrack(proper, lambda alpha, proper: proper, jnp.ones_like(conditions[0][0]), _MAX_HALVINGS)
+    return jnp.where(ok, alpha, 0.0)
 
 
 class EP(AbstractMethod):
@@ -505,12 +503,12 @@ class EP(AbstractMethod):
             until the anchored residual is below ``target``."""
             ev = _evaluate(sites, model, power, work, anchor)
 
-            def cond(state):
-                sites, ev, j, failed, evals = state
-                return (j < self.inner_max_iter) & ~failed & (_residual(ev) > target)
+            def finished(_, state):
+                sites, ev, failed, evals = state
+                return failed | ~(_residual(ev) > target)
 
-            def body(state):
-                sites, ev, j, _, evals = state
+            def body(_, state):
+                sites, ev, _, evals = state
                 step = _direction(ev, sites, power).scale(newton_fraction)
                 # Slope of G along the step: ∂G/∂ν = E_q x − E_p̂ x, ∂G/∂τ = −½(E_q x² − E_p̂ x²); < 0
                 # because the Gaussian moment map is monotone.
@@ -519,32 +517,21 @@ class EP(AbstractMethod):
                                                                    ev.tilted_mean, ev.tilted_var, ev.valid,
                                                                    step.precision, step.shift))
 
-                def sufficient(new, alpha):
+                def sufficient(alpha, new):
                     # Armijo; or, once the decrease is within the quadrature's noise in G, a smaller residual.
                     armijo = (new.value <= ev.value + _ARMIJO * alpha * slope) & (new.value < ev.value)
                     noise = _QUADRATURE_NOISE * (1.0 + jnp.abs(ev.value))
                     level = (new.value <= ev.value + noise) & (_residual(new) < _residual(ev))
                     return new.proper & (armijo | level)
 
-                def search(state):
-                    alpha, new, n = state
-                    return ~sufficient(new, alpha) & (n < _MAX_HALVINGS)
-
-                def halve(state):
-                    alpha, _, n = state
-                    alpha = 0.5 * alpha
-                    return alpha, _evaluate(sites + step.scale(alpha), model, power, work, anchor), n + 1
-
-                one = jnp.ones((), ev.value.dtype)
-                first = _evaluate(sites + step, model, power, work, anchor)
-                alpha, new, n = jax.lax.while_loop(search, halve, (one, first, jnp.array(0)))
-                ok = sufficient(new, alpha)
+                trial = lambda alpha: _evaluate(sites + step.scale(alpha), model, power, work, anchor)
+                alpha, new, ok, n = backtrack(trial, sufficient, jnp.ones((), ev.value.dtype), _MAX_HALVINGS)
                 sites = select(ok, sites + step.scale(alpha), sites)
                 ev = select(ok, new, ev)
-                return sites, ev, j + 1, ~ok, evals + n + 1
+                return sites, ev, ~ok, evals + n + 1
 
-            state = (sites, ev, jnp.array(0), jnp.array(False), jnp.array(1))
-            sites, ev, _, _, evals = jax.lax.while_loop(cond, body, state)
+            state = (sites, ev, jnp.array(False), jnp.array(1))
+            (sites, ev, _, evals), _ = iterate(body, state, self.inner_max_iter, finished)
             return sites, ev.value, evals
 
         def natural(anchor):

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 from jax.scipy.linalg import solve_triangular
 
+from .._linalg import backtrack
 from .._curvature import Curvature
 from ..covariance import AbstractCovariance, AbstractFactor, CholeskyFactor, Full
 from ..model import LatentLinearModel
@@ -106,16 +107,8 @@ def shrunk_until_finite(params: GaussianParams, objective, max_halvings: int = 6
     def at(t):
         return GaussianParams(params.mean, eqx.combine(jax.tree_util.tree_map(lambda a: t * a, free), fixed))
 
-    def cond(state):
-        t, value, k = state
-        return ~jnp.isfinite(value) & (k < max_halvings)
-
-    def body(state):
-        t, _, k = state
-        return 0.5 * t, objective(at(0.5 * t)), k + 1
-
     one = jnp.ones((), params.mean.dtype)
-    t, _, _ = jax.lax.while_loop(cond, body, (one, objective(params), jnp.array(0)))
+    t, _, _, _ = backtrack(lambda t: objective(at(t)), lambda t, value: jnp.isfinite(value), one, max_halvings)
     return at(t)
 
 

@@ -45,7 +45,7 @@ from ..covariance import Diagonal, DiagonalFactor
 from ..model import Identity, LatentLinearModel
 from ..posterior import Diagnostics, Posterior
 from ..quadrature import GaussHermite
-from ..solvers import AbstractSolver, extrapolated_distance
+from ..solvers import AbstractSolver, extrapolated_distance, iterate
 from .._keywords import renamed
 from ._base import AbstractMethod
 from .gkl import GKL
@@ -158,23 +158,23 @@ class MeanField(AbstractMethod):
         floor = 1e3 * float(jnp.finfo(mean.dtype).eps)
         distance = lambda change, previous: extrapolated_distance(change, previous, floor)
 
-        def sweep(state):
-            c, mean, residual, change, _, k, trace = state
+        def sweep(k, state):
+            c, mean, residual, change, _, trace = state
             c, new_mean, residual = jax.lax.fori_loop(0, mean.shape[0], update, (c, mean, residual))
             moments = factor_moments(c, v, frozen, self.quadrature)
             new_change = jnp.max(jnp.abs(new_mean - mean) / jnp.sqrt(moments[2]))
             value = _bound(c, v, frozen, *moments)
-            return c, new_mean, residual, new_change, change, k + 1, trace.at[k + 1].set(value)
+            return c, new_mean, residual, new_change, change, trace.at[k + 1].set(value)
 
-        def unfinished(state):
-            *_, change, previous, k, trace = state
-            return (k < self.max_iter) & ~(distance(change, previous) <= self.tol) & jnp.isfinite(trace[k])
+        def finished(k, state):
+            *_, change, previous, trace = state
+            return (distance(change, previous) <= self.tol) | ~jnp.isfinite(trace[k])
 
         first = bound(c, v, frozen, self.quadrature)
         trace = nan_trace(self.max_iter, first.dtype, first)
         inf = jnp.asarray(jnp.inf, first.dtype)
-        start = (c, mean, residual, inf, inf, jnp.array(0), trace)
-        c, _, _, change, previous, sweeps, trace = jax.lax.while_loop(unfinished, sweep, start)
+        start = (c, mean, residual, inf, inf, trace)
+        (c, _, _, change, previous, trace), sweeps = iterate(sweep, start, self.max_iter, finished)
         stationarity = distance(change, previous)
         converged = (stationarity <= self.tol) & jnp.isfinite(trace[sweeps])
 

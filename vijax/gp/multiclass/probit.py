@@ -59,6 +59,7 @@ from jax.scipy.linalg import block_diag, cho_solve, solve_triangular
 
 from ...methods.ep import cavity, log_normaliser, moment_residual, site_step
 from ...posterior import Diagnostics
+from ...solvers import iterate
 from ...potentials import Probit
 from ...quadrature import GaussHermite
 from .._layout import class_kernels, class_labels, class_prior_covariances, same_arrays
@@ -204,15 +205,13 @@ def _inner_ep(m0, V0, onehot, max_iter, tol, tau=None, nu=None):
         m, V = _combine(m0, V0, up.tau, up.nu, onehot)
         return up.tau, up.nu, m, V, jnp.maximum(worst, jnp.max(up.residual))
 
-    def sweep(state):
-        tau, nu, m, V, _, k = state
-        tau, nu, m, V, worst = jax.lax.fori_loop(0, C, factor, (tau, nu, m, V, jnp.zeros((), m0.dtype)))
-        return tau, nu, m, V, worst, k + 1
+    def sweep(_, state):
+        tau, nu, m, V, _ = state
+        return jax.lax.fori_loop(0, C, factor, (tau, nu, m, V, jnp.zeros((), m0.dtype)))
 
     m, V = _combine(m0, V0, tau, nu, onehot)
-    init = (tau, nu, m, V, jnp.asarray(jnp.inf, m0.dtype), jnp.asarray(0))
-    tau, nu, m, V, residual, sweeps = jax.lax.while_loop(
-        lambda s: (s[4] > tol) & (s[5] < max_iter), sweep, init)
+    init = (tau, nu, m, V, jnp.asarray(jnp.inf, m0.dtype))
+    (tau, nu, m, V, residual), _ = iterate(sweep, init, max_iter, lambda _, s: ~(s[4] > tol))  # NaN stops
     return _inner_energy(m0, V0, tau, nu, onehot, m, V), m, V, residual <= tol
 
 
@@ -369,7 +368,6 @@ class _Loop(NamedTuple):
     nu: jax.Array
     residual: jax.Array
     damping: jax.Array
-    iteration: jax.Array
     trace: jax.Array
 
 
@@ -395,25 +393,25 @@ def _fit(K, onehot, tau, nu, damping, min_damping, tol, trace):
     frozen = jax.lax.stop_gradient(K)
     max_iter = trace.shape[0] - 1
 
-    def step(state):
+    def step(k, state):
         _, update, energy = _evaluate(frozen, state.tau, state.nu, onehot)
         residual = jnp.max(update.residual)
         delta = jnp.where(residual > state.residual, jnp.maximum(0.5 * state.damping, min_damping), state.damping)
         tau = state.tau + delta * (update.tau - state.tau)
         nu = state.nu + delta * (update.nu - state.nu)
-        return _Loop(tau, nu, residual, delta, state.iteration + 1, state.trace.at[state.iteration].set(energy))
+        return _Loop(tau, nu, residual, delta, state.trace.at[k].set(energy))
 
-    init = _Loop(tau, nu, jnp.asarray(jnp.inf, K.dtype), damping, jnp.asarray(0), trace)
-    loop = jax.lax.while_loop(lambda s: (s.residual > tol) & (s.iteration < max_iter), step, init)
+    init = _Loop(tau, nu, jnp.asarray(jnp.inf, K.dtype), damping, trace)
+    loop, iterations = iterate(step, init, max_iter, lambda _, s: ~(s.residual > tol))  # NaN stops
     sites = jax.lax.stop_gradient((loop.tau, loop.nu))
     post, update, energy = _evaluate(K, *sites, onehot)
     # The energy's gradient in the active sites (the own-class entries are no parameters): ~0 at a fixed point.
     gradient = jax.grad(lambda t, n: _evaluate(frozen, t, n, onehot)[2], argnums=(0, 1))(*sites)
     grad_norm = jnp.max(jnp.abs(jnp.where(onehot == 0, jnp.stack(gradient), 0.0)))
     diagnostics = Diagnostics(
-        iterations=loop.iteration, converged=loop.residual <= tol, stationarity=jnp.max(update.residual),
-        grad_norm=grad_norm, objective_trace=loop.trace.at[loop.iteration].set(jax.lax.stop_gradient(energy)),
-        num_value_evals=loop.iteration + 1, num_grad_evals=jnp.asarray(1), num_hvp_evals=jnp.asarray(0),
+        iterations=iterations, converged=loop.residual <= tol, stationarity=jnp.max(update.residual),
+        grad_norm=grad_norm, objective_trace=loop.trace.at[iterations].set(jax.lax.stop_gradient(energy)),
+        num_value_evals=iterations + 1, num_grad_evals=jnp.asarray(1), num_hvp_evals=jnp.asarray(0),
         method="NestedEP", solver="parallel")
     return _Fit(post, energy, diagnostics, loop.tau, loop.nu, loop.damping, update.skipped)
 
