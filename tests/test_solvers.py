@@ -125,3 +125,47 @@ def test_newton_solvers_stop_at_float32_resolution(rng):
         assert sol.x.dtype == jnp.float32
         assert bool(sol.converged), type(solver).__name__
         assert int(sol.iterations) < 50
+
+
+def test_backtrack_halves_each_step_until_its_own_trial_is_acceptable():
+    """Steps per coordinate: each is halved only while its own trial is unacceptable; a step that never
+    becomes acceptable is reported as such after the allowed halvings."""
+    from vijax._linalg import backtrack
+    limit = jnp.array([1.0, 0.3, 0.01, -1.0])  # acceptable: step ≤ limit (the last never)
+    step, value, ok, halvings = backtrack(lambda t: t, lambda t, v: v <= limit, jnp.ones(4), 10)
+    np.testing.assert_array_equal(np.asarray(step), [1.0, 0.25, 2.0**-7, 2.0**-10])
+    np.testing.assert_array_equal(np.asarray(ok), [True, True, True, False])
+    assert int(halvings) == 10
+    # Scalar steps under jit, with a pytree value: the first acceptable step ends the search.
+    f = jax.jit(lambda t0: backtrack(lambda t: {"f": -(t - 0.1) ** 2}, lambda t, v: v["f"] >= -0.01, t0, 30))
+    step, value, ok, halvings = f(jnp.array(1.0))
+    assert float(step) == 0.125 and bool(ok) and int(halvings) == 3
+    assert float(value["f"]) == pytest.approx(-(0.125 - 0.1) ** 2)
+
+
+def test_iterate_stops_early_and_counts_steps():
+    from vijax.solvers import iterate
+    state, k = iterate(lambda k, s: s + k, jnp.array(0), 100, lambda k, s: s >= 10)
+    assert int(state) == 10 and int(k) == 5  # 0 + 0 + 1 + 2 + 3 + 4
+    state, k = iterate(lambda k, s: s * 2, jnp.array(1.0), 7)
+    assert float(state) == 128.0 and int(k) == 7
+
+
+def test_neg_kl_against_the_integral_it_stands_for():
+    """−KL(q ‖ p) = E_q[log p − log q]: by quadrature in one dimension, by Monte Carlo in three."""
+    from scipy import integrate, stats
+    from vijax._linalg import neg_kl
+    for (m, v), (mu, s2) in [((0.3, 0.5), (-1.0, 2.0)), ((2.0, 3.0), (0.0, 0.1))]:
+        q, p = stats.norm(m, np.sqrt(v)), stats.norm(mu, np.sqrt(s2))
+        exact = integrate.quad(lambda x: q.pdf(x) * (p.logpdf(x) - q.logpdf(x)), -30, 30, epsabs=1e-13)[0]
+        got = neg_kl(v / s2, (m - mu) ** 2 / s2, np.log(v), np.log(s2), 1)
+        assert float(got) == pytest.approx(exact, rel=1e-9)
+    rng = np.random.default_rng(0)
+    A, B = rng.normal(size=(2, 3, 3))
+    V, Sigma = A @ A.T + np.eye(3), B @ B.T + np.eye(3)
+    m, mu = rng.normal(size=(2, 3))
+    P = np.linalg.inv(Sigma)
+    got = neg_kl(np.trace(P @ V), (m - mu) @ P @ (m - mu), np.linalg.slogdet(V)[1], np.linalg.slogdet(Sigma)[1], 3)
+    x = stats.multivariate_normal(m, V).rvs(400_000, random_state=1)
+    estimate = np.mean(stats.multivariate_normal(mu, Sigma).logpdf(x) - stats.multivariate_normal(m, V).logpdf(x))
+    assert float(got) == pytest.approx(estimate, abs=0.02)
