@@ -250,6 +250,16 @@ def test_stick_model_bounds_and_predictions(rng):
         assert np.mean(p.argmax(1) == y) >= 0.7
     # probabilities from the predictive marginals agree with Monte Carlo over them
     mean, var = mc.stick_breaking_predict(ep, X[:3])
+    # each stick's marginals are the GP conditional on its own latent values, in dense NumPy
+    layout, K, m, S = exact.layout, np.asarray(exact.prior.cov), np.asarray(ep.mean), np.asarray(ep.covariance)
+    for j in range(2):
+        idx = np.flatnonzero(layout.stick == j)
+        cross = np.asarray(KERNEL(X[layout.point[idx]], X[:3]))
+        B = np.linalg.solve(K[np.ix_(idx, idx)], cross)
+        np.testing.assert_allclose(mean[:, j], B.T @ m[idx], rtol=1e-9, atol=1e-12)
+        expected = (np.asarray(KERNEL.diagonal(X[:3])) - np.sum(cross * B, 0)
+                    + np.einsum("it,ij,jt->t", B, S[np.ix_(idx, idx)], B))
+        np.testing.assert_allclose(var[:, j], expected, rtol=1e-8, atol=1e-12)
     eta = np.asarray(mean)[:, None] + np.sqrt(np.asarray(var))[:, None] * rng.normal(size=(3, 200_000, 2))
     np.testing.assert_allclose(np.asarray(mc.stick_breaking_proba(ep, X[:3])),
                                np.asarray(mc.stick_breaking_probabilities(eta)).mean(1), atol=5e-3)

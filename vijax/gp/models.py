@@ -187,12 +187,24 @@ def _latent(post, kernel, X, X_test, owner):
         raise ValueError(f"{owner}: X has {X.shape[0]} rows but the model has {prior.dim} latent values.")
     if X_test.shape[1] != X.shape[1]:
         raise ValueError(f"{owner}: X_test has {X_test.shape[1]} columns but the training inputs have {X.shape[1]}.")
-    A = solve_triangular(prior.chol, kernel(X, X_test), lower=True)
-    B = solve_triangular(prior.chol.T, A, lower=False)
-    centred = B.T @ (post.mean - prior.mean)
-    _, posterior_var = post.marginals(B.T)
-    var = kernel.diagonal(X_test) - jnp.sum(A**2, axis=0) + posterior_var
-    return prior.mean[0] + centred, jnp.maximum(var, 0.0)
+    centred, var = conditional_marginals(post, prior.chol, kernel(X, X_test), kernel.diagonal(X_test))
+    return prior.mean[0] + centred, var
+
+
+def conditional_marginals(post, chol, cross, prior_diag, columns=None):
+    """Marginals of f at T test inputs under q = ``post``, given the latent values ``columns`` (all if None).
+
+    f* | f is Gaussian with mean Bᵀ(f − μ) (plus the prior mean at the test inputs) and variance
+    k** − ‖L⁻¹k*‖², B = K⁻¹K*, where K = LLᵀ (``chol`` L) is the prior covariance of those latent
+    values and K* = ``cross`` (n, T) their covariance with f*. Under q = N(m, S) the mean is
+    Bᵀ(m − μ) and the variance gains diag(BᵀSB). ``prior_diag``: k(x*, x*), shape (T,). Returns the
+    centred mean and the variance, each (T,).
+    """
+    A = solve_triangular(chol, cross, lower=True)
+    B = solve_triangular(chol.T, A, lower=False)
+    H = B.T if columns is None else jnp.zeros((B.shape[1], post.mean.shape[0]), B.dtype).at[:, columns].set(B.T)
+    _, var = post.marginals(H)
+    return H @ (post.mean - post.model.prior.mean), jnp.maximum(prior_diag - jnp.sum(A**2, axis=0) + var, 0.0)
 
 
 def predict(post, X_test, *legacy):

@@ -27,7 +27,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.scipy.linalg import block_diag, solve_triangular
+from jax.scipy.linalg import block_diag
 
 from ...model import DenseGaussian, GaussianFactor, LatentLinearModel, ScaledIdentity, Sites
 from ...potentials import Logistic, PiecewiseLogistic
@@ -35,7 +35,7 @@ from ...quadrature import GaussHermite, safe_sqrt
 from .._layout import class_labels, same_arrays
 from ... import _checks
 from ..kernels import AbstractKernel
-from ..models import DEFAULT_JITTER
+from ..models import DEFAULT_JITTER, conditional_marginals
 
 __all__ = [
     "StickBreakingModel",
@@ -204,12 +204,9 @@ def _predict(post, kernel, X, layout, X_test, owner):
     for j in range(len(layout.ordering) - 1):
         idx = np.flatnonzero(layout.stick == j)
         chol = prior.chol[np.ix_(idx, idx)]  # the Cholesky factor of a block-diagonal matrix is blockwise
-        A = solve_triangular(chol, kernel(X[layout.point[idx]], X_test), lower=True)
-        B = solve_triangular(chol.T, A, lower=False)
-        H = jnp.zeros((X_test.shape[0], prior.dim), B.dtype).at[:, idx].set(B.T)
-        mean, var = post.marginals(H)
+        mean, var = conditional_marginals(post, chol, kernel(X[layout.point[idx]], X_test), prior_diag, idx)
         means.append(mean)
-        variances.append(jnp.maximum(prior_diag - jnp.sum(A**2, axis=0) + var, 0.0))
+        variances.append(var)
     return jnp.stack(means, -1), jnp.stack(variances, -1)
 
 
