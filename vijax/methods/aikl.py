@@ -294,7 +294,7 @@ def _fft_size(dim: int, lattice_points: int, padding: str) -> int:
     return 1 << (atoms - 1).bit_length()
 
 
-def _site_lattice(alpha, beta, params, base, lattice_points, padding):
+def _site_lattice(alpha, beta, params, base, lattice_points, padding, span=_SPAN):
     """The lattice densities of y_n = α_nᵀv + β_n for a block of sites.
 
     ``alpha``: ``(N, D)``; ``beta``: ``(N,)``. Returns atoms ``(N, P)`` (increasing, spacing Δ_n) and
@@ -306,7 +306,7 @@ def _site_lattice(alpha, beta, params, base, lattice_points, padding):
     var_y = jnp.sum((alpha * sd) ** 2, axis=-1)  # (N,)
     positive = var_y > 0
     sigma_y = jnp.where(positive, jnp.sqrt(jnp.where(positive, var_y, 1.0)), 1.0)
-    delta = 2.0 * _SPAN * sigma_y / (K - 1)  # (N,)
+    delta = 2.0 * span * sigma_y / (K - 1)  # (N,)
     centre = K // 2
     offsets = jnp.arange(K, dtype=alpha.dtype) - centre  # the centre point sits on each u_d's mean
     # u_d = α_d v_d at u = α_d v̄_d + Δ k; its density there ∝ q_v(v̄_d + Δ k / α_d). A coordinate with
@@ -340,35 +340,39 @@ def _expect(potential, atoms, rho):
 
 
 def site_expectations(params: AIKLParams, model: LatentLinearModel, base: AbstractBase, lattice_points: int = 128,
-                      padding: str = "window"):
-    """⟨log φ_n(h_nᵀw + c_n)⟩ under q for every site: a tuple with one ``(N_g,)`` array per site group."""
+                      padding: str = "window", span: float = _SPAN):
+    """⟨log φ_n(h_nᵀw + c_n)⟩ under q for every site: a tuple with one ``(N_g,)`` array per site group.
+
+    ``span``: the lattice end points, ±span σ_y (default 6, the thesis's choice; it leaves out the mass
+    beyond, e.g. 2·10⁻⁶ for a skew-normal with ν = 2.5)."""
     A = params.A
     out = []
     for group in model.sites:
         alpha = _project_columns(group.projection, A)
         beta = group.project(params.loc)
-        atoms, rho = _site_lattice(alpha, beta, params, base, lattice_points, padding)
+        atoms, rho = _site_lattice(alpha, beta, params, base, lattice_points, padding, span)
         out.append(_expect(group.potential, atoms, rho))
     return tuple(out)
 
 
 def bound(params: AIKLParams, model: LatentLinearModel, base: AbstractBase, lattice_points: int = 128,
-          padding: str = "window"):
+          padding: str = "window", span: float = _SPAN):
     """The AI-KL bound on log Z at ``params`` (a pure, differentiable scalar; see the module docstring).
 
-    ``lattice_points`` (K) and ``padding`` set the lattice of the site terms; the other terms are exact.
+    ``lattice_points`` (K), ``padding`` and ``span`` set the lattice of the site terms (`site_expectations`);
+    the other terms are exact.
     """
     value = params.logdet() + jnp.sum(base.entropy(params.theta))
     if model.prior is not None:
         mean, C = _moments(params, base)
         value = value + model.prior.log_density(mean) - 0.5 * model.prior.trace_gram(C)
-    for expected in site_expectations(params, model, base, lattice_points, padding):
+    for expected in site_expectations(params, model, base, lattice_points, padding, span):
         value = value + jnp.sum(expected)
     return value
 
 
 def lattice_densities(params: AIKLParams, base: AbstractBase, H, offset=0.0, lattice_points: int = 128,
-                      padding: str = "window"):
+                      padding: str = "window", span: float = _SPAN):
     """The densities of y = H w + offset under q on their lattices.
 
     Returns ``(points, density)``, each ``(N, P)``: increasing points with spacing Δ_n and the density
@@ -377,7 +381,7 @@ def lattice_densities(params: AIKLParams, base: AbstractBase, H, offset=0.0, lat
     projection = as_projection(H)
     alpha = _project_columns(projection, params.A)
     beta = projection.mv(params.loc) + offset
-    atoms, rho = _site_lattice(alpha, beta, params, base, lattice_points, padding)
+    atoms, rho = _site_lattice(alpha, beta, params, base, lattice_points, padding, span)
     return atoms, rho / (atoms[:, 1:2] - atoms[:, 0:1])
 
 
@@ -416,8 +420,9 @@ class AIKLPosterior(Posterior):
     base: AbstractBase
     lattice_points: int = eqx.field(static=True)
     padding: str = eqx.field(static=True)
+    span: float = eqx.field(static=True)
 
-    def __init__(self, params, base, lattice_points, padding, log_z, diagnostics, model):
+    def __init__(self, params, base, lattice_points, padding, span, log_z, diagnostics, model):
         mean, C = _moments(params, base)
         S = C.T @ C
         S = 0.5 * (S + S.T)
@@ -427,6 +432,7 @@ class AIKLPosterior(Posterior):
         self.base = base
         self.lattice_points = lattice_points
         self.padding = padding
+        self.span = span
 
     def sample(self, key, num_samples: int):
         """``num_samples`` draws from q (w = A v + b, v from the bases): shape ``(num_samples, D)``."""
@@ -437,7 +443,7 @@ class AIKLPosterior(Posterior):
         """The densities of H w + offset under q on lattices: ``(points, density)``, each ``(N, P)``
         (see `lattice_densities`); ``lattice_points`` defaults to the K of ``log_z``."""
         K = self.lattice_points if lattice_points is None else int(lattice_points)
-        return lattice_densities(self.params, self.base, H, offset, K, self.padding)
+        return lattice_densities(self.params, self.base, H, offset, K, self.padding, self.span)
 
 
 def _check_positive_int(name, value, minimum):
@@ -456,6 +462,7 @@ class AIKL(AbstractMethod):
     - `lattice_points`: K, lattice points per coordinate during the fit (default 128).
     - `solver`: a `vj.solvers` solver (default `LBFGS(tol=1e-10, max_iter=500)`).
     - `padding`: ``"window"`` (default) or ``"full"`` (see the module docstring).
+    - `span`: lattice end points at ±span σ_y for each site (default 6, as in the thesis).
     - `tol_k`: the final bound is re-evaluated at 2K, 4K, … until it changes by less than this
       (default 1e-3), at most `max_doublings` times (default 3).
 
@@ -471,6 +478,7 @@ class AIKL(AbstractMethod):
     lattice_points: int = eqx.field(static=True, default=128)
     solver: AbstractSolver | None = None
     padding: str = eqx.field(static=True, default="window")
+    span: float = eqx.field(static=True, default=_SPAN)
     tol_k: float = eqx.field(static=True, default=1e-3)
     max_doublings: int = eqx.field(static=True, default=3)
 
@@ -485,6 +493,8 @@ class AIKL(AbstractMethod):
         if self.solver is not None and not isinstance(self.solver, AbstractSolver):
             raise ValueError(f"AIKL: `solver` must be a vj.solvers solver such as vj.solvers.LBFGS(), got "
                              f"{type(self.solver).__name__}.")
+        if not (float(self.span) >= 3.0):
+            raise ValueError(f"AIKL: `span` must be at least 3 (lattice end points at ±span σ_y), got {self.span!r}.")
         if not (float(self.tol_k) > 0):
             raise ValueError(f"AIKL: `tol_k` must be positive, got {self.tol_k!r}.")
 
@@ -517,7 +527,7 @@ class AIKL(AbstractMethod):
         """θ after trying each of the base's probe values in each coordinate in turn, keeping improvements."""
         probes = jnp.asarray(self.base.probes(), start.theta.dtype)
         value = lambda theta: bound(eqx.tree_at(lambda p: p.theta, start, theta), model, self.base,
-                                    self.lattice_points, self.padding)
+                                    self.lattice_points, self.padding, self.span)
 
         def coordinate(d, carry):
             def trial(carry, t):
@@ -536,7 +546,7 @@ class AIKL(AbstractMethod):
         frozen = jax.lax.stop_gradient(model)
         start, gaussian = self.init_params(frozen, init)
         start = jax.lax.stop_gradient(start)
-        K, padding, base = self.lattice_points, self.padding, self.base
+        K, padding, base, span = self.lattice_points, self.padding, self.base, self.span
         dim = frozen.dim
         # Coordinates relative to the start: lower = L₀(I + strict(X)), loc = b₀ + L₀c, upper = U, θ.
         L0 = jnp.tril(start.lower)
@@ -558,7 +568,7 @@ class AIKL(AbstractMethod):
         def objective(x):
             z = unravel(x)
             z = z if base.learn else (*z, start.theta)
-            return bound(as_params(z), frozen, base, K, padding)
+            return bound(as_params(z), frozen, base, K, padding, span)
 
         solver = self._solver()
         sol = solver.maximise(objective, x0)
@@ -566,7 +576,7 @@ class AIKL(AbstractMethod):
         opt = jax.lax.stop_gradient(as_params(z if base.learn else (*z, start.theta)))
         # The final bound: double K until it changes by less than tol_k.
         ks = [K * 2**j for j in range(self.max_doublings + 1)]
-        values = [sol.value] + [bound(opt, frozen, base, k, padding) for k in ks[1:]]
+        values = [sol.value] + [bound(opt, frozen, base, k, padding, span) for k in ks[1:]]
         values = jnp.stack(values)
         changes = jnp.abs(jnp.diff(values))
         if self.max_doublings:
@@ -578,8 +588,8 @@ class AIKL(AbstractMethod):
         value = values[index]
         k_used = jnp.asarray(ks)[index]
         k_static = ks[-1]  # the densities and samples of the posterior use the finest lattice
-        branches = [lambda p, m, k=k: bound(p, m, base, k, padding) for k in ks]
+        branches = [lambda p, m, k=k: bound(p, m, base, k, padding, span) for k in ks]
         log_z = computed(value, lambda p, m, i: jax.lax.switch(i, branches, p, m), opt, model, index)
         info = AIKLInfo(lattice_points=k_used, lattice_change=change, gaussian_log_z=gaussian)
         diagnostics = Diagnostics.from_solution(sol, method="AIKL", solver=type(solver).__name__, info=info)
-        return AIKLPosterior(opt, base, k_static, padding, log_z, diagnostics, model)
+        return AIKLPosterior(opt, base, k_static, padding, span, log_z, diagnostics, model)
