@@ -226,6 +226,11 @@ def eqx_mask(direction):
 # ------------------------------------------------------------------------------------------ inputs
 
 
+def test_namespace_lists_only_public_names():
+    assert sorted(dir(vj.aikl)) == sorted(aikl.__all__)
+    assert vj.aikl is aikl and vj.AIKL is aikl.AIKL and "AIKL" in vj.__all__ and "aikl" in vj.__all__
+
+
 def test_invalid_configuration_is_refused(logistic2):
     with pytest.raises(ValueError, match="lattice_points"):
         vj.AIKL(lattice_points=4)

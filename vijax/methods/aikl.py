@@ -593,3 +593,7 @@ class AIKL(AbstractMethod):
         info = AIKLInfo(lattice_points=k_used, lattice_change=change, gaussian_log_z=gaussian)
         diagnostics = Diagnostics.from_solution(sol, method="AIKL", solver=type(solver).__name__, info=info)
         return AIKLPosterior(opt, base, k_static, padding, span, log_z, diagnostics, model)
+
+
+def __dir__():
+    return list(__all__)
