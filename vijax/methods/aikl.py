@@ -339,7 +339,7 @@ def _expect(potential, atoms, rho):
     return jnp.sum(jnp.where(keep, rho * jnp.where(keep, values, 0.0), 0.0), axis=-1)
 
 
-def site_expectations(params: AIKLParams, model: LatentLinearModel, base: AbstractBase, lattice_points: int = 128,
+def site_expectations(params: AIKLParams, model: LatentLinearModel, base: AbstractBase, lattice_points: int = 256,
                       padding: str = "window", span: float = _SPAN):
     """⟨log φ_n(h_nᵀw + c_n)⟩ under q for every site: a tuple with one ``(N_g,)`` array per site group.
 
@@ -355,7 +355,7 @@ def site_expectations(params: AIKLParams, model: LatentLinearModel, base: Abstra
     return tuple(out)
 
 
-def bound(params: AIKLParams, model: LatentLinearModel, base: AbstractBase, lattice_points: int = 128,
+def bound(params: AIKLParams, model: LatentLinearModel, base: AbstractBase, lattice_points: int = 256,
           padding: str = "window", span: float = _SPAN):
     """The AI-KL bound on log Z at ``params`` (a pure, differentiable scalar; see the module docstring).
 
@@ -371,7 +371,7 @@ def bound(params: AIKLParams, model: LatentLinearModel, base: AbstractBase, latt
     return value
 
 
-def lattice_densities(params: AIKLParams, base: AbstractBase, H, offset=0.0, lattice_points: int = 128,
+def lattice_densities(params: AIKLParams, base: AbstractBase, H, offset=0.0, lattice_points: int = 256,
                       padding: str = "window", span: float = _SPAN):
     """The densities of y = H w + offset under q on their lattices.
 
@@ -459,12 +459,15 @@ class AIKL(AbstractMethod):
     - `base`: the family of the coordinates of v: `SkewNormal()` (default; skewness per coordinate
       learned), `Normal()` (then q is Gaussian and this is G-KL), `GeneralisedNormal(eta)` (η > 1,
       fixed or learned), or any `AbstractBase`.
-    - `lattice_points`: K, lattice points per coordinate during the fit (default 128).
-    - `solver`: a `vj.solvers` solver (default `LBFGS(tol=1e-10, max_iter=500)`).
+    - `lattice_points`: K, lattice points per coordinate during the fit (default 256). The optimiser
+      finds the optimum of the discretised bound, which overstates the bound by the lattice error at
+      strongly skewed bases (9·10⁻² at K = 128 on a D = 10 logistic regression, 3·10⁻² at 256,
+      6·10⁻³ at 512); the reported ``log_z`` is re-evaluated on finer lattices, so it does not.
+    - `solver`: a `vj.solvers` solver (default `LBFGS(tol=1e-8, max_iter=1000)`).
     - `padding`: ``"window"`` (default) or ``"full"`` (see the module docstring).
     - `span`: lattice end points at ±span σ_y for each site (default 6, as in the thesis).
     - `tol_k`: the final bound is re-evaluated at 2K, 4K, … until it changes by less than this
-      (default 1e-3), at most `max_doublings` times (default 3).
+      (default 1e-3), at most `max_doublings` times (default 4).
 
     ``vj.infer(model, vj.AIKL())`` returns an `AIKLPosterior` whose ``log_z`` is the bound (a lower
     bound on log Z up to the lattice error, which ``diagnostics.info.lattice_change`` estimates). Without
@@ -475,12 +478,12 @@ class AIKL(AbstractMethod):
     """
 
     base: AbstractBase = SkewNormal()
-    lattice_points: int = eqx.field(static=True, default=128)
+    lattice_points: int = eqx.field(static=True, default=256)
     solver: AbstractSolver | None = None
     padding: str = eqx.field(static=True, default="window")
     span: float = eqx.field(static=True, default=_SPAN)
     tol_k: float = eqx.field(static=True, default=1e-3)
-    max_doublings: int = eqx.field(static=True, default=3)
+    max_doublings: int = eqx.field(static=True, default=4)
 
     def __check_init__(self):
         if not isinstance(self.base, AbstractBase):
@@ -499,7 +502,7 @@ class AIKL(AbstractMethod):
             raise ValueError(f"AIKL: `tol_k` must be positive, got {self.tol_k!r}.")
 
     def _solver(self):
-        return self.solver if self.solver is not None else LBFGS(tol=1e-10, max_iter=500)
+        return self.solver if self.solver is not None else LBFGS(tol=1e-8, max_iter=1000)
 
     def init_params(self, model, init=None):
         """The starting (b, L, U, θ) and the G-KL bound there (NaN unless it came from a G-KL fit)."""
