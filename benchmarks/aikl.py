@@ -328,7 +328,8 @@ def run_table61(log, splits, names=None, lattice_points=K):
             pts = np.asarray(m)[:, None] + np.sqrt(np.asarray(v))[:, None] * z
             atlp_g = float(np.mean(logsumexp(-np.abs(ytest[:, None] - pts) / 0.16 - np.log(0.32),
                                              b=wz / wz.sum(), axis=1)))
-            points, density = jax.jit(lambda p, H: p.marginal_densities(H))(post, jnp.asarray(Ktest))
+            points, density = jax.jit(lambda p, H: p.marginal_densities(H, lattice_points=lattice_points))(
+                post, jnp.asarray(Ktest))
             atlp_a = atlp_laplace(np.asarray(points), np.asarray(density), ytest)
             row = dict(data=name, split=s, gkl=float(gkl.log_z) / n_trn, aikl=float(post.log_z) / n_trn,
                        atlp_gkl=atlp_g, atlp_aikl=atlp_a, seconds_gkl=t_g, seconds_aikl=t_a,
