@@ -222,28 +222,34 @@ def run_fig64(log, sizes, models, num_test, plots=True):
         log(f"time at D = N = 10 (compiled, median of {len(timed_rows)} models, best of 3): G-KL {g:.3f} s, "
             f"AI-KL {a:.3f} s (ratio {a / g:.1f}); thesis: 0.2 s vs 8 s")
     if plots:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-        for ax, key, label in ((axes[0], ("aikl", "gkl"), "B_AI-KL − B_G-KL"),
-                               (axes[1], ("atlp_aikl", "atlp_gkl"), "ATLP_AI-KL − ATLP_G-KL")):
-            for n in sizes:
-                vals = [r[key[0]] - r[key[1]] for r in rows if r["N"] == n]
-                ax.plot([n] * len(vals), vals, ".", color="0.6")
-            means = [np.mean([r[key[0]] - r[key[1]] for r in rows if r["N"] == n]) for n in sizes]
-            ax.plot(sizes, means, "o-", color="tab:red")
-            ax.axvline(10, color="k", lw=0.5, ls=":")
-            ax.set_xscale("log")
-            ax.set_xlabel("N (training points), D = 10")
-            ax.set_ylabel(label)
-        fig.suptitle(f"Bayesian logistic regression, D = 10, tau = 5, prior N(0, 5I); {models} models per N")
-        fig.tight_layout()
-        fig.savefig(RESULTS / "aikl_fig64.png", dpi=120)
-        plt.close(fig)
+        plot_fig64(rows, sizes, models)
     return rows
+
+
+def plot_fig64(rows, sizes, models):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, key, label in ((axes[0], ("aikl", "gkl"), "B_AI-KL − B_G-KL"),
+                           (axes[1], ("atlp_aikl", "atlp_gkl"), "ATLP_AI-KL − ATLP_G-KL")):
+        for n in sizes:
+            vals = [r[key[0]] - r[key[1]] for r in rows if r["N"] == n]
+            ax.plot([n] * len(vals), vals, ".", color="0.6")
+        means = [np.mean([r[key[0]] - r[key[1]] for r in rows if r["N"] == n]) for n in sizes]
+        ax.plot(sizes, means, "o-", color="tab:red")
+        ax.axvline(10, color="k", lw=0.5, ls=":")
+        ax.set_xscale("log")
+        ax.minorticks_off()
+        ax.set_xticks(sizes, [str(n) for n in sizes])
+        ax.set_xlabel("N (training points), D = 10")
+        ax.set_ylabel(label)
+    fig.suptitle(f"Bayesian logistic regression, D = 10, tau = 5, prior N(0, 5I); {models} models per N")
+    fig.tight_layout()
+    fig.savefig(RESULTS / "aikl_fig64.png", dpi=120)
+    plt.close(fig)
 
 
 # ----------------------------------------------------------------------------------------- table61
@@ -361,9 +367,15 @@ def main():
     parser.add_argument("--models", type=int, default=15, help="random models per N (Fig. 6.4)")
     parser.add_argument("--num-test", type=int, default=10_000)
     parser.add_argument("--splits", type=int, default=10, help="random splits (Table 6.1)")
+    parser.add_argument("--replot", action="store_true", help="redraw the Fig. 6.4 plot from its JSON file")
     parser.add_argument("--lattice-points", type=int, default=K, help="K of the Table 6.1 fits")
     parser.add_argument("--datasets", nargs="+", default=None, help="Table 6.1 data sets (default all available)")
     args = parser.parse_args()
+    if args.replot:
+        rows = json.loads((RESULTS / "aikl_fig64.json").read_text())["rows"]
+        sizes = sorted({r["N"] for r in rows})
+        plot_fig64(rows, sizes, max(r["model"] for r in rows) + 1)
+        return
     command = "python benchmarks/aikl.py " + " ".join(sys.argv[1:])
     parts = ("toys", "fig64", "table61") if args.part == "all" else (args.part,)
     for part in parts:
