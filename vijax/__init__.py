@@ -2,7 +2,7 @@
 
 from . import covariance, factor, gaussian, glm, gp, methods, piecewise, potentials, projections, quadrature, solvers
 from .inference import ConvergenceWarning, infer
-from .methods import EP, GKL, LVB, MAP, AbstractMethod, Laplace, MeanField, ep, gkl, laplace, lvb
+from .methods import AIKL, EP, GKL, LVB, MAP, AbstractMethod, Laplace, MeanField, aikl, ep, gkl, laplace, lvb
 from .model import GaussianFactor, Identity, LatentLinearModel, Sites
 from .padding import pad_sites
 from .posterior import Diagnostics, EPInfo, LaplaceInfo, Posterior
@@ -33,6 +33,8 @@ __all__ = [
     "LVB",
     "lvb",
     "MeanField",
+    "AIKL",
+    "aikl",
     "covariance",
     "potentials",
     "piecewise",

@@ -1,0 +1,302 @@
+"""Affine-independent KL (`vj.AIKL`): the bound, its lattice site terms, the bases and the fit.
+
+Problems are small (D ≤ 3) and share one logistic-regression model, so the few fits compile once.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import integrate, stats
+
+import vijax as vj
+from vijax.methods import aikl
+
+from helpers import grid_posterior
+
+K = 128
+
+
+@pytest.fixture(scope="module")
+def logistic2():
+    """Logistic regression with τ = 5 and prior N(0, 10 I) on four points, D = 2 (thesis Fig. 6.2)."""
+    X = np.array([[1.0, 0.4], [-0.3, 1.0], [0.8, -0.6], [0.2, 0.9]])
+    y = np.array([1, 1, 0, 1])
+    return vj.glm.logistic_regression(5.0 * X, y, prior_variance=10.0)
+
+
+@pytest.fixture(scope="module")
+def gkl2(logistic2):
+    return vj.infer(logistic2, vj.GKL())
+
+
+@pytest.fixture(scope="module")
+def skew2(logistic2, gkl2):
+    return vj.infer(logistic2, vj.AIKL(base=aikl.SkewNormal(), lattice_points=K), init=gkl2)
+
+
+def _params(mean, cov, theta):
+    D = mean.shape[0]
+    return aikl.AIKLParams(jnp.asarray(mean), jnp.linalg.cholesky(jnp.asarray(cov)), jnp.eye(D), jnp.asarray(theta))
+
+
+# ------------------------------------------------------------------------------- Gaussian special case
+
+
+def test_normal_base_gkl_optimum_is_stationary(logistic2, gkl2):
+    """With normal bases q is N(b, AAᵀ): at the G-KL optimum the AI-KL bound equals the G-KL bound and
+    its gradient in (b, L, U) vanishes (to lattice accuracy), so the two fits agree."""
+    params = _params(gkl2.mean, gkl2.covariance, np.zeros(2))
+    value, grad = jax.jit(jax.value_and_grad(lambda p: aikl.bound(p, logistic2, aikl.Normal(), K)))(params)
+    assert abs(float(value - gkl2.log_z)) < 1e-5
+    for g in (grad.loc, jnp.tril(grad.lower), jnp.triu(grad.upper)):
+        assert float(jnp.max(jnp.abs(g))) < 1e-4
+
+
+@pytest.mark.slow
+def test_normal_base_equals_gkl(logistic2, gkl2):
+    post = vj.infer(logistic2, vj.AIKL(base=aikl.Normal(), lattice_points=K), init=gkl2)
+    assert isinstance(post, aikl.AIKLPosterior) and post.is_lower_bound
+    assert abs(float(post.log_z - gkl2.log_z)) < 1e-4
+    np.testing.assert_allclose(post.mean, gkl2.mean, atol=2e-3)
+    np.testing.assert_allclose(post.covariance, gkl2.covariance, atol=2e-3)
+    assert int(post.diagnostics.info.lattice_points) in [K * 2**j for j in range(5)]
+    assert post.diagnostics.method == "AIKL" and bool(post.diagnostics.converged)
+
+
+def _jit_bound(k, base=aikl.Normal()):
+    return jax.jit(lambda p, m: aikl.bound(p, m, base, k))
+
+
+def test_normal_lattice_error_falls_with_k(logistic2, gkl2):
+    params = _params(gkl2.mean, gkl2.covariance, np.zeros(2))
+    errors = [abs(float(_jit_bound(k)(params, logistic2) - gkl2.log_z)) for k in (16, 32, 64, K)]
+    assert errors[-1] < 1e-5
+    assert errors[3] < errors[2] < errors[0] and errors[1] < errors[0]
+
+
+def test_zero_skewness_is_gaussian(logistic2):
+    v = jnp.linspace(-5.0, 5.0, 41)
+    zero = jnp.zeros_like(v)
+    skew = jax.jit(lambda v, t: (aikl.SkewNormal().log_density(v, t), aikl.SkewNormal().entropy(t)))
+    log_q, entropy = skew(v, zero)
+    np.testing.assert_allclose(log_q, aikl.Normal().log_density(v, zero), atol=1e-12)
+    np.testing.assert_allclose(entropy, 0.5 * np.log(2 * np.pi * np.e), atol=1e-10)
+    eta2 = aikl.GeneralisedNormal(eta=2.0)
+    np.testing.assert_allclose(eta2.log_density(v, eta2.init_theta(1, v.dtype)), aikl.Normal().log_density(v, zero),
+                               atol=1e-12)
+    params = _params(np.array([0.3, -0.2]), np.array([[1.0, 0.3], [0.3, 0.5]]), np.zeros(2))
+    np.testing.assert_allclose(_jit_bound(64, aikl.SkewNormal())(params, logistic2),
+                               _jit_bound(64)(params, logistic2), atol=1e-10)
+
+
+@pytest.mark.parametrize("base, theta", [(aikl.SkewNormal(), 1.3), (aikl.SkewNormal(), -4.0),
+                                         (aikl.GeneralisedNormal(eta=1.5), None),
+                                         (aikl.GeneralisedNormal(eta=3.0), None)])
+def test_bases_are_standardised_with_their_entropy(base, theta):
+    theta = base.init_theta(1, jnp.float64) if theta is None else jnp.array([theta])
+    v = np.linspace(-30.0, 30.0, 300001)
+    log_q = np.asarray(jax.jit(base.log_density)(jnp.asarray(v), theta))
+    q = np.exp(log_q)
+    h = v[1] - v[0]
+    assert abs(h * q.sum() - 1.0) < 1e-8
+    assert abs(h * (q * v).sum()) < 1e-8
+    assert abs(h * (q * v**2).sum() - 1.0) < 1e-8
+    assert abs(-h * (q * log_q).sum() - float(jax.jit(base.entropy)(theta)[0])) < 1e-7
+
+
+# ------------------------------------------------------------------------------------- site terms
+
+
+def _scipy_base(base, theta):
+    """An independent density of the standardised base (SciPy), as a function of v."""
+    if isinstance(base, aikl.SkewNormal):
+        delta = theta / np.sqrt(1 + theta**2)
+        mu = delta * np.sqrt(2 / np.pi)
+        sigma = np.sqrt(1 - mu**2)
+        return lambda v: sigma * stats.skewnorm.pdf(mu + sigma * v, theta)
+    eta = 1 + np.exp(theta)
+    return lambda v: stats.gennorm.pdf(v, eta, scale=np.sqrt(stats.gennorm.var(eta)) ** -1)
+
+
+@pytest.mark.parametrize("base, theta, tol", [(aikl.SkewNormal(), 2.5, 1e-8),
+                                              # |v|^1.4 is not smooth at 0: the lattice converges algebraically
+                                              (aikl.GeneralisedNormal(learn=True), np.log(0.4), 1e-5)])
+def test_site_expectations_against_quadrature_1d(base, theta, tol):
+    H = np.array([[1.0], [-0.7], [2.0]])
+    loc = np.array([0.5, -1.0, 2.0])
+    model = vj.LatentLinearModel(None, (vj.Sites(H, vj.potentials.Logistic()),
+                                        vj.Sites(H, vj.potentials.Laplace(loc=loc, scale=0.3))))
+    a, b = 1.7, 0.3
+    params = aikl.AIKLParams(jnp.array([b]), jnp.array([[a]]), jnp.array([[1.0]]), jnp.array([theta]))
+    # span 8: the default ±6σ leaves out 2·10⁻⁶ of this skew-normal's mass, visible at this tolerance
+    logistic, laplace = jax.jit(lambda p: aikl.site_expectations(p, model, base, 512, span=8.0))(params)
+    q = _scipy_base(base, theta)
+    log_sigmoid = lambda x: -np.logaddexp(0, -x)
+    for n in range(3):
+        y = lambda v: H[n, 0] * (a * v + b)
+        expected = integrate.quad(lambda v: q(v) * log_sigmoid(y(v)), -15, 15, limit=400, epsabs=1e-13)[0]
+        assert abs(float(logistic[n]) - expected) < tol
+        kink = (loc[n] / H[n, 0] - b) / a
+        expected = integrate.quad(lambda v: q(v) * (-np.abs(y(v) - loc[n]) / 0.3 - np.log(0.6)), -15, 15,
+                                  limit=400, points=[kink], epsabs=1e-13)[0]
+        assert abs(float(laplace[n]) - expected) < 1e-4 * abs(expected)  # a kink in log φ: error O(Δ²)
+
+
+def test_site_expectations_against_monte_carlo_3d(rng):
+    D, N = 3, 5
+    H = rng.normal(size=(N, D))
+    loc = rng.normal(size=N)
+    model = vj.LatentLinearModel(None, (vj.Sites(H, vj.potentials.Logistic()),
+                                        vj.Sites(H, vj.potentials.StudentT(df=3.0, loc=loc, scale=0.5))))
+    theta = np.array([3.0, -1.0, 0.5])
+    lower = np.tril(rng.normal(size=(D, D))) + 2 * np.eye(D)
+    upper = np.triu(rng.normal(size=(D, D)) * 0.5) + np.eye(D)
+    params = aikl.AIKLParams(jnp.asarray(rng.normal(size=D)), jnp.asarray(lower), jnp.asarray(upper), jnp.asarray(theta))
+    logistic, student = jax.jit(lambda p: aikl.site_expectations(p, model, aikl.SkewNormal(), K))(params)
+    S = 100_000
+    v = np.stack([_sample_standard_skew(rng, t, S) for t in theta], axis=1)
+    w = np.asarray(params.loc) + v @ np.asarray(params.A).T
+    x = w @ H.T
+    mc = [-np.logaddexp(0, -x), np.asarray(vj.potentials.StudentT(df=3.0, loc=loc, scale=0.5).log_phi(jnp.asarray(x)))]
+    for lattice, values in zip((logistic, student), mc):
+        se = values.std(axis=0) / np.sqrt(S)
+        assert np.all(np.abs(np.asarray(lattice) - values.mean(axis=0)) < 5 * se + 1e-4)
+
+
+def _sample_standard_skew(rng, nu, size):
+    delta = nu / np.sqrt(1 + nu**2)
+    z = delta * np.abs(rng.normal(size=size)) + np.sqrt(1 - delta**2) * rng.normal(size=size)
+    mu = delta * np.sqrt(2 / np.pi)
+    return (z - mu) / np.sqrt(1 - mu**2)
+
+
+# ------------------------------------------------------------------------------------------ the fit
+
+
+def test_skew_normal_bound_between_gkl_and_exact(logistic2, gkl2, skew2):
+    exact = grid_posterior(lambda W: np.asarray(jax.vmap(logistic2.log_joint)(jnp.asarray(W))))[0]
+    assert float(gkl2.log_z) < float(skew2.log_z) < exact + 1e-3
+    assert float(skew2.log_z) - float(gkl2.log_z) > 0.05  # a skewed posterior: a real gain
+    assert abs(float(skew2.diagnostics.info.gaussian_log_z) - float(gkl2.log_z)) < 1e-12 or \
+        np.isnan(float(skew2.diagnostics.info.gaussian_log_z))
+    assert bool(skew2.diagnostics.converged)
+
+
+def test_samples_and_marginal_densities_match_moments(skew2):
+    draws = np.asarray(jax.jit(lambda p, key: p.sample(key, 100_000))(skew2, jax.random.PRNGKey(0)))
+    np.testing.assert_allclose(draws.mean(0), skew2.mean, atol=0.02)
+    np.testing.assert_allclose(np.cov(draws.T), skew2.covariance, atol=0.05 * np.abs(skew2.covariance).max())
+    H = np.array([[1.0, 0.0], [0.5, -1.0]])
+    points, density = jax.jit(lambda p: p.marginal_densities(H, lattice_points=K))(skew2)
+    cell = np.asarray(points[:, 1] - points[:, 0])
+    mass = np.asarray(density.sum(1)) * cell
+    np.testing.assert_allclose(mass, 1.0, atol=1e-10)
+    mean = np.asarray((density * points).sum(1)) * cell
+    var = np.asarray((density * points**2).sum(1)) * cell - mean**2
+    m, v = skew2.marginals(H)
+    np.testing.assert_allclose(mean, m, atol=1e-4)
+    np.testing.assert_allclose(var, v, rtol=1e-3)
+    # the marginal is skewed: its third central moment is not zero
+    third = np.asarray((density * (points - mean[:, None]) ** 3).sum(1)) * cell
+    assert np.max(np.abs(third)) > 1e-2
+
+
+def test_gradient_against_finite_differences(logistic2, rng):
+    base = aikl.SkewNormal()
+    params = aikl.AIKLParams(jnp.array([0.4, 1.1]), jnp.array([[0.8, 0.0], [0.3, 1.2]]),
+                             jnp.array([[1.1, -0.2], [0.0, 0.9]]), jnp.array([1.5, -0.7]))
+    f = jax.jit(lambda p: aikl.bound(p, logistic2, base, 64))
+    grad = jax.jit(jax.grad(f))(params)
+    direction = jax.tree_util.tree_map(lambda x: jnp.asarray(rng.normal(size=x.shape)), params)
+    direction = eqx_mask(direction)
+    eps = 1e-5
+    plus = jax.tree_util.tree_map(lambda x, d: x + eps * d, params, direction)
+    minus = jax.tree_util.tree_map(lambda x, d: x - eps * d, params, direction)
+    fd = (f(plus) - f(minus)) / (2 * eps)
+    analytic = sum(jnp.vdot(g, d) for g, d in zip(jax.tree_util.tree_leaves(grad), jax.tree_util.tree_leaves(direction)))
+    assert abs(float(fd - analytic)) < 1e-6 * max(1.0, abs(float(fd)))
+
+
+def eqx_mask(direction):
+    """Directions inside the parameter space: lower- and upper-triangular parts only."""
+    return aikl.AIKLParams(direction.loc, jnp.tril(direction.lower), jnp.triu(direction.upper), direction.theta)
+
+
+# ------------------------------------------------------------------------------------------ inputs
+
+
+def test_namespace_lists_only_public_names():
+    assert sorted(dir(vj.aikl)) == sorted(aikl.__all__)
+    assert vj.aikl is aikl and vj.AIKL is aikl.AIKL and "AIKL" in vj.__all__ and "aikl" in vj.__all__
+
+
+def test_invalid_configuration_is_refused(logistic2):
+    with pytest.raises(ValueError, match="lattice_points"):
+        vj.AIKL(lattice_points=4)
+    with pytest.raises(ValueError, match="eta"):
+        aikl.GeneralisedNormal(eta=1.0)
+    with pytest.raises(ValueError, match="padding"):
+        vj.AIKL(padding="none")
+    with pytest.raises(ValueError, match="base"):
+        vj.AIKL(base=vj.potentials.Logistic())
+    with pytest.raises(ValueError, match="init"):
+        vj.AIKL(base=aikl.Normal()).fit(logistic2, init=np.zeros(2))
+
+
+# ------------------------------------------------------------------------------------------ slow
+
+
+@pytest.mark.slow
+def test_sparse_and_dense_projections_agree(rng):
+    from jax.experimental import sparse
+
+    X = rng.normal(size=(6, 3)) * (rng.random((6, 3)) < 0.6)
+    y = rng.integers(0, 2, 6)
+    dense = vj.glm.logistic_regression(X, y, prior_variance=2.0)
+    H = np.asarray(dense.sites[0].projection.mv(jnp.eye(3)[0]) * 0)  # noqa: F841 (shape check only)
+    Hd = jax.vmap(dense.sites[0].projection.mv, in_axes=1, out_axes=1)(jnp.eye(3))
+    sparse_model = vj.LatentLinearModel(dense.prior, vj.Sites(sparse.BCOO.fromdense(Hd), vj.potentials.Logistic()))
+    params = _params(np.array([0.1, -0.3, 0.2]), np.eye(3) * 0.5 + 0.1, np.array([1.0, -2.0, 0.5]))
+    np.testing.assert_allclose(aikl.bound(params, sparse_model, aikl.SkewNormal(), 64),
+                               aikl.bound(params, dense, aikl.SkewNormal(), 64), rtol=1e-12)
+
+
+@pytest.mark.slow
+def test_laplace_prior_sparse_regression_generalised_normal():
+    """Thesis Fig. 6.1: Laplace prior (τ = 0.16) and Gaussian likelihood; no Gaussian factor."""
+    H = np.array([[1.0, 0.5], [-0.4, 1.0]])
+    y = np.array([0.6, -0.2])
+    model = vj.LatentLinearModel(None, (vj.Sites(np.eye(2), vj.potentials.Laplace(loc=0.0, scale=0.16)),
+                                        vj.Sites(H, vj.potentials.Gaussian(loc=y, scale=np.sqrt(0.05)))))
+    exact = grid_posterior(lambda W: np.asarray(jax.vmap(model.log_joint)(jnp.asarray(W))), points=401)[0]
+    gkl = vj.infer(model, vj.GKL())
+    post = vj.infer(model, vj.AIKL(base=aikl.GeneralisedNormal(eta=1.5, learn=True), lattice_points=K), init=gkl)
+    assert float(gkl.log_z) < float(post.log_z) < exact + 2e-3
+
+
+@pytest.mark.slow
+def test_float32_fit():
+    X = np.array([[1.0, 0.4], [-0.3, 1.0], [0.8, -0.6], [0.2, 0.9]], np.float32)
+    model = vj.glm.logistic_regression(3.0 * X, np.array([1, 0, 0, 1]), prior_variance=np.float32(4.0))
+    post = vj.infer(model, vj.AIKL(base=aikl.SkewNormal(), lattice_points=64))
+    assert post.mean.dtype == jnp.float32 and np.isfinite(float(post.log_z))
+    assert float(post.log_z) >= float(post.diagnostics.info.gaussian_log_z) - 1e-3
+
+
+@pytest.mark.slow
+def test_warm_start_from_own_posterior(logistic2, skew2):
+    again = vj.infer(logistic2, vj.AIKL(base=aikl.SkewNormal(), lattice_points=K), init=skew2)
+    assert float(again.log_z) >= float(skew2.log_z) - 1e-3
+    assert int(again.diagnostics.iterations) <= int(skew2.diagnostics.iterations)
+
+
+@pytest.mark.slow
+def test_log_z_gradient_in_hyperparameter(logistic2):
+    X = np.array([[1.0, 0.4], [-0.3, 1.0], [0.8, -0.6], [0.2, 0.9]]) * 5.0
+    y = np.array([1, 1, 0, 1])
+    method = vj.AIKL(base=aikl.GeneralisedNormal(eta=1.8), lattice_points=64)
+    log_z = lambda s: vj.infer(vj.glm.logistic_regression(X, y, prior_variance=s), method).log_z
+    g = jax.grad(log_z)(10.0)
+    fd = (log_z(10.0 + 1e-3) - log_z(10.0 - 1e-3)) / 2e-3
+    assert abs(float(g - fd)) < 1e-3 * max(1.0, abs(float(fd)))
