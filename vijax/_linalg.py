@@ -72,22 +72,23 @@ def backtrack(evaluate, acceptable, step, max_halvings: int):
     ``step``: a scalar, or an array of independent steps (one per column, per coordinate …), each
     halved only while its own trial is unacceptable. ``evaluate(step)`` returns the trial's value (any
     pytree); ``acceptable(step, value)`` a boolean of ``step``'s shape. One `jax.lax.while_loop`, with
-    ``evaluate`` traced twice (the first trial and the loop body).
+    ``evaluate`` and ``acceptable`` traced twice each (the first trial and the loop body).
 
     Returns ``(step, value, ok, halvings)``: the last steps tried, their value, whether each is
     acceptable (callers keep the old point where it is not) and the number of halvings.
     """
     def unfinished(state):
-        step, value, k = state
-        return jnp.any(~acceptable(step, value)) & (k < max_halvings)
+        *_, ok, k = state
+        return jnp.any(~ok) & (k < max_halvings)
 
     def halve(state):
-        step, value, k = state
-        step = jnp.where(acceptable(step, value), step, 0.5 * step)
-        return step, evaluate(step), k + 1
+        step, _, ok, k = state
+        step = jnp.where(ok, step, 0.5 * step)
+        value = evaluate(step)
+        return step, value, acceptable(step, value), k + 1
 
-    step, value, k = jax.lax.while_loop(unfinished, halve, (step, evaluate(step), jnp.array(0)))
-    return step, value, acceptable(step, value), k
+    value = evaluate(step)
+    return jax.lax.while_loop(unfinished, halve, (step, value, acceptable(step, value), jnp.array(0)))
 
 
 def neg_kl(trace, mahalanobis, logdet_q, logdet_p, dim):
