@@ -1,6 +1,6 @@
 """vijax: deterministic approximate inference for latent linear models in JAX."""
 
-from . import covariance, factor, gaussian, glm, gp, methods, piecewise, potentials, projections, quadrature, solvers
+from . import covariance, design, factor, gaussian, glm, gp, methods, piecewise, potentials, projections, quadrature, solvers
 from .inference import ConvergenceWarning, infer
 from .methods import EP, GKL, LVB, MAP, AbstractMethod, Laplace, MeanField, ep, gkl, laplace, lvb
 from .model import GaussianFactor, Identity, LatentLinearModel, Sites
@@ -40,6 +40,7 @@ __all__ = [
     "solvers",
     "glm",
     "factor",
+    "design",
     "gp",
     "shard_sites",
     "pad_sites",
