@@ -16,12 +16,12 @@ D = h·w).
 
 Products with `FiniteDifferences` and `Wavelets` cost O(D) (shifts of the image, no matrix): one level
 of the wavelet transform filters each axis with the 8 Daubechies-4 taps and keeps every second output,
-so L levels cost 8·(1 + 1/4 + …)·4·D/… = O(D) multiplies. ``rmv`` is the exact transpose of ``mv`` (by
-`jax.linear_transpose`). The squared products ``(B∘B) v`` — what a diagonal or chevron covariance
-needs for s_n² = b_nᵀ S b_n — use a sparse copy of B∘B built once when the filter is made (nnz(B∘B) =
-2 per row for finite differences, O(D · L · 64) for L wavelet levels); ``gram`` forms Bᵀ diag(u) B as
-a dense (D, D) matrix from B's products with the columns of I (what the dense-covariance methods need
-anyway).
+so L levels cost 2·8·D·(1 + 1/4 + …) < 22 D multiplies. ``rmv`` is the exact transpose of ``mv`` (by
+`jax.linear_transpose`). The squared products ``(B∘B) v`` — what a diagonal or chevron covariance needs for
+s_n² = b_nᵀ S b_n — are exact and matrix-free too: for finite differences the same stencil with both signs
++, for wavelets separable products with the squared 1-D composite filters of each level. ``gram`` forms
+Bᵀ diag(u) B as a dense (D, D) matrix from B's products with the columns of I (what the dense-covariance
+methods need anyway).
 """
 
 from __future__ import annotations
@@ -32,9 +32,8 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.experimental import sparse as jsparse
 
-from ..projections import AbstractProjection, Dense, Identity, Sparse, as_projection
+from ..projections import AbstractProjection, Dense, Identity, as_projection
 
 __all__ = ["identity", "finite_differences", "wavelets", "stack", "FiniteDifferences", "Wavelets", "Stacked",
            "DB4_LOW", "DB4_HIGH", "max_level", "as_dense"]
@@ -62,50 +61,50 @@ def _columns(fn, x, dim):
 
 
 class _Filter(AbstractProjection):
-    """A filter with O(D) products ``_forward`` on vectors, its exact transpose, and a sparse B∘B (``squared``)."""
+    """A filter with O(D) products ``_forward`` on vectors, their exact transpose, and products with B∘B
+    (``_squared_forward``)."""
 
     def _forward(self, x):
+        raise NotImplementedError
+
+    def _squared_forward(self, x):
         raise NotImplementedError
 
     @property
     def shape(self):
         raise NotImplementedError
 
-    def mv(self, x):
-        return _columns(self._forward, x, self.shape[1])
-
-    def rmv(self, y):
+    def _transpose(self, fn, y):
         num_rows, dim = self.shape
 
         def adjoint(v):
-            (out,) = jax.linear_transpose(self._forward, jax.ShapeDtypeStruct((dim,), v.dtype))(v)
+            (out,) = jax.linear_transpose(fn, jax.ShapeDtypeStruct((dim,), v.dtype))(v)
             return out
 
         return _columns(adjoint, y, num_rows)
 
+    def mv(self, x):
+        return _columns(self._forward, x, self.shape[1])
+
+    def rmv(self, y):
+        return self._transpose(self._forward, y)
+
     def squared_mv(self, v):
-        return self.squared.mv(v)
+        return _columns(self._squared_forward, v, self.shape[1])
 
     def squared_rmv(self, w):
-        return self.squared.rmv(w)
+        return self._transpose(self._squared_forward, w)
 
     def gram(self, w):
         dim = self.shape[1]
-        B = self.mv(jnp.eye(dim, dtype=w.dtype))  # (N, D), O(D²)
+        B = self.mv(jnp.eye(dim, dtype=w.dtype))  # (N, D), O(D²): for the dense-covariance methods
         return B.T @ (w[:, None] * B)
 
     def right_multiply(self, L):
         return Dense(self.mv(L))
 
     def _dtype(self):
-        return self.squared._dtype()
-
-
-def _squared_copy(forward, dim, dtype):
-    """B∘B as a sparse projection, B found from ``forward`` applied to the columns of I (concrete, once)."""
-    B = np.asarray(jax.jit(jax.vmap(forward, in_axes=1, out_axes=1))(jnp.eye(dim, dtype=dtype)))
-    B = np.where(np.abs(B) > 1e-13 * max(1.0, np.abs(B).max()), B, 0.0)
-    return Sparse.from_bcoo(jsparse.BCOO.fromdense(jnp.asarray(B**2, dtype)))
+        return self.dtype
 
 
 class FiniteDifferences(_Filter):
@@ -113,13 +112,12 @@ class FiniteDifferences(_Filter):
 
     image_shape: tuple[int, int] = eqx.field(static=True)
     periodic: bool = eqx.field(static=True)
-    squared: Sparse
+    dtype: object = eqx.field(static=True)
 
     def __init__(self, image_shape, periodic=False, dtype=None):
         self.image_shape = _check_shape(image_shape, "finite_differences")
         self.periodic = bool(periodic)
-        dtype = jnp.result_type(float) if dtype is None else dtype
-        self.squared = _squared_copy(self._forward, self.image_shape[0] * self.image_shape[1], dtype)
+        self.dtype = jnp.dtype(jnp.result_type(float) if dtype is None else dtype)
 
     @property
     def shape(self):
@@ -127,15 +125,21 @@ class FiniteDifferences(_Filter):
         rows = 2 * h * w if self.periodic else h * (w - 1) + (h - 1) * w
         return (rows, h * w)
 
-    def _forward(self, x):
+    def _stencil(self, x, sign):
         image = x.reshape(self.image_shape)
         if self.periodic:
-            horizontal = jnp.roll(image, -1, axis=1) - image
-            vertical = jnp.roll(image, -1, axis=0) - image
+            horizontal = jnp.roll(image, -1, axis=1) + sign * image
+            vertical = jnp.roll(image, -1, axis=0) + sign * image
         else:
-            horizontal = image[:, 1:] - image[:, :-1]
-            vertical = image[1:, :] - image[:-1, :]
+            horizontal = image[:, 1:] + sign * image[:, :-1]
+            vertical = image[1:, :] + sign * image[:-1, :]
         return jnp.concatenate([horizontal.ravel(), vertical.ravel()])
+
+    def _forward(self, x):
+        return self._stencil(x, -1.0)
+
+    def _squared_forward(self, x):  # every row has entries +1 and −1, so B∘B adds the two neighbours
+        return self._stencil(x, 1.0)
 
 
 def max_level(image_shape) -> int:
@@ -151,12 +155,37 @@ def _analysis(x, taps, axis):
     return jax.lax.slice_in_dim(out, 0, n, 2, axis=axis)
 
 
+def _analysis_matrix(n, taps):
+    """The (n/2, n) matrix of `_analysis` on a length-n axis."""
+    A = np.zeros((n // 2, n))
+    for k in range(n // 2):
+        for j in range(8):
+            A[k, (2 * k + 4 - j) % n] += taps[j]
+    return A
+
+
+def _composite_filters(n, levels):
+    """For each level ℓ = 1…L the 1-D matrices (low_ℓ, high_ℓ), shape (n/2^ℓ, n), of ℓ analysis steps."""
+    out, approx = [], np.eye(n)
+    for level in range(levels):
+        m = n >> level
+        low, high = _analysis_matrix(m, DB4_LOW), _analysis_matrix(m, DB4_HIGH)
+        out.append((low @ approx, high @ approx))
+        approx = low @ approx
+    return out
+
+
 class Wavelets(_Filter):
-    """The orthonormal multi-scale Daubechies-4 transform of an ``(h, w)`` image (see `wavelets`); B Bᵀ = BᵀB = I."""
+    """The orthonormal multi-scale Daubechies-4 transform of an ``(h, w)`` image (see `wavelets`); B Bᵀ = BᵀB = I.
+
+    ``mv`` and ``rmv`` run the filter bank (O(D)). Each coefficient block of level ℓ is A X Cᵀ for 1-D
+    composite filters A (n_h/2^ℓ, h) and C (n_w/2^ℓ, w), so its squared rows are separable too: the
+    squared products use the squared composite matrices, stored in ``squares`` (O(D·(h + w)) per product).
+    """
 
     image_shape: tuple[int, int] = eqx.field(static=True)
     levels: int = eqx.field(static=True)
-    squared: Sparse
+    squares: tuple  # per level (ℓ = 1…L): squared (low, high) composite matrices along axis 0, then axis 1
 
     def __init__(self, image_shape, levels=None, dtype=None):
         owner = "wavelets"
@@ -170,7 +199,12 @@ class Wavelets(_Filter):
                              f"must be multiples of 2**levels = {2**levels}: pass fewer `levels` or crop the image.")
         self.levels = int(levels)
         dtype = jnp.result_type(float) if dtype is None else dtype
-        self.squared = _squared_copy(self._forward, h * w, dtype)
+        rows, cols = _composite_filters(h, self.levels), _composite_filters(w, self.levels)
+        self.squares = tuple(tuple(jnp.asarray(a**2, dtype) for a in (*r, *c)) for r, c in zip(rows, cols))
+
+    @property
+    def dtype(self):
+        return self.squares[0][0].dtype
 
     @property
     def shape(self):
@@ -185,6 +219,18 @@ class Wavelets(_Filter):
             high = _analysis(approx, DB4_HIGH, 0)
             approx = _analysis(low, DB4_LOW, 1)
             details.append((_analysis(high, DB4_LOW, 1), _analysis(low, DB4_HIGH, 1), _analysis(high, DB4_HIGH, 1)))
+        return self._flatten(approx, details)
+
+    def _squared_forward(self, x):
+        image = x.reshape(self.image_shape)
+        details = []
+        for low0, high0, low1, high1 in self.squares:
+            details.append((high0 @ image @ low1.T, low0 @ image @ high1.T, high0 @ image @ high1.T))
+        low0, _, low1, _ = self.squares[-1]
+        return self._flatten(low0 @ image @ low1.T, details)
+
+    @staticmethod
+    def _flatten(approx, details):
         blocks = [approx.ravel()]
         for cH, cV, cD in reversed(details):
             blocks += [cH.ravel(), cV.ravel(), cD.ravel()]
@@ -269,7 +315,7 @@ def stack(*filters) -> Stacked:
 def as_dense(B) -> jax.Array:
     """Any projection as a dense ``(N, D)`` array (its products with the columns of I); for checks and plots."""
     B = as_projection(B)
-    return B.mv(jnp.eye(B.shape[1], dtype=B._dtype()))
+    return jax.jit(lambda B: B.mv(jnp.eye(B.shape[1], dtype=B._dtype())))(B)
 
 
 def __dir__():

@@ -53,7 +53,8 @@ def sparse_linear_model(M, y, noise_variance, B, prior) -> LatentLinearModel:
       `vijax.design.filters` operator (`finite_differences`, `wavelets`, `stack`).
     - `prior`: the sparsity potential on s = B w: `vj.potentials.Laplace(scale=τ)` (φ(s) = e^{−|s|/τ}/2τ) or
       `vj.potentials.StudentT(df=ν, scale=σ)`, with parameters scalar or of shape ``(J,)`` (one per filter,
-      e.g. τ = 0.1 on finite differences and 0.14 on wavelets).
+      e.g. τ = 0.1 on finite differences and 0.14 on wavelets). `vj.potentials.Gaussian(scale=σ)` gives the
+      conjugate model, whose posterior every Gaussian method finds exactly (a check of the design loop).
 
     **Returns:** a `vj.LatentLinearModel` with ``prior=None`` and two site groups: the N measurement sites
     (`vj.potentials.Gaussian(loc=y, scale=ν)` on M) and the J sparsity sites (``prior`` on B).
@@ -74,9 +75,10 @@ def sparse_linear_model(M, y, noise_variance, B, prior) -> LatentLinearModel:
     if filters.shape[1] != measurements.dim:
         raise ValueError(f"{_OWNER}: M has D = {measurements.dim} columns but B has {filters.shape[1]}; both act on "
                          "the same signal w, so give B one column per coordinate of w.")
-    if not isinstance(prior, (potentials.Laplace, potentials.StudentT, potentials.Custom)):
+    if not isinstance(prior, (potentials.Laplace, potentials.StudentT, potentials.Gaussian, potentials.Custom)):
         raise ValueError(f"{_OWNER}: `prior` must be vj.potentials.Laplace(scale=τ) or "
-                         f"vj.potentials.StudentT(df=ν, scale=σ) (or a Custom potential), got {type(prior).__name__}.")
+                         f"vj.potentials.StudentT(df=ν, scale=σ) (or Gaussian(scale=σ) for the conjugate model, or a "
+                         f"Custom potential), got {type(prior).__name__}.")
     return LatentLinearModel(None, (measurements, Sites(filters, prior)))
 
 
@@ -84,6 +86,8 @@ def _prior_precision(potential):
     """1 / Var of a sparsity potential (as a density in s): Laplace 1/(2τ²), Student-t (ν−2)/(νσ²) (1/σ² if ν ≤ 2)."""
     if isinstance(potential, potentials.Laplace):
         return 1.0 / (2.0 * potential.scale**2)
+    if isinstance(potential, potentials.Gaussian):
+        return 1.0 / potential.scale**2
     if isinstance(potential, potentials.StudentT):
         return jnp.where(potential.df > 2, (potential.df - 2) / (potential.df * potential.scale**2),
                          1.0 / potential.scale**2)
