@@ -124,7 +124,7 @@ def ep_sites(model: LatentLinearModel, previous: SiteParams | None = None) -> Si
     return SiteParams((tau, s_tau), (nu, s_nu))
 
 
-def smoothed_laplace(scale, smoothing=1e-3) -> potentials.Custom:
+def smoothed_laplace(scale, smoothing=1e-2) -> potentials.Custom:
     """φ(s) ∝ exp(−√(s² + ε²)/τ) with ε = ``smoothing``·τ: a twice-differentiable Laplace for MAP estimation.
 
     The Laplace potential has zero curvature away from 0 and a kink at 0, so Newton steps on the MAP

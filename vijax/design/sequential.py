@@ -80,7 +80,7 @@ def _check_int(name, value, minimum):
 def sequential(M, y, noise_variance, B, prior, method: AbstractMethod, num_steps: int, *, rows_per_step: int = 1,
                design: str = "free", truth=None, measure: Callable | None = None, candidates=None, key=None,
                num_lanczos: int | None = None, warm_start: bool = True, pad: bool = True,
-               map_smoothing: float | None = 1e-3, keep_means: bool = False, callback: Callable | None = None
+               map_smoothing: float | None = 1e-2, keep_means: bool = False, callback: Callable | None = None
                ) -> SequentialResult:
     """Run ``num_steps`` steps of fit → design → measure → refit on `sparse_linear_model`.
 
