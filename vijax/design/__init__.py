@@ -12,7 +12,7 @@
 
 from . import filters
 from .criteria import (covariance_product, entropy, free_design, greedy_rows, information_gain, lanczos,
-                       leading_eigenvectors, row_gains)
+                       lanczos_variances, leading_eigenvectors, row_gains)
 from .model import ep_sites, measurement_sites, smoothed_laplace, sparse_linear_model
 from .sequential import SequentialResult, random_rows, sequential
 
@@ -28,6 +28,7 @@ __all__ = [
     "greedy_rows",
     "lanczos",
     "leading_eigenvectors",
+    "lanczos_variances",
     "free_design",
     "entropy",
     "sequential",

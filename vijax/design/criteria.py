@@ -22,7 +22,7 @@ from ..posterior import Posterior
 from ..projections import as_projection
 
 __all__ = ["covariance_product", "information_gain", "row_gains", "greedy_rows", "lanczos", "leading_eigenvectors",
-           "free_design", "entropy"]
+           "lanczos_variances", "free_design", "entropy"]
 
 
 def _factor(post):
@@ -170,6 +170,27 @@ def leading_eigenvectors(product, dim: int, num: int, num_iter: int | None = Non
     values, vectors = values[::-1][:num], vectors[:, ::-1][:, :num]
     ritz = Q @ vectors
     return values, ritz / jnp.linalg.norm(ritz, axis=0)
+
+
+def lanczos_variances(precision_product, dim: int, num_iter: int, key=None, dtype=None):
+    """Marginal variances diag(P⁻¹) of a Gaussian with precision P, estimated from ``num_iter`` Lanczos vectors.
+
+    With Q the Lanczos basis of P (products v ↦ P v only) and T = QᵀPQ = UΛUᵀ, the estimate is
+    diag(Q T⁻¹ Qᵀ) = Σ_k (QU)²_{:k} / λ_k (Schneider & Willsky 2001; the glm-ie estimate of Seeger & Nickisch
+    2011, which the thesis's image experiments use inside LVB). Q T⁻¹ Qᵀ ≼ P⁻¹, so every estimate is a lower
+    bound on its variance, the estimates grow with num_iter (nested Krylov spaces) and are exact at
+    num_iter = D; how fast depends on P's spectrum (Lanczos finds both of its ends first), so check the
+    error on a problem of the size at hand (``benchmarks/design_images.py`` reports it). Returns
+    ``(variances (D,), ritz_values (num_iter,))``, the Ritz values being the captured eigenvalues of P.
+    """
+    key = jax.random.PRNGKey(0) if key is None else key
+    dtype = jnp.result_type(float) if dtype is None else dtype
+    num_iter = min(int(num_iter), dim)
+    Q, alpha, beta = lanczos(precision_product, jax.random.normal(key, (dim,), dtype), num_iter)
+    T = jnp.diag(alpha) + jnp.diag(beta, 1) + jnp.diag(beta, -1)
+    values, vectors = jnp.linalg.eigh(T)
+    V = Q @ vectors
+    return jnp.sum(V**2 / values[None, :], axis=1), values
 
 
 def free_design(post, num_rows: int, num_iter: int | None = None, key=None):
