@@ -92,6 +92,8 @@ def main():
             y = M @ w + np.sqrt(NU2) * rng.normal(size=args.start)
             r = vj.design.sequential(M, y, NU2, B, prior, method, args.steps, rows_per_step=3, design=design,
                                      truth=w, key=jax.random.PRNGKey(i), keep_means=True)
+            if i == 0 and label == "LVB":
+                results["lanczos_variance_error"] = lanczos_error(r.posterior, args.chevron, log)
             errs.append(r.errors)
             times.append(r.fit_times + np.concatenate([[0.0], r.design_times]))
             means.append(r.means)
@@ -115,6 +117,26 @@ def main():
     log.save(name)
     plot_errors(results, RESULTS / f"{name}_errors.png")
     plot_reconstructions(means, np.array(truths), results["curves"], shape, RESULTS / f"{name}_reconstructions.png")
+
+
+def lanczos_error(post, num_vectors, log):
+    """How well `num_vectors` Lanczos vectors of the precision estimate this posterior's marginal variances."""
+    from jax.scipy.linalg import solve_triangular
+
+    C = post.factor.cholesky()  # S = CᵀC, so P v = C⁻¹ C⁻ᵀ v
+
+    def product(v):
+        return solve_triangular(C, solve_triangular(C, v, trans=1, lower=False), lower=False)
+
+    exact = np.asarray(post.factor.variances())
+    estimate, _ = vj.design.lanczos_variances(product, exact.shape[0], num_vectors)
+    ratio = np.asarray(estimate) / exact
+    out = {"num_vectors": num_vectors, "median_ratio": float(np.median(ratio)), "min_ratio": float(ratio.min()),
+           "relative_error_of_sum": float(1 - np.sum(estimate) / np.sum(exact))}
+    log(f"Lanczos variance estimates ({num_vectors} vectors) against the exact LVB marginals at the last step: "
+        f"estimate/exact median {out['median_ratio']:.3f}, min {out['min_ratio']:.3f}; "
+        f"relative error of the total variance {out['relative_error_of_sum']:.3f}")
+    return out
 
 
 def plot_errors(results, path):
