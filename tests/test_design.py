@@ -252,8 +252,38 @@ def test_sequential_validation(problem):
         vj.design.sequential(M, y, NU2, vj.Identity(D), prior, vj.LVB, 1, truth=w)
 
 
-def test_public_names():
-    assert set(vj.design.__all__) <= set(dir(vj.design))
+@pytest.mark.parametrize("namespace", [vj.design, vj.design.filters])
+def test_public_names(namespace):
     assert "design" in vj.__all__
-    for name in ("identity", "finite_differences", "wavelets", "stack"):
-        assert name in dir(vj.design.filters)
+    assert sorted(dir(namespace)) == sorted(namespace.__all__)
+    for name in namespace.__all__:
+        assert hasattr(namespace, name), name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method,design", [(vj.GKL(), "free"), (vj.GKL(covariance=vj.covariance.Chevron(6)), "free"),
+                                           (vj.EP(power=0.9), "free"), (vj.MAP(), "random")])
+def test_every_method_runs_the_loop(problem, method, design):
+    w, M, y = problem
+    result = vj.design.sequential(M, y, NU2, vj.Identity(D), vj.potentials.Laplace(scale=0.3), method, num_steps=4,
+                                  rows_per_step=2, design=design, truth=w, key=jax.random.PRNGKey(3))
+    assert np.all(np.isfinite(result.errors)) and result.errors[-1] < result.errors[0]
+    assert np.all(result.converged)
+
+
+@pytest.mark.slow
+def test_image_filters_in_a_model():
+    shape = (8, 8)
+    B = filters.stack(filters.finite_differences(shape, periodic=True), filters.wavelets(shape, levels=1))
+    rng = np.random.default_rng(10)
+    image = np.cumsum(rng.normal(size=shape), axis=1).ravel() / 4
+    M = rng.normal(size=(20, 64))
+    M /= np.linalg.norm(M, axis=1, keepdims=True)
+    dense = np.asarray(filters.as_dense(B))
+    tau = 0.2
+    model = vj.design.sparse_linear_model(M, M @ image, NU2, B, vj.potentials.Laplace(scale=tau))
+    reference = vj.design.sparse_linear_model(M, M @ image, NU2, dense, vj.potentials.Laplace(scale=tau))
+    for method in (vj.GKL(covariance=vj.covariance.Chevron(8)), vj.LVB()):
+        a, b = vj.infer(model, method), vj.infer(reference, method)
+        np.testing.assert_allclose(a.mean, b.mean, atol=1e-6)
+        np.testing.assert_allclose(a.log_z, b.log_z, rtol=1e-8)
