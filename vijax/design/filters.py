@@ -149,10 +149,18 @@ def max_level(image_shape) -> int:
 
 
 def _analysis(x, taps, axis):
-    """One periodic Daubechies-4 analysis step along ``axis``: out[k] = Σ_j taps[j] x[(2k + 4 − j) mod n]."""
+    """One periodic Daubechies-4 analysis step along ``axis``: out[k] = Σ_j taps[j] x[(2k + 4 − j) mod n].
+
+    One strided convolution over the periodically extended axis (x[(m − 3) mod n], m = 0 … n + 6), so the
+    compiled program stays small whatever the number of levels.
+    """
     n = x.shape[axis]
-    out = sum(float(taps[j]) * jnp.roll(x, j - 4, axis=axis) for j in range(8))
-    return jax.lax.slice_in_dim(out, 0, n, 2, axis=axis)
+    moved = jnp.moveaxis(x, axis, -1)
+    lead = moved.shape[:-1]
+    extended = jnp.take(moved.reshape(-1, 1, n), (np.arange(n + 7) - 3) % n, axis=-1)
+    kernel = jnp.asarray(np.asarray(taps)[::-1].copy(), x.dtype).reshape(1, 1, 8)
+    out = jax.lax.conv_general_dilated(extended, kernel, window_strides=(2,), padding="VALID")
+    return jnp.moveaxis(out.reshape(*lead, n // 2), -1, axis)
 
 
 def _analysis_matrix(n, taps):
