@@ -14,6 +14,7 @@ diagonal or subspace covariance never forms a D × D matrix.
 
 from __future__ import annotations
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 
@@ -196,10 +197,17 @@ def lanczos_variances(precision_product, dim: int, num_iter: int, key=None, dtyp
 def free_design(post, num_rows: int, num_iter: int | None = None, key=None):
     """The ``num_rows`` unit-norm measurement rows of largest information gain: the leading eigenvectors of S.
 
-    Lanczos on v ↦ S v (`covariance_product`), so structured covariances are never formed. Returns
-    ``(rows (num_rows, D), eigenvalues (num_rows,))``; the block's gain is Σ_k ½ log(1 + λ_k/ν²).
+    Lanczos on v ↦ S v (`covariance_product`), so structured covariances are never formed; compiled once per
+    covariance family and shape. Returns ``(rows (num_rows, D), eigenvalues (num_rows,))``; the block's gain
+    is Σ_k ½ log(1 + λ_k/ν²).
     """
     factor = _factor(post)
+    key = jax.random.PRNGKey(0) if key is None else key
+    return _free_design(factor, key, int(num_rows), num_iter)
+
+
+@eqx.filter_jit
+def _free_design(factor, key, num_rows, num_iter):
     product = covariance_product(factor)
     values, vectors = leading_eigenvectors(product, factor.dim, num_rows, num_iter, key, factor.dtype)
     return vectors.T, values
