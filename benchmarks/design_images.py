@@ -13,7 +13,7 @@ Cholesky factor of K rows and for LVB; 3 random unit-norm rows for MAP (`MAP Ran
 against N (mean ± s.e. over images), reconstructions at several budgets, and time per design step.
 
     python benchmarks/design_images.py                                  # the thesis's sizes
-    python benchmarks/design_images.py --size 32 --images 4 --steps 10 --tag quick
+    python benchmarks/design_images.py --size 32 --images 2 --start 50 --steps 6 --chevron 20 --tag reduced
 """
 
 from __future__ import annotations

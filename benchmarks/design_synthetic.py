@@ -9,7 +9,8 @@ plot, and the time of one warm-started fit at N = 110 beside the thesis's (D = 5
 G-KL 1.6 s for Laplace; LVB 0.3 s, G-KL 6 s for Student-t; MATLAB on a 2.5 GHz Core 2 Quad).
 
     python benchmarks/design_synthetic.py                       # the thesis's sizes (slow on 2 cores)
-    python benchmarks/design_synthetic.py --dim 128 --experiments 4 --steps 30 --start 20 --tag quick
+    python benchmarks/design_synthetic.py --dim 128 --experiments 3 --steps 25 --start 20 --priors laplace --tag reduced
+    python benchmarks/design_synthetic.py --timing-only --priors laplace --tag timing
 """
 
 from __future__ import annotations
