@@ -21,7 +21,7 @@ collected, the ones inside functions included. The layers, bottom to top (`LAYER
  7. **inference** — ``inference`` (``vj.infer``). It sits below the model builders, not above them as
     issue 23 listed it, because builders run inference (``gp.hyper`` fits hyperparameters by
     ``infer``), while ``infer`` itself needs only a model, a posterior and a method's ``fit``.
- 8. **models** — ``glm``, ``vijax.gp``, ``vijax.factor``: builders, predictions and model-specific
+ 8. **models** — ``glm``, ``vijax.gp``, ``vijax.factor``, ``vijax.design``: builders, predictions and model-specific
     algorithms.
  9. **applications** — the package ``vijax`` itself (its ``__init__``), ``demo`` and ``data`` (the
     synthetic generators may use any builder).
@@ -56,7 +56,7 @@ LAYERS = (
     ("objectives", ("_curvature", "posterior")),
     ("methods", ("methods",)),
     ("inference", ("inference",)),
-    ("models", ("glm", "gp", "factor")),
+    ("models", ("glm", "gp", "factor", "design")),
     ("applications", ("", "demo", "data")),
 )
 

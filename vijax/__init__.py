@@ -1,6 +1,6 @@
 """vijax: deterministic approximate inference for latent linear models in JAX."""
 
-from . import covariance, factor, gaussian, glm, gp, methods, piecewise, potentials, projections, quadrature, solvers
+from . import covariance, design, factor, gaussian, glm, gp, methods, piecewise, potentials, projections, quadrature, solvers
 from .inference import ConvergenceWarning, infer
 from .methods import AIKL, EP, GKL, LVB, MAP, AbstractMethod, Laplace, MeanField, aikl, ep, gkl, laplace, lvb
 from .model import GaussianFactor, Identity, LatentLinearModel, Sites
@@ -42,6 +42,7 @@ __all__ = [
     "solvers",
     "glm",
     "factor",
+    "design",
     "gp",
     "shard_sites",
     "pad_sites",

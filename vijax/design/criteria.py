@@ -1,0 +1,223 @@
+"""Design criteria from a Gaussian posterior q(w) = N(m, S): information gain, candidate scores, free design.
+
+For a block of new measurements y* = M* w + noise, noise ~ N(0, ν² I), the information gain of the
+Gaussian approximation (thesis eqs. 5.4.1–5.4.2; Seeger & Nickisch 2011) is
+
+.. math::
+
+    I(M^*) = H[q] - H[q \\mid y^*] = \\tfrac12 \\log\\det\\big(I + \\nu^{-2} M^* S M^{*\\top}\\big),
+
+independent of y*. Among blocks of K orthonormal rows it is largest for the K leading eigenvectors of S
+(the *free design*), found here by Lanczos with products v ↦ S v only (`covariance_product`), so a chevron,
+diagonal or subspace covariance never forms a D × D matrix.
+"""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+from ..covariance import ChevronFactor, CholeskyFactor, DiagonalFactor, SubspaceFactor
+from ..posterior import Posterior
+from ..projections import as_projection
+
+__all__ = ["covariance_product", "information_gain", "row_gains", "greedy_rows", "lanczos", "leading_eigenvectors",
+           "lanczos_variances", "free_design", "entropy"]
+
+
+def _factor(post):
+    return post.factor if isinstance(post, Posterior) else post
+
+
+def covariance_product(post):
+    """The map V ↦ S V (V of shape ``(D,)`` or ``(D, K)``) of a posterior's (or factor's) covariance.
+
+    Costs O(D·r·K) for a chevron factor of r dense rows, O(D K) for a diagonal one, O(D·rank·K) for a
+    subspace one, O(D² K) for a dense Cholesky factor; S itself is never formed.
+    """
+    factor = _factor(post)
+    if isinstance(factor, ChevronFactor):
+        head = jnp.triu(factor.head)
+        tail = jnp.concatenate([jnp.zeros(factor.rank, factor.tail.dtype), factor.tail**2])
+        return lambda V: head.T @ (head @ V) + (tail if V.ndim == 1 else tail[:, None]) * V
+    if isinstance(factor, DiagonalFactor):
+        var = factor.variances()
+        return lambda V: (var if V.ndim == 1 else var[:, None]) * V
+    if isinstance(factor, SubspaceFactor):
+        E, C, c = factor.basis, jnp.triu(factor.chol), factor.scale
+
+        def product(V):
+            inside = E.T @ V
+            return E @ (C.T @ (C @ inside)) + c**2 * (V - E @ inside)
+
+        return product
+    if isinstance(factor, CholeskyFactor):
+        C = factor.cholesky()
+        return lambda V: C.T @ (C @ V)
+    C = factor.cholesky()  # other families: their square factor, once
+    return lambda V: C.T @ (C @ V)
+
+
+def information_gain(post, rows, noise_variance):
+    """½ log det(I + ν⁻² M* S M*ᵀ) for a block ``rows`` = M* of shape ``(K, D)``, or a batch ``(C, K, D)`` → ``(C,)``.
+
+    ``post`` is a `vj.Posterior` (or a covariance factor); ``noise_variance`` is ν².
+    """
+    rows = jnp.asarray(rows)
+    if rows.ndim not in (2, 3):
+        raise ValueError(f"information_gain: `rows` must have shape (K, D) or (C, K, D), got {rows.shape}.")
+    product = covariance_product(post)
+    batch = rows if rows.ndim == 3 else rows[None]
+    C, K, D = batch.shape
+    SMt = product(batch.reshape(C * K, D).T).T.reshape(C, K, D)  # S M*ᵀ for every block, by one product
+    G = jnp.einsum("ckd,cjd->ckj", batch, SMt) / noise_variance
+    G = 0.5 * (G + jnp.swapaxes(G, 1, 2)) + jnp.eye(K, dtype=G.dtype)
+    gains = 0.5 * jnp.linalg.slogdet(G)[1]
+    return gains if rows.ndim == 3 else gains[0]
+
+
+def row_gains(post, candidates, noise_variance):
+    """The information gain ½ log(1 + ν⁻² h_cᵀ S h_c) of each candidate row h_c: shape ``(C,)``.
+
+    ``candidates`` is a dense ``(C, D)`` array, a `BCOO` or any projection; uses the factor's projected
+    variances (one product with the candidates).
+    """
+    projection = as_projection(candidates)
+    variances = _factor(post).projected_variances(projection)
+    return 0.5 * jnp.log1p(variances / noise_variance)
+
+
+def greedy_rows(post, candidates, num_rows: int, noise_variance):
+    """Pick ``num_rows`` of the ``(C, D)`` candidate rows greedily by information gain.
+
+    Each pick maximises ½ log(1 + ν⁻² h_cᵀ S_k h_c) under the covariance S_k after the rows already
+    picked are measured (rank-one Gaussian updates S_{k+1} = S_k − S_k h hᵀ S_k / (ν² + hᵀ S_k h)), so the
+    block's total gain is the sum of the picks' gains. Costs one product of S with the candidates and
+    O(C D) per pick. Returns ``(indices (num_rows,), gains (num_rows,))``.
+    """
+    X = jnp.asarray(candidates)
+    A = covariance_product(post)(X.T).T  # rows h_cᵀ S, (C, D)
+    var = jnp.sum(A * X, axis=1)
+
+    def pick(carry, _):
+        A, var, taken = carry
+        score = jnp.where(taken, -jnp.inf, var)
+        i = jnp.argmax(score)
+        a_i = A[i]  # S_k h_i
+        denom = noise_variance + var[i]
+        coupling = X @ a_i  # h_cᵀ S_k h_i
+        A = A - coupling[:, None] * a_i[None, :] / denom
+        var = var - coupling**2 / denom
+        return (A, var, taken.at[i].set(True)), (i, 0.5 * jnp.log1p(score[i] / noise_variance))
+
+    _, (indices, gains) = jax.lax.scan(pick, (A, var, jnp.zeros(X.shape[0], bool)), None, length=num_rows)
+    return indices, gains
+
+
+def lanczos(product, v0, num_iter: int):
+    """``num_iter`` steps of Lanczos with full reorthogonalisation on the symmetric map ``product``.
+
+    Returns ``(Q, alpha, beta)``: the orthonormal basis Q, shape ``(D, num_iter)``, and the tridiagonal
+    T = QᵀAQ (diagonal ``alpha`` (num_iter,), off-diagonal ``beta`` (num_iter − 1,)). Each step costs one
+    product and O(D · num_iter) for the reorthogonalisation (twice, classical Gram–Schmidt). A breakdown
+    (an invariant subspace found) continues with a random direction orthogonal to Q.
+    """
+    D = v0.shape[0]
+    dtype = v0.dtype
+    q0 = v0 / jnp.linalg.norm(v0)
+    Q = jnp.zeros((D, num_iter), dtype).at[:, 0].set(q0)
+    key = jax.random.PRNGKey(17)
+
+    def body(k, state):
+        Q, alpha, beta = state
+        q = Q[:, k]
+        z = product(q)
+        a = q @ z
+        for _ in range(2):  # full reorthogonalisation against every vector so far (zero columns beyond k)
+            z = z - Q @ (Q.T @ z)
+        b = jnp.linalg.norm(z)
+        tiny = b <= 1e-10 * jnp.maximum(jnp.abs(a), 1.0)
+        fresh = jax.random.normal(jax.random.fold_in(key, k), (D,), dtype)
+        fresh = fresh - Q @ (Q.T @ fresh)
+        fresh = fresh - Q @ (Q.T @ fresh)
+        nxt = jnp.where(tiny, fresh / jnp.linalg.norm(fresh), z / jnp.where(tiny, 1.0, b))
+        Q = jnp.where(k + 1 < num_iter, Q.at[:, jnp.minimum(k + 1, num_iter - 1)].set(nxt), Q)
+        return Q, alpha.at[k].set(a), beta.at[k].set(jnp.where(tiny, 0.0, b))
+
+    alpha = jnp.zeros(num_iter, dtype)
+    beta = jnp.zeros(num_iter, dtype)
+    Q, alpha, beta = jax.lax.fori_loop(0, num_iter, body, (Q, alpha, beta))
+    return Q, alpha, beta[:-1]
+
+
+def leading_eigenvectors(product, dim: int, num: int, num_iter: int | None = None, key=None, dtype=None):
+    """The ``num`` largest eigenvalues and unit eigenvectors of a symmetric PSD map, by Lanczos.
+
+    ``product`` maps ``(D,)`` to ``(D,)``; ``num_iter`` Lanczos steps (default min(D, max(2·num + 20, 40)))
+    from a random start (``key``; default PRNGKey(0)). Returns ``(values (num,), vectors (D, num))``,
+    values in decreasing order; ``residuals`` ‖S v − λ v‖ are available from `lanczos` if needed.
+    """
+    num_iter = min(dim, max(2 * num + 20, 40)) if num_iter is None else min(int(num_iter), dim)
+    if not 1 <= num <= num_iter:
+        raise ValueError(f"leading_eigenvectors: need 1 ≤ num ≤ num_iter ≤ D, got num={num}, num_iter={num_iter}, "
+                         f"D={dim}.")
+    key = jax.random.PRNGKey(0) if key is None else key
+    dtype = jnp.result_type(float) if dtype is None else dtype
+    v0 = jax.random.normal(key, (dim,), dtype)
+    Q, alpha, beta = lanczos(product, v0, num_iter)
+    T = jnp.diag(alpha) + jnp.diag(beta, 1) + jnp.diag(beta, -1)
+    values, vectors = jnp.linalg.eigh(T)
+    values, vectors = values[::-1][:num], vectors[:, ::-1][:, :num]
+    ritz = Q @ vectors
+    return values, ritz / jnp.linalg.norm(ritz, axis=0)
+
+
+def lanczos_variances(precision_product, dim: int, num_iter: int, key=None, dtype=None):
+    """Marginal variances diag(P⁻¹) of a Gaussian with precision P, estimated from ``num_iter`` Lanczos vectors.
+
+    With Q the Lanczos basis of P (products v ↦ P v only) and T = QᵀPQ = UΛUᵀ, the estimate is
+    diag(Q T⁻¹ Qᵀ) = Σ_k (QU)²_{:k} / λ_k (Schneider & Willsky 2001; the glm-ie estimate of Seeger & Nickisch
+    2011, which the thesis's image experiments use inside LVB). Q T⁻¹ Qᵀ ≼ P⁻¹, so every estimate is a lower
+    bound on its variance, the estimates grow with num_iter (nested Krylov spaces) and are exact at
+    num_iter = D; how fast depends on P's spectrum (Lanczos finds both of its ends first), so check the
+    error on a problem of the size at hand (``benchmarks/design_images.py`` reports it). Returns
+    ``(variances (D,), ritz_values (num_iter,))``, the Ritz values being the captured eigenvalues of P.
+    """
+    key = jax.random.PRNGKey(0) if key is None else key
+    dtype = jnp.result_type(float) if dtype is None else dtype
+    num_iter = min(int(num_iter), dim)
+    Q, alpha, beta = lanczos(precision_product, jax.random.normal(key, (dim,), dtype), num_iter)
+    T = jnp.diag(alpha) + jnp.diag(beta, 1) + jnp.diag(beta, -1)
+    values, vectors = jnp.linalg.eigh(T)
+    V = Q @ vectors
+    return jnp.sum(V**2 / values[None, :], axis=1), values
+
+
+def free_design(post, num_rows: int, num_iter: int | None = None, key=None):
+    """The ``num_rows`` unit-norm measurement rows of largest information gain: the leading eigenvectors of S.
+
+    Lanczos on v ↦ S v (`covariance_product`), so structured covariances are never formed; compiled once per
+    covariance family and shape. Returns ``(rows (num_rows, D), eigenvalues (num_rows,))``; the block's gain
+    is Σ_k ½ log(1 + λ_k/ν²).
+    """
+    factor = _factor(post)
+    key = jax.random.PRNGKey(0) if key is None else key
+    return _free_design(factor, key, int(num_rows), num_iter)
+
+
+@eqx.filter_jit
+def _free_design(factor, key, num_rows, num_iter):
+    product = covariance_product(factor)
+    values, vectors = leading_eigenvectors(product, factor.dim, num_rows, num_iter, key, factor.dtype)
+    return vectors.T, values
+
+
+def entropy(post):
+    """The differential entropy ½ log det(2πe S) of q, from the factor's log det S."""
+    factor = _factor(post)
+    return 0.5 * (factor.logdet() + factor.dim * (1.0 + jnp.log(2 * jnp.pi)))
+
+
+def __dir__():
+    return list(__all__)

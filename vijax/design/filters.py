@@ -1,0 +1,330 @@
+"""Linear filters B for the sparsity prior of a sparse linear model: s = B w.
+
+Every filter here is a projection (`vijax.projections.AbstractProjection`), so it can be the ``H`` of a
+`vj.Sites` group and every method uses it through the same products (``mv``, ``rmv``, ``squared_mv``,
+``squared_rmv``, ``gram``). An image of shape ``(h, w)`` is the vector ``w = image.ravel()`` (row-major,
+D = h·w).
+
+- `identity(D)`: B = I (sparsity of the signal itself; thesis Fig. 5.2);
+- `finite_differences(shape)`: horizontal neighbours x[i, j+1] − x[i, j] followed by vertical neighbours
+  x[i+1, j] − x[i, j], h(w−1) + (h−1)w rows (or 2D with ``periodic=True``: the differences wrap around);
+- `wavelets(shape)`: the orthonormal multi-scale Daubechies-4 transform with periodic boundaries, D rows,
+  in the order of PyWavelets' ``wavedec2(image, "db4", mode="periodization")``:
+  ``[cA_L, cH_L, cV_L, cD_L, …, cH_1, cV_1, cD_1]``, each block raveled row-major;
+- `stack(*filters)`: the rows of several filters one after another (thesis §5.4: finite differences
+  plus wavelets, B ∈ R^{3D × D}).
+
+Products with `FiniteDifferences` and `Wavelets` cost O(D) (shifts of the image, no matrix): one level
+of the wavelet transform filters each axis with the 8 Daubechies-4 taps and keeps every second output,
+so L levels cost 2·8·D·(1 + 1/4 + …) < 22 D multiplies. ``rmv`` is the exact transpose of ``mv`` (by
+`jax.linear_transpose`). The squared products ``(B∘B) v`` — what a diagonal or chevron covariance needs for
+s_n² = b_nᵀ S b_n — are exact and matrix-free too: for finite differences the same stencil with both signs
++, for wavelets separable products with the squared 1-D composite filters of each level. ``gram`` forms
+Bᵀ diag(u) B as a dense (D, D) matrix from B's products with the columns of I (what the dense-covariance
+methods need anyway).
+"""
+
+from __future__ import annotations
+
+import math
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..projections import AbstractProjection, Dense, Identity, as_projection
+
+__all__ = ["identity", "finite_differences", "wavelets", "stack", "FiniteDifferences", "Wavelets", "Stacked",
+           "DB4_LOW", "DB4_HIGH", "max_level", "as_dense"]
+
+# Daubechies-4 (8 taps, 4 vanishing moments) analysis filters, as in PyWavelets' Wavelet("db4").dec_lo/dec_hi.
+DB4_LOW = np.array([-0.010597401785069032, 0.0328830116668852, 0.030841381835560764, -0.18703481171909309,
+                    -0.027983769416859854, 0.6308807679298589, 0.7148465705529157, 0.2303778133088965])
+DB4_HIGH = np.array([(-1) ** (k + 1) * DB4_LOW[::-1][k] for k in range(8)])
+
+
+def _check_shape(shape, owner):
+    if (not isinstance(shape, (tuple, list)) or len(shape) != 2
+            or not all(isinstance(n, (int, np.integer)) and n >= 1 for n in shape)):
+        raise ValueError(f"{owner}: `shape` must be an image shape (h, w) of two positive integers, got {shape!r}.")
+    return int(shape[0]), int(shape[1])
+
+
+def _columns(fn, x, dim):
+    """``fn`` (a map of (D,) vectors) applied to ``x`` of shape (D,) or to each column of (D, K)."""
+    if x.ndim == 1:
+        return fn(x)
+    if x.shape[0] != dim:
+        raise ValueError(f"filter product: expected {dim} rows, got shape {x.shape}.")
+    return jax.vmap(fn, in_axes=1, out_axes=1)(x)
+
+
+class _Filter(AbstractProjection):
+    """A filter with O(D) products ``_forward`` on vectors, their exact transpose, and products with B∘B
+    (``_squared_forward``)."""
+
+    def _forward(self, x):
+        raise NotImplementedError
+
+    def _squared_forward(self, x):
+        raise NotImplementedError
+
+    @property
+    def shape(self):
+        raise NotImplementedError
+
+    def _transpose(self, fn, y):
+        num_rows, dim = self.shape
+
+        def adjoint(v):
+            (out,) = jax.linear_transpose(fn, jax.ShapeDtypeStruct((dim,), v.dtype))(v)
+            return out
+
+        return _columns(adjoint, y, num_rows)
+
+    def mv(self, x):
+        return _columns(self._forward, x, self.shape[1])
+
+    def rmv(self, y):
+        return self._transpose(self._forward, y)
+
+    def squared_mv(self, v):
+        return _columns(self._squared_forward, v, self.shape[1])
+
+    def squared_rmv(self, w):
+        return self._transpose(self._squared_forward, w)
+
+    def gram(self, w):
+        dim = self.shape[1]
+        B = self.mv(jnp.eye(dim, dtype=w.dtype))  # (N, D), O(D²): for the dense-covariance methods
+        return B.T @ (w[:, None] * B)
+
+    def right_multiply(self, L):
+        return Dense(self.mv(L))
+
+    def _dtype(self):
+        return self.dtype
+
+
+class FiniteDifferences(_Filter):
+    """Differences of horizontal, then vertical, neighbours of an ``(h, w)`` image (see `finite_differences`)."""
+
+    image_shape: tuple[int, int] = eqx.field(static=True)
+    periodic: bool = eqx.field(static=True)
+    dtype: object = eqx.field(static=True)
+
+    def __init__(self, image_shape, periodic=False, dtype=None):
+        self.image_shape = _check_shape(image_shape, "finite_differences")
+        self.periodic = bool(periodic)
+        self.dtype = jnp.dtype(jnp.result_type(float) if dtype is None else dtype)
+
+    @property
+    def shape(self):
+        h, w = self.image_shape
+        rows = 2 * h * w if self.periodic else h * (w - 1) + (h - 1) * w
+        return (rows, h * w)
+
+    def _stencil(self, x, sign):
+        image = x.reshape(self.image_shape)
+        if self.periodic:
+            horizontal = jnp.roll(image, -1, axis=1) + sign * image
+            vertical = jnp.roll(image, -1, axis=0) + sign * image
+        else:
+            horizontal = image[:, 1:] + sign * image[:, :-1]
+            vertical = image[1:, :] + sign * image[:-1, :]
+        return jnp.concatenate([horizontal.ravel(), vertical.ravel()])
+
+    def _forward(self, x):
+        return self._stencil(x, -1.0)
+
+    def _squared_forward(self, x):  # every row has entries +1 and −1, so B∘B adds the two neighbours
+        return self._stencil(x, 1.0)
+
+
+def max_level(image_shape) -> int:
+    """The deepest useful Daubechies-4 level for an image: ⌊log₂(min(h, w) / 7)⌋ (PyWavelets' ``dwt_max_level``)."""
+    n = min(image_shape)
+    return max(int(math.floor(math.log2(n / 7.0))), 0) if n >= 7 else 0
+
+
+def _analysis(x, taps, axis):
+    """One periodic Daubechies-4 analysis step along ``axis``: out[k] = Σ_j taps[j] x[(2k + 4 − j) mod n].
+
+    One strided convolution over the periodically extended axis (x[(m − 3) mod n], m = 0 … n + 6), so the
+    compiled program stays small whatever the number of levels.
+    """
+    n = x.shape[axis]
+    moved = jnp.moveaxis(x, axis, -1)
+    lead = moved.shape[:-1]
+    extended = jnp.take(moved.reshape(-1, 1, n), (np.arange(n + 7) - 3) % n, axis=-1)
+    kernel = jnp.asarray(np.asarray(taps)[::-1].copy(), x.dtype).reshape(1, 1, 8)
+    out = jax.lax.conv_general_dilated(extended, kernel, window_strides=(2,), padding="VALID")
+    return jnp.moveaxis(out.reshape(*lead, n // 2), -1, axis)
+
+
+def _analysis_matrix(n, taps):
+    """The (n/2, n) matrix of `_analysis` on a length-n axis."""
+    A = np.zeros((n // 2, n))
+    for k in range(n // 2):
+        for j in range(8):
+            A[k, (2 * k + 4 - j) % n] += taps[j]
+    return A
+
+
+def _composite_filters(n, levels):
+    """For each level ℓ = 1…L the 1-D matrices (low_ℓ, high_ℓ), shape (n/2^ℓ, n), of ℓ analysis steps."""
+    out, approx = [], np.eye(n)
+    for level in range(levels):
+        m = n >> level
+        low, high = _analysis_matrix(m, DB4_LOW), _analysis_matrix(m, DB4_HIGH)
+        out.append((low @ approx, high @ approx))
+        approx = low @ approx
+    return out
+
+
+class Wavelets(_Filter):
+    """The orthonormal multi-scale Daubechies-4 transform of an ``(h, w)`` image (see `wavelets`); B Bᵀ = BᵀB = I.
+
+    ``mv`` and ``rmv`` run the filter bank (O(D)). Each coefficient block of level ℓ is A X Cᵀ for 1-D
+    composite filters A (n_h/2^ℓ, h) and C (n_w/2^ℓ, w), so its squared rows are separable too: the
+    squared products use the squared composite matrices, stored in ``squares`` (O(D·(h + w)) per product).
+    """
+
+    image_shape: tuple[int, int] = eqx.field(static=True)
+    levels: int = eqx.field(static=True)
+    squares: tuple  # per level (ℓ = 1…L): squared (low, high) composite matrices along axis 0, then axis 1
+
+    def __init__(self, image_shape, levels=None, dtype=None):
+        owner = "wavelets"
+        h, w = self.image_shape = _check_shape(image_shape, owner)
+        levels = max_level((h, w)) if levels is None else levels
+        if isinstance(levels, bool) or not isinstance(levels, (int, np.integer)) or levels < 1:
+            raise ValueError(f"{owner}: `levels` must be a positive integer, got {levels!r} (an image of shape "
+                             f"{(h, w)} allows up to {max(max_level((h, w)), 1)}).")
+        if h % 2**levels or w % 2**levels:
+            raise ValueError(f"{owner}: an image of shape {(h, w)} cannot be halved {levels} times; both sides "
+                             f"must be multiples of 2**levels = {2**levels}: pass fewer `levels` or crop the image.")
+        self.levels = int(levels)
+        dtype = jnp.result_type(float) if dtype is None else dtype
+        rows, cols = _composite_filters(h, self.levels), _composite_filters(w, self.levels)
+        self.squares = tuple(tuple(jnp.asarray(a**2, dtype) for a in (*r, *c)) for r, c in zip(rows, cols))
+
+    @property
+    def dtype(self):
+        return self.squares[0][0].dtype
+
+    @property
+    def shape(self):
+        dim = self.image_shape[0] * self.image_shape[1]
+        return (dim, dim)
+
+    def _forward(self, x):
+        approx = x.reshape(self.image_shape)
+        details = []
+        for _ in range(self.levels):
+            low = _analysis(approx, DB4_LOW, 0)
+            high = _analysis(approx, DB4_HIGH, 0)
+            approx = _analysis(low, DB4_LOW, 1)
+            details.append((_analysis(high, DB4_LOW, 1), _analysis(low, DB4_HIGH, 1), _analysis(high, DB4_HIGH, 1)))
+        return self._flatten(approx, details)
+
+    def _squared_forward(self, x):
+        image = x.reshape(self.image_shape)
+        details = []
+        for low0, high0, low1, high1 in self.squares:
+            details.append((high0 @ image @ low1.T, low0 @ image @ high1.T, high0 @ image @ high1.T))
+        low0, _, low1, _ = self.squares[-1]
+        return self._flatten(low0 @ image @ low1.T, details)
+
+    @staticmethod
+    def _flatten(approx, details):
+        blocks = [approx.ravel()]
+        for cH, cV, cD in reversed(details):
+            blocks += [cH.ravel(), cV.ravel(), cD.ravel()]
+        return jnp.concatenate(blocks)
+
+
+class Stacked(AbstractProjection):
+    """The rows of several projections, one block after another: B = [B_1; B_2; …]."""
+
+    parts: tuple
+
+    @property
+    def shape(self):
+        return (sum(p.shape[0] for p in self.parts), self.parts[0].shape[1])
+
+    def _split(self, y):
+        edges = np.cumsum([p.shape[0] for p in self.parts])[:-1]
+        return jnp.split(y, edges, axis=0)
+
+    def mv(self, x):
+        return jnp.concatenate([p.mv(x) for p in self.parts], axis=0)
+
+    def rmv(self, y):
+        return sum(p.rmv(block) for p, block in zip(self.parts, self._split(y)))
+
+    def squared_mv(self, v):
+        return jnp.concatenate([p.squared_mv(v) for p in self.parts], axis=0)
+
+    def squared_rmv(self, w):
+        return sum(p.squared_rmv(block) for p, block in zip(self.parts, self._split(w)))
+
+    def gram(self, w):
+        return sum(p.gram(block) for p, block in zip(self.parts, self._split(w)))
+
+    def right_multiply(self, L):
+        return Dense(self.mv(L))
+
+    def _dtype(self):
+        return self.parts[0]._dtype()
+
+
+def identity(dim: int) -> Identity:
+    """B = I: the sparsity prior acts on each coordinate of w (``vj.Identity(dim)``)."""
+    if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim < 1:
+        raise ValueError(f"identity: `dim` must be a positive integer, got {dim!r}.")
+    return Identity(int(dim))
+
+
+def finite_differences(shape, periodic=False, dtype=None) -> FiniteDifferences:
+    """Horizontal and vertical neighbour differences of an image of ``shape`` (h, w).
+
+    Rows: first the h(w−1) horizontal differences x[i, j+1] − x[i, j] (row-major over (i, j)), then the
+    (h−1)w vertical ones x[i+1, j] − x[i, j]. With ``periodic=True`` the differences wrap around the
+    border, giving h·w of each (2D rows; what the thesis's count B ∈ R^{3D×D} with wavelets implies).
+    """
+    return FiniteDifferences(shape, periodic, dtype)
+
+
+def wavelets(shape, levels=None, dtype=None) -> Wavelets:
+    """The orthonormal Daubechies-4 wavelet transform of an image of ``shape`` (h, w), periodic boundary.
+
+    ``levels`` defaults to `max_level` (3 for 64 × 64). Equal to PyWavelets'
+    ``pywt.coeffs_to_array``-free flattening of ``wavedec2(image, "db4", mode="periodization", level=levels)``
+    (approximation, then for each level from the coarsest the horizontal, vertical and diagonal details).
+    Both sides of the image must be multiples of ``2**levels``.
+    """
+    return Wavelets(shape, levels, dtype)
+
+
+def stack(*filters) -> Stacked:
+    """The rows of ``filters`` (projections or dense arrays with the same D) one after another."""
+    if not filters:
+        raise ValueError("stack: give at least one filter.")
+    parts = tuple(as_projection(f) for f in filters)
+    dims = {p.shape[1] for p in parts}
+    if len(dims) != 1:
+        raise ValueError(f"stack: the filters act on different dimensions D = {sorted(dims)}; "
+                         "every filter must have one column per coordinate of w.")
+    return Stacked(parts)
+
+
+def as_dense(B) -> jax.Array:
+    """Any projection as a dense ``(N, D)`` array (its products with the columns of I); for checks and plots."""
+    B = as_projection(B)
+    return jax.jit(lambda B: B.mv(jnp.eye(B.shape[1], dtype=B._dtype())))(B)
+
+
+def __dir__():
+    return list(__all__)

@@ -1,0 +1,144 @@
+"""The sparse linear model: noisy linear measurements of w with a sparsity prior on filter responses.
+
+.. math::
+
+    p(w \\mid y) \\;\\propto\\; \\mathcal N(y \\mid M w, \\nu^2 I) \\prod_{j=1}^{J} \\varphi_j(b_j^\\top w),
+    \\qquad s = B w,
+
+with M ∈ R^{N×D} (N ≪ D measurements), B ∈ R^{J×D} (filters, `vijax.design.filters`) and φ a Laplace or
+Student-t potential on each filter response (thesis §5.4; Seeger & Nickisch 2011). It is a
+`vj.LatentLinearModel` with no Gaussian factor and two site groups: the N Gaussian measurement sites
+N(y_n | m_nᵀw, ν²) (group 0) and the J sparsity sites φ_j(b_jᵀw) (group 1), so every vijax method fits it.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+from .. import _checks, potentials
+from ..methods.ep import SiteParams
+from ..model import LatentLinearModel, Sites
+from ..projections import as_projection
+
+__all__ = ["sparse_linear_model", "measurement_sites", "ep_sites", "smoothed_laplace", "MEASUREMENTS", "SPARSITY"]
+
+MEASUREMENTS, SPARSITY = 0, 1  # the site groups of a sparse linear model
+_OWNER = "sparse_linear_model"
+
+
+def measurement_sites(M, y, noise_variance, owner=_OWNER) -> Sites:
+    """The Gaussian sites N(y_n | m_nᵀ w, ν²) of measurements ``M`` (N, D) with values ``y`` (N,)."""
+    projection = as_projection(M)
+    y = _checks.as_float_array("y", y, owner, ndim=1)
+    _checks.check_finite("y", y, owner)
+    if projection.shape[0] != y.shape[0]:
+        raise ValueError(f"{owner}: M has {projection.shape[0]} rows (measurements) but y has {y.shape[0]} "
+                         "entries; give one observed value per row of M.")
+    _checks.check_positive("noise_variance", noise_variance, owner)
+    scale = jnp.sqrt(jnp.asarray(noise_variance, y.dtype))
+    return Sites(projection, potentials.Gaussian(loc=y, scale=scale))
+
+
+def sparse_linear_model(M, y, noise_variance, B, prior) -> LatentLinearModel:
+    """p(w | y) ∝ N(y | M w, ν² I) · ∏_j φ_j(b_jᵀ w): a `vj.LatentLinearModel` for signal recovery and design.
+
+    **Arguments:**
+
+    - `M`: the measurement matrix, shape ``(N, D)``: a dense array, a `BCOO` matrix or any vijax projection
+      (matrix-free ones included, e.g. a `vijax.design.filters` operator).
+    - `y`: the measurements, shape ``(N,)``.
+    - `noise_variance`: ν² > 0 (a scalar).
+    - `B`: the filters, shape ``(J, D)``: a dense array, a `BCOO`, `vj.Identity(D)` or a
+      `vijax.design.filters` operator (`finite_differences`, `wavelets`, `stack`).
+    - `prior`: the sparsity potential on s = B w: `vj.potentials.Laplace(scale=τ)` (φ(s) = e^{−|s|/τ}/2τ) or
+      `vj.potentials.StudentT(df=ν, scale=σ)`, with parameters scalar or of shape ``(J,)`` (one per filter,
+      e.g. τ = 0.1 on finite differences and 0.14 on wavelets). `vj.potentials.Gaussian(scale=σ)` gives the
+      conjugate model, whose posterior every Gaussian method finds exactly (a check of the design loop).
+
+    **Returns:** a `vj.LatentLinearModel` with ``prior=None`` and two site groups: the N measurement sites
+    (`vj.potentials.Gaussian(loc=y, scale=ν)` on M) and the J sparsity sites (``prior`` on B).
+
+    No proper Gaussian prior on w is needed: the sites make the posterior proper when B has full column
+    rank (or M and B together do). But ∏_j φ_j(b_jᵀw) is a density in s, not in w, so the model is not
+    normalised in w: ``log_z`` (for `vj.GKL`, B_G-KL) is then **not a lower bound on log p(y)** — it differs
+    from one by the constant log |det B| for a square B, and is no bound at all otherwise — while the
+    posterior approximation q(w), which does not depend on that constant, is unaffected (thesis §5.4).
+    ``post.is_lower_bound`` reports the method's claim for the model as given; do not compare ``log_z``
+    across filters B.
+
+    Raises `ValueError` when M and B disagree on D, y does not have one entry per row of M, ν² is not
+    positive, or ``prior`` is not a Laplace or Student-t potential broadcastable to B's rows.
+    """
+    measurements = measurement_sites(M, y, noise_variance)
+    filters = as_projection(B)
+    if filters.shape[1] != measurements.dim:
+        raise ValueError(f"{_OWNER}: M has D = {measurements.dim} columns but B has {filters.shape[1]}; both act on "
+                         "the same signal w, so give B one column per coordinate of w.")
+    if not isinstance(prior, (potentials.Laplace, potentials.StudentT, potentials.Gaussian, potentials.Custom)):
+        raise ValueError(f"{_OWNER}: `prior` must be vj.potentials.Laplace(scale=τ) or "
+                         f"vj.potentials.StudentT(df=ν, scale=σ) (or Gaussian(scale=σ) for the conjugate model, or a "
+                         f"Custom potential), got {type(prior).__name__}.")
+    return LatentLinearModel(None, (measurements, Sites(filters, prior)))
+
+
+def _prior_precision(potential):
+    """1 / Var of a sparsity potential (as a density in s): Laplace 1/(2τ²), Student-t (ν−2)/(νσ²) (1/σ² if ν ≤ 2)."""
+    if isinstance(potential, potentials.Laplace):
+        return 1.0 / (2.0 * potential.scale**2)
+    if isinstance(potential, potentials.Gaussian):
+        return 1.0 / potential.scale**2
+    if isinstance(potential, potentials.StudentT):
+        return jnp.where(potential.df > 2, (potential.df - 2) / (potential.df * potential.scale**2),
+                         1.0 / potential.scale**2)
+    return jnp.asarray(1.0)
+
+
+def ep_sites(model: LatentLinearModel, previous: SiteParams | None = None) -> SiteParams:
+    """Starting sites for `vj.EP` on a sparse linear model (its ``init``).
+
+    EP's default start, the Laplace approximation, has zero curvature at every Laplace site, so without a
+    Gaussian factor q is improper while N < D. Here the measurement sites are exact (τ_n = 1/ν², ν_n = y_n/ν²:
+    a Gaussian site's EP update is itself) and each sparsity site starts as a Gaussian of the prior's
+    variance (τ_j = 1/Var φ_j), or at its value in ``previous`` (the sites of the last fit, whose sparsity
+    group has the same size), which warm-starts a design loop.
+    """
+    measurement, sparsity = model.sites[MEASUREMENTS], model.sites[SPARSITY]
+    gauss = measurement.potential
+    mask = getattr(gauss, "mask", None)
+    if mask is not None:  # a padded model (vj.pad_sites): padding sites contribute nothing
+        gauss = gauss.potential
+    dtype = model.dtype
+    n = measurement.num_sites
+    tau = jnp.broadcast_to(1.0 / gauss.scale**2, (n,)).astype(dtype)
+    nu = jnp.broadcast_to((gauss.loc - measurement.offset) / gauss.scale**2, (n,)).astype(dtype)
+    if mask is not None:
+        tau, nu = jnp.where(mask, tau, 0.0), jnp.where(mask, nu, 0.0)
+    if previous is not None and previous.precision[SPARSITY].shape == (sparsity.num_sites,):
+        s_tau, s_nu = previous.precision[SPARSITY], previous.shift[SPARSITY]
+    else:
+        potential = sparsity.potential
+        s_tau = jnp.broadcast_to(_prior_precision(getattr(potential, "potential", potential)),
+                                 (sparsity.num_sites,)).astype(dtype)
+        s_nu = jnp.zeros(sparsity.num_sites, dtype)
+    return SiteParams((tau, s_tau), (nu, s_nu))
+
+
+def smoothed_laplace(scale, smoothing=1e-2) -> potentials.Custom:
+    """φ(s) ∝ exp(−√(s² + ε²)/τ) with ε = ``smoothing``·τ: a twice-differentiable Laplace for MAP estimation.
+
+    The Laplace potential has zero curvature away from 0 and a kink at 0, so Newton steps on the MAP
+    objective stall; this log-concave smoothing (the usual one of sparse-MAP solvers) keeps the mode within
+    O(ε) of the Laplace model's.
+    """
+    scale = np.asarray(scale, dtype=float) if not hasattr(scale, "dtype") else scale
+    eps = smoothing * scale
+
+    def log_phi(s):
+        return -(jnp.sqrt(s**2 + eps**2) - eps) / scale - jnp.log(2 * scale)
+
+    return potentials.Custom(log_phi, log_concave=True, super_gaussian=True)
+
+
+def __dir__():
+    return list(__all__)

@@ -1,0 +1,209 @@
+"""Sequential Bayesian experimental design for the sparse linear model (thesis §5.4).
+
+Each step: fit q(w) = N(m, S) to the current measurements with a vijax method; choose the next block of
+rows M* (the free design: S's leading eigenvectors; or the most informative of given candidates; or
+random unit-norm rows, the baseline); measure y* (simulated from a known signal, or from a user's
+function); append and refit, warm-started from the last posterior.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import potentials
+from ..inference import infer
+from ..methods import EP, MAP, AbstractMethod, Laplace
+from ..padding import pad_sites
+from ..posterior import Posterior
+from . import criteria
+from .model import ep_sites, smoothed_laplace, sparse_linear_model
+
+__all__ = ["sequential", "SequentialResult", "random_rows"]
+
+_OWNER = "design.sequential"
+_DESIGNS = ("free", "greedy", "random")
+
+
+class SequentialResult(NamedTuple):
+    """What a design run did, one entry per fit (S steps give S + 1 fits) unless said otherwise.
+
+    - `num_measurements`: N at each fit, shape ``(S + 1,)``.
+    - `errors`: ‖m − w_true‖₂ of each fit's mean, ``(S + 1,)`` (NaN without ``truth``).
+    - `fit_times`: wall-clock seconds of each fit, ``(S + 1,)`` (the first includes compilation).
+    - `design_times`: seconds to choose each block, ``(S,)``.
+    - `gains`: the information gain ½ log det(I + ν⁻² M* S M*ᵀ) of each chosen block under the posterior
+      it was chosen from, ``(S,)``.
+    - `converged`: each fit's ``diagnostics.converged``, ``(S + 1,)``.
+    - `rows`, `y`: all measurements at the end, ``(N_S, D)`` and ``(N_S,)`` (the first N_0 are the start).
+    - `posterior`: the last fit (a `vj.Posterior`; its model is padded when ``pad`` was on).
+    - `means`: each fit's mean, ``(S + 1, D)``, when ``keep_means=True``, else None.
+    """
+
+    num_measurements: np.ndarray
+    errors: np.ndarray
+    fit_times: np.ndarray
+    design_times: np.ndarray
+    gains: np.ndarray
+    converged: np.ndarray
+    rows: np.ndarray
+    y: np.ndarray
+    posterior: Posterior
+    means: np.ndarray | None = None
+
+    def summary(self) -> str:
+        """A table: measurements, ℓ2 error and fit time per step."""
+        lines = [f"{'N':>6}  {'l2 error':>10}  {'fit s':>8}  {'gain':>8}"]
+        for k, n in enumerate(self.num_measurements):
+            gain = f"{self.gains[k]:8.3f}" if k < len(self.gains) else f"{'':>8}"
+            lines.append(f"{int(n):>6}  {self.errors[k]:>10.4g}  {self.fit_times[k]:>8.3f}  {gain}")
+        return "\n".join(lines)
+
+
+def random_rows(key, num_rows: int, dim: int, dtype=None):
+    """``num_rows`` standard-normal rows scaled to unit norm: shape ``(num_rows, dim)``."""
+    dtype = jnp.result_type(float) if dtype is None else dtype
+    rows = jax.random.normal(key, (num_rows, dim), dtype)
+    return rows / jnp.linalg.norm(rows, axis=1, keepdims=True)
+
+
+def _check_int(name, value, minimum):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"{_OWNER}: `{name}` must be an integer ≥ {minimum}, got {value!r}.")
+    return int(value)
+
+
+def sequential(M, y, noise_variance, B, prior, method: AbstractMethod, num_steps: int, *, rows_per_step: int = 1,
+               design: str = "free", truth=None, measure: Callable | None = None, candidates=None, key=None,
+               num_lanczos: int | None = None, warm_start: bool = True, pad: bool = True,
+               map_smoothing: float | None = 1e-2, keep_means: bool = False, callback: Callable | None = None
+               ) -> SequentialResult:
+    """Run ``num_steps`` steps of fit → design → measure → refit on `sparse_linear_model`.
+
+    **Arguments:**
+
+    - `M`, `y`, `noise_variance`, `B`, `prior`: the starting model (see `sparse_linear_model`); M dense
+      ``(N_0, D)``.
+    - `method`: any vijax method (`vj.GKL(covariance=vj.covariance.Chevron(80))`, `vj.LVB()`,
+      `vj.EP(power=0.9)`, `vj.MAP()`, …).
+    - `num_steps`: S, the number of blocks to add; `rows_per_step`: K, rows per block.
+    - `design`: ``"free"`` — the K leading eigenvectors of S by Lanczos (``num_lanczos`` steps, default
+      min(D, max(2K + 20, 40))), the block of K unit-norm rows with the largest information gain;
+      ``"greedy"`` — K rows of ``candidates`` (a ``(C, D)`` array) picked greedily by information gain
+      (a row is used at most once); ``"random"`` — K random unit-norm rows (the baseline; with `vj.MAP`
+      this is the thesis's "MAP Rand").
+    - `truth`: the true signal w (D,), to simulate y* = M* w + N(0, ν² I) (with ``key``) and report ℓ2
+      errors; or `measure`: a function ``rows (K, D) -> y* (K,)`` that takes the measurements.
+    - `key`: a `jax.random` key for the random rows, Lanczos starts and simulated noise (default
+      PRNGKey(0)).
+    - `warm_start`: refit from the last posterior (EP: from its sites, with exact sites for the new
+      measurements, see `ep_sites`).
+    - `pad`: pad the measurement sites to the final N (`vj.pad_sites`) so that all fits share one
+      compiled program (the padding sites contribute nothing; each fit costs as much as the last).
+    - `map_smoothing`: `vj.MAP` and `vj.Laplace` fit the model with a Laplace prior replaced by
+      `smoothed_laplace(τ, map_smoothing)` (their Newton steps need curvature); None keeps it.
+    - `keep_means`: keep every fit's mean in the result; `callback(step, posterior)`: called after each fit.
+
+    **Returns:** a `SequentialResult`. Raises `ValueError` for an unknown design, neither or both of
+    ``truth`` and ``measure``, or candidates missing for the greedy design.
+    """
+    if not isinstance(method, AbstractMethod):
+        raise ValueError(f"{_OWNER}: `method` must be a vijax method instance such as vj.GKL(), got {method!r}.")
+    if design not in _DESIGNS:
+        raise ValueError(f"{_OWNER}: `design` must be one of {_DESIGNS}, got {design!r}.")
+    if (truth is None) == (measure is None):
+        raise ValueError(f"{_OWNER}: give exactly one of `truth` (to simulate measurements) and `measure` "
+                         "(a function rows -> y*).")
+    num_steps = _check_int("num_steps", num_steps, 0)
+    rows_per_step = _check_int("rows_per_step", rows_per_step, 1)
+    if design == "greedy":
+        if candidates is None:
+            raise ValueError(f"{_OWNER}: design='greedy' picks rows from `candidates`, a (C, D) array; give one.")
+        candidates = jnp.asarray(candidates)
+        if candidates.shape[0] < num_steps * rows_per_step:
+            raise ValueError(f"{_OWNER}: {candidates.shape[0]} candidates cannot supply {num_steps} steps of "
+                             f"{rows_per_step} rows; give more candidates or take fewer steps.")
+    key = jax.random.PRNGKey(0) if key is None else key
+    rows = np.asarray(M, dtype=np.result_type(float) if not hasattr(M, "dtype") else M.dtype)
+    values = np.asarray(y, dtype=rows.dtype)
+    sparse_model = sparse_linear_model(rows, values, noise_variance, B, prior)  # validates the inputs
+    dim = sparse_model.dim
+    nu2 = float(noise_variance)
+    if truth is not None:
+        truth = np.asarray(truth, rows.dtype)
+        if truth.shape != (dim,):
+            raise ValueError(f"{_OWNER}: `truth` must have shape ({dim},), got {truth.shape}.")
+    fit_prior = prior
+    if (map_smoothing is not None and isinstance(method, (MAP, Laplace))
+            and isinstance(prior, potentials.Laplace)):
+        fit_prior = smoothed_laplace(prior.scale, map_smoothing)  # made once: one compiled fit for every step
+    final = rows.shape[0] + num_steps * rows_per_step
+    available = np.ones(0 if candidates is None else candidates.shape[0], bool)
+
+    def build(rows, values):
+        model = sparse_linear_model(rows, values, noise_variance, B, fit_prior)
+        return pad_sites(model, size=(final, None)) if pad else model
+
+    def fit(model, previous):
+        init = None
+        if isinstance(method, EP):
+            init = ep_sites(model, previous.state if (warm_start and previous is not None) else None)
+        elif warm_start and previous is not None:
+            init = previous
+        start = time.perf_counter()
+        post = infer(model, method, init=init)
+        jax.block_until_ready(post.mean)
+        return post, time.perf_counter() - start
+
+    errors, fit_times, design_times, gains, counts, converged, means = [], [], [], [], [], [], []
+
+    def record(post, seconds):
+        mean = np.asarray(post.mean)
+        errors.append(float(np.linalg.norm(mean - truth)) if truth is not None else float("nan"))
+        fit_times.append(seconds)
+        counts.append(rows.shape[0])
+        converged.append(bool(np.all(np.asarray(post.diagnostics.converged))))
+        if keep_means:
+            means.append(mean)
+
+    post, seconds = fit(build(rows, values), None)
+    record(post, seconds)
+    if callback is not None:
+        callback(0, post)
+    for step in range(num_steps):
+        key, k_design, k_noise = jax.random.split(key, 3)
+        start = time.perf_counter()
+        if design == "free":
+            new, _ = criteria.free_design(post, rows_per_step, num_lanczos, k_design)
+        elif design == "random":
+            new = random_rows(k_design, rows_per_step, dim, rows.dtype)
+        else:
+            pool = np.flatnonzero(available)
+            idx, _ = criteria.greedy_rows(post, candidates[pool], rows_per_step, nu2)
+            chosen = pool[np.asarray(idx)]
+            available[chosen] = False
+            new = candidates[chosen]
+        new = np.asarray(new, rows.dtype)
+        gains.append(float(criteria.information_gain(post, new, nu2)))
+        design_times.append(time.perf_counter() - start)
+        if truth is not None:
+            noise = np.asarray(jax.random.normal(k_noise, (rows_per_step,), rows.dtype)) * np.sqrt(nu2)
+            observed = new @ truth + noise
+        else:
+            observed = np.asarray(measure(new), rows.dtype).reshape(rows_per_step)
+        rows, values = np.concatenate([rows, new]), np.concatenate([values, observed])
+        post, seconds = fit(build(rows, values), post)
+        record(post, seconds)
+        if callback is not None:
+            callback(step + 1, post)
+    return SequentialResult(np.asarray(counts), np.asarray(errors), np.asarray(fit_times), np.asarray(design_times),
+                            np.asarray(gains), np.asarray(converged), rows, values, post,
+                            np.stack(means) if keep_means else None)
+
+
+def __dir__():
+    return list(__all__)
