@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-__all__ = ["RESULTS", "Tee", "mean_se", "timed"]
+__all__ = ["RESULTS", "Tee", "mean_se", "timed", "plot_error_curves"]
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 
@@ -82,3 +82,16 @@ def mean_se(values, finite_only=True, count=False):
         mean = float(a.mean())
         se = float(a.std(ddof=1) / math.sqrt(len(a))) if len(a) > 1 else float("nan")
     return (mean, se, len(a)) if count else (mean, se)
+
+
+def plot_error_curves(ax, curves, title):
+    """One line per method with a ± s.e. band: ``curves[label]`` holds ``N``, ``mean`` and ``se`` lists
+    (the reconstruction-error figures of the design benchmarks)."""
+    for label, c in curves.items():
+        N, m, s = np.array(c["N"]), np.array(c["mean"]), np.nan_to_num(np.array(c["se"]))
+        ax.plot(N, m, label=label)
+        ax.fill_between(N, m - s, m + s, alpha=0.25)
+    ax.set_xlabel("number of measurements N")
+    ax.set_ylabel("ℓ2 reconstruction error")
+    ax.set_title(title)
+    ax.legend()

@@ -28,7 +28,7 @@ import numpy as np
 jax.config.update("jax_enable_x64", True)
 
 import vijax as vj  # noqa: E402
-from _common import RESULTS, Tee, mean_se  # noqa: E402
+from _common import RESULTS, Tee, mean_se, plot_error_curves  # noqa: E402
 
 NU2 = 0.005
 IMAGES = ["camera", "astronaut", "coins", "moon", "text", "brick", "grass", "gravel", "chelsea", "coffee", "rocket",
@@ -146,14 +146,7 @@ def plot_errors(results, path):
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(5.5, 4))
-    for label, c in results["curves"].items():
-        N, m, s = np.array(c["N"]), np.array(c["mean"]), np.nan_to_num(np.array(c["se"]))
-        ax.plot(N, m, label=label)
-        ax.fill_between(N, m - s, m + s, alpha=0.25)
-    ax.set_xlabel("number of measurements N")
-    ax.set_ylabel("ℓ2 reconstruction error")
-    ax.set_title(f"{len(results['images'])} images, D = {results['args']['size'] ** 2}")
-    ax.legend()
+    plot_error_curves(ax, results["curves"], f"{len(results['images'])} images, D = {results['args']['size'] ** 2}")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

@@ -25,7 +25,7 @@ import numpy as np
 jax.config.update("jax_enable_x64", True)
 
 import vijax as vj  # noqa: E402
-from _common import RESULTS, Tee, mean_se  # noqa: E402
+from _common import RESULTS, Tee, mean_se, plot_error_curves  # noqa: E402
 
 NU2 = 0.005
 THESIS_SECONDS = {"laplace": {"LVB": 0.3, "EP": 0.6, "G-KL": 1.6}, "student_t": {"LVB": 0.3, "G-KL": 6.0}}
@@ -128,14 +128,7 @@ def plot(results, path):
     kinds = list(results["curves"])
     fig, axes = plt.subplots(1, len(kinds), figsize=(5.5 * len(kinds), 4), squeeze=False)
     for ax, kind in zip(axes[0], kinds):
-        for label, c in results["curves"][kind].items():
-            N, m, s = np.array(c["N"]), np.array(c["mean"]), np.nan_to_num(np.array(c["se"]))
-            ax.plot(N, m, label=label)
-            ax.fill_between(N, m - s, m + s, alpha=0.25)
-        ax.set_xlabel("number of measurements N")
-        ax.set_ylabel("ℓ2 reconstruction error")
-        ax.set_title(f"{kind} signals, D = {results['args']['dim']}")
-        ax.legend()
+        plot_error_curves(ax, results["curves"][kind], f"{kind} signals, D = {results['args']['dim']}")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
