@@ -18,6 +18,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+from .._linalg import LOG_2PI
 from ..covariance import ChevronFactor, CholeskyFactor, DiagonalFactor, SubspaceFactor
 from ..posterior import Posterior
 from ..projections import as_projection
@@ -216,7 +217,7 @@ def _free_design(factor, key, num_rows, num_iter):
 def entropy(post):
     """The differential entropy ½ log det(2πe S) of q, from the factor's log det S."""
     factor = _factor(post)
-    return 0.5 * (factor.logdet() + factor.dim * (1.0 + jnp.log(2 * jnp.pi)))
+    return 0.5 * (factor.logdet() + factor.dim * (1.0 + LOG_2PI))
 
 
 def __dir__():
