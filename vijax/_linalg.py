@@ -10,6 +10,9 @@ Gaussian factors, covariance families, solvers, methods and models may all use i
 - `nan_trace(max_iter, dtype, first)`: an objective trace of ``max_iter + 1`` entries, NaN where unused.
 - `backtrack(evaluate, acceptable, step, max_halvings)`: halve a step until a trial is acceptable.
 - `neg_kl(trace, mahalanobis, logdet_q, logdet_p, dim)`: −KL between two Gaussians, from its terms.
+- `lanczos(product, v0, num_iter)`: the Lanczos basis and tridiagonal of a symmetric map (products only).
+- `ritz_pairs`, `leading_eigenvectors`, `lanczos_variances`: eigenpairs and inverse diagonals built on it
+  (the free design of `vijax.design`, the Subspace family's basis, LVB's variance estimates).
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ import jax
 import jax.numpy as jnp
 from jax.scipy.linalg import solve_triangular
 
-__all__ = ["LOG_2PI", "reversed_cholesky", "inverse_factor", "select", "nan_trace", "backtrack", "neg_kl"]
+__all__ = ["LOG_2PI", "reversed_cholesky", "inverse_factor", "select", "nan_trace", "backtrack", "neg_kl", "lanczos",
+           "ritz_pairs", "leading_eigenvectors", "lanczos_variances"]
 
 LOG_2PI = math.log(2 * math.pi)
 """log 2π, as a Python float (weakly typed: it takes the dtype of the arrays it meets)."""
@@ -99,3 +103,108 @@ def neg_kl(trace, mahalanobis, logdet_q, logdet_p, dim):
     determinants, and the dimension.
     """
     return 0.5 * (logdet_q - logdet_p - trace - mahalanobis + dim)
+
+
+# ----------------------------------------------------------------------------------------------
+# Lanczos: the one Krylov eigen-solver (products v ↦ A v only, A symmetric)
+
+
+def lanczos(product, v0, num_iter: int):
+    """``num_iter`` steps of Lanczos with full reorthogonalisation on the symmetric map ``product``.
+
+    ``product`` maps ``(D,)`` to ``(D,)``; ``v0`` ``(D,)`` is the start (any scale). Returns
+    ``(Q, alpha, beta)``: the orthonormal basis Q of the Krylov space K_k(A, v0), shape ``(D, k)``, and
+    the tridiagonal T = QᵀAQ (diagonal ``alpha`` (k,), off-diagonal ``beta`` (k − 1,)), k = ``num_iter``.
+    Each step costs one product and O(D k) for the reorthogonalisation (classical Gram–Schmidt, twice:
+    without it the basis loses orthogonality as Ritz values converge and ghost copies appear). A
+    breakdown (an invariant subspace found: the residual below √ε/100 of ‖A q‖) continues with a random
+    direction orthogonal to Q and a zero coupling, so T stays exact for the subspace found. One
+    `fori_loop`: ``product`` is traced once.
+    """
+    D = v0.shape[0]
+    dtype = v0.dtype
+    rtol = 1e-2 * float(jnp.finfo(dtype).eps) ** 0.5
+    Q = jnp.zeros((D, num_iter), dtype).at[:, 0].set(v0 / jnp.linalg.norm(v0))
+    key = jax.random.PRNGKey(17)
+
+    def orthogonalise(z, Q):
+        for _ in range(2):  # against every vector so far (the columns beyond k are still zero)
+            z = z - Q @ (Q.T @ z)
+        return z
+
+    def body(k, state):
+        Q, alpha, beta = state
+        q = Q[:, k]
+        z = product(q)
+        a = q @ z
+        scale = jnp.linalg.norm(z)
+        z = orthogonalise(z, Q)
+        b = jnp.linalg.norm(z)
+        tiny = b <= rtol * scale
+        fresh = orthogonalise(jax.random.normal(jax.random.fold_in(key, k), (D,), dtype), Q)
+        nxt = jnp.where(tiny, fresh / jnp.linalg.norm(fresh), z / jnp.where(tiny, 1.0, b))
+        Q = jnp.where(k + 1 < num_iter, Q.at[:, jnp.minimum(k + 1, num_iter - 1)].set(nxt), Q)
+        return Q, alpha.at[k].set(a), beta.at[k].set(jnp.where(tiny, 0.0, b))
+
+    alpha = jnp.zeros(num_iter, dtype)
+    beta = jnp.zeros(num_iter, dtype)
+    Q, alpha, beta = jax.lax.fori_loop(0, num_iter, body, (Q, alpha, beta))
+    return Q, alpha, beta[:-1]
+
+
+def ritz_pairs(product, v0, num_iter: int):
+    """The Ritz pairs of ``num_iter`` Lanczos steps from ``v0``: ``(values (k,) ascending, vectors (D, k), weights (k,))``.
+
+    With T = QᵀAQ = UΘUᵀ (`lanczos`), the Ritz vectors QU are orthonormal and A QU = QU Θ + (residual along
+    the next Lanczos vector); the extreme Ritz values converge first, to A's extreme eigenvalues. The
+    ``weights`` U₁ₖ² are those of the Gauss quadrature of v0's spectral measure:
+    v0ᵀ f(A) v0 ≈ ‖v0‖² Σ_k U₁ₖ² f(θ_k), exact for polynomials of degree < 2k (stochastic Lanczos
+    quadrature: with v0 ~ N(0, I) it estimates tr f(A), e.g. log det A or tr A⁻¹, unbiasedly as k grows).
+    """
+    Q, alpha, beta = lanczos(product, v0, num_iter)
+    T = jnp.diag(alpha) + jnp.diag(beta, 1) + jnp.diag(beta, -1)
+    values, U = jnp.linalg.eigh(T)
+    return values, Q @ U, U[0] ** 2
+
+
+def _start(key, dim, dtype):
+    key = jax.random.PRNGKey(0) if key is None else key
+    dtype = jnp.result_type(float) if dtype is None else dtype
+    return jax.random.normal(key, (dim,), dtype)
+
+
+def leading_eigenvectors(product, dim: int, num: int, num_iter: int | None = None, key=None, dtype=None):
+    """The ``num`` largest eigenvalues and unit eigenvectors of a symmetric map, by Lanczos.
+
+    ``product`` maps ``(D,)`` to ``(D,)``; ``num_iter`` Lanczos steps (default min(D, max(2·num + 20, 40)))
+    from a random start (``key``; default PRNGKey(0)). Returns ``(values (num,), vectors (D, num))``,
+    values in decreasing order. Exact (to rounding) once ``num_iter`` = D.
+    """
+    num_iter = min(dim, max(2 * num + 20, 40)) if num_iter is None else min(int(num_iter), dim)
+    if not 1 <= num <= num_iter:
+        raise ValueError(f"leading_eigenvectors: need 1 ≤ num ≤ num_iter ≤ D, got num={num}, num_iter={num_iter}, "
+                         f"D={dim}.")
+    values, vectors, _ = ritz_pairs(product, _start(key, dim, dtype), num_iter)
+    values, vectors = values[::-1][:num], vectors[:, ::-1][:, :num]
+    return values, vectors / jnp.linalg.norm(vectors, axis=0)
+
+
+def lanczos_variances(precision_product, dim: int, num_iter: int, key=None, dtype=None, v0=None):
+    """Marginal variances diag(P⁻¹) of a Gaussian with precision P, estimated from ``num_iter`` Lanczos vectors.
+
+    With Q the Lanczos basis of P (products v ↦ P v only) and T = QᵀPQ = UΘUᵀ, the estimate is
+    diag(Q T⁻¹ Qᵀ) = Σ_k (QU)²_{:k} / θ_k (Schneider & Willsky 2001; the glm-ie estimate of Seeger & Nickisch
+    2011, which the thesis's image experiments use inside LVB). Q T⁻¹ Qᵀ ≼ P⁻¹, so every estimate is a lower
+    bound on its variance, the estimates grow with num_iter (nested Krylov spaces) and are exact at
+    num_iter = D. The estimate keeps the part of P⁻¹ in the Ritz directions found: where P⁻¹'s trace is
+    spread over many eigen-directions (a flat spectrum, as for the image posteriors of `vijax.design`),
+    k vectors capture about k/D of it, whatever the implementation; check the error at the size at hand
+    (``benchmarks/design_images.py`` reports it). Start ``v0`` (default: normal from ``key``, PRNGKey(0)).
+    Returns ``(variances (D,), ritz_values (k,), ritz_vectors (D, k))``: the Ritz values θ (ascending)
+    approximate P's eigenvalues, the smallest first, so the last columns' reverse are S = P⁻¹'s leading
+    eigenvectors.
+    """
+    num_iter = min(int(num_iter), dim)
+    v0 = _start(key, dim, dtype) if v0 is None else v0
+    values, vectors, _ = ritz_pairs(precision_product, v0, num_iter)
+    return jnp.sum(vectors**2 / values[None, :], axis=1), values, vectors

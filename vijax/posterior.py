@@ -13,7 +13,7 @@ from .covariance import AbstractFactor
 from .model import LatentLinearModel
 from .projections import as_projection
 
-__all__ = ["Posterior", "Diagnostics", "EPInfo", "LaplaceInfo"]
+__all__ = ["Posterior", "Diagnostics", "EPInfo", "LaplaceInfo", "LVBInfo"]
 
 
 def _traced(*xs) -> bool:
@@ -29,7 +29,7 @@ def _show(x) -> str:
             value = np.asarray(x).item()
             return f"{value:.6g}" if isinstance(value, float) else repr(value)
         return f"{np.dtype(x.dtype).name}{list(np.shape(x))}"
-    if isinstance(x, (EPInfo, LaplaceInfo, Diagnostics)):
+    if isinstance(x, (EPInfo, LaplaceInfo, LVBInfo, Diagnostics)):
         return repr(x)
     return type(x).__name__
 
@@ -82,6 +82,26 @@ class LaplaceInfo(eqx.Module):
         return _fields_repr(self, ("fallback", "jitter"))
 
 
+class LVBInfo(eqx.Module):
+    """What `vj.LVB` with ``variances="lanczos"`` reports (``post.diagnostics.info``).
+
+    - `num_lanczos`: the Lanczos vectors k behind the variance estimates; int.
+    - `variance_fraction`: Σ_n V̂_n / tr(P⁻¹), the share of q's total variance that the estimates V̂
+      hold (they are lower bounds, so this is ≤ 1 up to the noise of its denominator, a stochastic
+      Lanczos quadrature estimate of tr P⁻¹ from 8 Rademacher probes); scalar.
+    - `cg_iterations`: CG steps of the last solve P m = r for the mean; int.
+    """
+
+    num_lanczos: jax.Array
+    variance_fraction: jax.Array
+    cg_iterations: jax.Array
+
+    def __repr__(self):
+        if _traced(self):
+            return super().__repr__()
+        return _fields_repr(self, ("num_lanczos", "variance_fraction", "cg_iterations"))
+
+
 # Old `Diagnostics` attributes, now in `info`: name -> (default where `info` lacks it).
 _MOVED = {"fallback": False, "jitter": 0.0, "max_change": float("nan"), "oscillating": False, "skipped": 0,
           "shrunk": 0}
@@ -122,7 +142,7 @@ class Diagnostics(eqx.Module):
     - `num_value_evals`, `num_grad_evals`, `num_hvp_evals`: work done, for cost accounting
       (default 0).
     - `method`, `solver`: names of what produced the answer (static strings).
-    - `info`: the method's own record, or None (default): `EPInfo` for `vj.EP`, `LaplaceInfo` for
+    - `info`: the method's own record, or None (default): `EPInfo` for `vj.EP`, `LVBInfo` for `vj.LVB` with Lanczos variances, `LaplaceInfo` for
       `vj.Laplace` and `vj.MAP`.
 
     The attributes `fallback`, `jitter`, `max_change`, `oscillating`, `skipped` and `shrunk` of earlier
@@ -139,7 +159,7 @@ class Diagnostics(eqx.Module):
     num_hvp_evals: jax.Array
     method: str = eqx.field(static=True)
     solver: str = eqx.field(static=True)
-    info: EPInfo | LaplaceInfo | None = None
+    info: EPInfo | LaplaceInfo | LVBInfo | None = None
 
     def __init__(self, *, iterations, converged, objective_trace, method: str, solver: str,
                  stationarity=None, grad_norm=None, num_value_evals=0, num_grad_evals=0, num_hvp_evals=0,

@@ -335,12 +335,16 @@ class NewtonCG(AbstractSolver):
         return _newton_loop(self, fn, x0, local_model, direction)
 
 
-def _pcg(A, b, M, max_iter):
-    """Truncated preconditioned CG for A d = b; returns (d, number of products with A)."""
+def _pcg(A, b, M, max_iter, rtol=None):
+    """Truncated preconditioned CG for A d = b; returns (d, number of products with A).
+
+    Stops at ‖b − A d‖ ≤ rtol ‖b‖ when ``rtol`` is given (a linear solve), else at the forcing
+    term of truncated Newton, min(½, (bᵀMb)^¼) ‖b‖."""
     z = M(b)
     rz0 = jnp.vdot(b, z)
     # bᵀMb estimates the squared Newton decrement whatever the scale of the parameters.
-    forcing = jnp.minimum(0.5, jnp.sqrt(jnp.sqrt(jnp.maximum(rz0, 0.0)))) * jnp.linalg.norm(b)
+    forcing = jnp.minimum(0.5, jnp.sqrt(jnp.sqrt(jnp.maximum(rz0, 0.0)))) if rtol is None else rtol
+    forcing = forcing * jnp.linalg.norm(b)
 
     class S(NamedTuple):
         d: jax.Array

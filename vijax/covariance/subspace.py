@@ -8,7 +8,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from .._linalg import inverse_factor, reversed_cholesky
+from .._linalg import inverse_factor, leading_eigenvectors, reversed_cholesky
 from ._base import AbstractCovariance, AbstractFactor, as_scale, check_rank
 from ._dense import CholeskyFactor
 
@@ -24,7 +24,7 @@ class Subspace(AbstractCovariance):
 
     - initialised from the leading principal directions of the curvature-weighted
       projections, the top-K eigenvectors of Σ_n w_n h_n h_nᵀ (w_n the site curvatures
-      at the starting point), computed by subspace iteration;
+      at the starting point), computed by Lanczos (`vijax._linalg.leading_eigenvectors`);
     - then updated ``num_updates`` times between inner solves, either by the fixed point
       of thesis app. B.2.3 (``basis_update="fixed_point"``: the same eigenvectors at the
       current solution), or by projected gradient ascent
@@ -185,11 +185,7 @@ def _fit_in_basis(E, curvature):
     return SubspaceFactor(E, C, scale)
 
 
-def _leading_eigenvectors(mv, dim, k, dtype, num_iterations=12, oversample=10):
-    """Top-k eigenvectors of a symmetric PSD operator ``mv`` (``(D, B) → (D, B)``) by subspace iteration."""
-    width = min(dim, k + oversample)
-    Q = jnp.linalg.qr(jax.random.normal(jax.random.key(0), (dim, width), dtype))[0]
-    Q = jax.lax.fori_loop(0, num_iterations, lambda _, Q: jnp.linalg.qr(mv(Q))[0], Q)
-    T = Q.T @ mv(Q)
-    _, U = jnp.linalg.eigh(0.5 * (T + T.T))
-    return Q @ U[:, ::-1][:, :k]
+def _leading_eigenvectors(mv, dim, k, dtype):
+    """Top-k eigenvectors of a symmetric PSD operator ``mv`` (``(D, B) → (D, B)``), by `_linalg`'s Lanczos."""
+    _, E = leading_eigenvectors(lambda v: mv(v[:, None])[:, 0], dim, k, dtype=dtype)
+    return E

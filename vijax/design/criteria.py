@@ -18,7 +18,9 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from .._linalg import LOG_2PI
+# Lanczos lives in the foundation layer (one implementation for design, the Subspace family and LVB);
+# it is re-exported here as part of `vj.design`.
+from .._linalg import LOG_2PI, lanczos, lanczos_variances, leading_eigenvectors
 from ..covariance import ChevronFactor, CholeskyFactor, DiagonalFactor, SubspaceFactor
 from ..posterior import Posterior
 from ..projections import as_projection
@@ -114,85 +116,6 @@ def greedy_rows(post, candidates, num_rows: int, noise_variance):
 
     _, (indices, gains) = jax.lax.scan(pick, (A, var, jnp.zeros(X.shape[0], bool)), None, length=num_rows)
     return indices, gains
-
-
-def lanczos(product, v0, num_iter: int):
-    """``num_iter`` steps of Lanczos with full reorthogonalisation on the symmetric map ``product``.
-
-    Returns ``(Q, alpha, beta)``: the orthonormal basis Q, shape ``(D, num_iter)``, and the tridiagonal
-    T = QᵀAQ (diagonal ``alpha`` (num_iter,), off-diagonal ``beta`` (num_iter − 1,)). Each step costs one
-    product and O(D · num_iter) for the reorthogonalisation (twice, classical Gram–Schmidt). A breakdown
-    (an invariant subspace found) continues with a random direction orthogonal to Q.
-    """
-    D = v0.shape[0]
-    dtype = v0.dtype
-    q0 = v0 / jnp.linalg.norm(v0)
-    Q = jnp.zeros((D, num_iter), dtype).at[:, 0].set(q0)
-    key = jax.random.PRNGKey(17)
-
-    def body(k, state):
-        Q, alpha, beta = state
-        q = Q[:, k]
-        z = product(q)
-        a = q @ z
-        for _ in range(2):  # full reorthogonalisation against every vector so far (zero columns beyond k)
-            z = z - Q @ (Q.T @ z)
-        b = jnp.linalg.norm(z)
-        tiny = b <= 1e-10 * jnp.maximum(jnp.abs(a), 1.0)
-        fresh = jax.random.normal(jax.random.fold_in(key, k), (D,), dtype)
-        fresh = fresh - Q @ (Q.T @ fresh)
-        fresh = fresh - Q @ (Q.T @ fresh)
-        nxt = jnp.where(tiny, fresh / jnp.linalg.norm(fresh), z / jnp.where(tiny, 1.0, b))
-        Q = jnp.where(k + 1 < num_iter, Q.at[:, jnp.minimum(k + 1, num_iter - 1)].set(nxt), Q)
-        return Q, alpha.at[k].set(a), beta.at[k].set(jnp.where(tiny, 0.0, b))
-
-    alpha = jnp.zeros(num_iter, dtype)
-    beta = jnp.zeros(num_iter, dtype)
-    Q, alpha, beta = jax.lax.fori_loop(0, num_iter, body, (Q, alpha, beta))
-    return Q, alpha, beta[:-1]
-
-
-def leading_eigenvectors(product, dim: int, num: int, num_iter: int | None = None, key=None, dtype=None):
-    """The ``num`` largest eigenvalues and unit eigenvectors of a symmetric PSD map, by Lanczos.
-
-    ``product`` maps ``(D,)`` to ``(D,)``; ``num_iter`` Lanczos steps (default min(D, max(2·num + 20, 40)))
-    from a random start (``key``; default PRNGKey(0)). Returns ``(values (num,), vectors (D, num))``,
-    values in decreasing order; ``residuals`` ‖S v − λ v‖ are available from `lanczos` if needed.
-    """
-    num_iter = min(dim, max(2 * num + 20, 40)) if num_iter is None else min(int(num_iter), dim)
-    if not 1 <= num <= num_iter:
-        raise ValueError(f"leading_eigenvectors: need 1 ≤ num ≤ num_iter ≤ D, got num={num}, num_iter={num_iter}, "
-                         f"D={dim}.")
-    key = jax.random.PRNGKey(0) if key is None else key
-    dtype = jnp.result_type(float) if dtype is None else dtype
-    v0 = jax.random.normal(key, (dim,), dtype)
-    Q, alpha, beta = lanczos(product, v0, num_iter)
-    T = jnp.diag(alpha) + jnp.diag(beta, 1) + jnp.diag(beta, -1)
-    values, vectors = jnp.linalg.eigh(T)
-    values, vectors = values[::-1][:num], vectors[:, ::-1][:, :num]
-    ritz = Q @ vectors
-    return values, ritz / jnp.linalg.norm(ritz, axis=0)
-
-
-def lanczos_variances(precision_product, dim: int, num_iter: int, key=None, dtype=None):
-    """Marginal variances diag(P⁻¹) of a Gaussian with precision P, estimated from ``num_iter`` Lanczos vectors.
-
-    With Q the Lanczos basis of P (products v ↦ P v only) and T = QᵀPQ = UΛUᵀ, the estimate is
-    diag(Q T⁻¹ Qᵀ) = Σ_k (QU)²_{:k} / λ_k (Schneider & Willsky 2001; the glm-ie estimate of Seeger & Nickisch
-    2011, which the thesis's image experiments use inside LVB). Q T⁻¹ Qᵀ ≼ P⁻¹, so every estimate is a lower
-    bound on its variance, the estimates grow with num_iter (nested Krylov spaces) and are exact at
-    num_iter = D; how fast depends on P's spectrum (Lanczos finds both of its ends first), so check the
-    error on a problem of the size at hand (``benchmarks/design_images.py`` reports it). Returns
-    ``(variances (D,), ritz_values (num_iter,))``, the Ritz values being the captured eigenvalues of P.
-    """
-    key = jax.random.PRNGKey(0) if key is None else key
-    dtype = jnp.result_type(float) if dtype is None else dtype
-    num_iter = min(int(num_iter), dim)
-    Q, alpha, beta = lanczos(precision_product, jax.random.normal(key, (dim,), dtype), num_iter)
-    T = jnp.diag(alpha) + jnp.diag(beta, 1) + jnp.diag(beta, -1)
-    values, vectors = jnp.linalg.eigh(T)
-    V = Q @ vectors
-    return jnp.sum(V**2 / values[None, :], axis=1), values
 
 
 def free_design(post, num_rows: int, num_iter: int | None = None, key=None):

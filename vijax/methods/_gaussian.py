@@ -29,7 +29,7 @@ from .._linalg import LOG_2PI, inverse_factor, reversed_cholesky
 from ..covariance import CholeskyFactor
 from ..model import DenseGaussian, Identity, LatentLinearModel, ScaledIdentity
 
-__all__ = ["integrate", "working_model", "diagonal_form", "integrate_diagonal", "marginals"]
+__all__ = ["integrate", "working_model", "diagonal_form", "integrate_diagonal", "marginals", "precision_operator"]
 
 
 def working_model(model: LatentLinearModel):
@@ -84,6 +84,39 @@ def integrate(model: LatentLinearModel, quadratics, sites=None, whitening=None, 
         loc, L = whitening
         return value, loc + L @ mean, inverse_factor(R, L)
     return value, mean, inverse_factor(R)
+
+
+def precision_operator(model: LatentLinearModel, quadratics):
+    """``(product, r, const)``: the integrand's precision as a map v ↦ P v, its shift r and its constant.
+
+    Matrix-free (P = Λ + Σ_n A_n h_n h_nᵀ is never formed: each product costs one product with every
+    projection and its transpose, and a Hessian-vector product of the Gaussian factor's log density),
+    in the model's own coordinates, so log ∫ = const + ½ rᵀP⁻¹r + (D/2) log 2π − ½ log det P.
+    """
+    d, dtype = model.dim, model.dtype
+    zero = jnp.zeros(d, dtype)
+    if model.prior is None:
+        const, r = jnp.zeros((), dtype), zero
+        prior_product = lambda v: jnp.zeros_like(v)  # noqa: E731
+    else:
+        const, r = (t.astype(dtype) for t in jax.value_and_grad(model.prior.log_density)(zero))
+        grad = jax.grad(model.prior.log_density)
+        prior_product = lambda v: -jax.jvp(grad, (zero,), (v,))[1].astype(dtype)  # noqa: E731  Λv (log f quadratic)
+    terms = []
+    for group, (a, A, c) in zip(model.sites, quadratics):
+        a, A, c = (jnp.broadcast_to(t, (group.num_sites,)).astype(dtype) for t in (a, A, c))
+        b = jnp.broadcast_to(group.offset, (group.num_sites,)).astype(dtype)
+        r = r + group.projection.rmv(a - A * b)
+        const = const + jnp.sum(a * b - 0.5 * A * b**2 + c)
+        terms.append((group.projection, A))
+
+    def product(v):
+        out = prior_product(v)
+        for projection, A in terms:
+            out = out + projection.rmv(A * projection.mv(v))
+        return out
+
+    return product, r, const
 
 
 def diagonal_form(model: LatentLinearModel):

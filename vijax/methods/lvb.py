@@ -54,19 +54,22 @@ import jax
 import jax.numpy as jnp
 
 from .. import potentials as pot
-from .._linalg import LOG_2PI
-from ..covariance import CholeskyFactor, DiagonalFactor
+from .._linalg import LOG_2PI, ritz_pairs
+from ..covariance import CholeskyFactor, DiagonalFactor, SubspaceFactor
 from ..model import LatentLinearModel
-from ..posterior import Diagnostics, Posterior
-from ..solvers import fixed_point
+from ..posterior import Diagnostics, LVBInfo, Posterior
+from ..solvers import _pcg, fixed_point
 from ._base import AbstractMethod
-from ._gaussian import integrate, marginals, working_model
+from ._gaussian import integrate, marginals, precision_operator, working_model
 from .laplace import expand_at_mode, whitened
 
 __all__ = ["LVB", "bound", "gaussian", "update", "local_bound", "initial_xi", "AbstractLocalBound",
            "Jaakkola", "Bohning", "ScaleMixture", "Exact", "MaskedBound"]
 
 BOUNDS = ("jaakkola", "bohning")
+VARIANCES = ("exact", "lanczos")
+_NUM_PROBES = 8  # Rademacher probes for the reported log_z and variance share with Lanczos variances
+_MAX_CG = 5000  # CG steps for the mean with Lanczos variances (stops at a relative residual of 10⁻² √ε)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -320,6 +323,18 @@ class LVB(AbstractMethod):
       (`vj.solvers.fixed_point`), which keeps the bound non-decreasing. Steps below the rounding of the linear algebra
       (10³ ε, which an ill-conditioned GP prior can reach) also end the run. The bound is stationary
       in ξ, so the envelope gradient of ``log_z`` is accurate to about ``tol`` and the bound to ``tol²``.
+    - `variances`: how q_ξ's marginal variances are found at each step. ``"exact"`` (default) forms and
+      factorises P (O(N D² + D³)). ``"lanczos"`` never forms P (for image-size D, thesis §5.4 after
+      glm-ie): the mean by CG, the variances from ``num_lanczos`` Lanczos vectors of P (`vj.design.
+      lanczos_variances`), each step costing O(k) products with the projections. Those estimates are
+      lower bounds on the variances, exact at k = D; they hold a share of the total variance that
+      ``diagnostics.info`` (`vj.posterior.LVBInfo`) reports as ``variance_fraction`` — about k/D
+      where P's spectrum is flat. The fixed point found is then that of the estimated variances (a
+      smaller ξ, so stronger shrinkage), ``log_z`` an estimate of B_LVB (log det P by stochastic
+      Lanczos quadrature; ``is_lower_bound=False``, no gradient), and q's covariance a rank-k
+      `SubspaceFactor`: the Lanczos estimate V Θ⁻¹ Vᵀ plus 1/θ_max outside the Krylov space. Models
+      with a dense Gaussian factor (GP priors) need ``"exact"``.
+    - `num_lanczos`: k, the Lanczos vectors for ``variances="lanczos"`` (default 80, as the thesis).
 
     ``vj.infer(model, vj.LVB())`` returns a `Posterior` with q = q_ξ* (a full `CholeskyFactor`,
     S = P⁻¹) and ``log_z`` = B_LVB(ξ*), a lower bound on log Z (``is_lower_bound=True``), never
@@ -333,18 +348,30 @@ class LVB(AbstractMethod):
     bound: str = eqx.field(static=True, default="jaakkola")
     max_iter: int = eqx.field(static=True, default=500)
     tol: float = eqx.field(static=True, default=1e-9)
+    variances: str = eqx.field(static=True, default="exact")
+    num_lanczos: int = eqx.field(static=True, default=80)
 
     def __check_init__(self):
         _check_bound(self.bound)
+        if self.variances not in VARIANCES:
+            raise ValueError(f"LVB: `variances` must be one of {VARIANCES}, got {self.variances!r}.")
+        if isinstance(self.num_lanczos, bool) or not isinstance(self.num_lanczos, int) or self.num_lanczos < 1:
+            raise ValueError(f"LVB: `num_lanczos` must be a positive integer, got {self.num_lanczos!r}.")
 
-    def _iterate(self, xi, model):
+    def _iterate(self, xi, model, v0=None):
         """Accelerated fixed-point steps (`vj.solvers.fixed_point`); a step needs only q_ξ's marginals
-        (`marginals`: the site form for GP models)."""
-        work = working_model(model)
+        (`marginals`: the site form for GP models; `_lanczos_marginals` with Lanczos variances)."""
+        if self.variances == "lanczos":
+            def evaluate(xi):
+                value, means, variances, _ = _lanczos_marginals(model, _quadratics(xi, model, self.bound),
+                                                                self.num_lanczos, v0)
+                return value, (means, variances)
+        else:
+            work = working_model(model)
 
-        def evaluate(xi):
-            value, means, variances = marginals(model, _quadratics(xi, model, self.bound), work)
-            return value, (means, variances)
+            def evaluate(xi):
+                value, means, variances = marginals(model, _quadratics(xi, model, self.bound), work)
+                return value, (means, variances)
 
         def update(xi, aux):
             return _update_from_marginals(model, self.bound, *aux)
@@ -359,6 +386,8 @@ class LVB(AbstractMethod):
                            floor=1e3 * float(jnp.finfo(dtype).eps))
 
     def fit(self, model: LatentLinearModel, init=None) -> Posterior:
+        if self.variances == "lanczos":
+            return self._fit_lanczos(model, init)
         frozen = jax.lax.stop_gradient(model)
         xi = init if isinstance(init, tuple) else initial_xi(frozen, self.bound, init)
         xi = jax.lax.stop_gradient(xi)
@@ -377,3 +406,73 @@ class LVB(AbstractMethod):
                                   method="LVB", solver="fixed_point")
         return Posterior(mean, CholeskyFactor.from_matrix(C).canonical(), log_z, diagnostics, model,
                          is_lower_bound=True)
+
+    def _fit_lanczos(self, model, init):
+        """The double loop of glm-ie (Seeger & Nickisch 2011), matrix-free: see `_lanczos_marginals`."""
+        if model.prior is not None and model.prior.whitening() is not None:
+            raise ValueError("LVB: variances='lanczos' needs a model without a dense Gaussian factor (GP prior), "
+                             "whose whitening would form a D × D matrix anyway; use variances='exact'.")
+        frozen = jax.lax.stop_gradient(model)
+        if isinstance(init, tuple):
+            xi = init
+        elif isinstance(init, Posterior):
+            xi = _update(frozen, self.bound, init.mean, init.factor)
+        elif init is None:
+            # Not `initial_xi`'s Laplace start, which forms P: the Gaussian factor's (or the unit) moments.
+            mean, scale = frozen.initial_moments()
+            xi = _update(frozen, self.bound, mean, DiagonalFactor(scale))
+        else:
+            raise ValueError(f"LVB: `init` must be a Posterior or a tuple of ξ arrays, got {type(init).__name__}.")
+        xi = jax.lax.stop_gradient(xi)
+        probes = jax.random.rademacher(jax.random.PRNGKey(0), (_NUM_PROBES, frozen.dim), frozen.dtype)
+        run = self._iterate(xi, frozen, probes[0])
+        quadratics = _quadratics(run.x, frozen, self.bound)
+        _, _, _, (mean, theta, V, _, cg) = _lanczos_marginals(frozen, quadratics, self.num_lanczos, probes[0])
+        # The reported value and captured share from all probes (stochastic Lanczos quadrature, once).
+        product, r, const = precision_operator(frozen, quadratics)
+        k = min(self.num_lanczos, frozen.dim)
+        logdet, trace = jnp.mean(jax.vmap(lambda v: _quadrature(product, v, k))(probes), axis=0)
+        value = const + 0.5 * r @ mean + 0.5 * frozen.dim * LOG_2PI - 0.5 * logdet
+        fraction = jnp.sum(1 / theta) / trace
+        # S ≈ V Θ⁻¹ Vᵀ (the estimate behind the variances) plus, outside the Krylov space, the smallest
+        # variance found, 1/θ_max (S ≽ λ_max(P)⁻¹ I), so that q is proper.
+        factor = SubspaceFactor(V, jnp.diag(1 / jnp.sqrt(theta)), 1 / jnp.sqrt(theta[-1]))
+        info = LVBInfo(jnp.asarray(min(self.num_lanczos, frozen.dim)), fraction, cg)
+        diagnostics = Diagnostics(iterations=run.evaluations, converged=run.converged, stationarity=run.distance,
+                                  objective_trace=run.trace, num_value_evals=run.evaluations, num_grad_evals=0,
+                                  num_hvp_evals=0, method="LVB", solver="fixed_point", info=info)
+        # log_z: B_LVB with ½ log det P from stochastic Lanczos quadrature (one probe): an estimate, not a
+        # bound, and not differentiated in the model's parameters.
+        return Posterior(mean, factor, jax.lax.stop_gradient(value), diagnostics, model, is_lower_bound=False)
+
+
+def _quadrature(product, v, k):
+    """vᵀ log(P) v and vᵀ P⁻¹ v by k-point Gauss quadrature (`ritz_pairs`): for a Rademacher v, unbiased
+    estimates of log det P and tr P⁻¹ (Hutchinson) up to the quadrature's error."""
+    theta, _, weights = ritz_pairs(product, v, k)
+    scale = jnp.vdot(v, v)
+    return jnp.stack([scale * jnp.sum(weights * jnp.log(theta)), scale * jnp.sum(weights / theta)])
+
+
+def _lanczos_marginals(model, quadratics, num_lanczos, v0):
+    """``(value, means, variances, extras)`` of the integral with P never formed (variances="lanczos").
+
+    - mean m = P⁻¹ r by CG (products v ↦ P v, `precision_operator`);
+    - variances of x_n = h_nᵀw + b_n from k Lanczos vectors of P started at ``v0`` (`lanczos_variances`):
+      V̂_n = Σ_k (h_nᵀ u_k)² / θ_k ≤ h_nᵀ P⁻¹ h_n, a lower bound on each variance (Seeger & Nickisch use it
+      knowingly: smaller variances give smaller ξ, so the outer loop is conservative, not divergent);
+    - value = B with log det P ≈ ‖v0‖² Σ_k ω_k log θ_k (stochastic Lanczos quadrature, `ritz_pairs`);
+    - extras = (m, θ (k,) ascending, Ritz vectors (D, k), captured share of tr P⁻¹, CG steps).
+    """
+    product, r, const = precision_operator(model, quadratics)
+    dtype, d = model.dtype, model.dim
+    rtol = 1e-2 * float(jnp.finfo(dtype).eps) ** 0.5
+    mean, cg_steps = _pcg(product, r, lambda v: v, _MAX_CG, rtol)
+    theta, V, weights = ritz_pairs(product, v0, min(int(num_lanczos), d))
+    probe = jnp.vdot(v0, v0)
+    value = const + 0.5 * r @ mean + 0.5 * d * LOG_2PI - 0.5 * probe * jnp.sum(weights * jnp.log(theta))
+    value = jnp.where(jnp.all(theta > 0), value, jnp.nan)
+    fraction = jnp.sum(1 / theta) / (probe * jnp.sum(weights / theta))
+    means = tuple(g.project(mean) for g in model.sites)
+    variances = tuple(jnp.sum(g.projection.mv(V) ** 2 / theta, axis=1) for g in model.sites)
+    return value, means, variances, (mean, theta, V, fraction, cg_steps)

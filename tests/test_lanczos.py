@@ -1,0 +1,90 @@
+"""Lanczos, the one Krylov eigen-solver (`vijax._linalg`): against `numpy.linalg.eigh`, at breakdown, and its
+callers (the Subspace family's basis; LVB's variance estimates, against exact LVB variances)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import vijax as vj
+from vijax import _linalg
+from vijax.covariance.subspace import _leading_eigenvectors
+from vijax.methods import lvb
+
+
+def _psd(rng, D, spectrum):
+    U = np.linalg.qr(rng.normal(size=(D, D)))[0]
+    return (U * spectrum) @ U.T
+
+
+def test_leading_eigenvectors_match_eigh(rng):
+    A = _psd(rng, 40, np.geomspace(1e-2, 10.0, 40))
+    values, vectors = np.linalg.eigh(A)
+    top, V = _linalg.leading_eigenvectors(lambda v: jnp.asarray(A) @ v, 40, 5, num_iter=30)
+    np.testing.assert_allclose(top, values[::-1][:5], rtol=1e-9)
+    np.testing.assert_allclose(np.abs(np.sum(np.asarray(V) * vectors[:, ::-1][:, :5], axis=0)), 1.0, atol=1e-7)
+    # the Subspace family's basis (a block operator) is the same Lanczos
+    E = _leading_eigenvectors(lambda X: jnp.asarray(A) @ X, 40, 3, jnp.float64)
+    np.testing.assert_allclose(np.abs(np.sum(np.asarray(E) * vectors[:, ::-1][:, :3], axis=0)), 1.0, atol=1e-7)
+
+
+def test_ritz_pairs_quadrature_and_breakdown(rng):
+    A = _psd(rng, 12, np.linspace(0.5, 3.0, 12))
+    v = np.asarray(jax.random.rademacher(jax.random.PRNGKey(1), (12,), jnp.float64))
+    theta, V, weights = _linalg.ritz_pairs(lambda x: jnp.asarray(A) @ x, jnp.asarray(v), 12)
+    np.testing.assert_allclose(theta, np.linalg.eigvalsh(A), rtol=1e-10)
+    np.testing.assert_allclose(np.asarray(V).T @ np.asarray(V), np.eye(12), atol=1e-10)
+    np.testing.assert_allclose(np.sum(weights), 1.0, rtol=1e-12)
+    # Gauss quadrature of v's spectral measure: v^T P^-1 v and v^T log(P) v, exact at k = D
+    w, U = np.linalg.eigh(A)
+    np.testing.assert_allclose(lvb._quadrature(lambda x: jnp.asarray(A) @ x, jnp.asarray(v), 12),
+                               [v @ (U * np.log(w)) @ U.T @ v, v @ np.linalg.solve(A, v)], rtol=1e-9)
+    # three distinct eigenvalues: the Krylov space is invariant after 3 steps, Lanczos restarts orthogonally
+    B = _psd(rng, 12, np.repeat([1.0, 2.0, 5.0], 4))
+    _, _, beta = _linalg.lanczos(lambda x: jnp.asarray(B) @ x, jnp.ones(12), 8)
+    # three steps span an invariant space: a zero coupling, then a fresh direction (whose space is invariant too)
+    np.testing.assert_array_equal(np.asarray(beta) == 0, [False, False, True, False, False, True, False])
+    theta, V, _ = _linalg.ritz_pairs(lambda x: jnp.asarray(B) @ x, jnp.ones(12), 8)
+    np.testing.assert_allclose(np.asarray(V).T @ np.asarray(V), np.eye(8), atol=1e-10)
+    theta = np.asarray(theta)
+    assert all(np.min(np.abs(theta - lam)) < 1e-10 for lam in (1.0, 2.0, 5.0))  # the invariant block's
+    assert np.all((theta > 1 - 1e-10) & (theta < 5 + 1e-10))  # the rest interlace
+
+
+@pytest.fixture(scope="module")
+def image_model():
+    rng = np.random.default_rng(0)
+    D, N = 24, 10
+    w = rng.laplace(0, 0.3, D)
+    M = rng.normal(size=(N, D))
+    M /= np.linalg.norm(M, axis=1, keepdims=True)
+    y = M @ w + 0.07 * rng.normal(size=N)
+    B = vj.design.filters.finite_differences((4, 6), periodic=True)
+    return vj.design.sparse_linear_model(M, y, 0.005, B, vj.potentials.Laplace(scale=0.3))
+
+
+def test_lvb_lanczos_variances_against_exact(image_model):
+    model = image_model
+    exact = vj.infer(model, vj.LVB())
+    # k = D Lanczos vectors: the double loop finds the exact LVB posterior, without forming P
+    full = vj.infer(model, vj.LVB(variances="lanczos", num_lanczos=model.dim))
+    assert bool(full.diagnostics.converged) and isinstance(full.factor, vj.covariance.SubspaceFactor)
+    np.testing.assert_allclose(full.mean, exact.mean, atol=1e-7)
+    np.testing.assert_allclose(full.factor.variances(), exact.factor.variances(), rtol=1e-7)
+    # k < D at the same ξ: every site variance is underestimated (a lower bound), the mean is exact
+    xi = lvb._update(model, "jaakkola", exact.mean, exact.factor)
+    quadratics = lvb._quadratics(xi, model, "jaakkola")
+    _, means, variances = vj.methods._gaussian.marginals(model, quadratics)
+    v0 = jax.random.rademacher(jax.random.PRNGKey(0), (model.dim,), jnp.float64)
+    _, est_means, est_vars, (_, _, _, _, cg) = lvb._lanczos_marginals(model, quadratics, 8, v0)
+    for m, e_m, v, e_v in zip(means, est_means, variances, est_vars):
+        np.testing.assert_allclose(e_m, m, atol=1e-8)
+        assert np.all(np.asarray(e_v) <= np.asarray(v) * (1 + 1e-9))
+    assert 0.05 < np.sum(est_vars[1]) / np.sum(variances[1]) < 0.95  # a real underestimate, not zero
+    # the reported share of tr P⁻¹ (exactly 1 here), estimated from 8 Rademacher probes
+    assert int(full.diagnostics.info.num_lanczos) == model.dim
+    assert 0.6 < float(full.diagnostics.info.variance_fraction) < 1.4
+    with pytest.raises(ValueError, match="variances"):
+        vj.LVB(variances="probing")
+    with pytest.raises(ValueError, match="num_lanczos"):
+        vj.LVB(variances="lanczos", num_lanczos=0)
