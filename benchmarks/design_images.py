@@ -146,14 +146,17 @@ def lanczos_error(post, log):
     v0 = jax.random.rademacher(jax.random.PRNGKey(0), (D,), jnp.float64)
     estimate = np.asarray(vj.design.lanczos_variances(product, D, k, v0=v0)[0])
     ratio = estimate / exact
+    lam = np.linalg.eigvalsh(P)  # ascending: the k smallest are S's k largest variances
+    best = float(np.sum(1 / lam[:k]) / np.sum(1 / lam))  # the share any rank-k estimate could hold at best
     out = {"num_vectors": k, "median_ratio": float(np.median(ratio)), "min_ratio": float(ratio.min()),
            "max_ratio": float(ratio.max()), "captured_share": float(np.sum(estimate) / np.sum(exact)),
            "reported_share": float(post.diagnostics.info.variance_fraction), "k_over_D": k / D,
-           "P_condition": float(np.linalg.cond(P))}
+           "best_rank_k_share": best, "P_condition": float(lam[-1] / lam[0])}
     log(f"Lanczos variance estimates ({k} vectors, D={D}) against the exact marginals of P at LVB's last ξ: "
         f"estimate/exact median {out['median_ratio']:.3f} (min {out['min_ratio']:.3g}, max {out['max_ratio']:.3f}); "
         f"share of the total variance {out['captured_share']:.3f} (LVBInfo.variance_fraction reported "
-        f"{out['reported_share']:.3f}; k/D = {k / D:.3f}); cond(P) {out['P_condition']:.3g}")
+        f"{out['reported_share']:.3f}; k/D = {k / D:.3f}; S's top-{k} eigenvalues hold {best:.3f}); "
+        f"cond(P) {out['P_condition']:.3g}")
     return out
 
 
