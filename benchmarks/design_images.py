@@ -17,6 +17,11 @@ against N (mean ± s.e. over images), reconstructions at several budgets, and ti
 
     python benchmarks/design_images.py                                  # the thesis's sizes
     python benchmarks/design_images.py --size 32 --images 2 --start 50 --steps 6 --chevron 20 --tag reduced
+    # time per design step at 64 × 64 (fits at N, N + 3, N + 6: cold with compilation, warm with
+    # compilation, then compiled and warm-started), one method at a time:
+    python benchmarks/design_images.py --images 1 --start 100 --steps 2 --methods G-KL --tag gkl64_n100
+    python benchmarks/design_images.py --images 1 --start 100 --steps 2 --methods LVB --tag lvb64_n100
+    python benchmarks/design_images.py --images 1 --start 2042 --steps 2 --methods G-KL --tag gkl64_n2048
 """
 
 from __future__ import annotations
