@@ -196,9 +196,11 @@ def lanczos_variances(precision_product, dim: int, num_iter: int, key=None, dtyp
     diag(Q T⁻¹ Qᵀ) = Σ_k (QU)²_{:k} / θ_k (Schneider & Willsky 2001; the glm-ie estimate of Seeger & Nickisch
     2011, which the thesis's image experiments use inside LVB). Q T⁻¹ Qᵀ ≼ P⁻¹, so every estimate is a lower
     bound on its variance, the estimates grow with num_iter (nested Krylov spaces) and are exact at
-    num_iter = D. The estimate keeps the part of P⁻¹ in the Ritz directions found: where P⁻¹'s trace is
-    spread over many eigen-directions (a flat spectrum, as for the image posteriors of `vijax.design`),
-    k vectors capture about k/D of it, whatever the implementation; check the error at the size at hand
+    num_iter = D. The estimate keeps the part of P⁻¹ in the Krylov space: from a random start Lanczos spends
+    its vectors on both ends of P's spectrum, and on a compact spectrum (the image posteriors of
+    `vijax.design`: cond P ≈ 80 at D = 1024) its Ritz vectors are not yet eigenvectors, so it holds far less
+    than S's top-k eigenvalues would (there: 4% of tr P⁻¹ at k = 20 against 21% for the best rank 20; 17%
+    against 41% at k = 80; ``benchmarks/design_lanczos_share.py``); check the error at the size at hand
     (``benchmarks/design_images.py`` reports it). Start ``v0`` (default: normal from ``key``, PRNGKey(0)).
     Returns ``(variances (D,), ritz_values (k,), ritz_vectors (D, k))``: the Ritz values θ (ascending)
     approximate P's eigenvalues, the smallest first, so the last columns' reverse are S = P⁻¹'s leading
