@@ -11,6 +11,7 @@ Gaussian factors, covariance families, solvers, methods and models may all use i
 - `backtrack(evaluate, acceptable, step, max_halvings)`: halve a step until a trial is acceptable.
 - `neg_kl(trace, mahalanobis, logdet_q, logdet_p, dim)`: −KL between two Gaussians, from its terms.
 - `lanczos(product, v0, num_iter)`: the Lanczos basis and tridiagonal of a symmetric map (products only).
+- `pcg(A, b, M, max_iter, rtol)`: (truncated) preconditioned conjugate gradients.
 - `ritz_pairs`, `leading_eigenvectors`, `lanczos_variances`: eigenpairs and inverse diagonals built on it
   (the free design of `vijax.design`, the Subspace family's basis, LVB's variance estimates).
 """
@@ -18,12 +19,13 @@ Gaussian factors, covariance families, solvers, methods and models may all use i
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax.scipy.linalg import solve_triangular
 
-__all__ = ["LOG_2PI", "reversed_cholesky", "inverse_factor", "select", "nan_trace", "backtrack", "neg_kl", "lanczos",
+__all__ = ["LOG_2PI", "reversed_cholesky", "inverse_factor", "select", "nan_trace", "backtrack", "neg_kl", "pcg", "lanczos",
            "ritz_pairs", "leading_eigenvectors", "lanczos_variances"]
 
 LOG_2PI = math.log(2 * math.pi)
@@ -103,6 +105,49 @@ def neg_kl(trace, mahalanobis, logdet_q, logdet_p, dim):
     determinants, and the dimension.
     """
     return 0.5 * (logdet_q - logdet_p - trace - mahalanobis + dim)
+
+
+def pcg(A, b, M, max_iter, rtol=None):
+    """Truncated preconditioned CG for A d = b (A a map, M the preconditioner's map); returns (d, products with A).
+
+    The one CG: Newton-CG's inner solve (`solvers.NewtonCG`) and LVB's mean with Lanczos variances.
+
+    Stops at ‖b − A d‖ ≤ rtol ‖b‖ when ``rtol`` is given (a linear solve), else at the forcing
+    term of truncated Newton, min(½, (bᵀMb)^¼) ‖b‖."""
+    z = M(b)
+    rz0 = jnp.vdot(b, z)
+    # bᵀMb estimates the squared Newton decrement whatever the scale of the parameters.
+    forcing = jnp.minimum(0.5, jnp.sqrt(jnp.sqrt(jnp.maximum(rz0, 0.0)))) if rtol is None else rtol
+    forcing = forcing * jnp.linalg.norm(b)
+
+    class S(NamedTuple):
+        d: jax.Array
+        r: jax.Array
+        z: jax.Array
+        p: jax.Array
+        rz: jax.Array
+        i: jax.Array
+        stop: jax.Array
+
+    def cond(s):
+        return (s.i < max_iter) & ~s.stop & (jnp.linalg.norm(s.r) > forcing)
+
+    def body(s):
+        Ap = A(s.p)
+        curvature = jnp.vdot(s.p, Ap)
+        negative = curvature <= 0
+        alpha = s.rz / jnp.where(negative, 1.0, curvature)
+        # On non-positive curvature keep the current iterate (or the preconditioned gradient at the start).
+        d = jnp.where(negative, jnp.where(s.i == 0, s.z, s.d), s.d + alpha * s.p)
+        r = s.r - alpha * Ap
+        z = M(r)
+        rz = jnp.vdot(r, z)
+        p = z + (rz / s.rz) * s.p
+        return S(d, r, z, p, rz, s.i + 1, negative)
+
+    zero = jnp.zeros_like(b)
+    s = jax.lax.while_loop(cond, body, S(zero, b, z, z, rz0, jnp.array(0), jnp.array(False)))
+    return s.d, s.i
 
 
 # ----------------------------------------------------------------------------------------------

@@ -44,7 +44,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from ._linalg import nan_trace, select
+from ._linalg import nan_trace, pcg, select
 
 __all__ = ["AbstractSolver", "NewtonCG", "Newton", "GaussNewton", "LBFGS", "NonlinearCG", "Solution",
            "iterate", "extrapolated_distance", "FixedPoint", "fixed_point"]
@@ -330,50 +330,9 @@ class NewtonCG(AbstractSolver):
 
         def direction(x, g, hvp):
             precond = preconditioner(x) if preconditioner is not None else (lambda v: v)
-            return _pcg(lambda v: -hvp(v), g, precond, self.max_cg)
+            return pcg(lambda v: -hvp(v), g, precond, self.max_cg)
 
         return _newton_loop(self, fn, x0, local_model, direction)
-
-
-def _pcg(A, b, M, max_iter, rtol=None):
-    """Truncated preconditioned CG for A d = b; returns (d, number of products with A).
-
-    Stops at ‖b − A d‖ ≤ rtol ‖b‖ when ``rtol`` is given (a linear solve), else at the forcing
-    term of truncated Newton, min(½, (bᵀMb)^¼) ‖b‖."""
-    z = M(b)
-    rz0 = jnp.vdot(b, z)
-    # bᵀMb estimates the squared Newton decrement whatever the scale of the parameters.
-    forcing = jnp.minimum(0.5, jnp.sqrt(jnp.sqrt(jnp.maximum(rz0, 0.0)))) if rtol is None else rtol
-    forcing = forcing * jnp.linalg.norm(b)
-
-    class S(NamedTuple):
-        d: jax.Array
-        r: jax.Array
-        z: jax.Array
-        p: jax.Array
-        rz: jax.Array
-        i: jax.Array
-        stop: jax.Array
-
-    def cond(s):
-        return (s.i < max_iter) & ~s.stop & (jnp.linalg.norm(s.r) > forcing)
-
-    def body(s):
-        Ap = A(s.p)
-        curvature = jnp.vdot(s.p, Ap)
-        negative = curvature <= 0
-        alpha = s.rz / jnp.where(negative, 1.0, curvature)
-        # On non-positive curvature keep the current iterate (or the preconditioned gradient at the start).
-        d = jnp.where(negative, jnp.where(s.i == 0, s.z, s.d), s.d + alpha * s.p)
-        r = s.r - alpha * Ap
-        z = M(r)
-        rz = jnp.vdot(r, z)
-        p = z + (rz / s.rz) * s.p
-        return S(d, r, z, p, rz, s.i + 1, negative)
-
-    zero = jnp.zeros_like(b)
-    s = jax.lax.while_loop(cond, body, S(zero, b, z, z, rz0, jnp.array(0), jnp.array(False)))
-    return s.d, s.i
 
 
 class Newton(AbstractSolver):

@@ -54,11 +54,11 @@ import jax
 import jax.numpy as jnp
 
 from .. import potentials as pot
-from .._linalg import LOG_2PI, ritz_pairs
+from .._linalg import LOG_2PI, pcg, ritz_pairs
 from ..covariance import CholeskyFactor, DiagonalFactor, SubspaceFactor
 from ..model import LatentLinearModel
 from ..posterior import Diagnostics, LVBInfo, Posterior
-from ..solvers import _pcg, fixed_point
+from ..solvers import fixed_point
 from ._base import AbstractMethod
 from ._gaussian import integrate, marginals, precision_operator, working_model
 from .laplace import expand_at_mode, whitened
@@ -467,7 +467,7 @@ def _lanczos_marginals(model, quadratics, num_lanczos, v0):
     product, r, const = precision_operator(model, quadratics)
     dtype, d = model.dtype, model.dim
     rtol = 1e-2 * float(jnp.finfo(dtype).eps) ** 0.5
-    mean, cg_steps = _pcg(product, r, lambda v: v, _MAX_CG, rtol)
+    mean, cg_steps = pcg(product, r, lambda v: v, _MAX_CG, rtol)
     theta, V, weights = ritz_pairs(product, v0, min(int(num_lanczos), d))
     probe = jnp.vdot(v0, v0)
     value = const + 0.5 * r @ mean + 0.5 * d * LOG_2PI - 0.5 * probe * jnp.sum(weights * jnp.log(theta))
