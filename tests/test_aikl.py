@@ -86,6 +86,21 @@ def test_normal_lattice_error_falls_with_k(rng):
     assert errors[3] < errors[2] < errors[1] < errors[0]
 
 
+def test_start_is_kept_when_the_optimum_is_worse(logistic2, gkl2):
+    """When the optimum's re-evaluated bound is below the start's on the same lattice (the optimiser
+    followed lattice error), the result is the start, with its bound, flagged; otherwise the optimum."""
+    method = vj.AIKL(base=aikl.Normal(), lattice_points=16, max_doublings=0)
+    start = _params(gkl2.mean, gkl2.covariance, np.zeros(2))
+    opt = aikl.AIKLParams(start.loc + 0.5, start.lower * 2.0, start.upper, start.theta)
+    sol = vj.solvers.LBFGS(max_iter=1).maximise(lambda x: -jnp.sum(x**2), jnp.ones(2))
+    for pair, fell_back in ((jnp.array([-5.0, -4.0]), True), (jnp.array([-3.0, -4.0]), False)):
+        post = method._result(logistic2, start, opt, sol, gkl2.log_z, jnp.asarray(0), pair, jnp.nan)
+        assert bool(post.diagnostics.info.fell_back) is fell_back
+        assert float(post.log_z) == (-4.0 if fell_back else -3.0)
+        np.testing.assert_allclose(post.params.loc, (start if fell_back else opt).loc)
+        np.testing.assert_allclose(post.mean, (gkl2.mean if fell_back else opt.loc), atol=1e-12)
+
+
 def test_zero_skewness_is_gaussian(logistic2):
     v = jnp.linspace(-5.0, 5.0, 41)
     zero = jnp.zeros_like(v)
