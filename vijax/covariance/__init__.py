@@ -56,3 +56,7 @@ __all__ = [
     "SubspaceFactor",
     "FactorAnalysisFactor",
 ]
+
+
+def __dir__():
+    return list(__all__)

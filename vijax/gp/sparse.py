@@ -257,3 +257,7 @@ def svgp_natural_step(mean_u, chol_u, kernel, inducing, X, likelihood, num_data=
     new_mean = jax.scipy.linalg.cho_solve((P, True), new_shift)
     new_chol = jnp.linalg.cholesky(jax.scipy.linalg.cho_solve((P, True), eye))
     return L @ new_mean, L @ new_chol
+
+
+def __dir__():
+    return list(__all__)

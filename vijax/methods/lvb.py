@@ -377,3 +377,7 @@ class LVB(AbstractMethod):
                                   method="LVB", solver="fixed_point")
         return Posterior(mean, CholeskyFactor.from_matrix(C).canonical(), log_z, diagnostics, model,
                          is_lower_bound=True)
+
+
+def __dir__():
+    return list(__all__)
