@@ -4,15 +4,13 @@ Each builder returns a `LatentLinearModel` with prior N(0, prior_variance·I) an
 site group over the rows of X (shape ``(N, D)``; add a column of ones yourself for
 an intercept):
 
-=====================  ==========================================  ==================
-builder                site potential                              H
-=====================  ==========================================  ==================
-logistic_regression    σ(y_n x_nᵀw), labels {0,1} or {−1,+1}       y_n x_n
-probit_regression      Φ(y_n x_nᵀw)                                y_n x_n
-poisson_regression     Poisson(counts_n | exp(x_nᵀw))              x_n
-robust_regression      Student-t or Laplace noise around y_n       x_n
-linear_regression      N(y_n | x_nᵀw, noise_scale²) (conjugate)    x_n
-=====================  ==========================================  ==================
+| builder | site potential | H |
+|---|---|---|
+| `logistic_regression` | σ(y_n x_nᵀw), labels {0,1} or {−1,+1} | y_n x_n |
+| `probit_regression` | Φ(y_n x_nᵀw) | y_n x_n |
+| `poisson_regression` | Poisson(counts_n \\| exp(x_nᵀw)) | x_n |
+| `robust_regression` | Student-t or Laplace noise around y_n | x_n |
+| `linear_regression` | N(y_n \\| x_nᵀw, noise_scale²) (conjugate) | x_n |
 
 Predictive quantities integrate the site potential over the 1-D Gaussian marginal
 of x_*ᵀw under q, by closed form or quadrature.

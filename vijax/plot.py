@@ -69,7 +69,8 @@ def gp_bands(post: Any, X_test: Any, X: Any = None, y: Any = None, ax: Any = Non
     Args:
         post: a posterior of a `vj.gp.model` with one input dimension.
         X_test: test inputs, shape ``(T,)`` or ``(T, 1)``, e.g. a grid.
-        X, y: training inputs and targets (or labels) to scatter, if given.
+        X: training inputs to scatter with ``y``, if given.
+        y: training targets (or labels) at ``X``.
         ax: matplotlib axes (default: a new figure).
         width: the band's half-width in standard deviations of f.
         label: the legend label of the mean.

@@ -3,16 +3,14 @@
 scikit-learn is not a dependency of vijax; this module is the only place that imports it, and
 ``import vijax`` does not import this module (``vj.sklearn`` loads it on first access).
 
-=================================  =================================================  ==============
-estimator                          model                                              kind
-=================================  =================================================  ==============
-``BayesianLogisticRegression``     `vj.glm.logistic_regression`                       classifier
-``BayesianProbitRegression``       `vj.glm.probit_regression`                         classifier
-``BayesianPoissonRegression``      `vj.glm.poisson_regression`                        regressor
-``BayesianRobustRegression``       `vj.glm.robust_regression` (Student-t / Laplace)   regressor
-``GPClassifier``                   `vj.gp.model` with a logistic or probit likelihood  classifier
-``GPRegressor``                    `vj.gp.model` with a Gaussian / Student-t / Laplace regressor
-=================================  =================================================  ==============
+| estimator | model | kind |
+|---|---|---|
+| `BayesianLogisticRegression` | `vj.glm.logistic_regression` | classifier |
+| `BayesianProbitRegression` | `vj.glm.probit_regression` | classifier |
+| `BayesianPoissonRegression` | `vj.glm.poisson_regression` | regressor |
+| `BayesianRobustRegression` | `vj.glm.robust_regression` (Student-t / Laplace) | regressor |
+| `GPClassifier` | `vj.gp.model` with a logistic or probit likelihood | classifier |
+| `GPRegressor` | `vj.gp.model` with a Gaussian / Student-t / Laplace likelihood | regressor |
 
 Every estimator takes the inference method as a parameter (``method="gkl"``, ``"ep"``, ``"laplace"``,
 ``"map"``, ``"lvb"``, ``"meanfield"``, or a method instance such as ``vj.GKL(covariance=...)``), so
@@ -34,10 +32,12 @@ template of the same structure, e.g. ``jax.eval_shape`` of the same fit (see the
 from __future__ import annotations
 
 import math
+from typing import Self
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import ArrayLike
 from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
@@ -45,6 +45,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from . import glm as _glm
 from . import gp as _gp
 from . import potentials as _potentials
+from .gp.kernels import AbstractKernel
 from .methods import EP, GKL, LVB, MAP, AbstractMethod, Laplace, MeanField
 from .inference import infer as _infer
 from .padding import pad_sites as _pad_sites
@@ -101,12 +102,12 @@ class _BinaryClassifierMixin(ClassifierMixin):
         check_classification_targets(y)
         self.classes_, encoded = np.unique(y, return_inverse=True)
         if len(self.classes_) != 2:
-            raise ValueError(f"{type(self).__name__}: needs exactly 2 classes in y, got {len(self.classes_)} "
-                             f"class(es) {list(self.classes_)[:10]}; for more classes use "
-                             "vj.gp.multiclass.")
+            raise ValueError(f"{type(self).__name__}: Only binary classification is supported: y must have "
+                             f"exactly 2 classes, got {len(self.classes_)} class(es) {list(self.classes_)[:10]}; "
+                             "for more classes use vj.gp.multiclass.")
         return encoded.astype(float)
 
-    def predict(self, X):
+    def predict(self, X: ArrayLike) -> np.ndarray:
         """The class with the larger predictive probability, shape ``(n_samples,)``."""
         proba = self.predict_proba(X)
         return self.classes_[np.argmax(proba, axis=1)]
@@ -120,18 +121,18 @@ class _BinaryClassifierMixin(ClassifierMixin):
 class _GLMClassifier(_BinaryClassifierMixin, BaseEstimator):
     _builder = None
 
-    def __init__(self, method="gkl", prior_variance=1.0, fit_intercept=True):
+    def __init__(self, method: str | AbstractMethod = "gkl", prior_variance: float = 1.0, fit_intercept: bool = True):
         self.method = method
         self.prior_variance = prior_variance
         self.fit_intercept = fit_intercept
 
-    def fit(self, X, y):
+    def fit(self, X: ArrayLike, y: ArrayLike) -> Self:
         """Fit q(w) to the training data ``X`` (n_samples, n_features) and binary labels ``y``."""
         X, y = validate_data(self, X, y)
         y01 = self._encode(y)
         return _fit_glm(self, lambda Xd: type(self)._builder(Xd, y01, self.prior_variance), X)
 
-    def predict_proba(self, X):
+    def predict_proba(self, X: ArrayLike) -> np.ndarray:
         """Posterior predictive class probabilities, shape ``(n_samples, 2)`` in the order of ``classes_``."""
         check_is_fitted(self)
         X = validate_data(self, X, reset=False)
@@ -183,19 +184,19 @@ class BayesianPoissonRegression(RegressorMixin, BaseEstimator):
         posterior_, log_z_, coef_, intercept_: as for `BayesianLogisticRegression`.
     """
 
-    def __init__(self, method="gkl", prior_variance=1.0, fit_intercept=True):
+    def __init__(self, method: str | AbstractMethod = "gkl", prior_variance: float = 1.0, fit_intercept: bool = True):
         self.method = method
         self.prior_variance = prior_variance
         self.fit_intercept = fit_intercept
 
-    def fit(self, X, y):
+    def fit(self, X: ArrayLike, y: ArrayLike) -> Self:
         """Fit q(w) to covariates ``X`` and non-negative counts ``y``."""
         X, y = validate_data(self, X, y, y_numeric=True)
         if np.any(y < 0):
             raise ValueError("BayesianPoissonRegression: counts y must be non-negative; got negative values.")
         return _fit_glm(self, lambda Xd: _glm.poisson_regression(Xd, y, self.prior_variance), X)
 
-    def predict(self, X):
+    def predict(self, X: ArrayLike) -> np.ndarray:
         """E[y_* | x_*] = ⟨exp(x_*ᵀw)⟩_q = exp(m_* + v_*/2), shape ``(n_samples,)``."""
         check_is_fitted(self)
         X = validate_data(self, X, reset=False)
@@ -224,8 +225,8 @@ class BayesianRobustRegression(RegressorMixin, BaseEstimator):
         posterior_, log_z_, coef_, intercept_: as for `BayesianLogisticRegression`.
     """
 
-    def __init__(self, method="gkl", likelihood="student_t", scale=1.0, df=3.0, prior_variance=1.0,
-                 fit_intercept=True):
+    def __init__(self, method: str | AbstractMethod = "gkl", likelihood: str = "student_t", scale: float = 1.0,
+                 df: float = 3.0, prior_variance: float = 1.0, fit_intercept: bool = True):
         self.method = method
         self.likelihood = likelihood
         self.scale = scale
@@ -233,13 +234,13 @@ class BayesianRobustRegression(RegressorMixin, BaseEstimator):
         self.prior_variance = prior_variance
         self.fit_intercept = fit_intercept
 
-    def fit(self, X, y):
+    def fit(self, X: ArrayLike, y: ArrayLike) -> Self:
         """Fit q(w) to covariates ``X`` and real targets ``y``."""
         X, y = validate_data(self, X, y, y_numeric=True)
         return _fit_glm(self, lambda Xd: _glm.robust_regression(Xd, y, self.likelihood, self.scale, self.df,
                                                                 self.prior_variance), X)
 
-    def predict(self, X):
+    def predict(self, X: ArrayLike) -> np.ndarray:
         """Posterior mean of x_*ᵀw, shape ``(n_samples,)``."""
         check_is_fitted(self)
         X = validate_data(self, X, reset=False)
@@ -249,7 +250,7 @@ class BayesianRobustRegression(RegressorMixin, BaseEstimator):
 def _kernel(kernel, n_features):
     if kernel is None:
         return _gp.kernels.SquaredExponential(lengthscale=1.0, variance=1.0)
-    if not isinstance(kernel, _gp.kernels.AbstractKernel):
+    if not isinstance(kernel, AbstractKernel):
         raise ValueError(f"`kernel` must be a vj.gp.kernels kernel or None, got {type(kernel).__name__}.")
     return kernel
 
@@ -261,8 +262,10 @@ def _fit_gp(est, X, likelihood, labels):
     if est.optimize:
         fit = _gp.fit_hyperparameters(kernel, X, likelihood, method, labels=labels, max_iter=est.max_iter)
         est.kernel_, post = fit.kernel, fit.posterior
+        est.n_iter_ = max(1, int(fit.diagnostics.iterations))
     else:
         est.kernel_, post = kernel, _infer(_gp.model(kernel, X, likelihood, labels=labels), method)
+        est.n_iter_ = max(1, int(post.diagnostics.iterations))
     est.posterior_ = post
     est.log_z_ = float(post.log_z)
     return est
@@ -282,17 +285,19 @@ class GPClassifier(_BinaryClassifierMixin, BaseEstimator):
         posterior_: the `vj.Posterior` over the latent f at the training inputs.
         log_z_: the method's log evidence estimate.
         kernel_: the kernel used (fitted if ``optimize``).
+        n_iter_: ML-II steps taken (``optimize=True``), else the inference method's iterations.
         classes_: the two class labels.
     """
 
-    def __init__(self, kernel=None, likelihood="logistic", method="laplace", optimize=False, max_iter=50):
+    def __init__(self, kernel: AbstractKernel | None = None, likelihood: str = "logistic",
+                 method: str | AbstractMethod = "laplace", optimize: bool = False, max_iter: int = 50):
         self.kernel = kernel
         self.likelihood = likelihood
         self.method = method
         self.optimize = optimize
         self.max_iter = max_iter
 
-    def fit(self, X, y):
+    def fit(self, X: ArrayLike, y: ArrayLike) -> Self:
         """Fit q(f) to inputs ``X`` (n_samples, n_features) and binary labels ``y``."""
         X, y = validate_data(self, X, y)
         y01 = self._encode(y)
@@ -301,7 +306,7 @@ class GPClassifier(_BinaryClassifierMixin, BaseEstimator):
         likelihood = _potentials.Logistic() if self.likelihood == "logistic" else _potentials.Probit()
         return _fit_gp(self, X, likelihood, y01)
 
-    def predict_proba(self, X):
+    def predict_proba(self, X: ArrayLike) -> np.ndarray:
         """p(y_* | x_*, data) under q(f_*), shape ``(n_samples, 2)`` in the order of ``classes_``."""
         check_is_fitted(self)
         X = validate_data(self, X, reset=False)
@@ -323,11 +328,11 @@ class GPRegressor(RegressorMixin, BaseEstimator):
         max_iter: the number of ML-II steps at most.
 
     Attributes:
-        posterior_, log_z_, kernel_: as for `GPClassifier`.
+        posterior_, log_z_, kernel_, n_iter_: as for `GPClassifier`.
     """
 
-    def __init__(self, kernel=None, likelihood="gaussian", scale=0.1, df=3.0, method="ep", optimize=False,
-                 max_iter=50):
+    def __init__(self, kernel: AbstractKernel | None = None, likelihood: str = "gaussian", scale: float = 0.1,
+                 df: float = 3.0, method: str | AbstractMethod = "ep", optimize: bool = False, max_iter: int = 50):
         self.kernel = kernel
         self.likelihood = likelihood
         self.scale = scale
@@ -336,7 +341,7 @@ class GPRegressor(RegressorMixin, BaseEstimator):
         self.optimize = optimize
         self.max_iter = max_iter
 
-    def fit(self, X, y):
+    def fit(self, X: ArrayLike, y: ArrayLike) -> Self:
         """Fit q(f) to inputs ``X`` and real targets ``y``."""
         X, y = validate_data(self, X, y, y_numeric=True)
         y = jnp.asarray(y, dtype=jnp.result_type(float))
@@ -351,7 +356,7 @@ class GPRegressor(RegressorMixin, BaseEstimator):
                              f"got {self.likelihood!r}.")
         return _fit_gp(self, X, likelihood, None)
 
-    def predict(self, X, return_std=False):
+    def predict(self, X: ArrayLike, return_std: bool = False) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
         """Posterior mean of f(x_*) (and, with ``return_std``, its standard deviation, noise excluded)."""
         check_is_fitted(self)
         X = validate_data(self, X, reset=False)
