@@ -128,6 +128,9 @@ CHECKED = [
 def test_check_estimator(estimator):
     from sklearn.utils.estimator_checks import check_estimator
 
-    results = check_estimator(estimator, on_fail=None)
+    # Checks that cannot apply are listed, with why, in vijax.sklearn._EXPECTED_FAILED_CHECKS.
+    expected = vjs._expected_failed_checks(estimator)
+    results = check_estimator(estimator, on_fail=None, expected_failed_checks=expected)
     failed = [(r["check_name"], repr(r["exception"])[:200]) for r in results if r["status"] == "failed"]
     assert not failed
+    assert {r["check_name"] for r in results if r["status"] == "xfail"} <= set(expected)
