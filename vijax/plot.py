@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from . import gp
+
 __all__ = ["coefficients", "gp_bands", "convergence", "compare"]
 
 
@@ -78,8 +80,6 @@ def gp_bands(post: Any, X_test: Any, X: Any = None, y: Any = None, ax: Any = Non
     Returns:
         The axes.
     """
-    from . import gp
-
     ax = _axes(ax)
     X_test = np.asarray(X_test, dtype=float).reshape(-1, 1)
     mean, var = gp.predict(post, X_test)
