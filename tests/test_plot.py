@@ -20,8 +20,7 @@ def fits():
     glm = vj.glm.linear_regression(X, t, noise_scale=0.3)
     gp = vj.gp.model(vj.gp.kernels.SquaredExponential(lengthscale=1.0, variance=1.0), x[:, None],
                      vj.potentials.Gaussian(loc=t, scale=0.3))
-    return {"x": x, "t": t, "glm": vj.infer(glm, vj.Laplace()), "map": vj.infer(glm, vj.MAP()),
-            "gp": vj.infer(gp, vj.Laplace())}
+    return {"x": x, "t": t, "glm": vj.infer(glm, vj.Laplace()), "gp": vj.infer(gp, vj.Laplace())}
 
 
 def _render(ax, path):
@@ -31,9 +30,9 @@ def _render(ax, path):
 
 
 def test_coefficients(fits, tmp_path):
-    ax = vj.plot.coefficients({"Laplace": fits["glm"], "MAP": fits["map"]}, names=["x", "x²", "1"])
+    ax = vj.plot.coefficients(fits["glm"], names=["x", "x²", "1"])
     bars = ax.containers
-    assert len(bars) == 2  # one errorbar container per fit
+    assert len(bars) == 1  # one errorbar container per fit
     np.testing.assert_allclose(bars[0].lines[0].get_ydata(), fits["glm"].mean)
     _render(ax, tmp_path / "coefficients.png")
 
@@ -50,11 +49,11 @@ def test_convergence_and_compare(fits, tmp_path):
     fig, (left, middle, right) = plt.subplots(1, 3)
     vj.plot.convergence({"Laplace": fits["glm"]}, ax=left)
     vj.plot.convergence({"Laplace": fits["glm"]}, ax=middle, gap=True)
-    vj.plot.compare({"Laplace": fits["glm"], "MAP": fits["map"], "a number": -3.0}, ax=right)
+    vj.plot.compare({"Laplace": fits["glm"], "GP": fits["gp"], "a number": -3.0}, ax=right)
     trace = np.asarray(fits["glm"].diagnostics.objective_trace)
     np.testing.assert_allclose(left.lines[0].get_ydata(), trace[np.isfinite(trace)])
     widths = [p.get_width() + p.get_x() for p in right.patches]
-    np.testing.assert_allclose(widths, [fits["glm"].log_z, fits["map"].log_z, -3.0])
-    # Laplace and MAP give no bound: hatched; a plain number is drawn as a bound would be.
+    np.testing.assert_allclose(widths, [fits["glm"].log_z, fits["gp"].log_z, -3.0])
+    # Laplace gives no bound: hatched; a plain number is drawn as a bound would be.
     assert [p.get_hatch() for p in right.patches] == ["//", "//", None]
     _render(left, tmp_path / "convergence.png")
