@@ -26,7 +26,8 @@ Run (float64 is switched on by this script)::
     python benchmarks/methods_glm.py --quick    # 500 + 2,000 draws
     python benchmarks/methods_glm.py --problems logistic poisson
 
-Writes ``benchmarks/results/methods_glm[_quick].json``.
+Writes ``benchmarks/results/methods_glm[_quick].json`` and a plot of KL and test log-likelihood per method
+(``.png``; ``--plot-only`` redraws it from the JSON).
 """
 
 from __future__ import annotations
@@ -227,11 +228,39 @@ def print_table(rows):
               f"{r['test_ll']:>10.4f} {r['iterations']:>6} {str(r['converged']):>5} {r['seconds']:>8.3f}{flag}")
 
 
+def plot(rows, path):
+    """One row of panels per problem: KL to NUTS and test log-likelihood per method (`vj.plot.compare`)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    problems = list(dict.fromkeys(r["problem"] for r in rows))
+    fig, axes = plt.subplots(len(problems), 2, figsize=(11, 2.6 * len(problems)), squeeze=False)
+    for (kl_ax, ll_ax), problem in zip(axes, problems):
+        fitted = [r for r in rows if r["problem"] == problem and r["kl"] is not None and r["method"] != "NUTS"
+                  and math.isfinite(r["kl"])]
+        vj.plot.compare({r["method"]: math.log10(max(r["kl"], 1e-12)) for r in fitted}, ax=kl_ax,
+                        xlabel="log10 KL(NUTS ‖ q)")
+        vj.plot.compare({r["method"]: r["test_ll"] for r in rows if r["problem"] == problem
+                         and r["test_ll"] is not None and math.isfinite(r["test_ll"])}, ax=ll_ax,
+                        xlabel="test log-likelihood / point")
+        kl_ax.set_title(problem, loc="left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a shorter NUTS run")
     parser.add_argument("--problems", nargs="+", choices=sorted(PROBLEMS), default=list(PROBLEMS))
+    parser.add_argument("--plot-only", action="store_true", help="redraw the plot from the saved JSON")
     args = parser.parse_args()
+    name = f"methods_glm{'_quick' if args.quick else ''}"
+    if args.plot_only:
+        plot(json.loads((RESULTS / f"{name}.json").read_text()), RESULTS / f"{name}.png")
+        return
     num_warmup, num_samples = (500, 2000) if args.quick else (2000, 10000)
     print(f"vijax {vj.__version__}, jax {jax.__version__}, {platform.processor() or platform.machine()}; "
           f"NUTS: 1 chain, {num_warmup} warm-up + {num_samples} draws")
@@ -241,7 +270,8 @@ def main():
         print_table(rows)
         everything += rows
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"methods_glm{'_quick' if args.quick else ''}.json").write_text(json.dumps(everything, indent=1))
+    (RESULTS / f"{name}.json").write_text(json.dumps(everything, indent=1))
+    plot(everything, RESULTS / f"{name}.png")
 
 
 if __name__ == "__main__":

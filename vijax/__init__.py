@@ -10,6 +10,22 @@ from .sharding import shard_sites
 
 __version__ = "0.1.0"
 
+# Modules with optional dependencies, imported on first access: `vj.sklearn` (scikit-learn) and
+# `vj.plot` (matplotlib), so that `import vijax` needs neither.
+_LAZY = ("sklearn", "plot")
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(__all__) | set(_LAZY))
+
 __all__ = [
     "infer",
     "ConvergenceWarning",

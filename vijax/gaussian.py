@@ -286,3 +286,7 @@ class NaturalGaussian(GaussianFactor):
         d = jnp.diag(self.prec)
         scale = jnp.where(d > 0, jnp.minimum(1.0 / jnp.sqrt(jnp.where(d > 0, d, 1.0)), 1.0), 1.0)
         return jnp.zeros_like(self.shift), scale
+
+
+def __dir__():
+    return list(__all__)

@@ -4,15 +4,13 @@ Each builder returns a `LatentLinearModel` with prior N(0, prior_variance·I) an
 site group over the rows of X (shape ``(N, D)``; add a column of ones yourself for
 an intercept):
 
-=====================  ==========================================  ==================
-builder                site potential                              H
-=====================  ==========================================  ==================
-logistic_regression    σ(y_n x_nᵀw), labels {0,1} or {−1,+1}       y_n x_n
-probit_regression      Φ(y_n x_nᵀw)                                y_n x_n
-poisson_regression     Poisson(counts_n | exp(x_nᵀw))              x_n
-robust_regression      Student-t or Laplace noise around y_n       x_n
-linear_regression      N(y_n | x_nᵀw, noise_scale²) (conjugate)    x_n
-=====================  ==========================================  ==================
+| builder | site potential | H |
+|---|---|---|
+| `logistic_regression` | σ(y_n x_nᵀw), labels {0,1} or {−1,+1} | y_n x_n |
+| `probit_regression` | Φ(y_n x_nᵀw) | y_n x_n |
+| `poisson_regression` | Poisson(counts_n \\| exp(x_nᵀw)) | x_n |
+| `robust_regression` | Student-t or Laplace noise around y_n | x_n |
+| `linear_regression` | N(y_n \\| x_nᵀw, noise_scale²) (conjugate) | x_n |
 
 Predictive quantities integrate the site potential over the 1-D Gaussian marginal
 of x_*ᵀw under q, by closed form or quadrature.
@@ -20,11 +18,14 @@ of x_*ᵀw under q, by closed form or quadrature.
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import ArrayLike
 
 from . import _checks, potentials
 from .model import GaussianFactor, LatentLinearModel, Sites
+from .posterior import Posterior
 from .quadrature import GaussHermite, safe_sqrt
 
 __all__ = [
@@ -53,8 +54,16 @@ def _targets(y, X, owner, name="y"):
     return y
 
 
-def signed_labels(y, owner="signed_labels"):
-    """Binary labels in {0, 1} or {−1, +1} as ±1 (raises on anything else)."""
+def signed_labels(y: ArrayLike, owner: str = "signed_labels") -> jax.Array:
+    """Binary labels in {0, 1} or {−1, +1} as ±1 (raises on anything else).
+
+    Args:
+        y: labels, shape ``(N,)``, all in {0, 1} or all in {−1, +1}.
+        owner: the function named in the error message.
+
+    Returns:
+        The labels as ±1 floats, shape ``(N,)``.
+    """
     if _checks.is_concrete(y):
         values = set(np.unique(np.asarray(y)).tolist())
         if not (values <= {0.0, 1.0} or values <= {-1.0, 1.0}):
@@ -76,18 +85,48 @@ def _binary(X, y, prior_variance, potential, owner):
     return LatentLinearModel(_prior(X.shape[1], prior_variance, owner), Sites(labels[:, None] * X, potential))
 
 
-def logistic_regression(X, y, prior_variance=1.0):
-    """p(w | X, y) ∝ N(w | 0, v I) ∏_n σ(y_n x_nᵀw)."""
+def logistic_regression(X: ArrayLike, y: ArrayLike, prior_variance: ArrayLike = 1.0) -> LatentLinearModel:
+    """Bayesian logistic regression: p(w | X, y) ∝ N(w | 0, v I) ∏_n σ(y_n x_nᵀw).
+
+    Args:
+        X: covariates, shape ``(N, D)`` (add a column of ones for an intercept).
+        y: labels, shape ``(N,)``, all in {0, 1} or all in {−1, +1}.
+        prior_variance: v, the variance of each weight under the prior (positive; may be traced,
+            e.g. for ML-II by ``jax.grad`` of ``vj.infer(...).log_z``).
+
+    Returns:
+        A ``LatentLinearModel`` with one ``Logistic`` site group on H = diag(y) X.
+    """
     return _binary(X, y, prior_variance, potentials.Logistic(), "logistic_regression")
 
 
-def probit_regression(X, y, prior_variance=1.0):
-    """p(w | X, y) ∝ N(w | 0, v I) ∏_n Φ(y_n x_nᵀw)."""
+def probit_regression(X: ArrayLike, y: ArrayLike, prior_variance: ArrayLike = 1.0) -> LatentLinearModel:
+    """Bayesian probit regression: p(w | X, y) ∝ N(w | 0, v I) ∏_n Φ(y_n x_nᵀw).
+
+    Args:
+        X: covariates, shape ``(N, D)``.
+        y: labels, shape ``(N,)``, all in {0, 1} or all in {−1, +1}.
+        prior_variance: v, the prior variance of each weight (positive).
+
+    Returns:
+        A ``LatentLinearModel`` with one ``Probit`` site group on H = diag(y) X.
+    """
     return _binary(X, y, prior_variance, potentials.Probit(), "probit_regression")
 
 
-def poisson_regression(X, counts, prior_variance=1.0, offset=0.0):
-    """Counts with log link: p(w) ∝ N(w | 0, v I) ∏_n Poisson(counts_n | exp(x_nᵀw + offset_n))."""
+def poisson_regression(X: ArrayLike, counts: ArrayLike, prior_variance: ArrayLike = 1.0,
+                       offset: ArrayLike = 0.0) -> LatentLinearModel:
+    """Counts with log link: p(w) ∝ N(w | 0, v I) ∏_n Poisson(counts_n | exp(x_nᵀw + offset_n)).
+
+    Args:
+        X: covariates, shape ``(N, D)``.
+        counts: non-negative counts, shape ``(N,)``.
+        prior_variance: v, the prior variance of each weight (positive).
+        offset: a scalar or ``(N,)`` offset added to the linear predictor (e.g. log exposure).
+
+    Returns:
+        A ``LatentLinearModel`` with one ``Poisson`` site group on H = X.
+    """
     owner = "poisson_regression"
     X = _design(X, owner)
     counts = _targets(counts, X, owner, "counts")
@@ -95,8 +134,24 @@ def poisson_regression(X, counts, prior_variance=1.0, offset=0.0):
                              Sites(X, potentials.Poisson(counts), offset))
 
 
-def robust_regression(X, y, likelihood="student_t", scale=1.0, df=3.0, prior_variance=1.0):
-    """Regression with heavy-tailed noise: ``likelihood`` is "student_t" (with ``df``) or "laplace"."""
+def robust_regression(X: ArrayLike, y: ArrayLike, likelihood: str = "student_t", scale: ArrayLike = 1.0,
+                      df: ArrayLike = 3.0, prior_variance: ArrayLike = 1.0) -> LatentLinearModel:
+    """Regression with heavy-tailed noise: y_n = x_nᵀw + ε_n, ε_n Student-t or Laplace.
+
+    The sites are not log-concave for Student-t noise: EP, Laplace and G-KL (with its default
+    solver for such sites) apply; LVB uses the scale-mixture bound.
+
+    Args:
+        X: covariates, shape ``(N, D)``.
+        y: targets, shape ``(N,)``.
+        likelihood: ``"student_t"`` (with ``df``) or ``"laplace"``.
+        scale: the noise scale (positive; scalar or ``(N,)``).
+        df: degrees of freedom of the Student-t noise (ignored for ``"laplace"``).
+        prior_variance: v, the prior variance of each weight (positive).
+
+    Returns:
+        A ``LatentLinearModel`` with one ``StudentT`` or ``Laplace`` site group on H = X.
+    """
     owner = "robust_regression"
     X = _design(X, owner)
     y = _targets(y, X, owner)
@@ -109,8 +164,21 @@ def robust_regression(X, y, likelihood="student_t", scale=1.0, df=3.0, prior_var
     return LatentLinearModel(_prior(X.shape[1], prior_variance, owner), Sites(X, potential))
 
 
-def linear_regression(X, y, noise_scale=1.0, prior_variance=1.0):
-    """Conjugate Bayesian linear regression: every Gaussian method is exact on it."""
+def linear_regression(X: ArrayLike, y: ArrayLike, noise_scale: ArrayLike = 1.0,
+                      prior_variance: ArrayLike = 1.0) -> LatentLinearModel:
+    """Conjugate Bayesian linear regression: every Gaussian method is exact on it.
+
+    p(w | X, y) ∝ N(w | 0, v I) ∏_n N(y_n | x_nᵀw, noise_scale²).
+
+    Args:
+        X: covariates, shape ``(N, D)``.
+        y: targets, shape ``(N,)``.
+        noise_scale: the standard deviation of the Gaussian noise (positive).
+        prior_variance: v, the prior variance of each weight (positive).
+
+    Returns:
+        A ``LatentLinearModel`` with one ``Gaussian`` site group on H = X.
+    """
     owner = "linear_regression"
     X = _design(X, owner)
     y = _targets(y, X, owner)
@@ -130,8 +198,18 @@ def _site_potential(group):
     return potential.potential if isinstance(potential, potentials.Masked) else potential
 
 
-def predict_proba(post, X_test, quadrature=GaussHermite()):
-    """p(y = 1 | x_*) = ⟨φ(x_*ᵀw)⟩_q for logistic, probit or Heaviside GLMs: shape ``(N_test,)``."""
+def predict_proba(post: Posterior, X_test: ArrayLike, quadrature: GaussHermite = GaussHermite()) -> jax.Array:
+    """p(y = 1 | x_*) = ⟨φ(x_*ᵀw)⟩_q for logistic, probit or Heaviside GLMs.
+
+    Args:
+        post: a posterior of a binary GLM (from ``vj.infer`` on a ``logistic_regression`` or
+            ``probit_regression`` model).
+        X_test: test covariates, shape ``(T, D)``.
+        quadrature: the 1-D rule for expectations without a closed form.
+
+    Returns:
+        Probabilities of the label 1, shape ``(T,)``.
+    """
     owner = "predict_proba"
     potential = _site_potential(_single_group(post, owner))
     if not potential.labels_in_projection:
@@ -141,8 +219,19 @@ def predict_proba(post, X_test, quadrature=GaussHermite()):
     return jnp.exp(potential.log_expected_phi(mean, safe_sqrt(var), quadrature))
 
 
-def log_predictive(post, X_test, y_test, quadrature=GaussHermite()):
-    """log p(y_* | x_*, data) ≈ log ⟨p(y_* | x_*ᵀw)⟩_q for each test point: shape ``(N_test,)``."""
+def log_predictive(post: Posterior, X_test: ArrayLike, y_test: ArrayLike,
+                   quadrature: GaussHermite = GaussHermite()) -> jax.Array:
+    """log p(y_* | x_*, data) ≈ log ⟨p(y_* | x_*ᵀw)⟩_q for each test point.
+
+    Args:
+        post: a posterior of any GLM built by this module.
+        X_test: test covariates, shape ``(T, D)``.
+        y_test: test labels (binary GLMs, in the training label set) or targets / counts, shape ``(T,)``.
+        quadrature: the 1-D rule for expectations without a closed form.
+
+    Returns:
+        Log predictive densities, shape ``(T,)``.
+    """
     owner = "log_predictive"
     potential = _site_potential(_single_group(post, owner))
     X_test = _design(X_test, owner)

@@ -78,3 +78,7 @@ def _warn_unless_converged(post: Posterior) -> None:
                       f"stationarity {float(d.stationarity):.3g}): log Z, its gradient and the moments are not at "
                       "the optimum. Raise the method's iteration limit or see post.diagnostics.",
                       ConvergenceWarning, stacklevel=3)
+
+
+def __dir__():
+    return list(__all__)

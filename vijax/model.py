@@ -149,3 +149,7 @@ class LatentLinearModel(eqx.Module):
         for group in self.sites:
             value = value + jnp.sum(group.potential.log_phi(group.project(w)))
         return value
+
+
+def __dir__():
+    return list(__all__)

@@ -175,3 +175,7 @@ def _pad_sparse(H: jsparse.BCOO, extra: int, index: int) -> Sparse:
     new_data = np.concatenate([data, np.tile(data[last], extra)])
     padded = jsparse.BCOO((jnp.asarray(new_data, H.data.dtype), jnp.asarray(new_indices)), shape=(n + extra, H.shape[1]))
     return Sparse.from_bcoo(padded)
+
+
+def __dir__():
+    return list(__all__)

@@ -211,3 +211,7 @@ def fit(kind: str, pieces: int):
     return {"breakpoints": [float(t) for t in breakpoints],
             "coefficients": [[float(v) for v in p] for p in coefs],
             "max_error": float(worst)}
+
+
+def __dir__():
+    return list(__all__)

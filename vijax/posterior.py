@@ -324,3 +324,7 @@ def _bound_flag(claim, log_z):
     if np.ndim(log_z) == 0 and np.ndim(claim) == 0:
         return bool(claim) and bool(np.isfinite(np.asarray(log_z)))
     return jnp.logical_and(claim, jnp.isfinite(log_z))
+
+
+def __dir__():
+    return list(__all__)

@@ -861,3 +861,7 @@ class Masked(AbstractPotential):
     def check_num_sites(self, num_sites: int) -> None:
         _checks.check_broadcastable("mask", self.mask, num_sites, "Masked")
         self.potential.check_num_sites(num_sites)
+
+
+def __dir__():
+    return list(__all__)

@@ -230,3 +230,7 @@ def moments_from_log_normaliser(log_z_fn, mean, var):
     """
     log_z, g, h = elementwise_derivatives(log_z_fn, mean)
     return log_z, mean + var * g, var + var**2 * h
+
+
+def __dir__():
+    return list(__all__)

@@ -115,3 +115,7 @@ def shard_sites(model: LatentLinearModel, mesh: Mesh | None = None, axis_name: s
             groups.append(_place(_rows(group, slice(cut, n), n), lambda _: replicated))
     prior = None if model.prior is None else _place(model.prior, lambda _: replicated)
     return model.replace(prior=prior, sites=groups)
+
+
+def __dir__():
+    return list(__all__)

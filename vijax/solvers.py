@@ -656,3 +656,7 @@ def _restarted(g, z, d):
     slope = jnp.vdot(g, d)
     ok = slope > 0
     return jnp.where(ok, d, z), jnp.where(ok, slope, jnp.vdot(g, z))
+
+
+def __dir__():
+    return list(__all__)

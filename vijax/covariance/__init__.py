@@ -17,17 +17,15 @@ Cholesky diagonals enter only through log|C_dd| and S = CᵀC, so any sign is a 
 point; ``canonical()`` returns the factor with a positive diagonal, which is what
 vijax reports.
 
-======================  ==========================================  ==================  ==========
-family                  S                                           cost of {s_n²}      concave*
-======================  ==========================================  ==================  ==========
-``Full()``              CᵀC, C upper-triangular                     O(N D²)             yes
-``Diagonal()``          diag(c²)                                    O(nnz(H))           yes
-``Banded(b)``           CᵀC, C_ij ≠ 0 for i ≤ j < i + b             O(N D b)            yes
-``Chevron(K)``          CᵀC, K dense rows then a diagonal           O(N D K)            yes
-``SparseMask(mask)``    CᵀC, C non-zero on ``mask``                 O(N D K)            yes
-``Subspace(K)``         E CᵀC Eᵀ + c²(I − EEᵀ), E fixed per round    O(N D K)            yes (E fixed)
-``FactorAnalysis(K)``   ΘΘᵀ + diag(d²)                              O(N D K)            no
-======================  ==========================================  ==================  ==========
+| family | S | cost of {s_n²} | concave* |
+|---|---|---|---|
+| `Full()` | CᵀC, C upper-triangular | O(N D²) | yes |
+| `Diagonal()` | diag(c²) | O(nnz(H)) | yes |
+| `Banded(b)` | CᵀC, C_ij ≠ 0 for i ≤ j < i + b | O(N D b) | yes |
+| `Chevron(K)` | CᵀC, K dense rows then a diagonal | O(N D K) | yes |
+| `SparseMask(mask)` | CᵀC, C non-zero on `mask` | O(N D K) | yes |
+| `Subspace(K)` | E CᵀC Eᵀ + c²(I − EEᵀ), E fixed per round | O(N D K) | yes (E fixed) |
+| `FactorAnalysis(K)` | ΘΘᵀ + diag(d²) | O(N D K) | no |
 
 \\* jointly in the mean and the factor, when every site potential is log-concave.
 """
@@ -56,3 +54,7 @@ __all__ = [
     "SubspaceFactor",
     "FactorAnalysisFactor",
 ]
+
+
+def __dir__():
+    return list(__all__)

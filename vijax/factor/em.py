@@ -38,6 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax.typing import ArrayLike
 from .._linalg import backtrack, select
 from .._keywords import renamed
 from ..posterior import Diagnostics
@@ -392,7 +393,8 @@ def _report(progress, it, value, change, elapsed):
         print(line, flush=True)
 
 
-def fit(model: FactorModel, Y, mask=None, *, weights=None, max_iter: int = 100, tol: float = 1e-6,
+def fit(model: FactorModel, Y: ArrayLike, mask: ArrayLike | None = None, *, weights: ArrayLike | None = None,
+        max_iter: int = 100, tol: float = 1e-6,
         e_step_max_iter: int = 100, loading_steps: int = 1, progress: bool | Callable = False,
         num_iters: int | None = None, e_step_iters: int | None = None) -> FactorFit:
     """Variational EM: alternate `e_step` (all q(z_n), vmapped, warm-started) and `m_step` until the

@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.scipy.special import logsumexp
+from jax.typing import ArrayLike
 
 from ..quadrature import GaussHermite
 from .em import FactorFit, Posteriors
@@ -74,7 +75,8 @@ def _monte_carlo_key(key, blocks, owner):
     return jax.random.PRNGKey(0)
 
 
-def log_predictive(fit: FactorFit, Y, *more, key=None, num_samples: int = 2000):
+def log_predictive(fit: FactorFit, Y: ArrayLike, *more, key: jax.Array | None = None,
+                   num_samples: int = 2000) -> jax.Array:
     """log p(y_dn | q(z_n)) for every entry of ``Y`` (N, D): score held-out entries with it.
 
     ``fit``: the `FactorFit` of the data's rows (or a model and per-point posteriors: see the module
@@ -101,7 +103,8 @@ def _log_predictive(model: FactorModel, q: Posteriors, Y, key, num_samples: int)
     return out
 
 
-def probabilities(fit: FactorFit, *args, block: int = 0, key=None, num_samples: int = 2000):
+def probabilities(fit: FactorFit, *args, block: int = 0, key: jax.Array | None = None,
+                  num_samples: int = 2000) -> jax.Array:
     """Predictive probabilities of every outcome of discrete block ``block``: shape (N, D_b, C).
 
     ``fit``: a `FactorFit` (or a model and per-point posteriors). ``key`` (a `jax.random` key) drives the Monte Carlo estimate for a
@@ -132,7 +135,8 @@ def _probabilities(model: FactorModel, q: Posteriors, block: int, key, num_sampl
     return jax.vmap(point)(mean, cov, keys)
 
 
-def impute(fit: FactorFit, Y, mask, *more, key=None, num_samples: int = 2000):
+def impute(fit: FactorFit, Y: ArrayLike, mask: ArrayLike, *more, key: jax.Array | None = None,
+           num_samples: int = 2000) -> jax.Array:
     """``Y`` with its unobserved entries (``mask`` False) set to the predictive mode (discrete columns)
     or mean (Gaussian, Poisson): a JAX array of shape (N, D). ``fit``: a `FactorFit`; ``key`` as for
     `probabilities`."""

@@ -16,12 +16,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.typing import ArrayLike
 
 from ..inference import infer
 from .._keywords import renamed
 from ..posterior import Diagnostics, Posterior
 from .kernels import AbstractKernel
 from .models import DEFAULT_JITTER, model
+from ..methods import AbstractMethod
+from ..potentials import AbstractPotential
 
 __all__ = ["fit_hyperparameters", "HyperparameterFit"]
 
@@ -55,9 +58,11 @@ class HyperparameterFit(eqx.Module):
         return bool(self.diagnostics.converged)
 
 
-def fit_hyperparameters(kernel, X, likelihood, method, *, labels=None, mean=0.0, jitter=DEFAULT_JITTER,
-                        train_likelihood=None, optimizer=None, max_iter=100, tol=1e-6,
-                        progress=False, num_steps=None) -> HyperparameterFit:
+def fit_hyperparameters(kernel: AbstractKernel, X: ArrayLike, likelihood: AbstractPotential, method: AbstractMethod, *,
+                        labels: ArrayLike | None = None, mean: ArrayLike = 0.0, jitter: float = DEFAULT_JITTER,
+                        train_likelihood: tuple[str, ...] | None = None,
+                        optimizer: optax.GradientTransformation | None = None, max_iter: int = 100,
+                        tol: float = 1e-6, progress: bool = False, num_steps: int | None = None) -> HyperparameterFit:
     """Maximise the method's log Ẑ over the kernel's and the likelihood's parameters.
 
     **Arguments:**

@@ -13,15 +13,15 @@ values. Constructors take the positive values and raise `ValueError` on anything
 Stationary kernels use the scaled distance r² = Σ_j (x_j − x'_j)² / ℓ_j² (one ℓ per input
 dimension for ARD, or a scalar):
 
-=====================  ========================================
-`SquaredExponential`   v exp(−r²/2)
-`Matern12`             v exp(−r)
-`Matern32`             v (1 + √3 r) exp(−√3 r)
-`Matern52`             v (1 + √5 r + 5r²/3) exp(−√5 r)
-`Periodic`             v exp(−2 Σ_j sin²(π |x_j − x'_j| / p) / ℓ_j²)
-`Linear`               Σ_j v_j x_j x'_j
-`White`                v δ(x, x') — only in ``kernel(X)``; cross-covariances are zero
-=====================  ========================================
+| kernel | k(x, x') |
+|---|---|
+| `SquaredExponential` | v exp(−r²/2) |
+| `Matern12` | v exp(−r) |
+| `Matern32` | v (1 + √3 r) exp(−√3 r) |
+| `Matern52` | v (1 + √5 r + 5r²/3) exp(−√5 r) |
+| `Periodic` | v exp(−2 Σ_j sin²(π \\|x_j − x'_j\\| / p) / ℓ_j²) |
+| `Linear` | Σ_j v_j x_j x'_j |
+| `White` | v δ(x, x') — only in `kernel(X)`; cross-covariances are zero |
 
 Kernels add and multiply: ``k1 + k2`` and ``k1 * k2``.
 """

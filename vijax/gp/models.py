@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.scipy.linalg import solve_triangular
+from jax.typing import ArrayLike
 
 from .. import _checks
 from ..glm import signed_labels
@@ -31,6 +32,7 @@ from ..model import DenseGaussian, GaussianFactor, Identity, LatentLinearModel, 
 from ..potentials import AbstractPotential
 from ..quadrature import GaussHermite, safe_sqrt
 from .kernels import AbstractKernel
+from ..posterior import Posterior
 
 __all__ = ["GPModel", "model", "predict", "predict_proba", "log_predictive"]
 
@@ -66,7 +68,8 @@ class GPModel(LatentLinearModel):
         return self.prior.jitter
 
 
-def model(kernel, X, likelihood, labels=None, mean=0.0, jitter=DEFAULT_JITTER) -> GPModel:
+def model(kernel: AbstractKernel, X: ArrayLike, likelihood: AbstractPotential, labels: ArrayLike | None = None,
+          mean: ArrayLike = 0.0, jitter: float = DEFAULT_JITTER) -> GPModel:
     """A GP model: prior f ~ N(mean, K(X) + jitter·I), one site φ_n(f_n) per input.
 
     **Arguments:**
@@ -207,7 +210,7 @@ def conditional_marginals(post, chol, cross, prior_diag, columns=None):
     return H @ (post.mean - post.model.prior.mean), jnp.maximum(prior_diag - jnp.sum(A**2, axis=0) + var, 0.0)
 
 
-def predict(post, X_test, *legacy):
+def predict(post: Posterior, X_test: ArrayLike, *legacy) -> tuple[jax.Array, jax.Array]:
     """Latent predictive mean and variance of f at ``X_test``: two arrays of shape ``(T,)``.
 
     ``post`` is a fit of ``vj.gp.model(kernel, X, …)`` by any method; the kernel, the inputs X and the
@@ -227,7 +230,7 @@ def predict(post, X_test, *legacy):
     return _latent(post, kernel, X, X_test, owner)
 
 
-def predict_proba(post, X_test, *legacy, quadrature=GaussHermite()):
+def predict_proba(post: Posterior, X_test: ArrayLike, *legacy, quadrature: GaussHermite = GaussHermite()) -> jax.Array:
     """p(y_* = 1 | x_*) = ⟨φ(f_*)⟩ under q(f_*) for a binary classification GP: shape ``(T,)``.
 
     (The form ``predict_proba(post, kernel, X, X_test)`` is deprecated, as for `predict`.)"""
@@ -249,7 +252,8 @@ def predict_proba(post, X_test, *legacy, quadrature=GaussHermite()):
     return jnp.exp(potential.log_expected_phi(mean, safe_sqrt(var), quadrature))
 
 
-def log_predictive(post, X_test, y_test, *legacy, quadrature=GaussHermite()):
+def log_predictive(post: Posterior, X_test: ArrayLike, y_test: ArrayLike, *legacy,
+                   quadrature: GaussHermite = GaussHermite()) -> jax.Array:
     """log p(y_* | x_*, data) ≈ log ⟨p(y_* | f_*)⟩ under q(f_*) for each test point: shape ``(T,)``.
 
     ``y_test`` holds labels for classification and observations otherwise (the likelihood's

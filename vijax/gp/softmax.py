@@ -159,3 +159,7 @@ def predict_proba(result: SoftmaxFit, X_test, *legacy, key=None, num_samples: in
     eps = jax.random.normal(key, (num_samples,) + mean.shape, mean.dtype)
     samples = mean + jnp.einsum("mcd,smd->smc", chol, eps)
     return jnp.mean(jax.nn.softmax(samples, -1), 0)
+
+
+def __dir__():
+    return list(__all__)

@@ -17,11 +17,14 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from jax.scipy.linalg import solve_triangular
+from jax.typing import ArrayLike
 
 from .. import _checks
 from .._linalg import LOG_2PI as _LOG_2PI, neg_kl
 from ..quadrature import safe_sqrt
+from .kernels import AbstractKernel
 from .models import label_signs
+from ..potentials import AbstractPotential
 
 __all__ = ["collapsed_elbo", "optimal_inducing_posterior", "predict_sparse", "svgp_elbo", "svgp_natural_step"]
 
@@ -75,7 +78,8 @@ def _titsias_terms(kernel, X, y, noise_variance, Z, jitter):
 # --------------------------------------------------------------------------- collapsed bound
 
 
-def collapsed_elbo(kernel, X, y, noise_variance, inducing, jitter=1e-6):
+def collapsed_elbo(kernel: AbstractKernel, X: ArrayLike, y: ArrayLike, noise_variance: ArrayLike, inducing: ArrayLike,
+                   jitter: float = 1e-6) -> jax.Array:
     r"""Titsias' collapsed bound on :math:`\log p(y)` for Gaussian-likelihood regression.
 
     .. math::
@@ -107,7 +111,8 @@ def collapsed_elbo(kernel, X, y, noise_variance, inducing, jitter=1e-6):
     return log_marginal - 0.5 * trace
 
 
-def optimal_inducing_posterior(kernel, X, y, noise_variance, inducing, jitter=1e-6):
+def optimal_inducing_posterior(kernel: AbstractKernel, X: ArrayLike, y: ArrayLike, noise_variance: ArrayLike,
+                               inducing: ArrayLike, jitter: float = 1e-6) -> tuple[jax.Array, jax.Array]:
     r"""The optimal :math:`q(u)` of the collapsed bound.
 
     .. math::
@@ -142,7 +147,8 @@ def _marginals(kernel, Z, L, mean_u, chol_or_cov, X, is_chol):
     return mean, var
 
 
-def predict_sparse(kernel, inducing, mean_u, cov_u, X_test, jitter=1e-6):
+def predict_sparse(kernel: AbstractKernel, inducing: ArrayLike, mean_u: ArrayLike, cov_u: ArrayLike, X_test: ArrayLike,
+                   jitter: float = 1e-6) -> tuple[jax.Array, jax.Array]:
     r"""Predictive marginals of the latent function under :math:`q(u) = \mathcal N(\mu, S)`.
 
     .. math::
@@ -163,7 +169,9 @@ def predict_sparse(kernel, inducing, mean_u, cov_u, X_test, jitter=1e-6):
 # --------------------------------------------------------------------------- uncollapsed bound
 
 
-def svgp_elbo(mean_u, chol_u, kernel, inducing, X, likelihood, num_data=None, jitter=1e-6, labels=None):
+def svgp_elbo(mean_u: ArrayLike, chol_u: ArrayLike, kernel: AbstractKernel, inducing: ArrayLike, X: ArrayLike,
+              likelihood: AbstractPotential, num_data: int | None = None, jitter: float = 1e-6,
+              labels: ArrayLike | None = None) -> jax.Array:
     r"""Uncollapsed SVGP bound (Hensman et al. 2013) for any factorising likelihood.
 
     .. math::
@@ -257,3 +265,7 @@ def svgp_natural_step(mean_u, chol_u, kernel, inducing, X, likelihood, num_data=
     new_mean = jax.scipy.linalg.cho_solve((P, True), new_shift)
     new_chol = jnp.linalg.cholesky(jax.scipy.linalg.cho_solve((P, True), eye))
     return L @ new_mean, L @ new_chol
+
+
+def __dir__():
+    return list(__all__)

@@ -11,3 +11,7 @@ from .map import MAP
 from .meanfield import MeanField
 
 __all__ = ["AbstractMethod", "aikl", "AIKL", "ep", "EP", "gkl", "laplace", "lvb", "GKL", "Laplace", "LVB", "MAP", "MeanField"]
+
+
+def __dir__():
+    return list(__all__)

@@ -689,3 +689,7 @@ class EP(AbstractMethod):
 _first_run = eqx.filter_jit(EP._first_run)
 _rescue = eqx.filter_jit(EP._rescue)
 _finish = eqx.filter_jit(EP._finish)
+
+
+def __dir__():
+    return list(__all__)

@@ -275,3 +275,7 @@ class GKL(AbstractMethod):
         log_z = bound(opt, model, self.quadrature)
         diagnostics = Diagnostics.from_solution(sol, method="GKL", solver=type(solver).__name__)
         return Posterior(opt.mean, opt.factor, log_z, diagnostics, model, is_lower_bound=True)
+
+
+def __dir__():
+    return list(__all__)

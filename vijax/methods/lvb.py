@@ -476,3 +476,7 @@ def _lanczos_marginals(model, quadratics, num_lanczos, v0):
     means = tuple(g.project(mean) for g in model.sites)
     variances = tuple(jnp.sum(g.projection.mv(V) ** 2 / theta, axis=1) for g in model.sites)
     return value, means, variances, (mean, theta, V, fraction, cg_steps)
+
+
+def __dir__():
+    return list(__all__)

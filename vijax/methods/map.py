@@ -44,3 +44,7 @@ class MAP(AbstractMethod):
         diagnostics = Diagnostics.from_solution(fit.solution, method="MAP", solver=type(solver).__name__,
                                                 info=fit.info())
         return Posterior(fit.mode, fit.factor(), log_joint(fit.mode, model), diagnostics, model, is_lower_bound=False)
+
+
+def __dir__():
+    return list(__all__)

@@ -186,3 +186,7 @@ class MeanField(AbstractMethod):
                                   objective_trace=trace, num_value_evals=sweeps + 1, method="MeanField",
                                   solver="coordinate_ascent")
         return Posterior(mean, DiagonalFactor(jnp.sqrt(var)), log_z, diagnostics, model, is_lower_bound=True)
+
+
+def __dir__():
+    return list(__all__)

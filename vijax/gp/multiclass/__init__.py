@@ -24,3 +24,7 @@ from .probit import *  # noqa: F403 (the public names of each model, listed in i
 from .stick_breaking import *  # noqa: F403
 
 __all__ = ["probit", "stick_breaking", *probit.__all__, *stick_breaking.__all__]
+
+
+def __dir__():
+    return list(__all__)

@@ -606,3 +606,7 @@ def _log_proba_ep(mean, cov):
 @eqx.filter_jit
 def _log_proba_quadrature(mean, cov, quadrature):
     return jax.vmap(lambda m, V: _gauss_hermite_proba(m, V, quadrature))(mean, cov)
+
+
+def __dir__():
+    return list(__all__)

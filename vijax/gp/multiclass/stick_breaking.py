@@ -232,3 +232,7 @@ def stick_breaking_proba(post, X_test, *legacy, quadrature=GaussHermite(64), **d
     before = jnp.concatenate([jnp.zeros_like(a[:, :1]), log_keep[:, :-1]], axis=-1)
     in_stick_order = jnp.concatenate([a * jnp.exp(before), jnp.exp(log_keep[:, -1:])], axis=-1)
     return in_stick_order[:, np.argsort(layout.ordering)]
+
+
+def __dir__():
+    return list(__all__)

@@ -1,0 +1,142 @@
+"""vj.sklearn: the estimators fit the models they wrap, work in pipelines and grid searches, and save."""
+
+import pickle
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+pytest.importorskip("sklearn")
+import equinox as eqx
+from sklearn.model_selection import GridSearchCV
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
+
+import vijax as vj
+from vijax import sklearn as vjs
+
+# One shape for the GLM tests: 40 rows (padded to 64) or 20 per fold (padded to 32), 3 features.
+_RNG = np.random.default_rng(0)
+X = _RNG.normal(size=(40, 3)) @ np.array([[1.0, 0.5, 0.0], [0.0, 1.0, 0.4], [0.0, 0.0, 1.0]])
+y = np.where(X @ np.array([3.0, -4.0, 1.5]) + 0.5 + _RNG.logistic(size=40) > 0, "yes", "no")
+
+
+def _with_ones(A):
+    return np.concatenate([A, np.ones((A.shape[0], 1))], axis=1)
+
+
+@pytest.fixture(scope="module")
+def logistic():
+    return vjs.BayesianLogisticRegression(method="laplace").fit(X, y)
+
+
+def test_logistic_estimator_fits_the_glm_with_an_intercept(logistic):
+    """The estimator's posterior is the GLM's on [X, 1] with labels yes -> 1 (padded: exact, see test_padding)."""
+    model = vj.pad_sites(vj.glm.logistic_regression(_with_ones(X), (y == "yes").astype(float)), 64)
+    direct = vj.infer(model, vj.Laplace())
+    np.testing.assert_allclose(logistic.coef_, direct.mean[:3], rtol=1e-8)
+    np.testing.assert_allclose(logistic.intercept_, direct.mean[3], rtol=1e-8)
+    np.testing.assert_allclose(logistic.log_z_, direct.log_z, rtol=1e-10)
+    proba = logistic.predict_proba(X[:5])
+    np.testing.assert_allclose(proba[:, 1], vj.glm.predict_proba(direct, _with_ones(X[:5])), rtol=1e-8)
+    np.testing.assert_allclose(proba.sum(axis=1), 1.0)
+    assert list(logistic.classes_) == ["no", "yes"]
+    assert set(logistic.predict(X)) <= {"no", "yes"}
+    assert logistic.score(X, y) > 0.7
+
+
+def test_pipeline_and_grid_search_choose_method_and_prior():
+    # 80 rows in 2 folds of 40: each fold fit is padded to 64 rows, the fixture's compiled program;
+    # refit=False keeps the search from compiling a fit of all 80 rows.
+    rng = np.random.default_rng(1)
+    X2 = rng.normal(size=(80, 3)) @ np.array([[1.0, 0.5, 0.0], [0.0, 1.0, 0.4], [0.0, 0.0, 1.0]])
+    y2 = np.where(X2 @ np.array([3.0, -4.0, 1.5]) + 0.5 + rng.logistic(size=80) > 0, "yes", "no")
+    pipe = make_pipeline(StandardScaler(), vjs.BayesianLogisticRegression(method="laplace"))
+    # (the method is a parameter like any other: "bayesianlogisticregression__method": ["gkl", "ep"])
+    search = GridSearchCV(pipe, {"bayesianlogisticregression__prior_variance": [0.01, 10.0]}, cv=2,
+                          scoring="neg_log_loss", refit=False)
+    search.fit(X2, y2)
+    # A prior variance of 0.01 shrinks every coefficient to ~0, so p ≈ ½ everywhere: the search must prefer 10.
+    assert search.best_params_["bayesianlogisticregression__prior_variance"] == 10.0
+    # The same folds with scikit-learn's own L2 logistic regression (C = prior variance): a close log loss.
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import cross_val_score
+
+    reference = cross_val_score(make_pipeline(StandardScaler(), LogisticRegression(C=10.0)), X2, y2, cv=2,
+                                scoring="neg_log_loss").mean()
+    assert abs(search.best_score_ - reference) <= 0.1
+
+
+def test_fitted_estimator_and_posterior_save_and_load(logistic, tmp_path):
+    again = pickle.loads(pickle.dumps(logistic))
+    np.testing.assert_array_equal(again.predict_proba(X), logistic.predict_proba(X))
+    # A posterior alone: equinox serialisation into a template of the same structure.
+    path = tmp_path / "posterior.eqx"
+    eqx.tree_serialise_leaves(path, logistic.posterior_)
+    model = vj.glm.logistic_regression(_with_ones(X), (y == "yes").astype(float))
+    template = jax.eval_shape(lambda: vj.infer(vj.pad_sites(model, 64), vj.Laplace()))
+    loaded = eqx.tree_deserialise_leaves(path, template)
+    assert float(loaded.log_z) == logistic.log_z_
+    np.testing.assert_array_equal(vj.glm.predict_proba(loaded, _with_ones(X)), logistic.predict_proba(X)[:, 1])
+
+
+@pytest.mark.slow  # a GP compilation each (about 10 s of CPU)
+def test_gp_regressor_is_exact_gp_regression():
+    """Gaussian likelihood: the predictive mean and sd are the closed-form GP regression ones."""
+    x = np.linspace(-2.0, 2.0, 15)[:, None]
+    t = np.sin(2.0 * x[:, 0])
+    reg = vjs.GPRegressor(likelihood="gaussian", scale=0.2, method="laplace").fit(x, t)
+    x_new = np.array([[-1.3], [0.25], [2.5]])
+    k = lambda a, b: np.exp(-0.5 * (a - b.T) ** 2)  # the default kernel: lengthscale 1, variance 1
+    A = k(x, x) + 0.04 * np.eye(15)
+    mean = k(x_new, x) @ np.linalg.solve(A, t)
+    var = 1.0 - np.sum(k(x_new, x) * np.linalg.solve(A, k(x, x_new)).T, axis=1)
+    got_mean, got_sd = reg.predict(x_new, return_std=True)
+    np.testing.assert_allclose(got_mean, mean, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got_sd, np.sqrt(var), rtol=1e-4, atol=1e-6)
+    assert reg.score(x, t) > 0.9
+
+
+@pytest.mark.slow
+def test_gp_classifier_separates_and_predicts_probabilities():
+    x = np.linspace(-3.0, 3.0, 30)[:, None]
+    labels = np.where(x[:, 0] > 0.0, 1, 0)
+    clf = vjs.GPClassifier(kernel=vj.gp.kernels.SquaredExponential(lengthscale=1.0, variance=4.0)).fit(x, labels)
+    proba = clf.predict_proba(np.array([[-2.0], [2.0]]))
+    assert proba[0, 0] > 0.8 and proba[1, 1] > 0.8
+    assert clf.score(x, labels) == 1.0
+    assert np.isfinite(clf.log_z_) and clf.kernel_ is not None
+
+
+def test_bad_method_and_multiclass_labels_raise():
+    with pytest.raises(ValueError, match="method"):
+        vjs.BayesianLogisticRegression(method="nuts").fit(X, y)
+    with pytest.raises(ValueError, match="Only binary"):
+        vjs.BayesianLogisticRegression().fit(X, np.arange(40) % 3)
+
+
+# scikit-learn's own estimator checks: about 55 checks, each fitting several shapes (one compilation
+# each), so minutes per estimator; `check_estimator` with the GLMs' method set to Laplace (the fastest
+# to compile; the checks concern the scikit-learn contract, not the method).
+CHECKED = [
+    vjs.BayesianLogisticRegression(method="laplace"),
+    vjs.BayesianProbitRegression(method="laplace"),
+    vjs.BayesianPoissonRegression(method="laplace"),
+    vjs.BayesianRobustRegression(method="laplace"),
+    vjs.GPClassifier(),
+    vjs.GPRegressor(),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("estimator", CHECKED, ids=lambda e: type(e).__name__)
+def test_check_estimator(estimator):
+    from sklearn.utils.estimator_checks import check_estimator
+
+    # Checks that cannot apply are listed, with why, in vijax.sklearn._EXPECTED_FAILED_CHECKS.
+    expected = vjs._expected_failed_checks(estimator)
+    results = check_estimator(estimator, on_fail=None, expected_failed_checks=expected)
+    failed = [(r["check_name"], repr(r["exception"])[:200]) for r in results if r["status"] == "failed"]
+    assert not failed
+    assert {r["check_name"] for r in results if r["status"] == "xfail"} <= set(expected)
