@@ -25,7 +25,8 @@ compilation; the machine was shared with other jobs, so times are indicative). A
 (EP: E[e^{φ_l}]; NUTS: posterior mean of e^{φ_l}; GP: 1/lengthscale²), and EP's time per iteration
 against n (K = 8) and against K (n = 400), which should grow linearly.
 
-Run: ``MPLBACKEND=Agg python benchmarks/ep_nn.py [--quick]`` (``--quick``: no NUTS, fewer sizes).
+Run: ``MPLBACKEND=Agg python benchmarks/ep_nn.py [--quick] [--nuts-max-n N]`` (``--quick``: fewer sizes
+in the scaling runs; NUTS-NN runs on the problems with at most N training points, default 250).
 Writes ``benchmarks/results/ep_nn.{txt,json}``.
 """
 
@@ -130,7 +131,7 @@ def gp_ard(Xtr, ytr, Xte, yte):
     d = Xtr.shape[1]
     kernel = vj.gp.kernels.SquaredExponential(lengthscale=np.ones(d), variance=1.0)
     fit = vj.gp.fit_hyperparameters(kernel, jnp.asarray(Xtr), vj.potentials.Gaussian(jnp.asarray(ytr), 0.3),
-                                    vj.Laplace(), max_iter=100)
+                                    vj.Laplace(), max_iter=50)
     mean, var = vj.gp.predict(fit.posterior, jnp.asarray(Xte))
     noise = float(fit.likelihood.scale) ** 2
     total = np.asarray(var) + noise
@@ -159,12 +160,13 @@ def scaling(quick):
 
 def main():
     quick = "--quick" in sys.argv
+    nuts_max_n = int(sys.argv[sys.argv.index("--nuts-max-n") + 1]) if "--nuts-max-n" in sys.argv else 250
     rng = np.random.default_rng(0)
     rows, record = [], {}
     for name, Xtr, ytr, Xte, yte in problems(rng):
         Xtr_s, ytr_s, Xte_s, yte_s, sy = standardise(Xtr, ytr, Xte, yte)
         methods = {"EP-NN": ep_nn, "GP-ARD": gp_ard}
-        if not quick:
+        if len(ytr) <= nuts_max_n:
             methods["NUTS-NN"] = nuts_nn
         record[name] = {}
         for label, method in methods.items():
