@@ -177,6 +177,8 @@ def main():
             rows.append(f"{name:14s} {label:8s} {rmse:10.4f} {lpd:10.4f} {r['time']:9.1f}  "
                         + ("" if not extra else f"iters {extra['iterations']}, residual {extra['residual']:.3g}"))
             print(rows[-1], flush=True)
+            RESULTS.mkdir(exist_ok=True)  # keep what is done, in case a long run is stopped
+            (RESULTS / "ep_nn.json").write_text(json.dumps(record, indent=1))
     lines = ["problem        method         RMSE   mean LPD   time (s)", *rows, ""]
     lines.append("relevances (sim_relevance: inputs 1-3 relevant, 4-8 irrelevant):")
     for label, r in record.get("sim_relevance", {}).items():
