@@ -51,13 +51,13 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent / "vijax"
 LAYERS = (
     ("foundation", ("_checks", "_keywords", "_linalg", "_ellpack", "_piecewise_tables", "_piecewise", "quadrature", "solvers")),
     ("potentials", ("potentials",)),
-    ("model", ("projections", "gaussian", "model")),
+    ("model", ("projections", "gaussian", "model", "hierarchical")),
     ("model tools", ("padding", "sharding", "piecewise")),
     ("covariance", ("covariance",)),
     ("objectives", ("_curvature", "posterior")),
     ("methods", ("methods",)),
     ("inference", ("inference",)),
-    ("models", ("glm", "gp", "factor", "design")),
+    ("models", ("glm", "gp", "factor", "design", "nn")),
     ("applications", ("", "demo", "data", "sklearn", "plot")),
 )
 

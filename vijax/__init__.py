@@ -1,8 +1,11 @@
 """vijax: deterministic approximate inference for latent linear models in JAX."""
 
-from . import covariance, design, factor, gaussian, glm, gp, methods, piecewise, potentials, projections, quadrature, solvers
+from . import (covariance, design, factor, gaussian, glm, gp, hierarchical, methods, nn, piecewise, potentials,
+               projections, quadrature, solvers)
 from .inference import ConvergenceWarning, infer
-from .methods import AIKL, EP, GKL, LVB, MAP, AbstractMethod, Laplace, MeanField, aikl, ep, gkl, laplace, lvb
+from .methods import (AIKL, EP, GKL, LVB, MAP, AbstractMethod, HierarchicalEP, Laplace, MeanField, aikl, ep, ep_hyper,
+                      gkl, laplace, lvb)
+from .hierarchical import HierarchicalModel
 from .model import GaussianFactor, Identity, LatentLinearModel, Sites
 from .padding import pad_sites
 from .posterior import Diagnostics, EPInfo, LaplaceInfo, Posterior
@@ -42,6 +45,11 @@ __all__ = [
     "GKL",
     "EP",
     "ep",
+    "HierarchicalEP",
+    "ep_hyper",
+    "HierarchicalModel",
+    "hierarchical",
+    "nn",
     "gkl",
     "Laplace",
     "laplace",

@@ -12,6 +12,9 @@ an intercept):
 | `robust_regression` | Student-t or Laplace noise around y_n | x_n |
 | `linear_regression` | N(y_n \\| x_nᵀw, noise_scale²) (conjugate) | x_n |
 
+`hierarchical_linear` builds a `vj.hierarchical.HierarchicalModel` instead: a linear model whose
+prior scales and noise variance are uncertain, fitted by `vj.methods.ep_hyper.HierarchicalEP`.
+
 Predictive quantities integrate the site potential over the 1-D Gaussian marginal
 of x_*ᵀw under q, by closed form or quadrature.
 """
@@ -24,7 +27,9 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from . import _checks, potentials
-from .model import GaussianFactor, LatentLinearModel, Sites
+from ._linalg import LOG_2PI
+from .hierarchical import HierarchicalModel
+from .model import GaussianFactor, Identity, LatentLinearModel, Sites
 from .posterior import Posterior
 from .quadrature import GaussHermite, safe_sqrt
 
@@ -34,6 +39,8 @@ __all__ = [
     "poisson_regression",
     "robust_regression",
     "linear_regression",
+    "hierarchical_linear",
+    "hierarchical_predict",
     "signed_labels",
     "predict_proba",
     "log_predictive",
@@ -184,6 +191,83 @@ def linear_regression(X: ArrayLike, y: ArrayLike, noise_scale: ArrayLike = 1.0,
     y = _targets(y, X, owner)
     return LatentLinearModel(_prior(X.shape[1], prior_variance, owner),
                              Sites(X, potentials.Gaussian(loc=y, scale=noise_scale)))
+
+
+def hierarchical_linear(X, y, groups="ard", scale_prior=(0.0, 4.0), noise_prior=(0.0, 4.0)):
+    """A sparse linear model with hierarchical priors (Jylänki 2013, Publication IV; Seeger 2008; Neal 1996):
+
+    .. math::
+
+        y_n \\mid w, φ_0 \\sim \\mathcal N(x_n^\\top w, e^{φ_0}), \\qquad
+        w_j \\mid φ \\sim \\mathcal N(0, e^{φ_{l_j}}), \\qquad
+        φ_0 \\sim \\mathcal N(\\text{noise\\_prior}), \\quad φ_l \\sim \\mathcal N(\\text{scale\\_prior}).
+
+    **Arguments:**
+
+    - `X`: ``(N, D)`` inputs (add a column of ones for an intercept; standardise the columns: the
+      default hyperpriors are on the unit scale); `y`: ``(N,)`` targets.
+    - `groups`: ``"ard"`` (one scale per input: automatic relevance determination), ``"common"`` (one
+      scale shared by all inputs: the scale mixture behind Laplace-like shrinkage), or an int array
+      ``(D,)`` of group labels 0..G−1 (a common scale within each group).
+    - `scale_prior`: (mean, variance) of the Gaussian hyperprior on each log prior variance φ_l;
+      scalars or arrays of shape ``(G,)``.
+    - `noise_prior`: (mean, variance) of the Gaussian hyperprior on the log noise variance φ_0
+      (a log-normal prior on σ²).
+
+    Hyperparameter 0 is log σ², hyperparameters 1..G the log prior variances; so
+    ``post.relevances()[1:]`` are the posterior means E[e^{φ_l}] of the groups' prior variances
+    (`vj.methods.ep_hyper.HierarchicalPosterior`). Fit with ``HierarchicalEP().fit(model)``.
+    """
+    owner = "hierarchical_linear"
+    X = _design(X, owner)
+    y = _targets(y, X, owner)
+    D = X.shape[1]
+    if isinstance(groups, str):
+        if groups == "ard":
+            labels = np.arange(D)
+        elif groups == "common":
+            labels = np.zeros(D, int)
+        else:
+            raise ValueError(f"{owner}: `groups` must be 'ard', 'common' or an int array of shape ({D},); got {groups!r}.")
+    else:
+        labels = np.asarray(groups)
+        if labels.shape != (D,) or not np.issubdtype(labels.dtype, np.integer) or labels.min() < 0:
+            raise ValueError(f"{owner}: `groups` as an array must hold D = {D} non-negative ints (group labels); "
+                             f"got shape {labels.shape}, dtype {labels.dtype}.")
+        if set(np.unique(labels).tolist()) != set(range(labels.max() + 1)):
+            raise ValueError(f"{owner}: group labels must be 0..G-1 with every group used; got {np.unique(labels)}.")
+    G = int(labels.max()) + 1
+    means = [jnp.ravel(jnp.asarray(noise_prior[0], X.dtype))]
+    vars_ = [jnp.ravel(jnp.asarray(noise_prior[1], X.dtype))]
+    means.append(jnp.broadcast_to(jnp.asarray(scale_prior[0], X.dtype), (G,)))
+    vars_.append(jnp.broadcast_to(jnp.asarray(scale_prior[1], X.dtype), (G,)))
+    if means[0].shape != (1,) or vars_[0].shape != (1,):
+        raise ValueError(f"{owner}: `noise_prior` must be a pair of scalars (mean, variance) of log σ².")
+    names = ("log noise variance",) + tuple(f"log scale {g}" for g in range(G))
+    sites = (Sites(X, potentials.Gaussian(loc=y)), Sites(Identity(D), potentials.Gaussian(loc=jnp.zeros(D, X.dtype))))
+    return HierarchicalModel(sites, (np.zeros(X.shape[0], int), jnp.asarray(labels + 1)),
+                             jnp.concatenate(means), jnp.concatenate(vars_), names)
+
+
+def hierarchical_predict(post, X_test, y_test=None, quadrature=GaussHermite()):
+    """Predictive of a `hierarchical_linear` fit: ``(mean, variance)`` of y_* (shape ``(N_test,)`` each),
+    and, with ``y_test``, also log p(y_* | data) ≈ log ∫ N(y_* | x_*ᵀm, x_*ᵀSx_* + e^{φ_0}) q(φ_0) dφ_0
+    (Gauss–Hermite over q(φ_0)). The variance is x_*ᵀSx_* + E_q[e^{φ_0}]."""
+    owner = "hierarchical_predict"
+    X_test = _design(X_test, owner)
+    mean, var = post.weights.marginals(X_test)
+    phi_mean, phi_var = post.hyper_mean[0], post.hyper_var[0]
+    noise = jnp.exp(phi_mean + 0.5 * phi_var)
+    if y_test is None:
+        return mean, var + noise
+    y_test = _targets(y_test, X_test, owner, "y_test")
+
+    def log_density(phi):
+        total = var + jnp.exp(phi)
+        return -0.5 * (LOG_2PI + jnp.log(total) + (y_test - mean) ** 2 / total)
+
+    lp = quadrature.log_expect_exp(log_density, jnp.full_like(mean, phi_mean), jnp.full_like(mean, jnp.sqrt(phi_var)))
+    return mean, var + noise, lp
 
 
 def _single_group(post, owner):

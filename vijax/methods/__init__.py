@@ -1,16 +1,17 @@
 """Inference methods: configuration objects, subclasses of `AbstractMethod`, with a ``fit(model, init)`` method."""
 
-from . import aikl, ep, gkl, laplace, lvb
+from . import aikl, ep, ep_hyper, gkl, laplace, lvb
 from ._base import AbstractMethod
 from .aikl import AIKL
 from .ep import EP
+from .ep_hyper import HierarchicalEP
 from .gkl import GKL
 from .laplace import Laplace
 from .lvb import LVB
 from .map import MAP
 from .meanfield import MeanField
 
-__all__ = ["AbstractMethod", "aikl", "AIKL", "ep", "EP", "gkl", "laplace", "lvb", "GKL", "Laplace", "LVB", "MAP", "MeanField"]
+__all__ = ["AbstractMethod", "aikl", "AIKL", "ep", "EP", "ep_hyper", "HierarchicalEP", "gkl", "laplace", "lvb", "GKL", "Laplace", "LVB", "MAP", "MeanField"]
 
 
 def __dir__():

@@ -1,0 +1,202 @@
+"""Two-layer networks by EP (Jylänki 2013, Publication IV) against NUTS on the same network and a GP-ARD.
+
+Problems (inputs and targets standardised on the training set):
+
+- ``sim_relevance``: d = 8 inputs x ~ N(0, I); f = sin(1.5 x₁) + 0.5 x₂² + tanh(2 x₃) − 0.5 (strongly
+  nonlinear effects of 3 inputs; x₄..x₈ irrelevant); y = f + N(0, 0.2²); n_train = 200, n_test = 1000.
+  (The thesis's generators are not given; this one has its stated ingredients: strongly nonlinear
+  effects and irrelevant inputs.)
+- ``concrete``: UCI Concrete Compressive Strength (``shared/data/uci/concrete.csv``, 1030 × 8 inputs),
+  200 training points drawn at random, the other 830 for testing.
+- ``slump``: UCI Concrete Slump (``shared/data/uci/slump_test.data``, 103 × 7 inputs; target: the
+  28-day compressive strength), 70 training points, 33 for testing.
+
+Methods:
+
+- ``EP-NN``: `vj.nn.NetworkEP` (damping 0.2, 300 iterations at most) on `vj.nn.TwoLayerNetwork` (K = 8
+  erf units, ARD input priors, log-normal noise prior, Gaussian output weights).
+- ``NUTS-NN``: NumPyro NUTS on the same network and priors (1 chain, 500 warm-up + 500 draws;
+  non-centred input weights).
+- ``GP-ARD``: `vj.gp.fit_hyperparameters` (ML-II) of a squared-exponential ARD kernel with a
+  Gaussian likelihood (its noise learnt), predictions by `vj.gp.predict`.
+
+Metrics on the test set: RMSE and mean log predictive density (original units), wall time (including
+compilation; the machine was shared with other jobs, so times are indicative). Also: the relevances
+(EP: E[e^{φ_l}]; NUTS: posterior mean of e^{φ_l}; GP: 1/lengthscale²), and EP's time per iteration
+against n (K = 8) and against K (n = 400), which should grow linearly.
+
+Run: ``MPLBACKEND=Agg python benchmarks/ep_nn.py [--quick] [--nuts-max-n N]`` (``--quick``: fewer sizes
+in the scaling runs; NUTS-NN runs on the problems with at most N training points, default 250).
+Writes ``benchmarks/results/ep_nn.{txt,json}``.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+import time
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+jax.config.update("jax_enable_x64", True)
+
+import vijax as vj  # noqa: E402
+
+RESULTS = pathlib.Path(__file__).resolve().parent / "results"
+DATA = next((p / "shared" / "data" for p in pathlib.Path(__file__).resolve().parents if (p / "shared" / "data").is_dir()),
+            pathlib.Path(__file__).resolve().parents[2] / "shared" / "data")
+K = 8
+
+
+def sim_relevance(rng, n):
+    X = rng.normal(size=(n, 8))
+    f = np.sin(1.5 * X[:, 0]) + 0.5 * X[:, 1] ** 2 + np.tanh(2 * X[:, 2]) - 0.5
+    return X, f + 0.2 * rng.normal(size=n)
+
+
+def problems(rng):
+    X, y = sim_relevance(rng, 1200)
+    yield "sim_relevance", X[:200], y[:200], X[200:], y[200:]
+    path = DATA / "uci" / "concrete.csv"
+    if path.exists():
+        a = np.loadtxt(path, delimiter=",")
+        idx = rng.permutation(len(a))
+        yield "concrete", a[idx[:200], :-1], a[idx[:200], -1], a[idx[200:], :-1], a[idx[200:], -1]
+    path = DATA / "uci" / "slump_test.data"
+    if path.exists():
+        a = np.loadtxt(path, delimiter=",", skiprows=1)[:, 1:]  # drop the row number
+        X, y = a[:, :7], a[:, 9]
+        idx = rng.permutation(len(a))
+        yield "slump", X[idx[:70]], y[idx[:70]], X[idx[70:]], y[idx[70:]]
+
+
+def standardise(Xtr, ytr, Xte, yte):
+    mx, sx = Xtr.mean(0), Xtr.std(0)
+    my, sy = ytr.mean(), ytr.std()
+    return (Xtr - mx) / sx, (ytr - my) / sy, (Xte - mx) / sx, (yte - my) / sy, sy
+
+
+def metrics(mean, log_dens, yte, sy):
+    """RMSE and mean log predictive density in the original units (targets standardised by sy)."""
+    return float(np.sqrt(np.mean((mean - yte) ** 2)) * sy), float(np.mean(log_dens) - np.log(sy))
+
+
+def ep_nn(Xtr, ytr, Xte, yte, key=0):
+    t = time.perf_counter()
+    net = vj.nn.TwoLayerNetwork(Xtr, ytr, num_hidden=K)
+    post = eqx.filter_jit(vj.nn.NetworkEP(damping=0.2, max_iter=300).fit)(net, jax.random.PRNGKey(key))
+    mean, _ = post.predict(Xte)
+    lp = post.log_predictive(Xte, yte)
+    jax.block_until_ready(lp)
+    return dict(mean=np.asarray(mean), lp=np.asarray(lp), time=time.perf_counter() - t,
+                relevances=np.asarray(post.relevances()).tolist(), iterations=int(post.iterations),
+                residual=float(post.residual), converged=bool(post.converged))
+
+
+def nuts_nn(Xtr, ytr, Xte, yte, seed=0):
+    import numpyro
+    import numpyro.distributions as dist
+    from numpyro.infer import MCMC, NUTS
+
+    d = Xtr.shape[1]
+
+    def model(X, y=None):
+        phi0 = numpyro.sample("phi0", dist.Normal(-2.0, 2.0))
+        phi = numpyro.sample("phi", dist.Normal(0.0, 2.0).expand([d + 1]))  # inputs, then the bias
+        z = numpyro.sample("z", dist.Normal(0.0, 1.0).expand([K, d + 1]))
+        W = z * jnp.exp(0.5 * phi)
+        v = numpyro.sample("v", dist.Normal(0.0, 1.0).expand([K + 1]))
+        Xb = jnp.concatenate([X, jnp.ones((X.shape[0], 1))], 1)
+        f = jax.scipy.special.erf(Xb @ W.T / np.sqrt(2.0)) @ v[:K] + v[K]
+        numpyro.deterministic("f", f)
+        numpyro.sample("y", dist.Normal(f, jnp.exp(0.5 * phi0)), obs=y)
+
+    t = time.perf_counter()
+    mcmc = MCMC(NUTS(model), num_warmup=500, num_samples=500, num_chains=1, progress_bar=False)
+    mcmc.run(jax.random.PRNGKey(seed), Xtr, ytr)
+    s = mcmc.get_samples()
+    pred = numpyro.infer.Predictive(model, s, return_sites=["f"])(jax.random.PRNGKey(1), Xte)["f"]
+    sd = np.exp(0.5 * np.asarray(s["phi0"]))[:, None]
+    dens = np.exp(-0.5 * ((yte - np.asarray(pred)) / sd) ** 2) / (np.sqrt(2 * np.pi) * sd)
+    return dict(mean=np.asarray(pred).mean(0), lp=np.log(dens.mean(0)), time=time.perf_counter() - t,
+                relevances=np.exp(np.asarray(s["phi"])[:, :d]).mean(0).tolist())
+
+
+def gp_ard(Xtr, ytr, Xte, yte):
+    t = time.perf_counter()
+    d = Xtr.shape[1]
+    kernel = vj.gp.kernels.SquaredExponential(lengthscale=np.ones(d), variance=1.0)
+    fit = vj.gp.fit_hyperparameters(kernel, jnp.asarray(Xtr), vj.potentials.Gaussian(jnp.asarray(ytr), 0.3),
+                                    vj.Laplace(), max_iter=50)
+    mean, var = vj.gp.predict(fit.posterior, jnp.asarray(Xte))
+    noise = float(fit.likelihood.scale) ** 2
+    total = np.asarray(var) + noise
+    lp = -0.5 * (np.log(2 * np.pi * total) + (yte - np.asarray(mean)) ** 2 / total)
+    return dict(mean=np.asarray(mean), lp=lp, time=time.perf_counter() - t,
+                relevances=(1.0 / np.asarray(fit.kernel.lengthscale) ** 2).tolist())
+
+
+def scaling(quick):
+    """EP-NN seconds per iteration against n (K = 8) and K (n = 400): fixed 40 iterations, compiled first."""
+    rng = np.random.default_rng(3)
+    out = {"n": [], "K": []}
+    for label, sizes in (("n", [100, 200, 400] if quick else [100, 200, 400, 800, 1600]),
+                         ("K", [2, 4, 8] if quick else [2, 4, 8, 16, 32])):
+        for size in sizes:
+            n, k = (size, K) if label == "n" else (400, size)
+            X, y = sim_relevance(rng, n)
+            net = vj.nn.TwoLayerNetwork(X, (y - y.mean()) / y.std(), num_hidden=k)
+            fit = eqx.filter_jit(vj.nn.NetworkEP(damping=0.2, max_iter=40, tol=0.0).fit)
+            jax.block_until_ready(fit(net, jax.random.PRNGKey(0)))  # compile
+            t = time.perf_counter()
+            post = jax.block_until_ready(fit(net, jax.random.PRNGKey(0)))
+            out[label].append((size, (time.perf_counter() - t) / max(int(post.iterations), 1)))
+    return out
+
+
+def main():
+    quick = "--quick" in sys.argv
+    nuts_max_n = int(sys.argv[sys.argv.index("--nuts-max-n") + 1]) if "--nuts-max-n" in sys.argv else 250
+    rng = np.random.default_rng(0)
+    rows, record = [], {}
+    for name, Xtr, ytr, Xte, yte in problems(rng):
+        Xtr_s, ytr_s, Xte_s, yte_s, sy = standardise(Xtr, ytr, Xte, yte)
+        methods = {"EP-NN": ep_nn, "GP-ARD": gp_ard}
+        if len(ytr) <= nuts_max_n:
+            methods["NUTS-NN"] = nuts_nn
+        record[name] = {}
+        for label, method in methods.items():
+            r = method(Xtr_s, ytr_s, Xte_s, yte_s)
+            rmse, lpd = metrics(r["mean"], r["lp"], yte_s, sy)
+            extra = {k: r[k] for k in ("iterations", "residual", "converged") if k in r}
+            record[name][label] = dict(rmse=rmse, lpd=lpd, time=r["time"], relevances=r["relevances"], **extra)
+            rows.append(f"{name:14s} {label:8s} {rmse:10.4f} {lpd:10.4f} {r['time']:9.1f}  "
+                        + ("" if not extra else f"iters {extra['iterations']}, residual {extra['residual']:.3g}"))
+            print(rows[-1], flush=True)
+            RESULTS.mkdir(exist_ok=True)  # keep what is done, in case a long run is stopped
+            (RESULTS / "ep_nn.json").write_text(json.dumps(record, indent=1))
+    lines = ["problem        method         RMSE   mean LPD   time (s)", *rows, ""]
+    lines.append("relevances (sim_relevance: inputs 1-3 relevant, 4-8 irrelevant):")
+    for label, r in record.get("sim_relevance", {}).items():
+        rel = np.asarray(r["relevances"])
+        lines.append(f"  {label:8s} " + " ".join(f"{v:9.3g}" for v in rel)
+                     + f"   ranks of 4-8 last: {set(np.argsort(-rel)[3:].tolist()) == {3, 4, 5, 6, 7}}")
+    sc = scaling(quick)
+    record["scaling"] = sc
+    lines.append("")
+    lines.append("EP-NN seconds per iteration (shared machine; indicative):")
+    lines.append("  vs n (K = 8): " + ", ".join(f"n={n}: {t:.4f}" for n, t in sc["n"]))
+    lines.append("  vs K (n = 400): " + ", ".join(f"K={k}: {t:.4f}" for k, t in sc["K"]))
+    text = "\n".join(lines)
+    print(text)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "ep_nn.txt").write_text(text + "\n")
+    (RESULTS / "ep_nn.json").write_text(json.dumps(record, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,110 @@
+"""Latent linear models whose Gaussian sites have uncertain log variances (hierarchical priors).
+
+.. math::
+
+    p(w, φ) \\propto \\prod_g \\prod_n \\mathcal N\\big(h_{gn}^\\top w + b_{gn} \\mid y_{gn},\\ e^{φ_{l_{gn}}}\\big)
+      \\prod_{l=1}^L \\mathcal N(φ_l \\mid μ_{0,l}, σ^2_{0,l})
+
+Every site is Gaussian in x = hᵀw + b given its hyperparameter φ_l (a log variance), so the model is
+conjugate given φ; what makes it non-Gaussian is the integral over φ. Instances (Jylänki 2013,
+Publication IV; `vj.glm.hierarchical_linear`):
+
+- a sparse linear model: likelihood sites N(y_n | x_nᵀw, σ²) with φ = log σ² (an uncertain noise
+  variance), and prior sites N(w_j | 0, e^{φ_{l_j}}) on the coordinates (H = I, y = 0), with one
+  φ_l per group of inputs: a common scale (Seeger 2008's Laplace-like shrinkage: the scale mixture
+  of Gaussians over a shared scale) or one per input (ARD, Neal 1996);
+- any `LatentLinearModel` whose site groups are `vj.potentials.Gaussian`, with the groups' scales
+  made uncertain.
+
+The model is data: ``model`` (a `LatentLinearModel` with no Gaussian factor and one
+`vj.potentials.Gaussian` group per site group, its ``scale`` the plug-in e^{μ_0/2}), the index
+l_{gn} of every site's hyperparameter (``hyper_index``, one int array per group) and the Gaussian
+hyperprior (``hyper_mean``, ``hyper_var``, shape ``(L,)``). `vj.methods.ep_hyper.HierarchicalEP` fits
+it; ``vj.infer(model.model, vj.EP())`` is EP with every φ fixed at its prior mean.
+"""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import _checks, potentials
+from .model import LatentLinearModel, Sites
+
+__all__ = ["HierarchicalModel"]
+
+
+class HierarchicalModel(eqx.Module):
+    """Gaussian sites with uncertain log variances φ and a Gaussian hyperprior on φ (module docstring).
+
+    **Arguments:**
+
+    - `sites`: a `Sites` group or a tuple of them, each with a `vj.potentials.Gaussian` potential
+      (its ``loc`` are the y_gn; its ``scale`` is ignored and replaced by the plug-in e^{μ_0/2}).
+    - `hyper_index`: per group, an int array of shape ``(N_g,)`` (or a scalar) of indices in 0..L−1.
+    - `hyper_mean`, `hyper_var`: the hyperprior N(φ_l | μ_{0,l}, σ²_{0,l}), shapes ``(L,)``.
+    - `names`: optional names of the L hyperparameters (for summaries).
+    """
+
+    model: LatentLinearModel
+    hyper_index: tuple
+    hyper_mean: jax.Array
+    hyper_var: jax.Array
+    names: tuple = eqx.field(static=True, default=())
+
+    def __init__(self, sites, hyper_index, hyper_mean, hyper_var, names=()):
+        owner = "HierarchicalModel"
+        if isinstance(sites, Sites):
+            sites = (sites,)
+        if isinstance(hyper_index, (int, np.integer)) or (hasattr(hyper_index, "ndim") and len(sites) == 1
+                                                            and not isinstance(hyper_index, tuple)):
+            hyper_index = (hyper_index,)
+        hyper_index = tuple(hyper_index)
+        if len(hyper_index) != len(sites):
+            raise ValueError(f"{owner}: {len(sites)} site groups but {len(hyper_index)} entries in `hyper_index`; "
+                             "give one index array per group.")
+        hyper_mean = _checks.as_float_array("hyper_mean", hyper_mean, owner, ndim=1)
+        hyper_var = _checks.as_float_array("hyper_var", hyper_var, owner, ndim=1)
+        _checks.check_finite("hyper_mean", hyper_mean, owner)
+        _checks.check_positive("hyper_var", hyper_var, owner)
+        if hyper_mean.shape != hyper_var.shape:
+            raise ValueError(f"{owner}: `hyper_mean` has shape {hyper_mean.shape} but `hyper_var` {hyper_var.shape}.")
+        num_hyper = hyper_mean.shape[0]
+        groups, indices = [], []
+        for g, (group, index) in enumerate(zip(sites, hyper_index)):
+            if not isinstance(group.potential, potentials.Gaussian):
+                raise ValueError(f"{owner}: site group {g} has a {type(group.potential).__name__} potential; "
+                                 "hierarchical sites must be vj.potentials.Gaussian (their variance is e^φ).")
+            index = jnp.broadcast_to(jnp.asarray(index), (group.num_sites,))
+            if not jnp.issubdtype(index.dtype, jnp.integer):
+                raise ValueError(f"{owner}: `hyper_index[{g}]` must hold integers, got dtype {index.dtype}.")
+            if _checks.is_concrete(index) and (np.any(np.asarray(index) < 0) or np.any(np.asarray(index) >= num_hyper)):
+                raise ValueError(f"{owner}: `hyper_index[{g}]` must lie in 0..{num_hyper - 1} (one per hyperparameter).")
+            scale = jnp.exp(0.5 * hyper_mean[index])
+            groups.append(Sites(group.projection, potentials.Gaussian(group.potential.loc, scale), group.offset))
+            indices.append(index)
+        if names and len(names) != num_hyper:
+            raise ValueError(f"{owner}: {len(names)} `names` for {num_hyper} hyperparameters.")
+        self.model = LatentLinearModel(None, tuple(groups))
+        self.hyper_index = tuple(indices)
+        self.hyper_mean = hyper_mean
+        self.hyper_var = hyper_var
+        self.names = tuple(names)
+
+    @property
+    def num_hyper(self) -> int:
+        return self.hyper_mean.shape[0]
+
+    @property
+    def dim(self) -> int:
+        return self.model.dim
+
+    @property
+    def dtype(self):
+        return self.model.dtype
+
+
+def __dir__():
+    return list(__all__)

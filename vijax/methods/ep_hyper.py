@@ -1,0 +1,316 @@
+"""EP over hyperparameters: Gaussian sites with uncertain log variances (Jylänki 2013, §2.3, Publication IV).
+
+For a `vj.hierarchical.HierarchicalModel`, every site t_n(x_n, φ_l) = N(x_n | y_n, e^{φ_l}) touches
+one latent projection x_n = h_nᵀw + b_n and one hyperparameter φ_l = φ_{l_n}. EP approximates
+
+.. math::
+
+    p(w, φ) \\approx q(w)\\,q(φ), \\qquad q(w) \\propto \\prod_n e^{ν_n x_n - τ_n x_n^2/2}, \\qquad
+    q(φ) = \\prod_l \\mathcal N(φ_l \\mid μ_l, s_l^2) \\propto p(φ) \\prod_n e^{ν^φ_n φ_{l_n} - τ^φ_n φ_{l_n}^2/2}
+
+(eq. 2.9: θ and φ approximated independently; the φ-sites are Gaussian in φ, the conjugate family of
+the Gaussian hyperprior). Each site update forms the cavities q_{−n}(x) = N(m₋, V₋) and
+q_{−n}(φ_l) = N(μ₋, s₋²) (`vj.ep.cavity`) and the tilted distribution
+
+.. math::
+
+    \\hat p_n(x, φ) \\propto \\mathcal N(x \\mid y_n, e^{φ})^η\\, \\mathcal N(x \\mid m_-, V_-)\\, \\mathcal N(φ \\mid μ_-, s_-^2),
+
+whose x-integral is analytic given φ (Gaussian times Gaussian): with s²(φ) = e^φ/η,
+Z(φ) = c(φ) N(y_n | m₋, V₋ + s²(φ)), c(φ) = (2πe^φ)^{(1−η)/2} η^{−1/2}, and the conditional moments
+
+    E[x | φ] = m₋ + V₋ (y_n − m₋)/(V₋ + s²(φ)),   Var[x | φ] = V₋ s²(φ)/(V₋ + s²(φ)).
+
+The remaining 1-D integral over φ uses a Gauss–Hermite rule under the φ cavity
+(`log_variance_tilted_moments`), giving Ẑ_n and the first two moments of x and φ; no 2-D quadrature.
+Sites move by the damped EP step (`vj.ep.site_step`, eqs. 2.36–2.37 and 2.38) in parallel: all sites
+from one q, then q once (a Cholesky of the D × D precision of q(w), a segment sum for q(φ)); a step is
+halved until q and every cavity are proper. The energy is eq. 2.42/2.45 with the φ terms added:
+
+.. math::
+
+    \\log Z_{\\rm EP} = \\log\\!\\int\\!\\prod_n \\tilde t_n\\,dw + \\log\\!\\int\\! p(φ)\\prod_n \\tilde t^φ_n\\,dφ
+      + \\frac1η\\sum_n\\big[\\log\\hat Z_n + \\log Z(q_{-n}(x)) - \\log Z(q(x_n)) + \\log Z(q_{-n}(φ)) - \\log Z(q(φ_{l_n}))\\big].
+
+Where the hyperprior variances go to 0 (q(φ) collapses to a point μ_0), the tilted distributions are
+Gaussian and EP is exact: the fit is the conjugate posterior at φ = μ_0, and log Z_EP its evidence.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+from .._linalg import LOG_2PI, select
+from ..covariance import CholeskyFactor
+from ..hierarchical import HierarchicalModel
+from ..posterior import Diagnostics, Posterior
+from ..quadrature import GaussHermite
+from ..solvers import iterate
+from ._gaussian import integrate, marginals, working_model
+from .ep import SiteParams, cavity, moment_residual, site_step
+
+__all__ = ["HierarchicalEP", "HierarchicalPosterior", "log_variance_tilted_moments"]
+
+_MAX_HALVINGS = 30
+
+
+def log_variance_tilted_moments(loc, mean, var, hyper_mean, hyper_var, power=1.0, quadrature=GaussHermite()):
+    """Normaliser and moments of p̂(x, φ) ∝ N(x | loc, e^φ)^η N(x | mean, var) N(φ | hyper_mean, hyper_var).
+
+    Analytic in x given φ, Gauss–Hermite in φ (module docstring). Arguments broadcast elementwise.
+    Returns ``(log Ẑ, E x, Var x, E φ, Var φ)``, each of the broadcast shape.
+    """
+    dtype = jnp.result_type(loc, mean, var, hyper_mean, hyper_var, float)
+    z, weights = quadrature.rule(dtype)
+    loc, mean, var, hyper_mean, hyper_var = (jnp.asarray(a, dtype)[..., None] for a in
+                                             jnp.broadcast_arrays(loc, mean, var, hyper_mean, hyper_var))
+    sd = jnp.sqrt(hyper_var)
+    phi = hyper_mean + sd * z
+    s2 = jnp.exp(phi) / power
+    total = var + s2
+    resid = loc - mean
+    log_f = 0.5 * (1 - power) * (LOG_2PI + phi) - 0.5 * jnp.log(power) \
+        - 0.5 * (LOG_2PI + jnp.log(total) + resid**2 / total)
+    log_w = log_f + jnp.log(weights)
+    log_z = jax.scipy.special.logsumexp(log_w, axis=-1, keepdims=True)
+    p = jnp.exp(log_w - log_z)
+    cond_mean = mean + var * resid / total
+    cond_var = var * s2 / total
+    x_mean = jnp.sum(p * cond_mean, -1, keepdims=True)
+    x_var = jnp.sum(p * (cond_var + (cond_mean - x_mean) ** 2), -1)
+    z_mean = jnp.sum(p * z, -1, keepdims=True)  # centred nodes: Var φ stays accurate for tiny s
+    phi_var = hyper_var[..., 0] * jnp.sum(p * (z - z_mean) ** 2, -1)
+    return log_z[..., 0], x_mean[..., 0], x_var, hyper_mean[..., 0] + sd[..., 0] * z_mean[..., 0], phi_var
+
+
+class HierarchicalPosterior(eqx.Module):
+    """q(w) q(φ) from `HierarchicalEP`.
+
+    - `weights`: a `vj.Posterior` holding q(w) = N(mean, S), ``log_z`` (log Z_EP of the joint over w
+      and φ) and the `Diagnostics` (``stationarity`` is the moment-matching residual). Its ``model`` is
+      the plug-in model (φ at the prior mean); use the predictive functions here, not that model's.
+    - `hyper_mean`, `hyper_var`: q(φ_l) = N(hyper_mean_l, hyper_var_l), shape ``(L,)``.
+    - `sites`, `hyper_sites`: the site parameters (`vj.ep.SiteParams`) of w and of φ (warm starts).
+    """
+
+    weights: Posterior
+    hyper_mean: jax.Array
+    hyper_var: jax.Array
+    sites: SiteParams
+    hyper_sites: SiteParams
+
+    @property
+    def mean(self):
+        return self.weights.mean
+
+    @property
+    def log_z(self):
+        return self.weights.log_z
+
+    @property
+    def diagnostics(self):
+        return self.weights.diagnostics
+
+    def relevances(self):
+        """E_q[e^{φ_l}] = exp(μ_l + s_l²/2): the posterior mean of each variance (prior scale², noise σ²)."""
+        return jnp.exp(self.hyper_mean + 0.5 * self.hyper_var)
+
+
+class _Eval(NamedTuple):
+    value: jax.Array  # log Z_EP
+    marginal_mean: tuple  # of x_n under q(w), per group
+    marginal_var: tuple
+    tilted_mean: tuple
+    tilted_var: tuple
+    hyper_marginal_mean: tuple  # of φ_{l_n} under q(φ), per group
+    hyper_marginal_var: tuple
+    hyper_tilted_mean: tuple
+    hyper_tilted_var: tuple
+    valid: tuple
+    proper: jax.Array
+    q_hyper: tuple  # (mean, var) of q(φ), shape (L,) each
+
+
+def _q_hyper(model: HierarchicalModel, hyper_sites: SiteParams):
+    """q(φ) ∝ p(φ) ∏ t̃^φ: (mean, var, proper, log ∫ p(φ) ∏ t̃^φ dφ); the first two of shape (L,)."""
+    L = model.num_hyper
+    tau_sum = sum(jax.ops.segment_sum(tau, index, L) for index, tau in zip(model.hyper_index, hyper_sites.precision))
+    nu_sum = sum(jax.ops.segment_sum(nu, index, L) for index, nu in zip(model.hyper_index, hyper_sites.shift))
+    precision = 1.0 / model.hyper_var + tau_sum
+    proper = precision > 0
+    var = 1.0 / jnp.where(proper, precision, 1.0)
+    mean = (model.hyper_mean / model.hyper_var + nu_sum) * var
+    # p(φ) is q(φ)'s "cavity" for all its sites together: log Z(q) − log Z(p).
+    log_ratio = -_cavity_log_ratio(mean, var, tau_sum, nu_sum, 1.0, model.hyper_mean, model.hyper_var)
+    return mean, var, jnp.all(proper), jnp.sum(log_ratio)
+
+
+def _cavity_log_ratio(m, V, tau, nu, power, m_c, V_c):
+    """log Z(m₋, V₋) − log Z(m, V) (`vj.ep.log_normaliser`) for the cavity of the site (τ, ν), without the
+    cancellation of the two terms m²/2V when V is tiny (a hyperparameter collapsed to a point):
+    m₋ − m = ηV₋(τm − ν) and m₋/V₋ − m/V = −ην are exact."""
+    shift = m_c / V_c
+    return 0.5 * (-jnp.log1p(-power * tau * V) + power * V_c * (tau * m - nu) * shift - power * nu * m)
+
+
+def _quadratics(sites: SiteParams):
+    return tuple((nu, tau, 0.0) for tau, nu in zip(sites.precision, sites.shift))
+
+
+class HierarchicalEP(eqx.Module):
+    """Parallel EP for `vj.hierarchical.HierarchicalModel`: q(w) Gaussian, q(φ) factorised Gaussian.
+
+    **Arguments:**
+
+    - `damping`: δ ∈ (0, 1], the fraction of each EP step taken (default 0.5: many sites share one φ,
+      and their undamped parallel steps on it add up and overshoot).
+    - `power`: η ∈ (0, 1] (power EP; 1 is standard EP).
+    - `max_iter`, `tol`: at most ``max_iter`` parallel iterations; converged when the moment-matching
+      residual (max over sites of |m̂ − m|/√V + |log V̂/V|, for x and for φ) is at most ``tol``.
+    - `quadrature`: the Gauss–Hermite rule over φ (default 32 nodes).
+
+    ``fit(model, init=None)`` returns a `HierarchicalPosterior`; ``init`` may be an earlier one.
+    Pure and traceable (jit, vmap).
+    """
+
+    damping: float = 0.5
+    power: float = 1.0
+    max_iter: int = eqx.field(static=True, default=500)
+    tol: float = 1e-6
+    quadrature: GaussHermite = GaussHermite()
+
+    def __check_init__(self):
+        if isinstance(self.damping, (int, float)) and not 0 < self.damping <= 1:
+            raise ValueError(f"HierarchicalEP: `damping` must lie in (0, 1], got {self.damping}.")
+        if isinstance(self.power, (int, float)) and not 0 < self.power <= 1:
+            raise ValueError(f"HierarchicalEP: `power` must lie in (0, 1], got {self.power}.")
+        if not (isinstance(self.max_iter, int) and self.max_iter >= 1):
+            raise ValueError(f"HierarchicalEP: `max_iter` must be a positive int, got {self.max_iter!r}.")
+
+    def initial_sites(self, model: HierarchicalModel):
+        """The exact Gaussian sites at φ = μ_0 (q(w) = the conjugate posterior there) and zero φ-sites
+        (q(φ) = the hyperprior)."""
+        dtype = model.dtype
+        prec, shift, zeros = [], [], []
+        for group in model.model.sites:
+            s2 = jnp.broadcast_to(group.potential.scale**2, (group.num_sites,)).astype(dtype)
+            loc = jnp.broadcast_to(group.potential.loc, (group.num_sites,)).astype(dtype)
+            prec.append(1.0 / s2)
+            shift.append(loc / s2)
+            zeros.append(jnp.zeros(group.num_sites, dtype))
+        return SiteParams(tuple(prec), tuple(shift)), SiteParams(tuple(zeros), tuple(zeros))
+
+    def evaluate(self, model: HierarchicalModel, sites: SiteParams, hyper_sites: SiteParams, work=None) -> _Eval:
+        """q, every site's cavity and tilted moments, and log Z_EP at the given sites."""
+        power = self.power
+        work = working_model(model.model) if work is None else work
+        log_zw, means, variances = marginals(model.model, _quadratics(sites), work)
+        q_mean, q_var, proper, log_zphi = _q_hyper(model, hyper_sites)
+        value = log_zw + log_zphi
+        proper = proper & jnp.isfinite(log_zw)
+        out = tuple([] for _ in range(9))
+        for group, index, tau, nu, htau, hnu, m, V in zip(model.model.sites, model.hyper_index, sites.precision,
+                                                          sites.shift, hyper_sites.precision, hyper_sites.shift,
+                                                          means, variances):
+            pm, pv = q_mean[index], q_var[index]
+            m_c, V_c, ok = cavity(m, V, tau, nu, power)
+            pm_c, pv_c, ok_h = cavity(pm, pv, htau, hnu, power)
+            log_zhat, m_hat, V_hat, p_hat, pv_hat = log_variance_tilted_moments(
+                group.potential.loc, m_c, V_c, pm_c, pv_c, power, self.quadrature)
+            terms = (log_zhat + _cavity_log_ratio(m, V, tau, nu, power, m_c, V_c)
+                     + _cavity_log_ratio(pm, pv, htau, hnu, power, pm_c, pv_c)) / power
+            ok = ok & ok_h
+            proper = proper & jnp.all(ok)
+            ok = ok & jnp.isfinite(terms) & (V_hat > 0) & (pv_hat > 0)
+            value = value + jnp.sum(terms)
+            for store, item in zip(out, (m, V, m_hat, V_hat, pm, pv, p_hat, pv_hat, ok)):
+                store.append(item)
+        value = jnp.where(proper, value, jnp.nan)
+        return _Eval(value, *map(tuple, out[:8]), tuple(out[8]), proper, (q_mean, q_var))
+
+    @staticmethod
+    def residual(ev: _Eval):
+        """max over valid sites of the x and φ moment residuals (`vj.ep.moment_residual`); inf if improper."""
+        worst = jnp.zeros((), ev.value.dtype)
+        for k, ok in enumerate(ev.valid):
+            for m, V, mh, Vh in ((ev.marginal_mean[k], ev.marginal_var[k], ev.tilted_mean[k], ev.tilted_var[k]),
+                                 (ev.hyper_marginal_mean[k], ev.hyper_marginal_var[k], ev.hyper_tilted_mean[k],
+                                  ev.hyper_tilted_var[k])):
+                r = moment_residual(m, V, mh, jnp.where(ok, Vh, V))
+                worst = jnp.maximum(worst, jnp.max(jnp.where(ok, r, 0.0), initial=0.0))
+        return jnp.where(ev.proper, worst, jnp.inf)
+
+    def _direction(self, ev: _Eval):
+        def steps(m, V, mh, Vh):
+            dtau, dnu = [], []
+            for m_, V_, mh_, Vh_, ok in zip(m, V, mh, Vh, ev.valid):
+                a, b = site_step(m_, V_, mh_, jnp.where(ok, Vh_, 1.0), self.power)
+                dtau.append(jnp.where(ok, a, 0.0))
+                dnu.append(jnp.where(ok, b, 0.0))
+            return SiteParams(tuple(dtau), tuple(dnu))
+
+        return (steps(ev.marginal_mean, ev.marginal_var, ev.tilted_mean, ev.tilted_var),
+                steps(ev.hyper_marginal_mean, ev.hyper_marginal_var, ev.hyper_tilted_mean, ev.hyper_tilted_var))
+
+    def fit(self, model: HierarchicalModel, init: HierarchicalPosterior | None = None) -> HierarchicalPosterior:
+        if not isinstance(model, HierarchicalModel):
+            raise ValueError(f"HierarchicalEP: `model` must be a vj.hierarchical.HierarchicalModel, "
+                             f"got {type(model).__name__}.")
+        if init is None:
+            sites, hyper_sites = self.initial_sites(model)
+        elif isinstance(init, HierarchicalPosterior):
+            sites, hyper_sites = init.sites, init.hyper_sites
+        else:
+            raise ValueError(f"HierarchicalEP: `init` must be None or a HierarchicalPosterior, got {type(init).__name__}.")
+        work = working_model(model.model)
+        evaluate = lambda s, h: self.evaluate(model, s, h, work)
+        # The loop's first iteration evaluates the start (a zero step), so `evaluate` is traced once,
+        # in the step-halving loop; until then the evaluation is a NaN placeholder of the right shape.
+        shape = jax.eval_shape(evaluate, sites, hyper_sites)
+        ev = jax.tree_util.tree_map(lambda a: jnp.full(a.shape, jnp.nan if a.dtype != bool else False, a.dtype), shape)
+        dtype = shape.value.dtype
+        trace = jnp.full((self.max_iter + 1,), jnp.nan, dtype)
+        state = (sites, hyper_sites, ev, trace, jnp.array(0), jnp.array(False), jnp.array(False))
+
+        def step(k, state):
+            sites, hyper_sites, ev, trace, shrunk, _, started = state
+            dw, dh = jax.tree_util.tree_map(lambda d: jnp.where(started, self.damping * d, 0.0), self._direction(ev))
+
+            def unfinished(c):
+                _, _, ok, n = c
+                return ~ok & (n <= _MAX_HALVINGS)
+
+            def halve(c):
+                alpha, _, _, n = c
+                alpha = jnp.where(n > 0, 0.5 * alpha, alpha)
+                new = evaluate(sites + dw.scale(alpha), hyper_sites + dh.scale(alpha))
+                return alpha, new, new.proper, n + 1
+
+            one = jnp.ones((), dtype)
+            alpha, new, ok, n = jax.lax.while_loop(unfinished, halve, (one, ev, jnp.array(False), jnp.array(0)))
+            sites = select(ok, sites + dw.scale(alpha), sites)
+            hyper_sites = select(ok, hyper_sites + dh.scale(alpha), hyper_sites)
+            ev = select(ok, new, ev)
+            return (sites, hyper_sites, ev, trace.at[k].set(ev.value), shrunk + (n > 1), ~ok,
+                    started | ok)
+
+        done = lambda k, state: state[6] & (self.residual(state[2]) <= self.tol) | state[5]
+        (sites, hyper_sites, ev, trace, shrunk, stuck, _), k = iterate(step, state, self.max_iter + 1, done)
+        k = k - 1  # the first pass only evaluated the start
+        residual = self.residual(ev)
+        _, mean, C = integrate(model.model, _quadratics(sites), *work)
+        diagnostics = Diagnostics(iterations=k, converged=residual <= self.tol, stationarity=residual,
+                                  objective_trace=trace, method="HierarchicalEP", solver="parallel",
+                                  num_value_evals=k + 1)
+        weights = Posterior(mean, CholeskyFactor.from_matrix(C).canonical(), ev.value, diagnostics, model.model,
+                            is_lower_bound=False, state=sites)
+        q_mean, q_var = ev.q_hyper
+        return HierarchicalPosterior(weights, q_mean, q_var, sites, hyper_sites)
+
+
+def __dir__():
+    return list(__all__)

@@ -1,0 +1,14 @@
+"""Bayesian two-layer neural networks with hierarchical (ARD / common-scale) priors, fitted by EP.
+
+``post = vj.nn.NetworkEP().fit(vj.nn.TwoLayerNetwork(X, y, num_hidden=8), key)``; then
+``post.predict(X_test)``, ``post.log_predictive(X_test, y_test)``, ``post.relevances()``.
+See `vijax.nn.network` for the model, the approximation and its cost.
+"""
+
+from .network import NetworkEP, NetworkPosterior, TwoLayerNetwork, activation, expected_activation
+
+__all__ = ["TwoLayerNetwork", "NetworkEP", "NetworkPosterior", "activation", "expected_activation"]
+
+
+def __dir__():
+    return list(__all__)
