@@ -1,4 +1,10 @@
-"""Execute every tutorial notebook so that none of them can rot."""
+"""Execute every tutorial notebook so that none of them can rot.
+
+Each notebook runs in a fresh kernel with the notebooks folder as its working directory (the tutorials on
+UCI data look for ``shared/data/uci`` or ``data/uci`` in that folder's parents). Run with
+``python -m pytest -p no:xdist -m slow tests/test_notebooks.py``; the notebooks take 1-3 minutes each
+on two CPU cores.
+"""
 
 import json
 import pathlib
@@ -13,7 +19,7 @@ pytest.importorskip("ipykernel")
 NOTEBOOKS = sorted((pathlib.Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 
 
-@pytest.mark.slow  # about a minute: run with `python -m pytest -m slow`
+@pytest.mark.slow  # minutes per notebook: run with `python -m pytest -m slow`
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_notebook_executes(path, tmp_path, monkeypatch):
     monkeypatch.setenv("MPLBACKEND", "Agg")
@@ -26,7 +32,7 @@ def test_notebook_executes(path, tmp_path, monkeypatch):
     (spec_dir / "kernel.json").write_text(json.dumps(spec))
     monkeypatch.setenv("JUPYTER_PATH", str(tmp_path))
     client = nbclient.NotebookClient(notebook, timeout=600, kernel_name="vijax-test",
-                                     resources={"metadata": {"path": str(tmp_path)}})
+                                     resources={"metadata": {"path": str(path.parent)}})
     client.execute()
     errors = [o for c in notebook.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
     assert not errors
