@@ -4,7 +4,8 @@ Run: python benchmarks/aikl_speed.py K TOL   (e.g. 256 1e-6, the default; 256 1e
 """
 import sys, time
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
-import jax, jax.numpy as jnp, numpy as np
+import jax
+import numpy as np
 jax.config.update("jax_enable_x64", True)
 import vijax as vj
 from vijax.methods import aikl

@@ -280,7 +280,6 @@ def test_sparse_and_dense_projections_agree(rng):
     X = rng.normal(size=(6, 3)) * (rng.random((6, 3)) < 0.6)
     y = rng.integers(0, 2, 6)
     dense = vj.glm.logistic_regression(X, y, prior_variance=2.0)
-    H = np.asarray(dense.sites[0].projection.mv(jnp.eye(3)[0]) * 0)  # noqa: F841 (shape check only)
     Hd = jax.vmap(dense.sites[0].projection.mv, in_axes=1, out_axes=1)(jnp.eye(3))
     sparse_model = vj.LatentLinearModel(dense.prior, vj.Sites(sparse.BCOO.fromdense(Hd), vj.potentials.Logistic()))
     params = _params(np.array([0.1, -0.3, 0.2]), np.eye(3) * 0.5 + 0.1, np.array([1.0, -2.0, 0.5]))

@@ -1,6 +1,5 @@
 """Bad input raises a ValueError that names the problem; GLM builders and predictive quantities."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest

@@ -34,7 +34,6 @@ from __future__ import annotations
 import math
 from typing import Self
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike

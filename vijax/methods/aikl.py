@@ -66,7 +66,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
-from jax.scipy.special import gammaln, log_ndtr, ndtr
+from jax.scipy.special import gammaln, log_ndtr
 
 from .._linalg import LOG_2PI
 from ..covariance import CholeskyFactor
