@@ -2,10 +2,10 @@
 
 With f(x) = log(1 + eˣ) (so log σ(x) = −f(−x)), an R-piece bound is
 
-.. math::
-
-    f(x) \\le \\bar f(x) = c_r x^2 + b_r x + a_r \\quad\\text{for } x \\in [t_{r-1}, t_r),
-    \\qquad t_0 = -\\infty < t_1 < \\dots < t_{R-1} < t_R = \\infty,
+$$
+f(x) \\le \\bar f(x) = c_r x^2 + b_r x + a_r \\quad\\text{for } x \\in [t_{r-1}, t_r),
+\\qquad t_0 = -\\infty < t_1 < \\dots < t_{R-1} < t_R = \\infty,
+$$
 
 with c_r = 0 for the piecewise linear bound (then f̄ = max_r (b_r x + a_r), a convex function) and
 c_r ≥ 0 for the piecewise quadratic one (Marlin, Khan & Murphy 2011; Khan thesis §4.5). The two
@@ -13,13 +13,13 @@ unbounded pieces are always f(t_1) and x + f(−t_{R−1}): any other piece on a
 unbounded gap. Under x ~ N(m, s²), with z = (x − m)/s and the truncated standard-normal moments
 M_k = ∫ z^k N(z) dz over [(t_{r−1} − m)/s, (t_r − m)/s],
 
-.. math::
+$$
+\\langle \\bar f \\rangle = \\sum_r c_r s^2 M_2 + s(2 c_r m + b_r) M_1 + (c_r m^2 + b_r m + a_r) M_0,
 
-    \\langle \\bar f \\rangle = \\sum_r c_r s^2 M_2 + s(2 c_r m + b_r) M_1 + (c_r m^2 + b_r m + a_r) M_0,
-
-    \\log\\langle e^{-\\bar f}\\rangle = \\operatorname{logsumexp}_r \\Big[-\\tfrac12\\log k_r
-      + \\frac{2 m \\beta_r + \\beta_r^2 s^2 - 2 c_r m^2}{2 k_r} - a_r
-      + \\log\\big(\\Phi(\\tilde h_r) - \\Phi(\\tilde l_r)\\big)\\Big],
+\\log\\langle e^{-\\bar f}\\rangle = \\operatorname{logsumexp}_r \\Big[-\\tfrac12\\log k_r
++ \\frac{2 m \\beta_r + \\beta_r^2 s^2 - 2 c_r m^2}{2 k_r} - a_r
++ \\log\\big(\\Phi(\\tilde h_r) - \\Phi(\\tilde l_r)\\big)\\Big],
+$$
 
 k_r = 1 + 2c_r s², β_r = −b_r, with l̃, h̃ the breakpoints standardised under the tilted Gaussian
 N((m + β_r s²)/k_r, s²/k_r). Differences of Φ are taken in the tail where they are small, and
@@ -32,22 +32,22 @@ adjacent pieces share (summation by parts, with N(±∞) = 0). With Δc_k = c_{k
 T_k = −Φ(z_k) for z_k ≤ 0, Φ(−z_k) for z_k > 0 (T_0 = T_R = 0), the moment M_0 of piece r is
 [r = r*] + T_{r−1} − T_r: tail masses, not differences of Φs near 1, so nothing cancels for |m| ≫ s;
 
-.. math::
-
-    \\langle \\bar f \\rangle = c_{r^*} (m^2 + s^2) + b_{r^*} m + a_{r^*}
-      + \\sum_{k=1}^{R-1} T_k \\big(\\Delta g_k(m) + \\Delta c_k s^2\\big)
-      + s N(z_k) \\big(2 \\Delta c_k m + \\Delta b_k + \\Delta c_k s z_k\\big),
+$$
+\\langle \\bar f \\rangle = c_{r^*} (m^2 + s^2) + b_{r^*} m + a_{r^*}
++ \\sum_{k=1}^{R-1} T_k \\big(\\Delta g_k(m) + \\Delta c_k s^2\\big)
++ s N(z_k) \\big(2 \\Delta c_k m + \\Delta b_k + \\Delta c_k s z_k\\big),
+$$
 
 and differentiating the pieces' truncated moments (Khan's A.42–A.49; the edges t_k are fixed, and
 ∂z_k/∂m = −1/s, ∂z_k/∂s = −z_k/s) gives, with G_k = 2 Δc_k s + Δg_k(t_k)/s,
 
-.. math::
-
-    \\partial_m \\langle \\bar f \\rangle = 2 c_{r^*} m + b_{r^*}
-      + \\sum_k T_k (2 \\Delta c_k m + \\Delta b_k) + N(z_k) G_k,
-    \\qquad
-    \\partial_s \\langle \\bar f \\rangle = 2 c_{r^*} s
-      + \\sum_k 2 T_k \\Delta c_k s + N(z_k) \\big(2 \\Delta c_k m + \\Delta b_k + z_k G_k\\big).
+$$
+\\partial_m \\langle \\bar f \\rangle = 2 c_{r^*} m + b_{r^*}
++ \\sum_k T_k (2 \\Delta c_k m + \\Delta b_k) + N(z_k) G_k,
+\\qquad
+\\partial_s \\langle \\bar f \\rangle = 2 c_{r^*} s
++ \\sum_k 2 T_k \\Delta c_k s + N(z_k) \\big(2 \\Delta c_k m + \\Delta b_k + z_k G_k\\big).
+$$
 
 Δg_k(t_k) is the jump of f̄ at t_k: zero for the continuous linear bound, of the order of the
 maximum error for the quadratic one, whose pieces do not meet. (Checked against autodiff of the

@@ -59,12 +59,12 @@ def synthetic_logistic_regression(key_or_seed, dim: int, num_train: int, num_tes
 
     The generator is
 
-    .. math::
-
-        w_\\text{true} \\sim \\mathcal N(0, I_D), \\qquad
-        \\tilde x_n = M z_n,\\ z_n \\sim \\mathcal N(0, I_D), \\qquad M = I_D + S_p, \\qquad
-        x_{nd} = \\tilde x_{nd} / \\operatorname{sd}_d, \\qquad
-        p(y_n = \\pm 1 \\mid x_n) = \\sigma(y_n\\, w_\\text{true}^\\top x_n),
+    $$
+    w_\\text{true} \\sim \\mathcal N(0, I_D), \\qquad
+    \\tilde x_n = M z_n,\\ z_n \\sim \\mathcal N(0, I_D), \\qquad M = I_D + S_p, \\qquad
+    x_{nd} = \\tilde x_{nd} / \\operatorname{sd}_d, \\qquad
+    p(y_n = \\pm 1 \\mid x_n) = \\sigma(y_n\\, w_\\text{true}^\\top x_n),
+    $$
 
     where S_p is sparse with exactly one standard-normal entry in each row and sd_d is the
     standard deviation of covariate d. The inference model that matches it is

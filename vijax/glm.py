@@ -196,11 +196,11 @@ def linear_regression(X: ArrayLike, y: ArrayLike, noise_scale: ArrayLike = 1.0,
 def hierarchical_linear(X, y, groups="ard", scale_prior=(0.0, 4.0), noise_prior=(0.0, 4.0)):
     """A sparse linear model with hierarchical priors (Jylänki 2013, Publication IV; Seeger 2008; Neal 1996):
 
-    .. math::
-
-        y_n \\mid w, φ_0 \\sim \\mathcal N(x_n^\\top w, e^{φ_0}), \\qquad
-        w_j \\mid φ \\sim \\mathcal N(0, e^{φ_{l_j}}), \\qquad
-        φ_0 \\sim \\mathcal N(\\text{noise\\_prior}), \\quad φ_l \\sim \\mathcal N(\\text{scale\\_prior}).
+    $$
+    y_n \\mid w, φ_0 \\sim \\mathcal N(x_n^\\top w, e^{φ_0}), \\qquad
+    w_j \\mid φ \\sim \\mathcal N(0, e^{φ_{l_j}}), \\qquad
+    φ_0 \\sim \\mathcal N(\\text{noise\\_prior}), \\quad φ_l \\sim \\mathcal N(\\text{scale\\_prior}).
+    $$
 
     **Arguments:**
 

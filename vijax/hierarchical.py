@@ -1,9 +1,9 @@
 """Latent linear models whose Gaussian sites have uncertain log variances (hierarchical priors).
 
-.. math::
-
-    p(w, φ) \\propto \\prod_g \\prod_n \\mathcal N\\big(h_{gn}^\\top w + b_{gn} \\mid y_{gn},\\ e^{φ_{l_{gn}}}\\big)
-      \\prod_{l=1}^L \\mathcal N(φ_l \\mid μ_{0,l}, σ^2_{0,l})
+$$
+p(w, φ) \\propto \\prod_g \\prod_n \\mathcal N\\big(h_{gn}^\\top w + b_{gn} \\mid y_{gn},\\ e^{φ_{l_{gn}}}\\big)
+\\prod_{l=1}^L \\mathcal N(φ_l \\mid μ_{0,l}, σ^2_{0,l})
+$$
 
 Every site is Gaussian in x = hᵀw + b given its hyperparameter φ_l (a log variance), so the model is
 conjugate given φ; what makes it non-Gaussian is the integral over φ. Instances (Jylänki 2013,

@@ -5,10 +5,10 @@ bootstrap samples and a growing data stream compile once per number of sites N. 
 gives every site group a fixed size instead: the real sites followed by padding sites that
 contribute exactly nothing,
 
-.. math::
-
-    p(w) \\propto f(w) \\prod_{n \\le N} \\varphi_n(h_n^\\top w + b_n)
-                   \\prod_{N < n \\le N'} 1 ,
+$$
+p(w) \\propto f(w) \\prod_{n \\le N} \\varphi_n(h_n^\\top w + b_n)
+\\prod_{N < n \\le N'} 1 ,
+$$
 
 so log Z, the posterior and every method's answer are those of the unpadded model. A padding site
 is a copy of the last real site (its row of H, its offset and its per-site potential parameters)

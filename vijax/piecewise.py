@@ -2,9 +2,9 @@
 
 The logistic log-partition f(x) = log(1 + eˣ) is bounded above by R pieces,
 
-.. math::
-
-    f(x) \\le \\bar f(x) = c_r x^2 + b_r x + a_r, \\qquad x \\in [t_{r-1}, t_r),
+$$
+f(x) \\le \\bar f(x) = c_r x^2 + b_r x + a_r, \\qquad x \\in [t_{r-1}, t_r),
+$$
 
 so that log σ(x) = −f(−x) ≥ −f̄(−x): a lower bound on every logistic site whose Gaussian
 expectation is in closed form (truncated Gaussian moments), with a known maximum error ε_R that

@@ -2,9 +2,9 @@
 
 A potential is the non-Gaussian factor of the target
 
-.. math::
-
-    p(w) \\propto \\mathcal N(w \\mid \\mu, \\Sigma) \\prod_n \\varphi_n(h_n^\\top w).
+$$
+p(w) \\propto \\mathcal N(w \\mid \\mu, \\Sigma) \\prod_n \\varphi_n(h_n^\\top w).
+$$
 
 Each potential is written for a vector of sites: ``log_phi(x)`` maps an array of
 projections ``x`` (shape ``(N,)``) to ``log φ_n(x_n)``, with per-site parameters
@@ -772,10 +772,10 @@ class Custom(AbstractPotential):
 class Masked(AbstractPotential):
     """``potential`` on the sites where ``mask`` is True, and φ ≡ 1 on the others.
 
-    .. math::
-
-        \\log \\tilde\\varphi_n(x) = \\begin{cases} \\log\\varphi_n(x) & \\text{mask}_n \\\\
-                                               0 & \\text{otherwise,} \\end{cases}
+    $$
+    \\log \\tilde\\varphi_n(x) = \\begin{cases} \\log\\varphi_n(x) & \\text{mask}_n \\\\
+    0 & \\text{otherwise,} \\end{cases}
+    $$
 
     so a masked-out site is a constant factor 1 of the target: it changes neither Z nor the
     posterior, whatever its projection h_n. Every Gaussian quantity follows exactly, per site:

@@ -3,11 +3,11 @@
 Every site term of every method reduces to an expectation under a univariate
 Gaussian (Barber & Bishop's reduction):
 
-.. math::
-
-    \\langle g(w^\\top h) \\rangle_{\\mathcal N(w \\mid m, S)}
-    = \\langle g(\\mu + \\sigma z) \\rangle_{\\mathcal N(z \\mid 0, 1)},
-    \\qquad \\mu = m^\\top h,\\ \\sigma^2 = h^\\top S h .
+$$
+\\langle g(w^\\top h) \\rangle_{\\mathcal N(w \\mid m, S)}
+= \\langle g(\\mu + \\sigma z) \\rangle_{\\mathcal N(z \\mid 0, 1)},
+\\qquad \\mu = m^\\top h,\\ \\sigma^2 = h^\\top S h .
+$$
 
 `GaussHermite` evaluates the right-hand side with an ``n``-point Gauss–Hermite
 rule (exact for polynomials of degree ``2n - 1``).

@@ -6,10 +6,10 @@ objectives are bounds and evidences, larger is better). Because the whole run is
 
 **Stopping rule.** Each solver stops on the squared Newton decrement
 
-.. math::
-
-    \\lambda^2(x) = \\nabla f(x)^\\top \\big(-\\nabla^2 f(x)\\big)^{-1} \\nabla f(x)
-    \\approx 2\\,(f^* - f(x)) \\approx \\lVert x - x^* \\rVert^2_{-\\nabla^2 f},
+$$
+\\lambda^2(x) = \\nabla f(x)^\\top \\big(-\\nabla^2 f(x)\\big)^{-1} \\nabla f(x)
+\\approx 2\\,(f^* - f(x)) \\approx \\lVert x - x^* \\rVert^2_{-\\nabla^2 f},
+$$
 
 estimated by gᵀd with d the solver's own ascent direction (the Newton-CG direction, the
 dense Newton direction, the L-BFGS direction, or the preconditioned gradient). λ² is
@@ -505,10 +505,10 @@ class NonlinearCG(AbstractSolver):
 
     With z_k = M_k g_k (M_k the preconditioner at x_k, or the identity),
 
-    .. math::
-
-        d_k = z_k + \\beta_k d_{k-1}, \\qquad
-        \\beta_k = \\max\\Big(0, \\frac{z_k^\\top (g_k - g_{k-1})}{z_{k-1}^\\top g_{k-1}}\\Big),
+    $$
+    d_k = z_k + \\beta_k d_{k-1}, \\qquad
+    \\beta_k = \\max\\Big(0, \\frac{z_k^\\top (g_k - g_{k-1})}{z_{k-1}^\\top g_{k-1}}\\Big),
+    $$
 
     restarted (d_k = z_k) whenever d_k is not an ascent direction. The step along d_k meets
     the strong Wolfe conditions with curvature constant ``c2`` (see `_wolfe`), started from

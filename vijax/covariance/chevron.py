@@ -14,10 +14,10 @@ __all__ = ["Chevron", "ChevronFactor"]
 class Chevron(AbstractCovariance):
     """C upper-triangular with rows 1…K dense and rows K+1…D diagonal (thesis §4.3).
 
-    .. math::
-
-        C = \\begin{pmatrix} \\Theta \\\\ 0\\ \\operatorname{diag}(d) \\end{pmatrix},
-        \\qquad \\Theta \\in \\mathbb R^{K\\times D}\\ \\text{upper-triangular}.
+    $$
+    C = \\begin{pmatrix} \\Theta \\\\ 0\\ \\operatorname{diag}(d) \\end{pmatrix},
+    \\qquad \\Theta \\in \\mathbb R^{K\\times D}\\ \\text{upper-triangular}.
+    $$
 
     KD − K(K−1)/2 + (D − K) parameters; O(N D K) per bound (O(nnz(H) K) for sparse H).
     S is dense with a sparse precision; the first K coordinates carry the correlations,

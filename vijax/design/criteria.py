@@ -3,9 +3,9 @@
 For a block of new measurements y* = M* w + noise, noise ~ N(0, ν² I), the information gain of the
 Gaussian approximation (thesis eqs. 5.4.1–5.4.2; Seeger & Nickisch 2011) is
 
-.. math::
-
-    I(M^*) = H[q] - H[q \\mid y^*] = \\tfrac12 \\log\\det\\big(I + \\nu^{-2} M^* S M^{*\\top}\\big),
+$$
+I(M^*) = H[q] - H[q \\mid y^*] = \\tfrac12 \\log\\det\\big(I + \\nu^{-2} M^* S M^{*\\top}\\big),
+$$
 
 independent of y*. Among blocks of K orthonormal rows it is largest for the K leading eigenvectors of S
 (the *free design*), found here by Lanczos with products v ↦ S v only (`covariance_product`), so a chevron,

@@ -1,9 +1,9 @@
 """The sparse linear model: noisy linear measurements of w with a sparsity prior on filter responses.
 
-.. math::
-
-    p(w \\mid y) \\;\\propto\\; \\mathcal N(y \\mid M w, \\nu^2 I) \\prod_{j=1}^{J} \\varphi_j(b_j^\\top w),
-    \\qquad s = B w,
+$$
+p(w \\mid y) \\;\\propto\\; \\mathcal N(y \\mid M w, \\nu^2 I) \\prod_{j=1}^{J} \\varphi_j(b_j^\\top w),
+\\qquad s = B w,
+$$
 
 with M ∈ R^{N×D} (N ≪ D measurements), B ∈ R^{J×D} (filters, `vijax.design.filters`) and φ a Laplace or
 Student-t potential on each filter response (thesis §5.4; Seeger & Nickisch 2011). It is a

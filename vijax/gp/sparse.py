@@ -82,21 +82,21 @@ def collapsed_elbo(kernel: AbstractKernel, X: ArrayLike, y: ArrayLike, noise_var
                    jitter: float = 1e-6) -> jax.Array:
     r"""Titsias' collapsed bound on :math:`\log p(y)` for Gaussian-likelihood regression.
 
-    .. math::
-
-        \mathcal L_2 = \log \mathcal N(y \mid 0, Q_{XX} + \sigma^2 I)
-                       - \frac{1}{2\sigma^2} \operatorname{tr}(K_{XX} - Q_{XX}).
+    $$
+    \mathcal L_2 = \log \mathcal N(y \mid 0, Q_{XX} + \sigma^2 I)
+    - \frac{1}{2\sigma^2} \operatorname{tr}(K_{XX} - Q_{XX}).
+    $$
 
     With :math:`A = \sigma^{-1} L^{-1} K_{ZX}`, :math:`B = I + A A^\top = L_B L_B^\top` and
     :math:`c = \sigma^{-1} L_B^{-1} A y`, the matrix determinant lemma and Woodbury give
 
-    .. math::
+    $$
+    \log \mathcal N(y \mid 0, Q_{XX} + \sigma^2 I)
+    = -\tfrac N2 \log 2\pi - \tfrac N2 \log\sigma^2 - \textstyle\sum_m \log (L_B)_{mm}
+    - \frac{y^\top y}{2\sigma^2} + \tfrac12 c^\top c,
 
-        \log \mathcal N(y \mid 0, Q_{XX} + \sigma^2 I)
-          = -\tfrac N2 \log 2\pi - \tfrac N2 \log\sigma^2 - \textstyle\sum_m \log (L_B)_{mm}
-            - \frac{y^\top y}{2\sigma^2} + \tfrac12 c^\top c,
-
-        \operatorname{tr}(Q_{XX}) / \sigma^2 = \operatorname{tr}(A A^\top).
+    \operatorname{tr}(Q_{XX}) / \sigma^2 = \operatorname{tr}(A A^\top).
+    $$
 
     Equals the exact log marginal likelihood when ``inducing = X`` (up to jitter) and is
     below it otherwise.
@@ -115,11 +115,11 @@ def optimal_inducing_posterior(kernel: AbstractKernel, X: ArrayLike, y: ArrayLik
                                inducing: ArrayLike, jitter: float = 1e-6) -> tuple[jax.Array, jax.Array]:
     r"""The optimal :math:`q(u)` of the collapsed bound.
 
-    .. math::
-
-        q(u) = \mathcal N\big(\sigma^{-2} K_{ZZ} \Lambda^{-1} K_{ZX} y,\;
-                              K_{ZZ} \Lambda^{-1} K_{ZZ}\big),
-        \qquad \Lambda = K_{ZZ} + \sigma^{-2} K_{ZX} K_{XZ} = L B L^\top,
+    $$
+    q(u) = \mathcal N\big(\sigma^{-2} K_{ZZ} \Lambda^{-1} K_{ZX} y,\;
+    K_{ZZ} \Lambda^{-1} K_{ZZ}\big),
+    \qquad \Lambda = K_{ZZ} + \sigma^{-2} K_{ZX} K_{XZ} = L B L^\top,
+    $$
 
     so that, with :math:`W = L L_B^{-\top}`, mean :math:`= W c` and covariance :math:`= W W^\top`.
 
@@ -151,11 +151,11 @@ def predict_sparse(kernel: AbstractKernel, inducing: ArrayLike, mean_u: ArrayLik
                    jitter: float = 1e-6) -> tuple[jax.Array, jax.Array]:
     r"""Predictive marginals of the latent function under :math:`q(u) = \mathcal N(\mu, S)`.
 
-    .. math::
-
-        q(f_*) = \mathcal N\big(K_{*Z} K_{ZZ}^{-1}\mu,\;
-            k_{**} - \operatorname{diag}(K_{*Z} K_{ZZ}^{-1} K_{Z*})
-                   + \operatorname{diag}(K_{*Z} K_{ZZ}^{-1} S K_{ZZ}^{-1} K_{Z*})\big).
+    $$
+    q(f_*) = \mathcal N\big(K_{*Z} K_{ZZ}^{-1}\mu,\;
+    k_{**} - \operatorname{diag}(K_{*Z} K_{ZZ}^{-1} K_{Z*})
+    + \operatorname{diag}(K_{*Z} K_{ZZ}^{-1} S K_{ZZ}^{-1} K_{Z*})\big).
+    $$
 
     Returns ``(mean, var)``, each of shape (T,). Add the noise variance to ``var`` for
     the predictive distribution of noisy observations.
@@ -174,19 +174,19 @@ def svgp_elbo(mean_u: ArrayLike, chol_u: ArrayLike, kernel: AbstractKernel, indu
               labels: ArrayLike | None = None) -> jax.Array:
     r"""Uncollapsed SVGP bound (Hensman et al. 2013) for any factorising likelihood.
 
-    .. math::
-
-        \mathcal L = \frac{N_\text{data}}{N_\text{batch}} \sum_{n \in \text{batch}}
-            \big\langle \log p(y_n \mid f_n) \big\rangle_{q(f_n)}
-            - \mathrm{KL}\big(\mathcal N(\mu, S) \,\|\, \mathcal N(0, K_{ZZ})\big),
+    $$
+    \mathcal L = \frac{N_\text{data}}{N_\text{batch}} \sum_{n \in \text{batch}}
+    \big\langle \log p(y_n \mid f_n) \big\rangle_{q(f_n)}
+    - \mathrm{KL}\big(\mathcal N(\mu, S) \,\|\, \mathcal N(0, K_{ZZ})\big),
+    $$
 
     with :math:`S = R R^\top` (:math:`R` = ``tril(chol_u)``), :math:`a_n = K_{ZZ}^{-1} k_{Zn}`,
     :math:`q(f_n) = \mathcal N(a_n^\top \mu,\; k_{nn} - a_n^\top K_{ZZ} a_n + a_n^\top S a_n)` and
 
-    .. math::
-
-        2\,\mathrm{KL} = \|L^{-1} R\|_F^2 + \|L^{-1}\mu\|^2 - M
-                         + 2\textstyle\sum_m \log L_{mm} - 2\sum_m \log |R_{mm}|.
+    $$
+    2\,\mathrm{KL} = \|L^{-1} R\|_F^2 + \|L^{-1}\mu\|^2 - M
+    + 2\textstyle\sum_m \log L_{mm} - 2\sum_m \log |R_{mm}|.
+    $$
 
     ``likelihood`` is a vijax potential over the batch (e.g.
     ``vijax.potentials.Gaussian(loc=y, scale=sigma)``); its ``expected_log_phi(mu, sigma)``
@@ -222,11 +222,11 @@ def svgp_natural_step(mean_u, chol_u, kernel, inducing, X, likelihood, num_data=
     expectation parameters, so with g_m, g_v the derivatives of the scaled expected log-likelihood
     with respect to each marginal's mean and variance, and ã_n = L⁻¹k_Zn,
 
-    .. math::
-
-        S̃^{-1} \leftarrow (1-\rho) S̃^{-1} + \rho \big(I - 2 \tilde A \operatorname{diag}(g_v) \tilde A^\top\big),
-        \qquad
-        S̃^{-1}m̃ \leftarrow (1-\rho) S̃^{-1}m̃ + \rho \big(\tilde A g_m - 2 \tilde A \operatorname{diag}(g_v) \tilde A^\top m̃\big).
+    $$
+    S̃^{-1} \leftarrow (1-\rho) S̃^{-1} + \rho \big(I - 2 \tilde A \operatorname{diag}(g_v) \tilde A^\top\big),
+    \qquad
+    S̃^{-1}m̃ \leftarrow (1-\rho) S̃^{-1}m̃ + \rho \big(\tilde A g_m - 2 \tilde A \operatorname{diag}(g_v) \tilde A^\top m̃\big).
+    $$
 
     With ρ = ``learning_rate`` = 1 and a Gaussian likelihood on the full data, one step lands on
     `optimal_inducing_posterior`. Minibatches pass ``num_data`` (and classification ``labels``) as

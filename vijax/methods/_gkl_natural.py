@@ -2,28 +2,28 @@
 
 At the maximum of the G-KL bound over q = N(m, S), with Gaussian factor f(w) = exp(−½wᵀΛw + ηᵀw + κ),
 
-.. math::
-
-    S^{-1} = \\Lambda + \\sum_g H_g^\\top \\operatorname{diag}(\\lambda_g) H_g, \\qquad
-    \\lambda_n = -2\\, \\partial F / \\partial \\sigma_n^2, \\qquad
-    F(\\mu, \\sigma^2) = \\sum_n \\langle \\log\\varphi_n(x) \\rangle_{N(\\mu_n, \\sigma_n^2)},
+$$
+S^{-1} = \\Lambda + \\sum_g H_g^\\top \\operatorname{diag}(\\lambda_g) H_g, \\qquad
+\\lambda_n = -2\\, \\partial F / \\partial \\sigma_n^2, \\qquad
+F(\\mu, \\sigma^2) = \\sum_n \\langle \\log\\varphi_n(x) \\rangle_{N(\\mu_n, \\sigma_n^2)},
+$$
 
 with μ_n = h_nᵀm + b_n and σ_n² = h_nᵀSh_n. So q is searched over (m, λ): D + N numbers, where the
 Cholesky parametrisation has D(D+3)/2. Since S⁻¹ − Λ = Hᵀdiag(λ)H, tr(ΛS) = D − Σ_n λ_nσ_n², and
 
-.. math::
-
-    \\mathcal B(m, \\lambda) = \\tfrac D2 (1 + \\log 2\\pi) - \\tfrac12 \\log\\det S^{-1} + \\log f(m)
-        - \\tfrac12 \\big(D - \\textstyle\\sum_n \\lambda_n \\sigma_n^2\\big) + F(\\mu, \\sigma^2).
+$$
+\\mathcal B(m, \\lambda) = \\tfrac D2 (1 + \\log 2\\pi) - \\tfrac12 \\log\\det S^{-1} + \\log f(m)
+- \\tfrac12 \\big(D - \\textstyle\\sum_n \\lambda_n \\sigma_n^2\\big) + F(\\mu, \\sigma^2).
+$$
 
 **Gradient and curvature.** With g = ∇_m B, λ* = −2∂F/∂σ² at q, d = λ* − λ, A = Σ∘Σ (Σ = HSHᵀ, so
 ∂σ²/∂λ = −A), C = diag(∂λ*/∂σ²) and E = diag(∂λ*/∂μ) (1-D derivatives of the site expectations, in
 forward mode), B's gradient is (g, ½Ad) and its negative Hessian, up to terms that vanish with d,
 
-.. math::
-
-    \\begin{pmatrix} P^* & -\\tfrac12 H^\\top E A \\\\ -\\tfrac12 A E H & \\tfrac12 (A + ACA) \\end{pmatrix},
-    \\qquad P^* = \\Lambda + H^\\top \\operatorname{diag}(\\lambda^*) H
+$$
+\\begin{pmatrix} P^* & -\\tfrac12 H^\\top E A \\\\ -\\tfrac12 A E H & \\tfrac12 (A + ACA) \\end{pmatrix},
+\\qquad P^* = \\Lambda + H^\\top \\operatorname{diag}(\\lambda^*) H
+$$
 
 (−∂²F/∂μ² = λ*: P* is the exact curvature in m for fixed S).
 

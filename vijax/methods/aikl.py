@@ -3,20 +3,20 @@
 q(w) is the density of w = A v + b, where v has independent, possibly non-Gaussian coordinates
 (thesis ch. 6; Challis & Barber, NIPS 2012):
 
-.. math::
-
-    q_w(w) = |\\det A|^{-1} \\prod_d q_v\\big([A^{-1}(w - b)]_d \\mid \\theta_d\\big),
-    \\qquad A = L U,
+$$
+q_w(w) = |\\det A|^{-1} \\prod_d q_v\\big([A^{-1}(w - b)]_d \\mid \\theta_d\\big),
+\\qquad A = L U,
+$$
 
 with L lower-triangular, U upper-triangular (every invertible A is L U P with P a permutation, and a
 permutation of independent coordinates is absorbed into their parameters θ_d, so nothing is lost).
 For the model p(w) ∝ f(w) ∏_n φ_n(h_nᵀw + c_n) the KL bound is
 
-.. math::
-
-    \\log Z \\ge \\mathcal B = \\log|\\det A| + \\sum_d H[q_v(\\cdot\\mid\\theta_d)]
-        + \\langle \\log f(w) \\rangle_q + \\sum_n \\langle \\log \\varphi_n(y_n) \\rangle_{q_{y_n}},
-    \\qquad y_n = \\alpha_n^\\top v + \\beta_n,\\ \\alpha_n = A^\\top h_n,\\ \\beta_n = h_n^\\top b + c_n
+$$
+\\log Z \\ge \\mathcal B = \\log|\\det A| + \\sum_d H[q_v(\\cdot\\mid\\theta_d)]
++ \\langle \\log f(w) \\rangle_q + \\sum_n \\langle \\log \\varphi_n(y_n) \\rangle_{q_{y_n}},
+\\qquad y_n = \\alpha_n^\\top v + \\beta_n,\\ \\alpha_n = A^\\top h_n,\\ \\beta_n = h_n^\\top b + c_n
+$$
 
 (thesis eq. 6.3.1). The Gaussian term depends on q only through its mean A v̄ + b and covariance
 A diag(var v) Aᵀ, so it is the G-KL one, in closed form. Each site term needs the density of a sum of
@@ -24,10 +24,10 @@ D independent variables u_d = α_d v_d: every u_d is put on one lattice of K poi
 spacing Δ spanning ±ν σ_y (ν = 6, σ_y² = Σ_d α_d² var v_d) around its mean, and the D lattices are
 convolved exactly by a zero-padded FFT (thesis eq. 6.3.4),
 
-.. math::
-
-    \\rho = \\mathrm{ifft}\\Big[\\prod_d \\mathrm{fft}[\\pi_d, 0, \\dots, 0]\\Big],
-    \\qquad \\langle \\log\\varphi(y)\\rangle \\approx \\sum_j \\rho_j \\log\\varphi(\\beta + l_j).
+$$
+\\rho = \\mathrm{ifft}\\Big[\\prod_d \\mathrm{fft}[\\pi_d, 0, \\dots, 0]\\Big],
+\\qquad \\langle \\log\\varphi(y)\\rangle \\approx \\sum_j \\rho_j \\log\\varphi(\\beta + l_j).
+$$
 
 The lattice weights π_dk are the density of u_d at the lattice points, normalised to sum to one (the
 cell masses by the midpoint rule). For smooth bases this is the trapezoidal rule, whose error falls

@@ -3,9 +3,9 @@
 Every site φ_n(x_n), x_n = h_nᵀw + b_n, is replaced by t̃_n(x) = exp(ν_n x − ½ τ_n x²) (natural
 parameters; τ_n may be negative), the Gaussian factor f is kept exact, and
 
-.. math::
-
-    q(w) \\propto f(w) \\prod_n \\tilde t_n(h_n^\\top w + b_n) = \\mathcal N(w \\mid m, S).
+$$
+q(w) \\propto f(w) \\prod_n \\tilde t_n(h_n^\\top w + b_n) = \\mathcal N(w \\mid m, S).
+$$
 
 With q's marginal N(m_n, V_n) of x_n and a power η ∈ (0, 1] (η = 1 is standard EP), the cavity
 removes a fraction η of site n, q_{−n}(x) ∝ N(m_n, V_n) t̃_n(x)^{−η}, i.e. precision V_n⁻¹ − ητ_n and
@@ -13,19 +13,19 @@ shift m_n/V_n − ην_n. The tilted density p̂_n ∝ φ_n(x)^η q_{−n}(x) ha
 (m̂_n, V̂_n) (`AbstractPotential.tilted_moments`), and a damped update (δ ∈ (0, 1]) moves the site
 towards moment matching (Jylänki 2013, eqs. 2.36–2.37):
 
-.. math::
-
-    \\tau_n \\leftarrow \\tau_n + \\tfrac{\\delta}{\\eta}(\\hat V_n^{-1} - V_n^{-1}), \\qquad
-    \\nu_n \\leftarrow \\nu_n + \\tfrac{\\delta}{\\eta}(\\hat m_n/\\hat V_n - m_n/V_n).
+$$
+\\tau_n \\leftarrow \\tau_n + \\tfrac{\\delta}{\\eta}(\\hat V_n^{-1} - V_n^{-1}), \\qquad
+\\nu_n \\leftarrow \\nu_n + \\tfrac{\\delta}{\\eta}(\\hat m_n/\\hat V_n - m_n/V_n).
+$$
 
 At a fixed point the tilted moments equal q's marginals. The EP approximation of log Z (the
 energy, eqs. 2.42 and 2.45 with the thesis's misprints corrected) is
 
-.. math::
-
-    \\log Z_{\\rm EP} = \\log\\!\\int f(w) \\prod_n \\tilde t_n\\, dw
-      + \\frac1\\eta \\sum_n \\big[\\log \\hat Z_n + \\log Z(m_{-n}, V_{-n}) - \\log Z(m_n, V_n)\\big],
-    \\qquad \\log Z(m, V) = \\tfrac12 \\log 2\\pi V + \\tfrac{m^2}{2V},
+$$
+\\log Z_{\\rm EP} = \\log\\!\\int f(w) \\prod_n \\tilde t_n\\, dw
++ \\frac1\\eta \\sum_n \\big[\\log \\hat Z_n + \\log Z(m_{-n}, V_{-n}) - \\log Z(m_n, V_n)\\big],
+\\qquad \\log Z(m, V) = \\tfrac12 \\log 2\\pi V + \\tfrac{m^2}{2V},
+$$
 
 and it is stationary in the site parameters at every fixed point, so its derivative in the model's
 hyperparameters with the sites frozen is the total derivative (`energy`).

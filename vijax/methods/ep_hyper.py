@@ -3,18 +3,18 @@
 For a `vj.hierarchical.HierarchicalModel`, every site t_n(x_n, φ_l) = N(x_n | y_n, e^{φ_l}) touches
 one latent projection x_n = h_nᵀw + b_n and one hyperparameter φ_l = φ_{l_n}. EP approximates
 
-.. math::
-
-    p(w, φ) \\approx q(w)\\,q(φ), \\qquad q(w) \\propto \\prod_n e^{ν_n x_n - τ_n x_n^2/2}, \\qquad
-    q(φ) = \\prod_l \\mathcal N(φ_l \\mid μ_l, s_l^2) \\propto p(φ) \\prod_n e^{ν^φ_n φ_{l_n} - τ^φ_n φ_{l_n}^2/2}
+$$
+p(w, φ) \\approx q(w)\\,q(φ), \\qquad q(w) \\propto \\prod_n e^{ν_n x_n - τ_n x_n^2/2}, \\qquad
+q(φ) = \\prod_l \\mathcal N(φ_l \\mid μ_l, s_l^2) \\propto p(φ) \\prod_n e^{ν^φ_n φ_{l_n} - τ^φ_n φ_{l_n}^2/2}
+$$
 
 (eq. 2.9: θ and φ approximated independently; the φ-sites are Gaussian in φ, the conjugate family of
 the Gaussian hyperprior). Each site update forms the cavities q_{−n}(x) = N(m₋, V₋) and
 q_{−n}(φ_l) = N(μ₋, s₋²) (`vj.ep.cavity`) and the tilted distribution
 
-.. math::
-
-    \\hat p_n(x, φ) \\propto \\mathcal N(x \\mid y_n, e^{φ})^η\\, \\mathcal N(x \\mid m_-, V_-)\\, \\mathcal N(φ \\mid μ_-, s_-^2),
+$$
+\\hat p_n(x, φ) \\propto \\mathcal N(x \\mid y_n, e^{φ})^η\\, \\mathcal N(x \\mid m_-, V_-)\\, \\mathcal N(φ \\mid μ_-, s_-^2),
+$$
 
 whose x-integral is analytic given φ (Gaussian times Gaussian): with s²(φ) = e^φ/η,
 Z(φ) = c(φ) N(y_n | m₋, V₋ + s²(φ)), c(φ) = (2πe^φ)^{(1−η)/2} η^{−1/2}, and the conditional moments
@@ -27,10 +27,10 @@ Sites move by the damped EP step (`vj.ep.site_step`, eqs. 2.36–2.37 and 2.38) 
 from one q, then q once (a Cholesky of the D × D precision of q(w), a segment sum for q(φ)); a step is
 halved until q and every cavity are proper. The energy is eq. 2.42/2.45 with the φ terms added:
 
-.. math::
-
-    \\log Z_{\\rm EP} = \\log\\!\\int\\!\\prod_n \\tilde t_n\\,dw + \\log\\!\\int\\! p(φ)\\prod_n \\tilde t^φ_n\\,dφ
-      + \\frac1η\\sum_n\\big[\\log\\hat Z_n + \\log Z(q_{-n}(x)) - \\log Z(q(x_n)) + \\log Z(q_{-n}(φ)) - \\log Z(q(φ_{l_n}))\\big].
+$$
+\\log Z_{\\rm EP} = \\log\\!\\int\\!\\prod_n \\tilde t_n\\,dw + \\log\\!\\int\\! p(φ)\\prod_n \\tilde t^φ_n\\,dφ
++ \\frac1η\\sum_n\\big[\\log\\hat Z_n + \\log Z(q_{-n}(x)) - \\log Z(q(x_n)) + \\log Z(q_{-n}(φ)) - \\log Z(q(φ_{l_n}))\\big].
+$$
 
 Where the hyperprior variances go to 0 (q(φ) collapses to a point μ_0), the tilted distributions are
 Gaussian and EP is exact: the fit is the conjugate posterior at φ = μ_0, and log Z_EP its evidence.

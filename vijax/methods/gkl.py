@@ -2,13 +2,13 @@
 
 For q(w) = N(m, S), S = CᵀC, and the model p(w) ∝ f(w) ∏_n φ_n(h_nᵀw + b_n):
 
-.. math::
-
-    \\log Z \\ge \\mathcal B(m, C) =
-        \\underbrace{\\tfrac12 \\log\\det(2\\pi e S)}_{\\text{entropy}}
-      + \\underbrace{\\langle \\log f(w) \\rangle_q}_{\\text{Gaussian term}}
-      + \\sum_n \\langle \\log \\varphi_n(\\mu_n + \\sigma_n z)\\rangle_{z},
-    \\qquad \\mu_n = h_n^\\top m + b_n,\\ \\sigma_n^2 = h_n^\\top S h_n .
+$$
+\\log Z \\ge \\mathcal B(m, C) =
+\\underbrace{\\tfrac12 \\log\\det(2\\pi e S)}_{\\text{entropy}}
++ \\underbrace{\\langle \\log f(w) \\rangle_q}_{\\text{Gaussian term}}
++ \\sum_n \\langle \\log \\varphi_n(\\mu_n + \\sigma_n z)\\rangle_{z},
+\\qquad \\mu_n = h_n^\\top m + b_n,\\ \\sigma_n^2 = h_n^\\top S h_n .
+$$
 
 With a Gaussian f = N(μ, Σ) the Gaussian term is
 −½[log det(2πΣ) + (m−μ)ᵀΣ⁻¹(m−μ) + tr(Σ⁻¹S)] (thesis eq. 4.1.1). The bound is

@@ -2,18 +2,18 @@
 
 For the model p(w) ∝ f(w) ∏_n φ_n(h_nᵀw + b_n), with log joint
 
-.. math::
-
-    \\ell(w) = \\log f(w) + \\sum_n \\log \\varphi_n(h_n^\\top w + b_n),
+$$
+\\ell(w) = \\log f(w) + \\sum_n \\log \\varphi_n(h_n^\\top w + b_n),
+$$
 
 the mode w* = argmax ℓ is found by Newton-CG, and q(w) = N(w*, A⁻¹) with
 
-.. math::
+$$
+A = -\\nabla^2 \\ell(w^*) = \\Lambda + \\sum_n \\omega_n h_n h_n^\\top,
+\\qquad \\omega_n = -(\\log \\varphi_n)''(h_n^\\top w^* + b_n),
 
-    A = -\\nabla^2 \\ell(w^*) = \\Lambda + \\sum_n \\omega_n h_n h_n^\\top,
-    \\qquad \\omega_n = -(\\log \\varphi_n)''(h_n^\\top w^* + b_n),
-
-    \\log Z \\approx \\ell(w^*) + \\tfrac D2 \\log 2\\pi - \\tfrac12 \\log\\det A .
+\\log Z \\approx \\ell(w^*) + \\tfrac D2 \\log 2\\pi - \\tfrac12 \\log\\det A .
+$$
 
 Λ is the precision of f (zero without a Gaussian term). The evidence is exact, and q the
 posterior, when every φ_n is Gaussian. For sites that are not log-concave (Student-t,

@@ -3,20 +3,20 @@
 Each non-Gaussian site is bounded below by an exponentiated quadratic in x = hᵀw + b with its
 own variational parameter ξ_n,
 
-.. math::
-
-    \\log \\varphi_n(x) \\ge a_n(\\xi_n)\\, x - \\tfrac12 A_n(\\xi_n)\\, x^2 + c_n(\\xi_n)
-    \\qquad\\text{(tight at } x = \\pm\\xi_n \\text{, or } x = \\psi_n\\text{)},
+$$
+\\log \\varphi_n(x) \\ge a_n(\\xi_n)\\, x - \\tfrac12 A_n(\\xi_n)\\, x^2 + c_n(\\xi_n)
+\\qquad\\text{(tight at } x = \\pm\\xi_n \\text{, or } x = \\psi_n\\text{)},
+$$
 
 so that, with the Gaussian factor f(w) = exp(−½wᵀΛw + ηᵀw + κ) of the model,
 
-.. math::
+$$
+\\log Z \\ge \\mathcal B_{\\rm LVB}(\\xi)
+= \\kappa + \\sum_n (a_n b_n - \\tfrac12 A_n b_n^2 + c_n)
++ \\tfrac12 r^\\top P^{-1} r + \\tfrac D2 \\log 2\\pi - \\tfrac12 \\log\\det P,
 
-    \\log Z \\ge \\mathcal B_{\\rm LVB}(\\xi)
-      = \\kappa + \\sum_n (a_n b_n - \\tfrac12 A_n b_n^2 + c_n)
-        + \\tfrac12 r^\\top P^{-1} r + \\tfrac D2 \\log 2\\pi - \\tfrac12 \\log\\det P,
-
-    P = \\Lambda + \\sum_n A_n h_n h_n^\\top, \\qquad r = \\eta + \\sum_n (a_n - A_n b_n) h_n .
+P = \\Lambda + \\sum_n A_n h_n h_n^\\top, \\qquad r = \\eta + \\sum_n (a_n - A_n b_n) h_n .
+$$
 
 (This is thesis eq. 3.8.4 with its log-determinant constant corrected: the Gaussian integral
 gives +½ log det(2πP⁻¹), not −½ log det(2πP).) The Gaussian q_ξ = N(P⁻¹r, P⁻¹) is the LVB

@@ -1,8 +1,8 @@
 """Maximum a posteriori (MAP) estimation: the mode of the log joint.
 
-.. math::
-
-    w^* = \\arg\\max_w \\; \\ell(w) = \\log f(w) + \\sum_n \\log \\varphi_n(h_n^\\top w + b_n).
+$$
+w^* = \\arg\\max_w \\; \\ell(w) = \\log f(w) + \\sum_n \\log \\varphi_n(h_n^\\top w + b_n).
+$$
 
 The mode search, the curvature at the mode and its fallback are those of `vj.Laplace`
 (see `vijax.methods.laplace`); MAP differs only in what it reports as ``log_z``.

@@ -1,17 +1,17 @@
 """Mean field: the bound over fully factorised q(w) = ∏_d q(w_d) (thesis §3.4).
 
-.. math::
-
-    \\mathcal B_{\\rm MF} = \\sum_d H[q(w_d)] + \\langle \\log f(w)\\rangle
-        + \\sum_n \\langle \\log \\varphi_n(h_n^\\top w + b_n)\\rangle .
+$$
+\\mathcal B_{\\rm MF} = \\sum_d H[q(w_d)] + \\langle \\log f(w)\\rangle
++ \\sum_n \\langle \\log \\varphi_n(h_n^\\top w + b_n)\\rangle .
+$$
 
 **One site per coordinate (H = I) with a Gaussian term f = N(μ, Λ⁻¹): free-form factors.** The
 optimal factor given the others is the tilted density
 
-.. math::
-
-    q(w_k) = \\varphi_k(w_k + b_k)\\, \\mathcal N(w_k \\mid c_k, v_k) / Z_k, \\qquad
-    v_k = 1/\\Lambda_{kk},\\quad c_k = m_k - [\\Lambda(m - \\mu)]_k / \\Lambda_{kk}
+$$
+q(w_k) = \\varphi_k(w_k + b_k)\\, \\mathcal N(w_k \\mid c_k, v_k) / Z_k, \\qquad
+v_k = 1/\\Lambda_{kk},\\quad c_k = m_k - [\\Lambda(m - \\mu)]_k / \\Lambda_{kk}
+$$
 
 (m the factors' means; the thesis's printed sign of the cross term is corrected, see the research
 errata), found by asynchronous coordinate ascent, which never lowers the bound. Z_k = ⟨φ_k⟩ under
@@ -19,10 +19,10 @@ N(c_k, v_k), the factor's mean m_k and variance s_k are the tilted moments EP al
 (`AbstractPotential.tilted_moments`: closed forms, or a rule that resolves the potential's peaks). For any
 (c, v) the bound is then, exactly,
 
-.. math::
-
-    \\mathcal B_{\\rm MF} = \\sum_k \\Big[\\log Z_k + \\tfrac12 \\log 2\\pi v_k
-        + \\frac{s_k + (m_k - c_k)^2}{2 v_k}\\Big] + \\log f(m) - \\tfrac12 \\sum_k \\Lambda_{kk} s_k .
+$$
+\\mathcal B_{\\rm MF} = \\sum_k \\Big[\\log Z_k + \\tfrac12 \\log 2\\pi v_k
++ \\frac{s_k + (m_k - c_k)^2}{2 v_k}\\Big] + \\log f(m) - \\tfrac12 \\sum_k \\Lambda_{kk} s_k .
+$$
 
 The factors are not Gaussian; the `Posterior` holds their means and variances (a `DiagonalFactor`).
 

@@ -2,13 +2,13 @@
 
 Model (thesis eq. 3.8, with the choices the thesis leaves open stated):
 
-.. math::
+$$
+f(x) = \\sum_{k=1}^K v_k\\, g(w_k^\\top \\tilde x) + v_0, \\qquad y_i \\sim \\mathcal N(f(x_i), e^{φ_0}),
 
-    f(x) = \\sum_{k=1}^K v_k\\, g(w_k^\\top \\tilde x) + v_0, \\qquad y_i \\sim \\mathcal N(f(x_i), e^{φ_0}),
-
-    w_{kj} \\mid φ \\sim \\mathcal N(0, e^{φ_{l_j}}), \\quad φ_l \\sim \\mathcal N(μ_{0,l}, σ^2_{0,l}), \\quad
-    φ_0 \\sim \\mathcal N(\\text{noise prior}), \\quad v_k \\sim \\mathcal N(0, σ_v^2)\\,[v_k \\ge 0]\\ (k \\ge 1),
-    \\quad v_0 \\sim \\mathcal N(0, σ_v^2).
+w_{kj} \\mid φ \\sim \\mathcal N(0, e^{φ_{l_j}}), \\quad φ_l \\sim \\mathcal N(μ_{0,l}, σ^2_{0,l}), \\quad
+φ_0 \\sim \\mathcal N(\\text{noise prior}), \\quad v_k \\sim \\mathcal N(0, σ_v^2)\\,[v_k \\ge 0]\\ (k \\ge 1),
+\\quad v_0 \\sim \\mathcal N(0, σ_v^2).
+$$
 
 x̃ = [x, 1] (the input bias is a weight like the others, with its own scale group). ``groups="ard"``
 gives every input its own φ_l shared by all hidden units (Neal 1996's ARD), ``"common"`` one scale for

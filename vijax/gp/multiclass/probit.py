@@ -6,29 +6,29 @@ at input i.
 
 **Multinomial probit, nested EP** (Riihimäki, Jylänki & Vehtari, JMLR 2013; Jylänki thesis §3.2):
 
-.. math::
-
-    p(y_i = c \\mid f_i) = \\int \\mathcal N(u \\mid 0, 1) \\prod_{j \\ne c} \\Phi(u + f_{ic} - f_{ij})\\, du .
+$$
+p(y_i = c \\mid f_i) = \\int \\mathcal N(u \\mid 0, 1) \\prod_{j \\ne c} \\Phi(u + f_{ic} - f_{ij})\\, du .
+$$
 
 Dropping the integral over the auxiliary u_i leaves C − 1 probit factors Φ(z_ij), each on a scalar
 z_ij = u_i + f_{i,y_i} − f_ij. Each outer site's tilted moments come from an *inner* EP over these
 factors with scalar sites exp(−½ τ_ij z² + ν_ij z); integrating u_i out of the inner approximation
 gives the outer site exp(−½ f_iᵀ T̃_i f_i + h_iᵀ f_i) with
 
-.. math::
-
-    \\tilde T_i = \\operatorname{diag}(\\pi_i) - \\pi_i \\pi_i^\\top / S_i, \\qquad
-    \\pi_i = \\tau_i + e_{y_i},\\ S_i = 1^\\top \\pi_i, \\qquad
-    h_i = e_{y_i} 1^\\top a_i - a_i,\\ a_i = \\nu_i - \\tau_i (1^\\top \\nu_i)/S_i
+$$
+\\tilde T_i = \\operatorname{diag}(\\pi_i) - \\pi_i \\pi_i^\\top / S_i, \\qquad
+\\pi_i = \\tau_i + e_{y_i},\\ S_i = 1^\\top \\pi_i, \\qquad
+h_i = e_{y_i} 1^\\top a_i - a_i,\\ a_i = \\nu_i - \\tau_i (1^\\top \\nu_i)/S_i
+$$
 
 (τ_{i,y_i} = ν_{i,y_i} = 0). T̃_i 1 = 0 and rank T̃_i = C − 1: the structure of R&W's softmax
 Laplace, so with W = Σ_i U_i T̃_i U_iᵀ = D − D R S⁻¹ Rᵀ D (D = diag π, R the stacked identities)
 the posterior Σ = (K⁻¹ + W)⁻¹ costs one N × N Cholesky per class plus one for
 M = Σ_c E_c, E_c = D_c½ (I + D_c½ K_c D_c½)⁻¹ D_c½ (R&W Alg. 3.3), O(C N³) in all:
 
-.. math::
-
-    \\Sigma = K - K E K + K E R M^{-1} R^\\top E K .
+$$
+\\Sigma = K - K E K + K E R M^{-1} R^\\top E K .
+$$
 
 The outer loop is the paper's *incremental* scheme: one damped inner update of every (τ_ij, ν_ij)
 per outer iteration, all sites in parallel, from the z_ij marginals of the current q (the inner

@@ -3,10 +3,10 @@
 C classes, K = C − 1 stick functions η_j ~ GP(0, k), independent, broken off in the order of a
 permutation of the classes (``ordering``; class ``ordering[k]`` is at position k):
 
-.. math::
-
-    p(y = k \\mid \\eta) = \\sigma(\\eta_k) \\prod_{j < k} (1 - \\sigma(\\eta_j)),\\ k < K, \\qquad
-    p(y = K \\mid \\eta) = \\prod_{j < K} (1 - \\sigma(\\eta_j)),
+$$
+p(y = k \\mid \\eta) = \\sigma(\\eta_k) \\prod_{j < k} (1 - \\sigma(\\eta_j)),\\ k < K, \\qquad
+p(y = K \\mid \\eta) = \\prod_{j < K} (1 - \\sigma(\\eta_j)),
+$$
 
 so log p(y = k | η) = Σ_{j ≤ k} log σ(±η_j) (+ for j = k, − for j < k): binary logistic sites,
 one per (stick j, input n) with j ≤ rank(y_n), signs in H. Stick j's value at an input whose class
