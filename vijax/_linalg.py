@@ -72,13 +72,16 @@ def nan_trace(max_iter: int, dtype, first=None):
     return trace if first is None else trace.at[0].set(first)
 
 
-def backtrack(evaluate, acceptable, step, max_halvings: int):
+def backtrack(evaluate, acceptable, step, max_halvings: int, placeholder=None):
     """Halve ``step`` until ``acceptable(step, evaluate(step))``, at most ``max_halvings`` times.
 
     ``step``: a scalar, or an array of independent steps (one per column, per coordinate …), each
     halved only while its own trial is unacceptable. ``evaluate(step)`` returns the trial's value (any
     pytree); ``acceptable(step, value)`` a boolean of ``step``'s shape. One `jax.lax.while_loop`, with
-    ``evaluate`` and ``acceptable`` traced twice each (the first trial and the loop body).
+    ``evaluate`` and ``acceptable`` traced twice each (the first trial and the loop body) — or once,
+    in the body, when ``placeholder`` (a value of ``evaluate``'s structure, returned for nothing) is
+    given: the first trial is then the loop's first iteration. Worth it where ``evaluate`` is a whole
+    model's update (EP over hyperparameters, the network EP).
 
     Returns ``(step, value, ok, halvings)``: the last steps tried, their value, whether each is
     acceptable (callers keep the old point where it is not) and the number of halvings.
@@ -93,6 +96,10 @@ def backtrack(evaluate, acceptable, step, max_halvings: int):
         value = evaluate(step)
         return step, value, acceptable(step, value), k + 1
 
+    if placeholder is not None:
+        # Start one halving "before" the first trial: 2·step halved is step exactly (a power of two).
+        ok = jnp.zeros(jnp.shape(step), bool)
+        return jax.lax.while_loop(unfinished, halve, (2 * step, placeholder, ok, jnp.array(-1)))
     value = evaluate(step)
     return jax.lax.while_loop(unfinished, halve, (step, value, acceptable(step, value), jnp.array(0)))
 

@@ -44,7 +44,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from .._linalg import LOG_2PI, select
+from .._linalg import LOG_2PI, backtrack, select
 from ..covariance import CholeskyFactor
 from ..hierarchical import HierarchicalModel
 from ..posterior import Diagnostics, Posterior
@@ -269,7 +269,8 @@ class HierarchicalEP(eqx.Module):
         work = working_model(model.model)
         evaluate = lambda s, h: self.evaluate(model, s, h, work)
         # The loop's first iteration evaluates the start (a zero step), so `evaluate` is traced once,
-        # in the step-halving loop; until then the evaluation is a NaN placeholder of the right shape.
+        # in the step-halving loop (`backtrack` with a placeholder); until then the evaluation is a NaN
+        # placeholder of the right shape.
         shape = jax.eval_shape(evaluate, sites, hyper_sites)
         ev = jax.tree_util.tree_map(lambda a: jnp.full(a.shape, jnp.nan if a.dtype != bool else False, a.dtype), shape)
         dtype = shape.value.dtype
@@ -279,23 +280,13 @@ class HierarchicalEP(eqx.Module):
         def step(k, state):
             sites, hyper_sites, ev, trace, shrunk, _, started = state
             dw, dh = jax.tree_util.tree_map(lambda d: jnp.where(started, self.damping * d, 0.0), self._direction(ev))
-
-            def unfinished(c):
-                _, _, ok, n = c
-                return ~ok & (n <= _MAX_HALVINGS)
-
-            def halve(c):
-                alpha, _, _, n = c
-                alpha = jnp.where(n > 0, 0.5 * alpha, alpha)
-                new = evaluate(sites + dw.scale(alpha), hyper_sites + dh.scale(alpha))
-                return alpha, new, new.proper, n + 1
-
-            one = jnp.ones((), dtype)
-            alpha, new, ok, n = jax.lax.while_loop(unfinished, halve, (one, ev, jnp.array(False), jnp.array(0)))
+            alpha, new, ok, halvings = backtrack(
+                lambda a: evaluate(sites + dw.scale(a), hyper_sites + dh.scale(a)),
+                lambda a, new: new.proper, jnp.ones((), dtype), _MAX_HALVINGS, placeholder=ev)
             sites = select(ok, sites + dw.scale(alpha), sites)
             hyper_sites = select(ok, hyper_sites + dh.scale(alpha), hyper_sites)
             ev = select(ok, new, ev)
-            return (sites, hyper_sites, ev, trace.at[k].set(ev.value), shrunk + (n > 1), ~ok,
+            return (sites, hyper_sites, ev, trace.at[k].set(ev.value), shrunk + (halvings > 0), ~ok,
                     started | ok)
 
         done = lambda k, state: state[6] & (self.residual(state[2]) <= self.tol) | state[5]

@@ -57,7 +57,7 @@ import numpy as np
 from jax.scipy.special import erf, log_ndtr, logsumexp
 
 from .. import _checks
-from .._linalg import LOG_2PI, select
+from .._linalg import LOG_2PI, backtrack, select
 from ..methods.ep import cavity, moment_residual, site_step
 from ..methods.ep_hyper import log_variance_tilted_moments
 from ..quadrature import GaussHermite
@@ -474,18 +474,9 @@ class NetworkEP(eqx.Module):
         def body(state):
             k, sites, ev, _, started = state
             step = jax.tree_util.tree_map(lambda d: jnp.where(started, self.damping * d, 0.0), ev.step)
-
-            def unfinished(c):
-                return ~c[2] & (c[3] <= _MAX_HALVINGS)
-
-            def halve(c):
-                alpha, _, _, n = c
-                alpha = jnp.where(n > 0, 0.5 * alpha, alpha)
-                new = evaluate(sites.add(step, alpha))
-                return alpha, new, new.proper, n + 1
-
-            alpha, new, ok, _ = jax.lax.while_loop(unfinished, halve, (jnp.ones((), dtype), ev, jnp.array(False),
-                                                                        jnp.array(0)))
+            # Traced once: the first trial is the halving loop's first iteration.
+            alpha, new, ok, _ = backtrack(lambda a: evaluate(sites.add(step, a)), lambda a, new: new.proper,
+                                          jnp.ones((), dtype), _MAX_HALVINGS, placeholder=ev)
             sites = select(ok, sites.add(step, alpha), sites)
             return k + 1, sites, select(ok, new, ev), ~ok, started | ok
 
