@@ -133,7 +133,7 @@ def test_univariate_reduction_by_monte_carlo(rng):
     X = rng.normal(size=(5, 3))
     model = vj.LatentLinearModel(None, vj.Sites(X, vj.potentials.Logistic()))
     params = _random_params(rng, vj.covariance.Full(), 3)
-    post = vj.Posterior(params.mean, params.factor, jnp.nan, None, model, is_lower_bound=False)
+    post = vj.Posterior(params.mean, params.factor, jnp.nan, None, model, bound_claim=False)
     w = post.sample(jax.random.key(0), 400_000)
     mc = np.mean(np.sum(np.asarray(jax.nn.log_sigmoid(w @ X.T)), axis=1))
     entropy = 0.5 * (3 * (1 + np.log(2 * np.pi)) + np.linalg.slogdet(np.asarray(post.covariance))[1])

@@ -6,6 +6,7 @@ import dataclasses
 import re
 import warnings
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -161,6 +162,22 @@ def test_non_finite_log_z_is_never_a_bound(gkl_post):
     flags = jax.vmap(lambda z: dataclasses.replace(gkl_post, log_z=z).is_lower_bound)(jnp.array([0.0, jnp.nan]))
     assert flags.tolist() == [True, False]
     assert "not finite" in nan.summary()
+
+
+def test_warm_start_from_a_concrete_fit_compiles_once(logistic, gkl_post):
+    # A posterior fitted outside jit and one returned by jit have one pytree structure (the bound claim
+    # is static, the flag computed), so a jitted warm-started step is traced once, not once per kind.
+    traces = []
+
+    @eqx.filter_jit
+    def step(model, init):
+        traces.append(None)
+        return vj.infer(model, vj.GKL(), init=init)
+
+    post = step(logistic, gkl_post)
+    post = step(logistic, post)
+    assert len(traces) == 1 and post.is_lower_bound is True
+    assert jax.tree_util.tree_structure(post) == jax.tree_util.tree_structure(gkl_post)
 
 
 def test_failed_fit_warns_and_is_not_a_bound():

@@ -53,10 +53,6 @@ def infer(model: LatentLinearModel, method, init=None) -> Posterior:
     # (EP's fallback schedules) is compiled only when a fit needs it.
     staged = getattr(method, "staged_fit", None)
     post = staged(model, init) if staged is not None and _checks.is_concrete(model, init) else _fit(model, method, init)
-    if _checks.is_concrete(post.log_z, post.is_lower_bound) and not isinstance(post.is_lower_bound, bool) \
-            and np.ndim(post.is_lower_bound) == 0:
-        # Built under the compiled fit, the flag is an array: a Python bool again for a concrete fit.
-        post = eqx.tree_at(lambda p: p.is_lower_bound, post, bool(post.is_lower_bound))
     _warn_unless_converged(post)
     return post
 

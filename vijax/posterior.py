@@ -211,10 +211,12 @@ class Posterior(eqx.Module):
     - `log_z`: the method's log-evidence estimate, differentiable in the model's
       hyperparameters. For G-KL, mean field and LVB a lower bound on log Z (envelope theorem); for Laplace an
       approximation; for MAP the log joint at the mode (not an evidence estimate).
-    - `is_lower_bound`: whether `log_z` is a guaranteed lower bound: the method gives one **and** `log_z`
-      is finite (a failed fit's NaN or ±inf is never reported as a bound). A Python bool for a concrete
-      fit (usable in ``if``); a bool array of `log_z`'s shape when the posterior was built under `jit`
-      or `vmap` (``bool(post.is_lower_bound)`` then works once it is concrete).
+    - `is_lower_bound` (a property): whether `log_z` is a guaranteed lower bound: the method gives one
+      (`bound_claim`, static) **and** `log_z` is finite (a failed fit's NaN or ±inf is never reported as a
+      bound). A Python bool when `log_z` is concrete (usable in ``if``), a bool array of `log_z`'s shape
+      while traced. Because the claim is static and the flag is computed, a posterior has the same pytree
+      structure whether it was fitted inside or outside `jit`: passing either as a warm start to a jitted
+      function compiles it once.
     - `diagnostics`: a `Diagnostics`.
     - `model`: the model that was fitted (used by predictive functions).
     - `state`: what the method needs to warm-start from this fit (`vj.EP`: its `vj.ep.SiteParams`);
@@ -228,17 +230,25 @@ class Posterior(eqx.Module):
     log_z: jax.Array
     diagnostics: Diagnostics
     model: LatentLinearModel
-    is_lower_bound: bool | jax.Array
+    bound_claim: bool = eqx.field(static=True)
     state: object = None
 
-    def __init__(self, mean, factor, log_z, diagnostics, model, is_lower_bound, state=None):
+    def __init__(self, mean, factor, log_z, diagnostics, model, bound_claim, state=None):
+        if not isinstance(bound_claim, (bool, np.bool_)):
+            raise ValueError("Posterior: `bound_claim` (whether the method's log_z is a lower bound) must be a "
+                             f"Python bool, got {type(bound_claim).__name__}.")
         self.mean = mean
         self.factor = factor
         self.log_z = log_z
         self.diagnostics = diagnostics
         self.model = model
         self.state = state
-        self.is_lower_bound = _bound_flag(is_lower_bound, log_z)
+        self.bound_claim = bool(bound_claim)
+
+    @property
+    def is_lower_bound(self):
+        """Whether `log_z` is a guaranteed lower bound: the method's claim and a finite `log_z`."""
+        return _bound_flag(self.bound_claim, self.log_z)
 
     @property
     def covariance(self):

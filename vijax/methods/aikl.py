@@ -514,7 +514,7 @@ class AIKLPosterior(Posterior):
         S = C.T @ C
         S = 0.5 * (S + S.T)
         factor = CholeskyFactor.from_matrix(jnp.linalg.cholesky(S).T)
-        super().__init__(mean, factor, log_z, diagnostics, model, is_lower_bound=True, state=params)
+        super().__init__(mean, factor, log_z, diagnostics, model, bound_claim=True, state=params)
         self.params = params
         self.base = base
         self.lattice_points = lattice_points

@@ -681,7 +681,7 @@ class EP(AbstractMethod):
             objective_trace=run.trace, num_value_evals=run.evals, num_grad_evals=1, num_hvp_evals=0, method="EP",
             solver=self.schedule, info=info)
         factor = CholeskyFactor.from_matrix(C).canonical()
-        return Posterior(mean, factor, log_z, diagnostics, model, is_lower_bound=False, state=sites)
+        return Posterior(mean, factor, log_z, diagnostics, model, bound_claim=False, state=sites)
 
 
 # The stages of `EP.staged_fit`, each compiled once per method and model shape (filter_jit: the method

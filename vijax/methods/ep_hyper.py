@@ -298,7 +298,7 @@ class HierarchicalEP(eqx.Module):
                                   objective_trace=trace, method="HierarchicalEP", solver="parallel",
                                   num_value_evals=k + 1)
         weights = Posterior(mean, CholeskyFactor.from_matrix(C).canonical(), ev.value, diagnostics, model.model,
-                            is_lower_bound=False, state=sites)
+                            bound_claim=False, state=sites)
         q_mean, q_var = ev.q_hyper
         return HierarchicalPosterior(weights, q_mean, q_var, sites, hyper_sites)
 

@@ -229,7 +229,7 @@ class GKL(AbstractMethod):
         # The bound at the q returned (the fit's own value), differentiable as the bound with the live model
         # (the envelope theorem): evaluated again only under differentiation.
         log_z = computed(out.value, lambda p, m: bound(p, m, self.quadrature), opt, model)
-        return Posterior(opt.mean, opt.factor, log_z, out.diagnostics, model, is_lower_bound=True,
+        return Posterior(opt.mean, opt.factor, log_z, out.diagnostics, model, bound_claim=True,
                          state=jax.lax.stop_gradient(out.lam))
 
     def fit(self, model: LatentLinearModel, init=None) -> Posterior:
@@ -274,7 +274,7 @@ class GKL(AbstractMethod):
         # the parameters frozen gives the derivative of the optimal bound in the model.
         log_z = bound(opt, model, self.quadrature)
         diagnostics = Diagnostics.from_solution(sol, method="GKL", solver=type(solver).__name__)
-        return Posterior(opt.mean, opt.factor, log_z, diagnostics, model, is_lower_bound=True)
+        return Posterior(opt.mean, opt.factor, log_z, diagnostics, model, bound_claim=True)
 
 
 def __dir__():

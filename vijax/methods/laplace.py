@@ -308,7 +308,7 @@ class Laplace(AbstractMethod):
 
         diagnostics = Diagnostics.from_solution(fit.solution, method="Laplace", solver=type(solver).__name__,
                                                 info=fit.info())
-        return Posterior(mode, factor, computed(value, log_z, fit, model), diagnostics, model, is_lower_bound=False)
+        return Posterior(mode, factor, computed(value, log_z, fit, model), diagnostics, model, bound_claim=False)
 
 
 def __dir__():

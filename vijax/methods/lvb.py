@@ -405,7 +405,7 @@ class LVB(AbstractMethod):
                                   objective_trace=trace, num_value_evals=k, num_grad_evals=1, num_hvp_evals=0,
                                   method="LVB", solver="fixed_point")
         return Posterior(mean, CholeskyFactor.from_matrix(C).canonical(), log_z, diagnostics, model,
-                         is_lower_bound=True)
+                         bound_claim=True)
 
     def _fit_lanczos(self, model, init):
         """The double loop of glm-ie (Seeger & Nickisch 2011), matrix-free: see `_lanczos_marginals`."""
@@ -443,7 +443,7 @@ class LVB(AbstractMethod):
                                   num_hvp_evals=0, method="LVB", solver="fixed_point", info=info)
         # log_z: B_LVB with ½ log det P from stochastic Lanczos quadrature (one probe): an estimate, not a
         # bound, and not differentiated in the model's parameters.
-        return Posterior(mean, factor, jax.lax.stop_gradient(value), diagnostics, model, is_lower_bound=False)
+        return Posterior(mean, factor, jax.lax.stop_gradient(value), diagnostics, model, bound_claim=False)
 
 
 def _quadrature(product, v, k):

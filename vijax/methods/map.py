@@ -43,7 +43,7 @@ class MAP(AbstractMethod):
         fit = fit_mode(model, init, solver, "MAP")
         diagnostics = Diagnostics.from_solution(fit.solution, method="MAP", solver=type(solver).__name__,
                                                 info=fit.info())
-        return Posterior(fit.mode, fit.factor(), log_joint(fit.mode, model), diagnostics, model, is_lower_bound=False)
+        return Posterior(fit.mode, fit.factor(), log_joint(fit.mode, model), diagnostics, model, bound_claim=False)
 
 
 def __dir__():

@@ -185,7 +185,7 @@ class MeanField(AbstractMethod):
         diagnostics = Diagnostics(iterations=sweeps, converged=converged, stationarity=stationarity,
                                   objective_trace=trace, num_value_evals=sweeps + 1, method="MeanField",
                                   solver="coordinate_ascent")
-        return Posterior(mean, DiagonalFactor(jnp.sqrt(var)), log_z, diagnostics, model, is_lower_bound=True)
+        return Posterior(mean, DiagonalFactor(jnp.sqrt(var)), log_z, diagnostics, model, bound_claim=True)
 
 
 def __dir__():
