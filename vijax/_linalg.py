@@ -8,7 +8,7 @@ Gaussian factors, covariance families, solvers, methods and models may all use i
 - `inverse_factor(R, basis)`: C = R⁻¹ Bᵀ, the upper-triangular factor of S = B P⁻¹ Bᵀ = CᵀC.
 - `select(cond, new, old)`: a tree-wide ``jnp.where``.
 - `nan_trace(max_iter, dtype, first)`: an objective trace of ``max_iter + 1`` entries, NaN where unused.
-- `backtrack(evaluate, acceptable, step, max_halvings)`: halve a step until a trial is acceptable.
+- `backtrack(evaluate, acceptable, step, max_halvings)`: halve a step until a trial is acceptable (the trial lowered once).
 - `neg_kl(trace, mahalanobis, logdet_q, logdet_p, dim)`: −KL between two Gaussians, from its terms.
 - `lanczos(product, v0, num_iter)`: the Lanczos basis and tridiagonal of a symmetric map (products only).
 - `pcg(A, b, M, max_iter, rtol)`: (truncated) preconditioned conjugate gradients.
@@ -77,11 +77,10 @@ def backtrack(evaluate, acceptable, step, max_halvings: int, placeholder=None):
 
     ``step``: a scalar, or an array of independent steps (one per column, per coordinate …), each
     halved only while its own trial is unacceptable. ``evaluate(step)`` returns the trial's value (any
-    pytree); ``acceptable(step, value)`` a boolean of ``step``'s shape. One `jax.lax.while_loop`, with
-    ``evaluate`` and ``acceptable`` traced twice each (the first trial and the loop body) — or once,
-    in the body, when ``placeholder`` (a value of ``evaluate``'s structure, returned for nothing) is
-    given: the first trial is then the loop's first iteration. Worth it where ``evaluate`` is a whole
-    model's update (EP over hyperparameters, the network EP).
+    pytree); ``acceptable(step, value)`` a boolean of ``step``'s shape. One `jax.lax.while_loop` whose
+    first iteration is the first trial, so ``evaluate`` and ``acceptable`` are lowered once each (the
+    loop state starts from ``placeholder``, a value of ``evaluate``'s structure returned for nothing:
+    zeros of `jax.eval_shape`'s answer unless given).
 
     Returns ``(step, value, ok, halvings)``: the last steps tried, their value, whether each is
     acceptable (callers keep the old point where it is not) and the number of halvings.
@@ -96,12 +95,11 @@ def backtrack(evaluate, acceptable, step, max_halvings: int, placeholder=None):
         value = evaluate(step)
         return step, value, acceptable(step, value), k + 1
 
-    if placeholder is not None:
-        # Start one halving "before" the first trial: 2·step halved is step exactly (a power of two).
-        ok = jnp.zeros(jnp.shape(step), bool)
-        return jax.lax.while_loop(unfinished, halve, (2 * step, placeholder, ok, jnp.array(-1)))
-    value = evaluate(step)
-    return jax.lax.while_loop(unfinished, halve, (step, value, acceptable(step, value), jnp.array(0)))
+    if placeholder is None:
+        placeholder = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(evaluate, step))
+    # Start one halving "before" the first trial: 2·step halved is step exactly (a power of two).
+    ok = jnp.zeros(jnp.shape(step), bool)
+    return jax.lax.while_loop(unfinished, halve, (2 * step, placeholder, ok, jnp.array(-1)))
 
 
 def neg_kl(trace, mahalanobis, logdet_q, logdet_p, dim):
