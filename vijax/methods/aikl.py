@@ -159,8 +159,11 @@ class Normal(AbstractBase):
         return jax.random.normal(key, tuple(shape) + theta.shape, theta.dtype)
 
 
-# Rule for ⟨log Φ(νr)⟩ under SN(0, 1, ν): trapezoid on [-12, 12] (r² follows χ²₁ whatever ν).
-_SN_GRID = np.linspace(-12.0, 12.0, 2401)
+# Rule for ⟨log Φ(νr)⟩ under SN(0, 1, ν): trapezoid in t = r √(1 + ν²) on [-12, 12]. In t both
+# factors of the integrand 2 N(r) Φ(νr) log Φ(νr) vary on scales of at least 1 whatever ν (those of
+# N(r) and of Φ(νr) are √(1 + ν²) and √(1 + ν²)/|ν|) and decay by |t| = 12, so the rule is accurate
+# to 10⁻¹¹ for every ν with 121 points (on r ∈ [-12, 12] it needed 2401 for ν ≤ 20 and failed beyond).
+_SN_GRID = np.linspace(-12.0, 12.0, 121)
 
 
 def _skew_constants(nu):
@@ -179,7 +182,7 @@ class SkewNormal(AbstractBase):
         log q_v(v | ν) = log 2 + log σ_ν + log N(z) + log Φ(νz),  z = μ_ν + σ_ν v.
 
     H[q_v] = ½ log(2πe) − log 2 − ⟨log Φ(νz)⟩_{SN} − log σ_ν, the expectation by the trapezoid rule
-    on [−12, 12] (2401 points). ν = 0 is the standard normal, where the fit starts. The standardised
+    in t = z√(1 + ν²) on [−12, 12] (121 points, accurate to 10⁻¹¹ for every ν). ν = 0 is the standard normal, where the fit starts. The standardised
     density changes only at second order in ν there (the skewness grows as ν³), so the bound is
     stationary in ν at the Gaussian: the fit first tries ν_d = ±`probe` coordinate by coordinate and
     keeps those that raise the bound (`AbstractBase.probes`).
@@ -200,12 +203,12 @@ class SkewNormal(AbstractBase):
 
     def entropy(self, theta):
         _, _, sigma = _skew_constants(theta)
-        r = jnp.asarray(_SN_GRID, theta.dtype)
-        h = r[1] - r[0]
-        t = theta[..., None] * r
-        log_cdf = log_ndtr(t)
+        grid = jnp.asarray(_SN_GRID, theta.dtype)
+        scale = jnp.sqrt(1.0 + theta**2)[..., None]
+        r = grid / scale
+        log_cdf = log_ndtr(theta[..., None] * r)
         density = 2.0 * jnp.exp(-0.5 * (LOG_2PI + r**2)) * jnp.exp(log_cdf)
-        expected = h * jnp.sum(density * log_cdf, axis=-1)
+        expected = (grid[1] - grid[0]) * jnp.sum(density * log_cdf, axis=-1) / scale[..., 0]
         return 0.5 * (LOG_2PI + 1.0) - math.log(2.0) - expected - jnp.log(sigma)
 
     def skewness(self, theta):
@@ -362,12 +365,17 @@ def _site_lattice(alpha, beta, params, base, lattice_points, padding, span=_SPAN
     scale = alpha * sd / delta[:, None]  # signed width of u_d in lattice spacings, (N, D)
     omega = (2.0 * math.pi / size) * jnp.arange(size // 2 + 1, dtype=alpha.dtype)
     ws = scale[..., None] * omega  # (N, D, F)
-    skew = base.skewness(theta)[None, :, None]
     # numpy's rfft is Σ_k x_k e^{−iωk}: the transform of a law with mean at index `centre` is
-    # e^{−iω centre} φ(−ω), and log φ(−ω) = −iωκ₁ − ½ω²κ₂ + iω³κ₃/6 (κ₁ = 0 here).
-    cumulant = jnp.exp(-0.5 * ws**2) * jnp.exp(1j * (skew * ws**3 / 6.0 - omega * centre))
+    # e^{−iω centre} φ(−ω), and log φ(−ω) = −iωκ₁ − ½ω²κ₂ + iω³κ₃/6 (κ₁ = 0 here). The phase
+    # e^{−iω centre} is common to all D factors: it is taken out of the product (one (F,) array instead
+    # of a complex exponential per coordinate), and for a base without skewness the cumulant factor is real.
+    phase = jnp.exp(1j * omega * centre)
+    cumulant = jnp.exp(-0.5 * ws**2)
+    if type(base).skewness is not AbstractBase.skewness:
+        cumulant = cumulant * jnp.exp(1j * base.skewness(theta)[None, :, None] * ws**3 / 6.0)
     mix = _smoothstep((jnp.abs(scale) - _NARROW) / (_WIDE - _NARROW))[..., None]
-    spectrum = jnp.prod(mix * sampled + (1.0 - mix) * cumulant, axis=-2)  # (N, size//2 + 1)
+    centred = jnp.prod(mix * (sampled * phase) + (1.0 - mix) * cumulant, axis=-2)  # (N, size//2 + 1)
+    spectrum = centred * jnp.exp(-1j * omega * (dim * centre % size))
     rho = jnp.fft.irfft(spectrum, n=size, axis=-1)  # cyclic index = Σ_d k_d mod size
     # Reorder to the window of `size` atoms centred on the mean's index D·centre.
     rho = jnp.roll(rho, -((dim * centre - size // 2) % size), axis=-1)
@@ -621,17 +629,21 @@ class AIKL(AbstractMethod):
         value = lambda theta: bound(eqx.tree_at(lambda p: p.theta, start, theta), model, self.base,
                                     self.lattice_points, self.padding, self.span)
 
-        def coordinate(d, carry):
-            def trial(carry, t):
-                theta, best = carry
-                candidate = theta.at[d].set(t)
-                v = value(candidate)
-                better = v > best
-                return (jnp.where(better, candidate, theta), jnp.where(better, v, best)), None
+        # One scan over (coordinate, value) trials, the first the start itself (kept whatever its value,
+        # as the best so far is −∞), so the bound is traced once.
+        dim, count = model.dim, probes.shape[0]
+        coords = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.repeat(jnp.arange(dim, dtype=jnp.int32), count)])
+        values = jnp.concatenate([start.theta[:1], jnp.tile(probes, dim)])
 
-            return jax.lax.scan(trial, carry, probes)[0]
+        def trial(carry, dt):
+            theta, best = carry
+            candidate = theta.at[dt[0]].set(dt[1])
+            v = value(candidate)
+            better = v > best
+            return (jnp.where(better, candidate, theta), jnp.where(better, v, best)), None
 
-        theta, _ = jax.lax.fori_loop(0, model.dim, coordinate, (start.theta, value(start.theta)))
+        minus_inf = jnp.full((), -jnp.inf, start.theta.dtype)
+        (theta, _), _ = jax.lax.scan(trial, (start.theta, minus_inf), (coords, values))
         return theta
 
     def _start(self, model, init):
