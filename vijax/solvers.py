@@ -406,7 +406,7 @@ class _LBFGSState(NamedTuple):
     done: jax.Array
     trace: jax.Array
     n_grad: jax.Array
-    b: "_Bracket"  # the line search along d from x
+    b: _Bracket  # the line search along d from x
     fresh: jax.Array  # x0 not evaluated yet
 
 
