@@ -287,7 +287,6 @@ def test_sparse_and_dense_projections_agree(rng):
                                aikl.bound(params, dense, aikl.SkewNormal(), 64), rtol=1e-12)
 
 
-@pytest.mark.slow
 def test_blockwise_scheme_reaches_the_joint_optimum(logistic2, skew2):
     """The blockwise scheme ((L, b, θ) with U fixed, then (U, b, θ) with L fixed) ends at the bound of the
     joint fit, above G-KL's."""
