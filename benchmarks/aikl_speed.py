@@ -1,21 +1,48 @@
 """AI-KL vs G-KL time at D = N = 10 (Fig. 6.4 problem N = 10, model 0): first call and warm, one run.
 
-Run: python benchmarks/aikl_speed.py K TOL   (e.g. 256 1e-6, the default; 256 1e-8, the old default).
+Run: python benchmarks/aikl_speed.py [K ...] [--tol TOL] [--scheme joint|blockwise ...]
+(default: the AIKL defaults). G-KL is timed in the same process, first call and warm (median of 5),
+so the ratio is taken under the same machine load; the load average is printed.
 """
-import sys, time
+import argparse, os, sys, time, importlib
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
 import jax
 import numpy as np
 jax.config.update("jax_enable_x64", True)
 import vijax as vj
 from vijax.methods import aikl
-import importlib; B = importlib.import_module("aikl")
-K = int(sys.argv[1]); tol = float(sys.argv[2]) if len(sys.argv) > 2 else 1e-8
+B = importlib.import_module("aikl")
+
+parser = argparse.ArgumentParser()
+parser.add_argument("K", nargs="*", type=int)
+parser.add_argument("--tol", type=float, default=None)
+parser.add_argument("--scheme", nargs="*", default=[None])
+args = parser.parse_args()
 model, test = B.logistic_problem(np.random.default_rng(1000 * 10 + 0), 10, 100)
-g = vj.infer(model, vj.GKL())
-t = time.perf_counter(); jax.block_until_ready(vj.infer(model, vj.GKL())); tg = time.perf_counter() - t
-m = vj.AIKL(base=aikl.SkewNormal(), lattice_points=K, solver=vj.solvers.LBFGS(tol=tol, max_iter=1000))
-t = time.perf_counter(); p = jax.block_until_ready(vj.infer(model, m)); t1 = time.perf_counter() - t
-t = time.perf_counter(); p = jax.block_until_ready(vj.infer(model, m)); t2 = time.perf_counter() - t
-info = p.diagnostics.info
-print(f"K={K} tol={tol}: GKL {float(g.log_z):.4f} warm {tg:.4f}s | AIKL {float(p.log_z):.4f} first {t1:.1f}s warm {t2:.2f}s iters {int(p.diagnostics.iterations)} conv {bool(p.diagnostics.converged)} {info}")
+
+
+def timed(fn, repeats=5):
+    t = time.perf_counter(); out = jax.block_until_ready(fn()); first = time.perf_counter() - t
+    warm = []
+    for _ in range(repeats):
+        t = time.perf_counter(); out = jax.block_until_ready(fn()); warm.append(time.perf_counter() - t)
+    return out, first, float(np.median(warm))
+
+
+print(f"load average {os.getloadavg()}")
+g, g1, g2 = timed(lambda: vj.infer(model, vj.GKL()))
+print(f"GKL log_z {float(g.log_z):.4f} first {g1:.2f}s warm {g2:.4f}s", flush=True)
+for K in args.K or [None]:
+    for scheme in args.scheme:
+        kw = {} if K is None else dict(lattice_points=K)
+        if args.tol is not None:
+            kw["solver"] = vj.solvers.LBFGS(tol=args.tol, max_iter=1000)
+        if scheme is not None:
+            kw["scheme"] = scheme
+        m = vj.AIKL(base=aikl.SkewNormal(), **kw)
+        p, t1, t2 = timed(lambda: vj.infer(model, m), repeats=3)
+        info = p.diagnostics.info
+        print(f"AIKL K={m.lattice_points} {kw.get('scheme', '')} log_z {float(p.log_z):.4f} first {t1:.1f}s warm {t2:.3f}s "
+              f"(warm/GKL warm {t2 / g2:.0f}x) iters {int(p.diagnostics.iterations)} grads {int(p.diagnostics.num_grad_evals)} "
+              f"conv {bool(p.diagnostics.converged)} {info}", flush=True)
+print(f"load average {os.getloadavg()}")

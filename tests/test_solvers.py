@@ -115,6 +115,22 @@ def test_lbfgs_uses_the_preconditioner(rng):
     np.testing.assert_allclose(plain.x, x_star, atol=1e-4)
 
 
+def test_lbfgs_traces_the_objective_once(rng):
+    """L-BFGS evaluates the objective in one place (its line search is its loop body), so a costly
+    objective appears once in the compiled program; the result is that of a plain quadratic solve."""
+    A, b, x_star = _concave_quadratic(rng, 8, 1e2)
+    traces = []
+
+    def fn(x):
+        traces.append(1)
+        return b @ x - 0.5 * x @ A @ x
+
+    sol = jax.jit(lambda x0: vj.solvers.LBFGS().maximise(fn, x0))(jnp.zeros(8))
+    assert len(traces) == 1
+    assert bool(sol.converged) and int(sol.num_grad_evals) >= int(sol.iterations) + 1
+    np.testing.assert_allclose(sol.x, x_star, atol=1e-6)
+
+
 def test_newton_solvers_stop_at_float32_resolution(rng):
     """In float32 the decrement cannot fall below the rounding of f: the solvers stop there, converged."""
     A, b, x_star = _concave_quadratic(rng, 10, 1e2)

@@ -406,6 +406,8 @@ class _LBFGSState(NamedTuple):
     done: jax.Array
     trace: jax.Array
     n_grad: jax.Array
+    b: _Bracket  # the line search along d from x
+    fresh: jax.Array  # x0 not evaluated yet
 
 
 class LBFGS(AbstractSolver):
@@ -417,7 +419,10 @@ class LBFGS(AbstractSolver):
     vijax's bounds the same curvature that preconditions `NewtonCG`), or the usual scaled
     identity sᵀy/yᵀy I without one. A pair with sᵀy ≤ 0 (possible without concavity) is not
     stored. The step meets the strong Wolfe conditions with ``c2 = 0.9`` (`_wolfe`), tried at
-    α = 1 first, so a well-preconditioned run takes nearly Newton steps.
+    α = 1 first, so a well-preconditioned run takes nearly Newton steps. The iterations and the
+    line searches' trials run in one `lax.while_loop` whose body evaluates the objective once
+    (at x0 on the first pass), so the compiled program holds one copy of the objective and its
+    gradient.
 
     **Arguments:** `tol` (the squared decrement gᵀH_k g at which the last step is taken),
     `max_iter` (iterations), `memory` (pairs kept), `max_backtracks` (line-search trials).
@@ -455,32 +460,43 @@ class LBFGS(AbstractSolver):
             return _ascent(g, r)
 
         def cond(s):
-            return (s.k < self.max_iter) & ~s.failed & ~s.done
+            return s.fresh | ((s.k < self.max_iter) & ~s.failed & ~s.done)
 
         def body(s):
-            last = s.slope <= self.threshold(s.f)
-            alpha, f, g, ok, n = _wolfe(value_and_grad, s.x, s.f, s.g, s.d, s.slope, 1.0, self.max_backtracks, 0.9)
-            x = jnp.where(ok, s.x + alpha * s.d, s.x)
-            f, g = jnp.where(ok, f, s.f), jnp.where(ok, g, s.g)
+            # One evaluation per pass, at the line search's trial x + αd (x0 itself on the first pass,
+            # where d = 0): the objective is traced once, in this body.
+            f_a, g_a = value_and_grad(s.x + s.b.alpha * s.d)
+            f_a = jnp.asarray(f_a, dtype)
+            b = _wolfe_step(s.b, s.f, s.slope, s.d, 0.9, f_a, g_a)
+            ended = s.fresh | b.done | (b.n >= self.max_backtracks)
+            last = ~s.fresh & (s.slope <= self.threshold(s.f))
+            ok = ~s.fresh & (b.lo > 0)
+            x = jnp.where(ok, s.x + b.lo * s.d, s.x)
+            f = jnp.where(s.fresh, f_a, jnp.where(ok, b.f_lo, s.f))
+            g = jnp.where(s.fresh, g_a, jnp.where(ok, b.g_lo, s.g))
             step, change = x - s.x, s.g - g  # y: the change of the gradient of −f
             sy = jnp.vdot(step, change)
             store = ok & (sy > jnp.finfo(dtype).eps * jnp.vdot(change, change))
             shift = lambda mem, new: jnp.where(store, jnp.concatenate([mem[1:], new[None]]), mem)
             s_mem, y_mem = shift(s.s_mem, step), shift(s.y_mem, change)
             rho = shift(s.rho, 1.0 / jnp.where(store, sy, 1.0))
-            d, slope = jax.lax.cond(last | ~ok, lambda: (s.d, s.slope),
-                                    lambda: direction(x, g, s_mem, y_mem, rho))
-            return _LBFGSState(x, f, g, d, slope, s_mem, y_mem, rho, s.k + ok, ~ok & ~last, last,
-                               jnp.where(ok, s.trace.at[s.k + 1].set(f), s.trace), s.n_grad + n)
+            d, slope = jax.lax.cond(ended & (s.fresh | (ok & ~last)), lambda: direction(x, g, s_mem, y_mem, rho),
+                                    lambda: (s.d, s.slope))
+            k = s.k + ok
+            trace = jnp.where(s.fresh, s.trace.at[0].set(f_a), jnp.where(ok, s.trace.at[k].set(f), s.trace))
+            finished = _LBFGSState(x, f, g, d, slope, s_mem, y_mem, rho, k, ~s.fresh & ~ok & ~last, last, trace,
+                                   s.n_grad + 1, _wolfe_start(f, g, slope, 1.0), jnp.array(False))
+            searching = s._replace(b=b, n_grad=s.n_grad + 1)
+            return jax.tree_util.tree_map(lambda new, old: jnp.where(ended, new, old), finished, searching)
 
-        f0, g0 = value_and_grad(x0)
+        zeros = jnp.zeros_like(x0)
         empty = jnp.zeros((self.memory, x0.shape[0]), dtype)
         rho0 = jnp.zeros((self.memory,), dtype)
-        d0, slope0 = direction(x0, g0, empty, empty, rho0)
-        trace = nan_trace(self.max_iter, f0.dtype, f0)
+        f0 = jnp.asarray(-jnp.inf, dtype)
         false = jnp.array(False)
-        state = _LBFGSState(x0, f0, g0, d0, slope0, empty, empty, rho0, jnp.array(0), false, false, trace,
-                            jnp.array(1))
+        state = _LBFGSState(x0, f0, zeros, zeros, jnp.zeros((), dtype), empty, empty, rho0, jnp.array(0), false,
+                            false, nan_trace(self.max_iter, dtype), jnp.array(0), _wolfe_start(f0, zeros, 0.0, 1.0),
+                            jnp.array(True))
         s = jax.lax.while_loop(cond, body, state)
         return _solution(self, s.x, s.f, s.g, s.k, s.slope, s.done, s.trace, jnp.array(0), s.n_grad, jnp.array(0))
 
@@ -599,54 +615,63 @@ def _wolfe(value_and_grad, x, f, g, d, slope, alpha0, max_trials, c2):
     trial is exact. Returns (α, f, g, found, trials); where the curvature condition is never
     met the best acceptable step is returned, and ``found`` is False only if there is none.
     """
-    dtype = x.dtype
-    inf = jnp.asarray(jnp.inf, dtype)
-    c2_slope = c2 * slope
-
     def cond(b):
         return ~b.done & (b.n < max_trials)
 
     def body(b):
-        f_a, g_a = value_and_grad(x + b.alpha * d)
-        dphi_a = jnp.vdot(g_a, d)
-        finite = jnp.isfinite(f_a) & jnp.isfinite(dphi_a)
-        flat = jnp.abs(dphi_a) <= c2_slope
-        acceptable = _acceptable(f, slope, f_a, dphi_a, b.alpha)
-        better = acceptable & ((f_a > b.f_lo) | flat)
-        done = better & flat
-        # The maximum lies between the new point and the old lo when φ' points back there.
-        past_peak = better & (dphi_a * (b.lo - b.alpha) > 0)
-        lo, f_lo, g_lo, dphi_lo = (jnp.where(better, new, old) for new, old in
-                                   ((b.alpha, b.lo), (f_a, b.f_lo), (g_a, b.g_lo), (dphi_a, b.dphi_lo)))
-        # Past the peak, the old lo becomes the other end of the bracket.
-        hi, f_hi, dphi_hi = (jnp.where(past_peak, old_lo, jnp.where(better, old_hi, new)) for old_lo, old_hi, new in
-                             ((b.lo, b.hi, b.alpha), (b.f_lo, b.f_hi, jnp.where(finite, f_a, -inf)),
-                              (b.dphi_lo, b.dphi_hi, jnp.where(finite, dphi_a, jnp.nan))))
-        width = hi - lo
-        secant = lo + width * dphi_lo / (dphi_lo - dphi_hi)
-        shortfall = f_lo + dphi_lo * width - f_hi
-        quadratic = lo + dphi_lo * width**2 / (2 * shortfall)
-        # A trial beyond lo clearly below it means φ' is far from linear there (a barrier, an overflow):
-        # the secant on φ' would barely move, so backtrack from lo by the quadratic in φ, at least halving.
-        # (Near the optimum φ differs by rounding only, and the secant on φ' is the accurate step.)
-        worse = (hi > lo) & ~(f_hi >= f_lo - 1e-6 * (1.0 + jnp.abs(f_lo)))
-        use_secant = jnp.isfinite(dphi_hi) & (dphi_hi * dphi_lo < 0) & ~worse
-        inside = jnp.where(use_secant, secant,
-                           jnp.where(jnp.isfinite(f_hi) & (shortfall > 0), quadratic, lo + 0.5 * width))
-        margin = 0.1 * width
-        far = jnp.where(worse, 0.5 * width, width - margin)
-        inside = jnp.clip(inside, jnp.minimum(lo + margin, lo + far), jnp.maximum(lo + margin, lo + far))
-        # No bracket yet (lo moved forward, φ' still positive): extrapolate φ' to zero.
-        decreasing = b.dphi_lo > dphi_lo
-        step = jnp.where(decreasing, (lo - b.lo) * dphi_lo / jnp.where(decreasing, b.dphi_lo - dphi_lo, 1.0), jnp.inf)
-        beyond = lo + jnp.minimum(step, 9.0 * lo)
-        alpha = jnp.where(done, b.alpha, jnp.where(jnp.isfinite(hi), inside, beyond))
-        return _Bracket(lo, f_lo, g_lo, dphi_lo, hi, f_hi, dphi_hi, alpha, done, b.n + 1)
+        return _wolfe_step(b, f, slope, d, c2, *value_and_grad(x + b.alpha * d))
 
-    start = _Bracket(jnp.zeros((), dtype), f, g, slope, inf, -inf, jnp.asarray(jnp.nan, dtype),
-                     jnp.asarray(alpha0, dtype), jnp.array(False), jnp.array(0))
-    b = jax.lax.while_loop(cond, body, start)
+    b = jax.lax.while_loop(cond, body, _wolfe_start(f, g, slope, alpha0))
     return b.lo, b.f_lo, b.g_lo, b.lo > 0, b.n
+
+
+def _wolfe_start(f, g, slope, alpha0):
+    """The bracket before `_wolfe`'s first trial, at step ``alpha0``."""
+    dtype = f.dtype
+    return _Bracket(jnp.zeros((), dtype), f, g, slope, jnp.asarray(jnp.inf, dtype), jnp.asarray(-jnp.inf, dtype),
+                    jnp.asarray(jnp.nan, dtype), jnp.asarray(alpha0, dtype), jnp.array(False), jnp.array(0))
+
+
+def _wolfe_step(b, f, slope, d, c2, f_a, g_a):
+    """One trial of `_wolfe`: the bracket ``b`` updated with the trial's objective ``f_a`` and gradient
+    ``g_a`` at x + b.alpha d (``f``, ``slope``: φ(0) and φ'(0))."""
+    dtype = f.dtype
+    inf = jnp.asarray(jnp.inf, dtype)
+    c2_slope = c2 * slope
+    dphi_a = jnp.vdot(g_a, d)
+    finite = jnp.isfinite(f_a) & jnp.isfinite(dphi_a)
+    flat = jnp.abs(dphi_a) <= c2_slope
+    acceptable = _acceptable(f, slope, f_a, dphi_a, b.alpha)
+    better = acceptable & ((f_a > b.f_lo) | flat)
+    done = better & flat
+    # The maximum lies between the new point and the old lo when φ' points back there.
+    past_peak = better & (dphi_a * (b.lo - b.alpha) > 0)
+    lo, f_lo, g_lo, dphi_lo = (jnp.where(better, new, old) for new, old in
+                               ((b.alpha, b.lo), (f_a, b.f_lo), (g_a, b.g_lo), (dphi_a, b.dphi_lo)))
+    # Past the peak, the old lo becomes the other end of the bracket.
+    hi, f_hi, dphi_hi = (jnp.where(past_peak, old_lo, jnp.where(better, old_hi, new)) for old_lo, old_hi, new in
+                         ((b.lo, b.hi, b.alpha), (b.f_lo, b.f_hi, jnp.where(finite, f_a, -inf)),
+                          (b.dphi_lo, b.dphi_hi, jnp.where(finite, dphi_a, jnp.nan))))
+    width = hi - lo
+    secant = lo + width * dphi_lo / (dphi_lo - dphi_hi)
+    shortfall = f_lo + dphi_lo * width - f_hi
+    quadratic = lo + dphi_lo * width**2 / (2 * shortfall)
+    # A trial beyond lo clearly below it means φ' is far from linear there (a barrier, an overflow):
+    # the secant on φ' would barely move, so backtrack from lo by the quadratic in φ, at least halving.
+    # (Near the optimum φ differs by rounding only, and the secant on φ' is the accurate step.)
+    worse = (hi > lo) & ~(f_hi >= f_lo - 1e-6 * (1.0 + jnp.abs(f_lo)))
+    use_secant = jnp.isfinite(dphi_hi) & (dphi_hi * dphi_lo < 0) & ~worse
+    inside = jnp.where(use_secant, secant,
+                       jnp.where(jnp.isfinite(f_hi) & (shortfall > 0), quadratic, lo + 0.5 * width))
+    margin = 0.1 * width
+    far = jnp.where(worse, 0.5 * width, width - margin)
+    inside = jnp.clip(inside, jnp.minimum(lo + margin, lo + far), jnp.maximum(lo + margin, lo + far))
+    # No bracket yet (lo moved forward, φ' still positive): extrapolate φ' to zero.
+    decreasing = b.dphi_lo > dphi_lo
+    step = jnp.where(decreasing, (lo - b.lo) * dphi_lo / jnp.where(decreasing, b.dphi_lo - dphi_lo, 1.0), jnp.inf)
+    beyond = lo + jnp.minimum(step, 9.0 * lo)
+    alpha = jnp.where(done, b.alpha, jnp.where(jnp.isfinite(hi), inside, beyond))
+    return _Bracket(lo, f_lo, g_lo, dphi_lo, hi, f_hi, dphi_hi, alpha, done, b.n + 1)
 
 
 def _restarted(g, z, d):
