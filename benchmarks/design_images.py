@@ -92,7 +92,7 @@ def main():
     results = {"args": vars(args), "images": IMAGES[:args.images], "curves": {}, "times": {}, "means": {}}
     truths = []
     for label, (method, design) in methods.items():
-        errs, times, means = [], [], []
+        errs, times, means, cpu = [], [], [], []
         for i, image_name in enumerate(IMAGES[:args.images]):
             w = load_image(image_name, args.size).ravel()
             if len(truths) < args.images:
@@ -107,16 +107,21 @@ def main():
                 results["lanczos_variance_error"] = lanczos_error(r.posterior, log)
             errs.append(r.errors)
             times.append(r.fit_times + np.concatenate([[0.0], r.design_times]))
+            cpu.append(r.fit_cpu_times)
             means.append(r.means)
             log(f"{label:9s} {image_name:22s} error {r.errors[0]:.2f} (N={r.num_measurements[0]}) -> "
                 f"{r.errors[-1]:.2f} (N={r.num_measurements[-1]}); step times first {times[-1][0]:.1f} s "
-                f"(with compilation), last {times[-1][-1]:.1f} s; converged {int(r.converged.sum())}/{len(r.converged)}")
+                f"(with compilation), last {times[-1][-1]:.1f} s; fit CPU seconds (all threads) "
+                f"{', '.join(f'{c:.1f}' for c in r.fit_cpu_times)}; iterations "
+                f"{int(r.posterior.diagnostics.iterations)} at the last fit; converged {int(r.converged.sum())}/{len(r.converged)}")
         errs, times = np.array(errs), np.array(times)
         results["curves"][label] = {"N": r.num_measurements.tolist(), "mean": errs.mean(0).tolist(),
                                     "se": (errs.std(0, ddof=1) / np.sqrt(len(errs))).tolist() if len(errs) > 1
                                     else [float("nan")] * errs.shape[1]}
         later = times[:, 1:] if times.shape[1] > 1 else times
+        cpu = np.array(cpu)
         results["times"][label] = {"first_fit_s": mean_se(times[:, 0]), "later_step_s": mean_se(later.ravel()),
+                                   "fit_cpu_s_first": mean_se(cpu[:, 0]), "fit_cpu_s_last": mean_se(cpu[:, -1]),
                                    "last_step_s": mean_se(times[:, -1]), "thesis_s": THESIS_SECONDS.get(label)}
         log(f"{label:9s} time per step: first {mean_se(times[:, 0])[0]:.1f} s (compilation included), later "
             f"{mean_se(later.ravel())[0]:.2f} s, at N={r.num_measurements[-1]} {mean_se(times[:, -1])[0]:.2f} s; "
