@@ -134,6 +134,25 @@ class FiniteDifferences(_Filter):
         batch = x.shape[1:]
         return jnp.concatenate([horizontal.reshape(-1, *batch), vertical.reshape(-1, *batch)])
 
+    def _pairs(self):
+        """(a, b) with row r of B equal to e_a − e_b: the neighbour and the pixel, in row order (traced
+        index arithmetic, not constants of the program)."""
+        h, w = self.image_shape
+        index = jnp.arange(h * w).reshape(h, w)
+        if self.periodic:
+            right, below, left, above = jnp.roll(index, -1, axis=1), jnp.roll(index, -1, axis=0), index, index
+        else:
+            right, left, below, above = index[:, 1:], index[:, :-1], index[1:, :], index[:-1, :]
+        return (jnp.concatenate([right.ravel(), below.ravel()]), jnp.concatenate([left.ravel(), above.ravel()]))
+
+    def gram(self, w):
+        # Bᵀ diag(u) B = Σ_r u_r (e_a − e_b)(e_a − e_b)ᵀ: a weighted graph Laplacian, O(D) scattered entries
+        # into the dense (D, D) matrix the dense-covariance methods want (not O(N D²) from B's columns).
+        a, b = self._pairs()
+        dim = self.shape[1]
+        G = jnp.zeros((dim, dim), w.dtype)
+        return G.at[a, a].add(w).at[b, b].add(w).at[a, b].add(-w).at[b, a].add(-w)
+
 
 def max_level(image_shape) -> int:
     """The deepest useful Daubechies-4 level for an image: ⌊log₂(min(h, w) / 7)⌋ (PyWavelets' ``dwt_max_level``)."""
@@ -228,22 +247,41 @@ class Wavelets(_Filter):
         flat = [Y[:hl, :wl]] + [b for level in reversed(blocks) for b in level]  # c_A of level L first
         return jnp.concatenate([b.reshape(-1, *batch) for b in flat])
 
-    def _adjoint(self, y, squared):
+    def _grids(self, y):
+        """The coefficients ``y`` (D, K…) in `_forward`'s order as each level's grid Y_ℓ (2h/2^ℓ, 2w/2^ℓ, K…)
+        (c_A zero below the coarsest level)."""
         batch = y.shape[1:]
         shapes = self._level_shapes()
         # Split y into the blocks of `_forward`'s order: c_A(L), then (c_H, c_V, c_D) from level L down to 1.
         sizes = [shapes[-1][0] * shapes[-1][1]] + [3 * hl * wl for hl, wl in reversed(shapes)]
         pieces = jnp.split(y, np.cumsum(sizes)[:-1], axis=0)
         approx, details = pieces[0], pieces[1:][::-1]  # details[ℓ − 1]: level ℓ
-        out = jnp.zeros((*self.image_shape, *batch), y.dtype)
-        for level, ((A, C), (hl, wl), detail) in enumerate(zip(self.matrices, shapes, details), 1):
-            if squared:
-                A, C = A * A, C * C
+        grids = []
+        for level, ((hl, wl), detail) in enumerate(zip(shapes, details), 1):
             cH, cV, cD = (b.reshape(hl, wl, *batch) for b in jnp.split(detail, 3, axis=0))
             cA = approx.reshape(hl, wl, *batch) if level == self.levels else jnp.zeros_like(cH)
-            Y = jnp.concatenate([jnp.concatenate([cA, cV], axis=1), jnp.concatenate([cH, cD], axis=1)], axis=0)
+            grids.append(jnp.concatenate([jnp.concatenate([cA, cV], axis=1), jnp.concatenate([cH, cD], axis=1)],
+                                         axis=0))
+        return grids
+
+    def _adjoint(self, y, squared):
+        batch = y.shape[1:]
+        out = jnp.zeros((*self.image_shape, *batch), y.dtype)
+        for (A, C), Y in zip(self.matrices, self._grids(y)):
+            if squared:
+                A, C = A * A, C * C
             out = out + jnp.einsum("ah,ab...,bw->hw...", A, Y, C)
         return out.reshape(-1, *batch)
+
+    def gram(self, w):
+        """Bᵀ diag(u) B from the separable rows a_i ⊗ c_j: G[(h, w), (h', w')] = Σ_ij U_ij a_i[h] a_i[h'] c_j[w]
+        c_j[w'] per level, O(D²·(h + w)/2^ℓ) instead of the O(D³) of a product of dense (D, D) matrices."""
+        h, w_ = self.image_shape
+        G = jnp.zeros((h, w_, h, w_), w.dtype)
+        for (A, C), U in zip(self.matrices, self._grids(w)):
+            T = jnp.einsum("ij,jw,jv->iwv", U, C, C)  # (2h_ℓ, w, w)
+            G = G + jnp.einsum("ih,ik,iwv->hwkv", A, A, T)
+        return G.reshape(h * w_, h * w_)
 
 
 class Stacked(AbstractProjection):
