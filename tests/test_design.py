@@ -64,6 +64,11 @@ def test_wavelets_match_pywavelets_and_are_orthonormal():
     v = np.random.default_rng(2).normal(size=h * w)
     np.testing.assert_allclose(W.squared_mv(v), dense**2 @ v, atol=1e-12)
     np.testing.assert_allclose(W.squared_rmv(v), (dense**2).T @ v, atol=1e-12)
+    V = np.random.default_rng(3).normal(size=(h * w, 3))  # K columns at once, and the weighted Gram matrix
+    np.testing.assert_allclose(W.mv(V), dense @ V, atol=1e-12)
+    np.testing.assert_allclose(W.rmv(V), dense.T @ V, atol=1e-12)
+    np.testing.assert_allclose(W.squared_rmv(V), (dense**2).T @ V, atol=1e-12)
+    np.testing.assert_allclose(W.gram(jnp.asarray(v)), dense.T @ (v[:, None] * dense), atol=1e-12)
     assert filters.max_level((64, 64)) == pywt.dwt_max_level(64, 8) == 3
 
 

@@ -555,6 +555,40 @@ class Gaussian(AbstractPotential):
         return Gaussian(y, self.scale)
 
 
+@jax.custom_jvp
+def _mean_abs(d, sigma):
+    """⟨|d + σz|⟩, z ~ N(0, 1): σ·2N(a) + d·erf(a/√2) with a = d/σ (|d| at σ = 0); d, σ of one shape.
+
+    Its derivatives are given in closed form (the N(a) terms cancel):
+
+    $$
+    \\frac{\\partial}{\\partial d}\\langle|d + \\sigma z|\\rangle = \\operatorname{erf}(a/\\sqrt2),
+    \\qquad
+    \\frac{\\partial}{\\partial \\sigma}\\langle|d + \\sigma z|\\rangle = 2\\mathcal N(a),
+    $$
+
+    so the gradient, and the Hessian-vector products of a bound (forward over reverse), differentiate these
+    two short expressions instead of the whole formula. Same values; several times less work per
+    Hessian-vector product once XLA fuses the per-site chain into a product with K columns (the sparse
+    linear model's chevron bound).
+    """
+    positive = sigma > 0
+    s = jnp.where(positive, sigma, 1.0)
+    a = d / s
+    return jnp.where(positive, s * (2 * jnp.exp(-0.5 * a**2) / _SQRT_2PI) + d * erf(a / _SQRT_2), jnp.abs(d))
+
+
+@_mean_abs.defjvp
+def _mean_abs_jvp(primals, tangents):
+    d, sigma = primals
+    dd, dsigma = tangents
+    positive = sigma > 0
+    a = d / jnp.where(positive, sigma, 1.0)
+    slope_d = jnp.where(positive, erf(a / _SQRT_2), jnp.sign(d))
+    slope_sigma = jnp.where(positive, 2 * jnp.exp(-0.5 * a**2) / _SQRT_2PI, 0.0)
+    return _mean_abs(d, sigma), slope_d * dd + slope_sigma * dsigma
+
+
 class Laplace(AbstractPotential):
     """Laplace φ(x) = exp(−|loc − x| / scale) / (2 scale).
 
@@ -574,12 +608,8 @@ class Laplace(AbstractPotential):
         return -jnp.log(2 * self.scale) - jnp.abs(self.loc - x) / self.scale
 
     def expected_log_phi(self, mu, sigma, quadrature: GaussHermite = _DEFAULT_QUADRATURE):
-        d = mu - self.loc
-        s = jnp.where(sigma > 0, sigma, 1.0)
-        a = d / s
-        mean_abs = s * (2 * jnp.exp(-0.5 * a**2) / _SQRT_2PI) + d * erf(a / _SQRT_2)
-        mean_abs = jnp.where(sigma > 0, mean_abs, jnp.abs(d))
-        return -jnp.log(2 * self.scale) - mean_abs / self.scale
+        d, sigma = jnp.broadcast_arrays(mu - self.loc, sigma)
+        return -jnp.log(2 * self.scale) - _mean_abs(d, sigma) / self.scale
 
     def log_expected_phi(self, mu, sigma, quadrature: GaussHermite = _DEFAULT_QUADRATURE):
         # ⟨e^{−|y−x|/b}⟩ = e^{σ²/2b²} [e^{−d/b} Φ(d/σ − σ/b) + e^{d/b} Φ(−d/σ − σ/b)], d = y − μ.

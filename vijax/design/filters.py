@@ -51,49 +51,45 @@ def _check_shape(shape, owner):
     return int(shape[0]), int(shape[1])
 
 
-def _columns(fn, x, dim):
-    """``fn`` (a map of (D,) vectors) applied to ``x`` of shape (D,) or to each column of (D, K)."""
-    if x.ndim == 1:
-        return fn(x)
-    if x.shape[0] != dim:
-        raise ValueError(f"filter product: expected {dim} rows, got shape {x.shape}.")
-    return jax.vmap(fn, in_axes=1, out_axes=1)(x)
-
-
 class _Filter(AbstractProjection):
-    """A filter with O(D) products ``_forward`` on vectors, their exact transpose, and products with B∘B
-    (``_squared_forward``)."""
+    """A filter with O(D)-type products on vectors or on a block of K columns at once (``_forward``), their
+    transpose (``_adjoint``: by default ``jax.linear_transpose`` of the batched map), and the same products
+    with B∘B (``squared=True``).
 
-    def _forward(self, x):
+    The K columns ride along as trailing axes of the image (``(D, K)`` reshaped to ``(h, w, K)``): no
+    ``vmap`` over columns and no transposes, so a product with K columns is one small batched program.
+    """
+
+    def _forward(self, x, squared):
         raise NotImplementedError
 
-    def _squared_forward(self, x):
-        raise NotImplementedError
+    def _adjoint(self, y, squared):
+        num_rows, dim = self.shape
+        primal = jax.ShapeDtypeStruct((dim, *y.shape[1:]), y.dtype)
+        (out,) = jax.linear_transpose(lambda x: self._forward(x, squared), primal)(y)
+        return out
 
     @property
     def shape(self):
         raise NotImplementedError
 
-    def _transpose(self, fn, y):
-        num_rows, dim = self.shape
-
-        def adjoint(v):
-            (out,) = jax.linear_transpose(fn, jax.ShapeDtypeStruct((dim,), v.dtype))(v)
-            return out
-
-        return _columns(adjoint, y, num_rows)
+    def _check(self, x, rows):
+        expected = self.shape[0] if rows else self.shape[1]
+        if x.shape[0] != expected:
+            raise ValueError(f"{type(self).__name__} product: expected {expected} rows, got shape {x.shape}.")
+        return x
 
     def mv(self, x):
-        return _columns(self._forward, x, self.shape[1])
+        return self._forward(self._check(x, False), False)
 
     def rmv(self, y):
-        return self._transpose(self._forward, y)
+        return self._adjoint(self._check(y, True), False)
 
     def squared_mv(self, v):
-        return _columns(self._squared_forward, v, self.shape[1])
+        return self._forward(self._check(v, False), True)
 
     def squared_rmv(self, w):
-        return self._transpose(self._squared_forward, w)
+        return self._adjoint(self._check(w, True), True)
 
     def gram(self, w):
         dim = self.shape[1]
@@ -125,21 +121,37 @@ class FiniteDifferences(_Filter):
         rows = 2 * h * w if self.periodic else h * (w - 1) + (h - 1) * w
         return (rows, h * w)
 
-    def _stencil(self, x, sign):
-        image = x.reshape(self.image_shape)
+    def _forward(self, x, squared):
+        # Every row has entries +1 and −1, so B∘B is the same stencil with both signs +.
+        sign = 1.0 if squared else -1.0
+        image = x.reshape(*self.image_shape, *x.shape[1:])
         if self.periodic:
             horizontal = jnp.roll(image, -1, axis=1) + sign * image
             vertical = jnp.roll(image, -1, axis=0) + sign * image
         else:
             horizontal = image[:, 1:] + sign * image[:, :-1]
             vertical = image[1:, :] + sign * image[:-1, :]
-        return jnp.concatenate([horizontal.ravel(), vertical.ravel()])
+        batch = x.shape[1:]
+        return jnp.concatenate([horizontal.reshape(-1, *batch), vertical.reshape(-1, *batch)])
 
-    def _forward(self, x):
-        return self._stencil(x, -1.0)
+    def _pairs(self):
+        """(a, b) with row r of B equal to e_a − e_b: the neighbour and the pixel, in row order (traced
+        index arithmetic, not constants of the program)."""
+        h, w = self.image_shape
+        index = jnp.arange(h * w).reshape(h, w)
+        if self.periodic:
+            right, below, left, above = jnp.roll(index, -1, axis=1), jnp.roll(index, -1, axis=0), index, index
+        else:
+            right, left, below, above = index[:, 1:], index[:, :-1], index[1:, :], index[:-1, :]
+        return (jnp.concatenate([right.ravel(), below.ravel()]), jnp.concatenate([left.ravel(), above.ravel()]))
 
-    def _squared_forward(self, x):  # every row has entries +1 and −1, so B∘B adds the two neighbours
-        return self._stencil(x, 1.0)
+    def gram(self, w):
+        # Bᵀ diag(u) B = Σ_r u_r (e_a − e_b)(e_a − e_b)ᵀ: a weighted graph Laplacian, O(D) scattered entries
+        # into the dense (D, D) matrix the dense-covariance methods want (not O(N D²) from B's columns).
+        a, b = self._pairs()
+        dim = self.shape[1]
+        G = jnp.zeros((dim, dim), w.dtype)
+        return G.at[a, a].add(w).at[b, b].add(w).at[a, b].add(-w).at[b, a].add(-w)
 
 
 def max_level(image_shape) -> int:
@@ -148,23 +160,8 @@ def max_level(image_shape) -> int:
     return max(int(math.floor(math.log2(n / 7.0))), 0) if n >= 7 else 0
 
 
-def _analysis(x, taps, axis):
-    """One periodic Daubechies-4 analysis step along ``axis``: out[k] = Σ_j taps[j] x[(2k + 4 − j) mod n].
-
-    One strided convolution over the periodically extended axis (x[(m − 3) mod n], m = 0 … n + 6), so the
-    compiled program stays small whatever the number of levels.
-    """
-    n = x.shape[axis]
-    moved = jnp.moveaxis(x, axis, -1)
-    lead = moved.shape[:-1]
-    extended = jnp.take(moved.reshape(-1, 1, n), (np.arange(n + 7) - 3) % n, axis=-1)
-    kernel = jnp.asarray(np.asarray(taps)[::-1].copy(), x.dtype).reshape(1, 1, 8)
-    out = jax.lax.conv_general_dilated(extended, kernel, window_strides=(2,), padding="VALID")
-    return jnp.moveaxis(out.reshape(*lead, n // 2), -1, axis)
-
-
 def _analysis_matrix(n, taps):
-    """The (n/2, n) matrix of `_analysis` on a length-n axis."""
+    """The (n/2, n) matrix of one periodic Daubechies-4 analysis step: out[k] = Σ_j taps[j] x[(2k + 4 − j) mod n]."""
     A = np.zeros((n // 2, n))
     for k in range(n // 2):
         for j in range(8):
@@ -186,14 +183,28 @@ def _composite_filters(n, levels):
 class Wavelets(_Filter):
     """The orthonormal multi-scale Daubechies-4 transform of an ``(h, w)`` image (see `wavelets`); B Bᵀ = BᵀB = I.
 
-    ``mv`` and ``rmv`` run the filter bank (O(D)). Each coefficient block of level ℓ is A X Cᵀ for 1-D
-    composite filters A (n_h/2^ℓ, h) and C (n_w/2^ℓ, w), so its squared rows are separable too: the
-    squared products use the squared composite matrices, stored in ``squares`` (O(D·(h + w)) per product).
+    Each coefficient block of level ℓ is a separable product with the 1-D composite filters of ℓ analysis
+    steps, low_ℓ, high_ℓ (h/2^ℓ × h along the rows; w/2^ℓ × w along the columns):
+
+    $$
+    Y_\\ell = A_\\ell X C_\\ell^\\top
+    = \\begin{pmatrix} \\mathrm{low}_\\ell X \\mathrm{low}_\\ell'^\\top & \\mathrm{low}_\\ell X \\mathrm{high}_\\ell'^\\top \\\\
+      \\mathrm{high}_\\ell X \\mathrm{low}_\\ell'^\\top & \\mathrm{high}_\\ell X \\mathrm{high}_\\ell'^\\top \\end{pmatrix}
+    = \\begin{pmatrix} c_{A,\\ell} & c_{V,\\ell} \\\\ c_{H,\\ell} & c_{D,\\ell} \\end{pmatrix},
+    \\qquad A_\\ell = \\begin{pmatrix} \\mathrm{low}_\\ell \\\\ \\mathrm{high}_\\ell \\end{pmatrix},\\
+    C_\\ell = \\begin{pmatrix} \\mathrm{low}'_\\ell \\\\ \\mathrm{high}'_\\ell \\end{pmatrix}
+    $$
+
+    (c_A kept at the coarsest level L only). A row of B is thus an outer product a ⊗ c, and a row of B∘B
+    is a² ⊗ c²: the squared products are the same two matrix products with A_ℓ∘A_ℓ and C_ℓ∘C_ℓ, and the
+    transposes are Aᵀ Y C. So each of ``mv``, ``rmv``, ``squared_mv`` and ``squared_rmv`` is 2L small
+    matrix products (K columns batched along a trailing axis), O(D·(h + w)) per column, and one small
+    program: the A_ℓ, C_ℓ are leaves (``matrices``), not constants of the compiled program.
     """
 
     image_shape: tuple[int, int] = eqx.field(static=True)
     levels: int = eqx.field(static=True)
-    squares: tuple  # per level (ℓ = 1…L): squared (low, high) composite matrices along axis 0, then axis 1
+    matrices: tuple  # per level ℓ = 1…L: (A_ℓ (2h/2^ℓ, h), C_ℓ (2w/2^ℓ, w)), the stacked composite filters
 
     def __init__(self, image_shape, levels=None, dtype=None):
         owner = "wavelets"
@@ -208,41 +219,69 @@ class Wavelets(_Filter):
         self.levels = int(levels)
         dtype = jnp.result_type(float) if dtype is None else dtype
         rows, cols = _composite_filters(h, self.levels), _composite_filters(w, self.levels)
-        self.squares = tuple(tuple(jnp.asarray(a**2, dtype) for a in (*r, *c)) for r, c in zip(rows, cols))
+        self.matrices = tuple((jnp.asarray(np.concatenate(r), dtype), jnp.asarray(np.concatenate(c), dtype))
+                              for r, c in zip(rows, cols))
 
     @property
     def dtype(self):
-        return self.squares[0][0].dtype
+        return self.matrices[0][0].dtype
 
     @property
     def shape(self):
         dim = self.image_shape[0] * self.image_shape[1]
         return (dim, dim)
 
-    def _forward(self, x):
-        approx = x.reshape(self.image_shape)
-        details = []
-        for _ in range(self.levels):
-            low = _analysis(approx, DB4_LOW, 0)
-            high = _analysis(approx, DB4_HIGH, 0)
-            approx = _analysis(low, DB4_LOW, 1)
-            details.append((_analysis(high, DB4_LOW, 1), _analysis(low, DB4_HIGH, 1), _analysis(high, DB4_HIGH, 1)))
-        return self._flatten(approx, details)
+    def _level_shapes(self):
+        h, w = self.image_shape
+        return [(h >> level, w >> level) for level in range(1, self.levels + 1)]
 
-    def _squared_forward(self, x):
-        image = x.reshape(self.image_shape)
-        details = []
-        for low0, high0, low1, high1 in self.squares:
-            details.append((high0 @ image @ low1.T, low0 @ image @ high1.T, high0 @ image @ high1.T))
-        low0, _, low1, _ = self.squares[-1]
-        return self._flatten(low0 @ image @ low1.T, details)
+    def _forward(self, x, squared):
+        image = x.reshape(*self.image_shape, *x.shape[1:])
+        batch = x.shape[1:]
+        blocks = []
+        for (A, C), (hl, wl) in zip(self.matrices, self._level_shapes()):
+            if squared:
+                A, C = A * A, C * C
+            Y = jnp.einsum("ah,hw...,bw->ab...", A, image, C)
+            blocks.append([Y[hl:, :wl], Y[:hl, wl:], Y[hl:, wl:]])  # c_H, c_V, c_D
+        flat = [Y[:hl, :wl]] + [b for level in reversed(blocks) for b in level]  # c_A of level L first
+        return jnp.concatenate([b.reshape(-1, *batch) for b in flat])
 
-    @staticmethod
-    def _flatten(approx, details):
-        blocks = [approx.ravel()]
-        for cH, cV, cD in reversed(details):
-            blocks += [cH.ravel(), cV.ravel(), cD.ravel()]
-        return jnp.concatenate(blocks)
+    def _grids(self, y):
+        """The coefficients ``y`` (D, K…) in `_forward`'s order as each level's grid Y_ℓ (2h/2^ℓ, 2w/2^ℓ, K…)
+        (c_A zero below the coarsest level)."""
+        batch = y.shape[1:]
+        shapes = self._level_shapes()
+        # Split y into the blocks of `_forward`'s order: c_A(L), then (c_H, c_V, c_D) from level L down to 1.
+        sizes = [shapes[-1][0] * shapes[-1][1]] + [3 * hl * wl for hl, wl in reversed(shapes)]
+        pieces = jnp.split(y, np.cumsum(sizes)[:-1], axis=0)
+        approx, details = pieces[0], pieces[1:][::-1]  # details[ℓ − 1]: level ℓ
+        grids = []
+        for level, ((hl, wl), detail) in enumerate(zip(shapes, details), 1):
+            cH, cV, cD = (b.reshape(hl, wl, *batch) for b in jnp.split(detail, 3, axis=0))
+            cA = approx.reshape(hl, wl, *batch) if level == self.levels else jnp.zeros_like(cH)
+            grids.append(jnp.concatenate([jnp.concatenate([cA, cV], axis=1), jnp.concatenate([cH, cD], axis=1)],
+                                         axis=0))
+        return grids
+
+    def _adjoint(self, y, squared):
+        batch = y.shape[1:]
+        out = jnp.zeros((*self.image_shape, *batch), y.dtype)
+        for (A, C), Y in zip(self.matrices, self._grids(y)):
+            if squared:
+                A, C = A * A, C * C
+            out = out + jnp.einsum("ah,ab...,bw->hw...", A, Y, C)
+        return out.reshape(-1, *batch)
+
+    def gram(self, w):
+        """Bᵀ diag(u) B from the separable rows a_i ⊗ c_j: G[(h, w), (h', w')] = Σ_ij U_ij a_i[h] a_i[h'] c_j[w]
+        c_j[w'] per level, O(D²·(h + w)/2^ℓ) instead of the O(D³) of a product of dense (D, D) matrices."""
+        h, w_ = self.image_shape
+        G = jnp.zeros((h, w_, h, w_), w.dtype)
+        for (A, C), U in zip(self.matrices, self._grids(w)):
+            T = jnp.einsum("ij,jw,jv->iwv", U, C, C)  # (2h_ℓ, w, w)
+            G = G + jnp.einsum("ih,ik,iwv->hwkv", A, A, T)
+        return G.reshape(h * w_, h * w_)
 
 
 class Stacked(AbstractProjection):
