@@ -41,6 +41,13 @@ The input-weight prior sites N(w_kj | 0, e^{φ_{l_j}}) are `HierarchicalEP`'s si
 1-D quadrature over φ); the positivity sites on v_k have truncated-Gaussian tilted moments. All sites
 move together (parallel EP) by a damped step, halved until q and every cavity are proper.
 
+**Start.** EP starts from a MAP fit of the network (`map_estimate`; ``NetworkEP(init="map")``):
+activation sites centred on its input weights, weak sites on v centred on its output weights. From
+random or zero input weights (the thesis's choice) parallel EP kills most hidden units: with
+E v_k ≈ 0 a unit's activation sites get no information, so a unit whose first v update asked for a
+negative output weight (pinned at 0 by the positivity sites) never turns its input weights round.
+`NetworkEP` states what was seen.
+
 **Cost** per iteration: K Choleskys of (d+1)², the activation marginals O(nKd²), the tilted moments
 O(nK·Q·P) (Q, P quadrature nodes), and the cavities of v, O(nK³) (one (K+1)² Cholesky per data
 point): linear in n, linear in K except for that last term, which is small for the K ≲ 30 used here.
@@ -246,9 +253,11 @@ def _ones(shape, dtype):
 
 
 def map_estimate(net: TwoLayerNetwork, w0, iterations: int = 500):
-    """Input weights ``(K, d+1)`` and output weights ``(K+1,)`` maximising the log joint over the
-    weights and the log noise variance φ_0 (with its prior), the weight scales held at their prior
-    means e^{μ_l}, by L-BFGS from input weights `w0`, output weights 1/2 and φ_0 = μ_0. With ``positive_outputs`` the output weights are
+    """Input weights ``(K, d+1)`` and output weights ``(K+1,)`` maximising the log joint with every φ
+    at its prior mean (noise variance e^{μ_0}, weight variances e^{μ_l}), by L-BFGS from input weights
+    `w0` and output weights 1/2. The noise stays at its prior mean on purpose: with φ_0 learnt too,
+    the MAP network interpolates the data (concrete: e^{φ_0} ≈ 0.016 for standardised targets), and
+    parallel EP started there drove q(φ_0) to e^{−24} and stalled. With ``positive_outputs`` the output weights are
     parametrised as softplus(u) ≥ 0 (the half-Gaussian prior's mode is then found on u's scale: a
     starting point, not a posterior mode to report)."""
     K, D = w0.shape
@@ -257,19 +266,17 @@ def map_estimate(net: TwoLayerNetwork, w0, iterations: int = 500):
     positive = net.positive_outputs
     to_v = lambda u: jnp.concatenate([jax.nn.softplus(u[:K]) if positive else u[:K], u[K:]])
 
-    n = net.y.shape[0]
+    noise = jnp.exp(net.hyper_mean[0])
 
     def log_joint(x):
-        W, u, phi0 = x[: K * D].reshape(K, D), x[K * D: -1], x[-1]
+        W, u = x[: K * D].reshape(K, D), x[K * D:]
         v = to_v(u)
         f = activation(net.X @ W.T) @ v[:K] + v[K]
-        return -0.5 * (jnp.sum((net.y - f) ** 2) * jnp.exp(-phi0) + n * phi0 + (phi0 - net.hyper_mean[0]) ** 2 / net.hyper_var[0]
-                       + jnp.sum(W**2 / w_var) + jnp.sum(v**2) / net.output_variance)
+        return -0.5 * (jnp.sum((net.y - f) ** 2) / noise + jnp.sum(W**2 / w_var) + jnp.sum(v**2) / net.output_variance)
 
     u0 = jnp.concatenate([jnp.full(K, 0.4328 if positive else 0.5, dtype), jnp.zeros(1, dtype)])  # softplus(0.4328) = 0.5
-    x0 = jnp.concatenate([w0.reshape(-1), u0, net.hyper_mean[:1]])
-    x = LBFGS(max_iter=iterations).maximise(log_joint, x0).x
-    return x[: K * D].reshape(K, D), to_v(x[K * D: -1])
+    x = LBFGS(max_iter=iterations).maximise(log_joint, jnp.concatenate([w0.reshape(-1), u0])).x
+    return x[: K * D].reshape(K, D), to_v(x[K * D:])
 
 
 class NetworkPosterior(eqx.Module):
