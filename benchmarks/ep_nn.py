@@ -6,6 +6,9 @@ Problems (inputs and targets standardised on the training set):
   nonlinear effects of 3 inputs; x₄..x₈ irrelevant); y = f + N(0, 0.2²); n_train = 200, n_test = 1000.
   (The thesis's generators are not given; this one has its stated ingredients: strongly nonlinear
   effects and irrelevant inputs.)
+- ``sim_friedman``: d = 10 inputs x ~ U[0, 1]¹⁰, f = 10 sin(π x₁x₂) + 20 (x₃ − ½)² + 10 x₄ + 5 x₅
+  (Friedman 1991 #1: an interaction, a quadratic and two linear effects; x₆..x₁₀ irrelevant),
+  y = f + N(0, 1); n_train = 200, n_test = 1000.
 - ``concrete``: UCI Concrete Compressive Strength (``shared/data/uci/concrete.csv``, 1030 × 8 inputs),
   200 training points drawn at random, the other 830 for testing.
 - ``slump``: UCI Concrete Slump (``shared/data/uci/slump_test.data``, 103 × 7 inputs; target: the
@@ -13,8 +16,9 @@ Problems (inputs and targets standardised on the training set):
 
 Methods:
 
-- ``EP-NN``: `vj.nn.NetworkEP` (damping 0.2, 300 iterations at most) on `vj.nn.TwoLayerNetwork` (K = 8
-  erf units, ARD input priors, log-normal noise prior, Gaussian output weights).
+- ``EP-NN``: `vj.nn.NetworkEP` (damping 0.3, started from a MAP fit, converged when the moment
+  residual is ≤ 1e-3, 1000 iterations at most) on `vj.nn.TwoLayerNetwork` (K = 8 erf units, ARD input
+  priors, log-normal noise prior, half-Gaussian output weights v_k ≥ 0).
 - ``NUTS-NN``: NumPyro NUTS on the same network and priors (1 chain, 500 warm-up + 500 draws;
   non-centred input weights).
 - ``GP-ARD``: `vj.gp.fit_hyperparameters` (ML-II) of a squared-exponential ARD kernel with a
@@ -25,8 +29,9 @@ compilation; the machine was shared with other jobs, so times are indicative). A
 (EP: E[e^{φ_l}]; NUTS: posterior mean of e^{φ_l}; GP: 1/lengthscale²), and EP's time per iteration
 against n (K = 8) and against K (n = 400), which should grow linearly.
 
-Run: ``MPLBACKEND=Agg python benchmarks/ep_nn.py [--quick] [--nuts-max-n N]`` (``--quick``: fewer sizes
-in the scaling runs; NUTS-NN runs on the problems with at most N training points, default 250).
+Run: ``MPLBACKEND=Agg python benchmarks/ep_nn.py [--quick] [--nuts-max-n N] [--methods EP-NN,...]``
+(``--quick``: fewer sizes in the scaling runs; NUTS-NN runs on the problems with at most N training
+points, default 250; ``--methods``: rerun only these, keeping the other methods' saved results).
 Writes ``benchmarks/results/ep_nn.{txt,json}``.
 """
 
@@ -58,9 +63,17 @@ def sim_relevance(rng, n):
     return X, f + 0.2 * rng.normal(size=n)
 
 
+def sim_friedman(rng, n):
+    X = rng.uniform(size=(n, 10))
+    f = 10 * np.sin(np.pi * X[:, 0] * X[:, 1]) + 20 * (X[:, 2] - 0.5) ** 2 + 10 * X[:, 3] + 5 * X[:, 4]
+    return X, f + rng.normal(size=n)
+
+
 def problems(rng):
     X, y = sim_relevance(rng, 1200)
     yield "sim_relevance", X[:200], y[:200], X[200:], y[200:]
+    X, y = sim_friedman(rng, 1200)
+    yield "sim_friedman", X[:200], y[:200], X[200:], y[200:]
     path = DATA / "uci" / "concrete.csv"
     if path.exists():
         a = np.loadtxt(path, delimiter=",")
@@ -88,13 +101,14 @@ def metrics(mean, log_dens, yte, sy):
 def ep_nn(Xtr, ytr, Xte, yte, key=0):
     t = time.perf_counter()
     net = vj.nn.TwoLayerNetwork(Xtr, ytr, num_hidden=K)
-    post = eqx.filter_jit(vj.nn.NetworkEP(damping=0.2, max_iter=300).fit)(net, jax.random.PRNGKey(key))
+    post = eqx.filter_jit(vj.nn.NetworkEP(max_iter=1000, tol=1e-3).fit)(net, jax.random.PRNGKey(key))
     mean, _ = post.predict(Xte)
     lp = post.log_predictive(Xte, yte)
     jax.block_until_ready(lp)
     return dict(mean=np.asarray(mean), lp=np.asarray(lp), time=time.perf_counter() - t,
                 relevances=np.asarray(post.relevances()).tolist(), iterations=int(post.iterations),
-                residual=float(post.residual), converged=bool(post.converged))
+                residual=float(post.residual), converged=bool(post.converged),
+                alive=int(np.sum(np.asarray(post.v_mean[:-1]) > 0.1)))
 
 
 def nuts_nn(Xtr, ytr, Xte, yte, seed=0):
@@ -109,7 +123,8 @@ def nuts_nn(Xtr, ytr, Xte, yte, seed=0):
         phi = numpyro.sample("phi", dist.Normal(0.0, 2.0).expand([d + 1]))  # inputs, then the bias
         z = numpyro.sample("z", dist.Normal(0.0, 1.0).expand([K, d + 1]))
         W = z * jnp.exp(0.5 * phi)
-        v = numpyro.sample("v", dist.Normal(0.0, 1.0).expand([K + 1]))
+        v = jnp.concatenate([numpyro.sample("v", dist.HalfNormal(1.0).expand([K])),
+                             numpyro.sample("v0", dist.Normal(0.0, 1.0).expand([1]))])
         Xb = jnp.concatenate([X, jnp.ones((X.shape[0], 1))], 1)
         f = jax.scipy.special.erf(Xb @ W.T / np.sqrt(2.0)) @ v[:K] + v[K]
         numpyro.deterministic("f", f)
@@ -144,13 +159,14 @@ def scaling(quick):
     """EP-NN seconds per iteration against n (K = 8) and K (n = 400): fixed 40 iterations, compiled first."""
     rng = np.random.default_rng(3)
     out = {"n": [], "K": []}
-    for label, sizes in (("n", [100, 200, 400] if quick else [100, 200, 400, 800, 1600]),
-                         ("K", [2, 4, 8] if quick else [2, 4, 8, 16, 32])):
+    for label, sizes in (("n", [100, 200, 400, 800] if quick else [100, 200, 400, 800, 1600]),
+                         ("K", [2, 4, 8, 16] if quick else [2, 4, 8, 16, 32])):
         for size in sizes:
             n, k = (size, K) if label == "n" else (400, size)
             X, y = sim_relevance(rng, n)
             net = vj.nn.TwoLayerNetwork(X, (y - y.mean()) / y.std(), num_hidden=k)
-            fit = eqx.filter_jit(vj.nn.NetworkEP(damping=0.2, max_iter=40, tol=0.0).fit)
+            # A random start: the MAP start's L-BFGS is not part of an EP iteration's cost.
+            fit = eqx.filter_jit(vj.nn.NetworkEP(max_iter=40, tol=0.0, init="random").fit)
             jax.block_until_ready(fit(net, jax.random.PRNGKey(0)))  # compile
             t = time.perf_counter()
             post = jax.block_until_ready(fit(net, jax.random.PRNGKey(0)))
@@ -161,30 +177,40 @@ def scaling(quick):
 def main():
     quick = "--quick" in sys.argv
     nuts_max_n = int(sys.argv[sys.argv.index("--nuts-max-n") + 1]) if "--nuts-max-n" in sys.argv else 250
+    only = sys.argv[sys.argv.index("--methods") + 1].split(",") if "--methods" in sys.argv else None
     rng = np.random.default_rng(0)
     rows, record = [], {}
-    for name, Xtr, ytr, Xte, yte in problems(rng):
-        Xtr_s, ytr_s, Xte_s, yte_s, sy = standardise(Xtr, ytr, Xte, yte)
-        methods = {"EP-NN": ep_nn, "GP-ARD": gp_ard}
-        if len(ytr) <= nuts_max_n:
-            methods["NUTS-NN"] = nuts_nn
-        record[name] = {}
-        for label, method in methods.items():
-            r = method(Xtr_s, ytr_s, Xte_s, yte_s)
-            rmse, lpd = metrics(r["mean"], r["lp"], yte_s, sy)
-            extra = {k: r[k] for k in ("iterations", "residual", "converged") if k in r}
-            record[name][label] = dict(rmse=rmse, lpd=lpd, time=r["time"], relevances=r["relevances"], **extra)
-            rows.append(f"{name:14s} {label:8s} {rmse:10.4f} {lpd:10.4f} {r['time']:9.1f}  "
-                        + ("" if not extra else f"iters {extra['iterations']}, residual {extra['residual']:.3g}"))
-            print(rows[-1], flush=True)
-            RESULTS.mkdir(exist_ok=True)  # keep what is done, in case a long run is stopped
-            (RESULTS / "ep_nn.json").write_text(json.dumps(record, indent=1))
+    if only and (RESULTS / "ep_nn.json").exists():  # rerun some methods, keep the others' results
+        record = {k: v for k, v in json.loads((RESULTS / "ep_nn.json").read_text()).items() if k != "scaling"}
+    data = {name: standardise(*split) for name, *split in problems(rng)}
+    ntrain = {name: len(d[1]) for name, d in data.items()}
+    runs = [(name, label, method) for label, method in (("EP-NN", ep_nn), ("GP-ARD", gp_ard)) for name in data]
+    runs += [(name, "NUTS-NN", nuts_nn) for name in data if ntrain[name] <= nuts_max_n]
+    runs = [r for r in runs if only is None or r[1] in only]
+    for name, label, method in sorted(runs, key=lambda r: (r[2] is nuts_nn, ntrain[r[0]] if r[2] is nuts_nn else 0)):
+        Xtr_s, ytr_s, Xte_s, yte_s, sy = data[name]
+        r = method(Xtr_s, ytr_s, Xte_s, yte_s)
+        rmse, lpd = metrics(r["mean"], r["lp"], yte_s, sy)
+        extra = {k: r[k] for k in ("iterations", "residual", "converged", "alive") if k in r}
+        record.setdefault(name, {})[label] = dict(rmse=rmse, lpd=lpd, time=r["time"], relevances=r["relevances"], **extra)
+        print(name, label, record[name][label], flush=True)
+        RESULTS.mkdir(exist_ok=True)  # keep what is done, in case a long run is stopped
+        (RESULTS / "ep_nn.json").write_text(json.dumps(record, indent=1))
+    for name, methods in record.items():
+        for label, r in methods.items():
+            rows.append(f"{name:14s} {label:8s} {r['rmse']:10.4f} {r['lpd']:10.4f} {r['time']:9.1f}  "
+                        + ("" if "iterations" not in r else f"iters {r['iterations']}, residual {r['residual']:.3g}, "
+                           f"units alive (E v_k > 0.1) {r['alive']}/{K}"))
     lines = ["problem        method         RMSE   mean LPD   time (s)", *rows, ""]
-    lines.append("relevances (sim_relevance: inputs 1-3 relevant, 4-8 irrelevant):")
-    for label, r in record.get("sim_relevance", {}).items():
-        rel = np.asarray(r["relevances"])
-        lines.append(f"  {label:8s} " + " ".join(f"{v:9.3g}" for v in rel)
-                     + f"   ranks of 4-8 last: {set(np.argsort(-rel)[3:].tolist()) == {3, 4, 5, 6, 7}}")
+    for name, relevant in (("sim_relevance", 3), ("sim_friedman", 5)):
+        d = data[name][0].shape[1]
+        lines.append(f"relevances ({name}: inputs 1-{relevant} relevant, {relevant + 1}-{d} irrelevant):")
+        for label, r in record.get(name, {}).items():
+            rel = np.asarray(r["relevances"])
+            last = set(np.argsort(-rel)[relevant:].tolist()) == set(range(relevant, d))
+            lines.append(f"  {label:8s} " + " ".join(f"{v:8.3g}" for v in rel) + f"   irrelevant ranked last: {last}")
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "ep_nn.txt").write_text("\n".join(lines) + "\n(scaling runs pending)\n")
     sc = scaling(quick)
     record["scaling"] = sc
     lines.append("")

@@ -5,9 +5,9 @@
 See `vijax.nn.network` for the model, the approximation and its cost.
 """
 
-from .network import NetworkEP, NetworkPosterior, TwoLayerNetwork, activation, expected_activation
+from .network import NetworkEP, NetworkPosterior, TwoLayerNetwork, activation, expected_activation, map_estimate
 
-__all__ = ["TwoLayerNetwork", "NetworkEP", "NetworkPosterior", "activation", "expected_activation"]
+__all__ = ["TwoLayerNetwork", "NetworkEP", "NetworkPosterior", "activation", "expected_activation", "map_estimate"]
 
 
 def __dir__():
