@@ -198,14 +198,23 @@ def _segment(values, labels, L, offset):
     return jax.ops.segment_sum(jnp.sum(values, 0), labels + offset, L)
 
 
+def _per_unit(fn, *xs):
+    """``fn`` mapped over the hidden units (the leading axis) one at a time, by `jax.lax.map`.
+
+    Not `vmap`: on CPU a batched LAPACK call splits its batch over XLA's thread pool, and two such
+    calls running at once (the per-unit solves beside the per-point v cavities) can each wait for the
+    other's threads — a deadlock seen at n = 400 on two cores. K is small, so the loop costs little."""
+    return jax.lax.map(lambda args: fn(*args), xs)
+
+
 def _q(net: TwoLayerNetwork, s: _Sites) -> _Q:
     K = net.num_hidden
     X = net.X
     # q(w_k): precision Xᵀ diag(τ_{·k}) X + diag(τ^w_k), one Cholesky per hidden unit.
     P = jnp.einsum("nk,ni,nj->kij", s.h_tau, X, X) + jax.vmap(jnp.diag)(s.w_tau)
     r = s.h_nu.T @ X + s.w_nu
-    L = jnp.linalg.cholesky(0.5 * (P + jnp.swapaxes(P, 1, 2)))
-    w_mean = jax.vmap(lambda L_, r_: jax.scipy.linalg.cho_solve((L_, True), r_))(L, r)
+    L = _per_unit(jnp.linalg.cholesky, 0.5 * (P + jnp.swapaxes(P, 1, 2)))
+    w_mean = _per_unit(lambda L_, r_: jax.scipy.linalg.cho_solve((L_, True), r_), L, r)
     # q(v): the prior N(0, σ_v² I), the likelihood sites, the positivity sites.
     pos = jnp.concatenate([s.pos_tau, jnp.zeros(1, s.pos_tau.dtype)])
     v_prec = jnp.eye(K + 1, dtype=X.dtype) / net.output_variance + jnp.sum(s.v_prec, 0) + jnp.diag(pos)
@@ -229,11 +238,11 @@ def _q(net: TwoLayerNetwork, s: _Sites) -> _Q:
 def _activation_marginals(q: _Q, X):
     """Means and variances (n, K) of h_ik = w_kᵀx̃_i under q, and the variances (K, d+1) of w_kj."""
     means = X @ q.w_mean.T
-    # Var = ‖L_k⁻¹ x̃_i‖² with P_k = L_k L_kᵀ.
-    Z = jax.vmap(lambda L_: jax.scipy.linalg.solve_triangular(L_, X.T, lower=True))(q.w_chol)  # (K, d+1, n)
-    variances = jnp.sum(Z**2, 1).T
-    eye = jnp.eye(X.shape[1], dtype=X.dtype)
-    w_var = jnp.sum(jax.vmap(lambda L_: jax.scipy.linalg.solve_triangular(L_, eye, lower=True))(q.w_chol) ** 2, 1)
+    # Var = ‖L_k⁻¹ x̃_i‖² with P_k = L_k L_kᵀ, and var w_kj = ‖L_k⁻¹ e_j‖²: one triangular solve for both.
+    rhs = jnp.concatenate([X.T, jnp.eye(X.shape[1], dtype=X.dtype)], axis=1)  # (d+1, n + d+1)
+    Z = _per_unit(lambda L_: jax.scipy.linalg.solve_triangular(L_, rhs, lower=True), q.w_chol)  # (K, d+1, n+d+1)
+    squares = jnp.sum(Z**2, 1)
+    variances, w_var = squares[:, : X.shape[0]].T, squares[:, X.shape[0]:]
     return means, variances, w_var
 
 
@@ -547,7 +556,7 @@ class NetworkEP(eqx.Module):
                                                              jnp.array(False)))
         q = ev.q
         eye = jnp.eye(net.X.shape[1], dtype=dtype)
-        w_cov = jax.vmap(lambda L_: jax.scipy.linalg.cho_solve((L_, True), eye))(q.w_chol)
+        w_cov = _per_unit(lambda L_: jax.scipy.linalg.cho_solve((L_, True), eye), q.w_chol)
         return NetworkPosterior(q.w_mean, w_cov, q.v_mean, q.v_cov, q.phi_mean, q.phi_var, k - 1,
                                 ev.residual <= self.tol, ev.residual, sites)
 
