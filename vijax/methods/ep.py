@@ -129,6 +129,7 @@ class _Evaluation(NamedTuple):
     tilted_var: tuple
     valid: tuple  # cavity proper and tilted moments finite
     proper: jax.Array  # q proper and every cavity proper
+    magnitude: jax.Array  # |log Z_q| + Σ|log normaliser of each anchor|/η: the size of value's terms
 
 
 def _evaluate(sites: SiteParams, model, power, work, anchor=None) -> _Evaluation:
@@ -137,6 +138,7 @@ def _evaluate(sites: SiteParams, model, power, work, anchor=None) -> _Evaluation
     # Only q's marginals are needed here (the site form for GP models); q itself is formed once, at the end.
     log_zq, means, variances = marginals(model, _quadratics(sites), work)
     value, proper = log_zq, jnp.isfinite(log_zq)
+    magnitude = jnp.abs(log_zq)
     out = ([], [], [], [], [])
     for k, (group, tau, nu, m, V) in enumerate(zip(model.sites, sites.precision, sites.shift, means, variances)):
         m_a, V_a = (m, V) if anchor is None else (anchor[0][k], anchor[1][k])
@@ -146,10 +148,11 @@ def _evaluate(sites: SiteParams, model, power, work, anchor=None) -> _Evaluation
         proper = proper & jnp.all(ok)
         ok = ok & jnp.isfinite(terms) & jnp.isfinite(m_hat) & (V_hat > 0)
         value = value + jnp.sum(terms)
+        magnitude = magnitude + jnp.sum(jnp.abs(log_normaliser(m_a, V_a))) / power
         for store, item in zip(out, (m, V, m_hat, V_hat, ok)):
             store.append(item)
     value = jnp.where(proper, value, jnp.nan)
-    return _Evaluation(value, *map(tuple, out), proper)
+    return _Evaluation(value, *map(tuple, out), proper, magnitude)
 
 
 def _quadratics(sites: SiteParams):
@@ -524,7 +527,10 @@ class EP(AbstractMethod):
                 def sufficient(alpha, new):
                     # Armijo; or, once the decrease is within the quadrature's noise in G, a smaller residual.
                     armijo = (new.value <= ev.value + _ARMIJO * alpha * slope) & (new.value < ev.value)
-                    noise = _QUADRATURE_NOISE * (1.0 + jnp.abs(ev.value))
+                    # G's terms cancel to far less than their size (m²/2V ≫ |G| for sharp sites away from
+                    # 0), so its rounding scales with ``magnitude``; in float32 it exceeds the quadrature's.
+                    noise = jnp.maximum(_QUADRATURE_NOISE * (1.0 + jnp.abs(ev.value)),
+                                        _ROUNDING * jnp.finfo(ev.value.dtype).eps * ev.magnitude)
                     level = (new.value <= ev.value + noise) & (_residual(new) < _residual(ev))
                     return new.proper & (armijo | level)
 
