@@ -424,14 +424,22 @@ class LBFGS(AbstractSolver):
     (at x0 on the first pass), so the compiled program holds one copy of the objective and its
     gradient.
 
+    Optionally the run also stops (converged) once the objective rose by at most ``gain_tol``
+    over the last ``gain_window`` iterations: for an objective known only to some accuracy (AI-KL's
+    lattice bound), the decrement test asks for progress finer than that accuracy, which
+    L-BFGS reaches slowly along flat directions.
+
     **Arguments:** `tol` (the squared decrement gᵀH_k g at which the last step is taken),
-    `max_iter` (iterations), `memory` (pairs kept), `max_backtracks` (line-search trials).
+    `max_iter` (iterations), `memory` (pairs kept), `max_backtracks` (line-search trials),
+    `gain_tol` (default None: no gain test), `gain_window` (iterations, default 10).
     """
 
     tol: float = eqx.field(static=True, default=1e-14)
     max_iter: int = eqx.field(static=True, default=1000)
     memory: int = eqx.field(static=True, default=10)
     max_backtracks: int = eqx.field(static=True, default=30)
+    gain_tol: float | None = eqx.field(static=True, default=None)
+    gain_window: int = eqx.field(static=True, default=10)
 
     def maximise(self, fn, x0, preconditioner=None):
         value_and_grad = jax.value_and_grad(fn)
@@ -484,7 +492,12 @@ class LBFGS(AbstractSolver):
                                     lambda: (s.d, s.slope))
             k = s.k + ok
             trace = jnp.where(s.fresh, s.trace.at[0].set(f_a), jnp.where(ok, s.trace.at[k].set(f), s.trace))
-            finished = _LBFGSState(x, f, g, d, slope, s_mem, y_mem, rho, k, ~s.fresh & ~ok & ~last, last, trace,
+            done = last
+            if self.gain_tol is not None:
+                # the gain over the last gain_window accepted steps (the trace holds f after each)
+                window = jnp.maximum(k - self.gain_window, 0)
+                done = done | (ok & (k >= self.gain_window) & (f - trace[window] <= self.gain_tol))
+            finished = _LBFGSState(x, f, g, d, slope, s_mem, y_mem, rho, k, ~s.fresh & ~ok & ~last, done, trace,
                                    s.n_grad + 1, _wolfe_start(f, g, slope, 1.0), jnp.array(False))
             searching = s._replace(b=b, n_grad=s.n_grad + 1)
             return jax.tree_util.tree_map(lambda new, old: jnp.where(ended, new, old), finished, searching)
