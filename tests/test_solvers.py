@@ -116,7 +116,7 @@ def test_lbfgs_uses_the_preconditioner(rng):
 
 
 def test_lbfgs_traces_the_objective_once(rng):
-    """L-BFGS evaluates the objective in one place (its line search is its loop body), so a costly
+    """L-BFGS and nonlinear CG evaluate the objective in one place (the line search is the loop body), so a costly
     objective appears once in the compiled program; the result is that of a plain quadratic solve."""
     A, b, x_star = _concave_quadratic(rng, 8, 1e2)
     traces = []
@@ -127,6 +127,11 @@ def test_lbfgs_traces_the_objective_once(rng):
 
     sol = jax.jit(lambda x0: vj.solvers.LBFGS().maximise(fn, x0))(jnp.zeros(8))
     assert len(traces) == 1
+    traces.clear()
+    sol_cg = jax.jit(lambda x0: vj.solvers.NonlinearCG().maximise(fn, x0))(jnp.zeros(8))
+    assert len(traces) == 1  # NonlinearCG likewise
+    assert bool(sol_cg.converged)
+    np.testing.assert_allclose(sol_cg.x, x_star, atol=1e-6)
     assert bool(sol.converged) and int(sol.num_grad_evals) >= int(sol.iterations) + 1
     np.testing.assert_allclose(sol.x, x_star, atol=1e-6)
 
