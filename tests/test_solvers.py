@@ -116,7 +116,7 @@ def test_lbfgs_uses_the_preconditioner(rng):
 
 
 def test_lbfgs_traces_the_objective_once(rng):
-    """L-BFGS evaluates the objective in one place (its line search is its loop body), so a costly
+    """L-BFGS and nonlinear CG evaluate the objective in one place (the line search is the loop body), so a costly
     objective appears once in the compiled program; the result is that of a plain quadratic solve."""
     A, b, x_star = _concave_quadratic(rng, 8, 1e2)
     traces = []
@@ -127,8 +127,28 @@ def test_lbfgs_traces_the_objective_once(rng):
 
     sol = jax.jit(lambda x0: vj.solvers.LBFGS().maximise(fn, x0))(jnp.zeros(8))
     assert len(traces) == 1
+    traces.clear()
+    sol_cg = jax.jit(lambda x0: vj.solvers.NonlinearCG().maximise(fn, x0))(jnp.zeros(8))
+    assert len(traces) == 1  # NonlinearCG likewise
+    assert bool(sol_cg.converged)
+    np.testing.assert_allclose(sol_cg.x, x_star, atol=1e-6)
     assert bool(sol.converged) and int(sol.num_grad_evals) >= int(sol.iterations) + 1
     np.testing.assert_allclose(sol.x, x_star, atol=1e-6)
+
+
+def test_lbfgs_gain_rule_stops_at_the_first_small_window(rng):
+    """With gain_tol, L-BFGS stops (converged) at the first iteration k whose gain over the last
+    gain_window iterations is at most gain_tol, before the decrement test would stop it."""
+    A, b, x_star = _concave_quadratic(rng, 40, 1e4)
+    fn = lambda x: b @ x - 0.5 * x @ A @ x
+    plain = jax.jit(lambda x0: vj.solvers.LBFGS(memory=3).maximise(fn, x0))(jnp.zeros(40))
+    sol = jax.jit(lambda x0: vj.solvers.LBFGS(memory=3, gain_tol=1e-3, gain_window=5).maximise(fn, x0))(jnp.zeros(40))
+    k = int(sol.iterations)
+    trace = np.asarray(sol.trace)[:k + 1]
+    gains = trace[5:] - trace[:-5]  # gains[j]: over iterations j .. j + 5
+    assert bool(sol.converged) and k < int(plain.iterations)
+    assert gains[-1] <= 1e-3 and np.all(gains[:-1] > 1e-3)
+    assert float(sol.value) == trace[-1] and float(plain.value) - float(sol.value) > 0
 
 
 def test_newton_solvers_stop_at_float32_resolution(rng):

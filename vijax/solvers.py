@@ -424,14 +424,22 @@ class LBFGS(AbstractSolver):
     (at x0 on the first pass), so the compiled program holds one copy of the objective and its
     gradient.
 
+    Optionally the run also stops (converged) once the objective rose by at most ``gain_tol``
+    over the last ``gain_window`` iterations: for an objective known only to some accuracy (AI-KL's
+    lattice bound), the decrement test asks for progress finer than that accuracy, which
+    L-BFGS reaches slowly along flat directions.
+
     **Arguments:** `tol` (the squared decrement gᵀH_k g at which the last step is taken),
-    `max_iter` (iterations), `memory` (pairs kept), `max_backtracks` (line-search trials).
+    `max_iter` (iterations), `memory` (pairs kept), `max_backtracks` (line-search trials),
+    `gain_tol` (default None: no gain test), `gain_window` (iterations, default 10).
     """
 
     tol: float = eqx.field(static=True, default=1e-14)
     max_iter: int = eqx.field(static=True, default=1000)
     memory: int = eqx.field(static=True, default=10)
     max_backtracks: int = eqx.field(static=True, default=30)
+    gain_tol: float | None = eqx.field(static=True, default=None)
+    gain_window: int = eqx.field(static=True, default=10)
 
     def maximise(self, fn, x0, preconditioner=None):
         value_and_grad = jax.value_and_grad(fn)
@@ -484,7 +492,12 @@ class LBFGS(AbstractSolver):
                                     lambda: (s.d, s.slope))
             k = s.k + ok
             trace = jnp.where(s.fresh, s.trace.at[0].set(f_a), jnp.where(ok, s.trace.at[k].set(f), s.trace))
-            finished = _LBFGSState(x, f, g, d, slope, s_mem, y_mem, rho, k, ~s.fresh & ~ok & ~last, last, trace,
+            done = last
+            if self.gain_tol is not None:
+                # the gain over the last gain_window accepted steps (the trace holds f after each)
+                window = jnp.maximum(k - self.gain_window, 0)
+                done = done | (ok & (k >= self.gain_window) & (f - trace[window] <= self.gain_tol))
+            finished = _LBFGSState(x, f, g, d, slope, s_mem, y_mem, rho, k, ~s.fresh & ~ok & ~last, done, trace,
                                    s.n_grad + 1, _wolfe_start(f, g, slope, 1.0), jnp.array(False))
             searching = s._replace(b=b, n_grad=s.n_grad + 1)
             return jax.tree_util.tree_map(lambda new, old: jnp.where(ended, new, old), finished, searching)
@@ -514,6 +527,8 @@ class _CGState(NamedTuple):
     done: jax.Array
     trace: jax.Array
     n_grad: jax.Array
+    b: "_Bracket"  # the line search along d from x
+    fresh: jax.Array  # x0 not evaluated yet
 
 
 class NonlinearCG(AbstractSolver):
@@ -533,6 +548,8 @@ class NonlinearCG(AbstractSolver):
     preconditioner). Every trial evaluates the objective *and* its gradient, so the accepted
     trial needs no extra evaluation: one to a few gradients per iteration and O(dim) memory,
     which is why it suits problems too large for the Hessian-vector products of `NewtonCG`.
+    As in `LBFGS`, iterations and trials run in one `lax.while_loop` whose body evaluates the
+    objective once, so the compiled program holds one copy of it.
 
     ``c2`` trades line-search work for conjugacy: 0.1 (default) is cheapest on G-KL
     bounds; a small value (0.01) makes each line search nearly exact, which recovers the
@@ -554,33 +571,47 @@ class NonlinearCG(AbstractSolver):
     def maximise(self, fn, x0, preconditioner=None):
         value_and_grad = jax.value_and_grad(fn)
         precondition = (lambda x, g: preconditioner(x)(g)) if preconditioner is not None else (lambda x, g: g)
-
-        def line_search(s):
-            first = 1.0 if preconditioner is not None else 1.0 / jnp.maximum(_max_abs(s.g), 1.0)
-            alpha0 = jnp.where(s.gain > 0, jnp.minimum(1.0, 2.02 * s.gain / s.slope), first)
-            return _wolfe(value_and_grad, s.x, s.f, s.g, s.d, s.slope, alpha0, self.max_backtracks, self.c2)
+        dtype = x0.dtype
 
         def body(s):
-            last = jnp.vdot(s.g, s.z) <= self.threshold(s.f)
-            alpha, f, g, ok, n = line_search(s)
-            x = jnp.where(ok, s.x + alpha * s.d, s.x)
-            f, g = jnp.where(ok, f, s.f), jnp.where(ok, g, s.g)
-            z = precondition(x, g)
-            beta = jnp.maximum(0.0, jnp.vdot(z, g - s.g) / jnp.vdot(s.z, s.g))
-            d, slope = _restarted(g, z, z + beta * s.d)
-            return _CGState(x, f, g, z, d, slope, f - s.f, s.k + ok, ~ok & ~last, last,
-                            jnp.where(ok, s.trace.at[s.k + 1].set(f), s.trace), s.n_grad + n)
+            # As in `LBFGS`: one evaluation per pass, at the line search's trial x + αd (x0 itself on
+            # the first pass, where d = 0), so the objective is traced once, in this body.
+            f_a, g_a = value_and_grad(s.x + s.b.alpha * s.d)
+            f_a = jnp.asarray(f_a, dtype)
+            b = _wolfe_step(s.b, s.f, s.slope, s.d, self.c2, f_a, g_a)
+            ended = s.fresh | b.done | (b.n >= self.max_backtracks)
+            last = ~s.fresh & (jnp.vdot(s.g, s.z) <= self.threshold(s.f))
+            ok = ~s.fresh & (b.lo > 0)
+            x = jnp.where(ok, s.x + b.lo * s.d, s.x)
+            f = jnp.where(s.fresh, f_a, jnp.where(ok, b.f_lo, s.f))
+            g = jnp.where(s.fresh, g_a, jnp.where(ok, b.g_lo, s.g))
+
+            def direction():
+                z = precondition(x, g)
+                beta = jnp.where(s.fresh, 0.0, jnp.maximum(0.0, jnp.vdot(z, g - s.g) / jnp.vdot(s.z, s.g)))
+                return (z,) + _restarted(g, z, z + beta * s.d)
+
+            z, d, slope = jax.lax.cond(ended, direction, lambda: (s.z, s.d, s.slope))
+            gain = jnp.where(s.fresh, 0.0, f - s.f)
+            first = 1.0 if preconditioner is not None else 1.0 / jnp.maximum(_max_abs(g), 1.0)
+            alpha0 = jnp.where(gain > 0, jnp.minimum(1.0, 2.02 * gain / slope), first)
+            k = s.k + ok
+            trace = jnp.where(s.fresh, s.trace.at[0].set(f_a), jnp.where(ok, s.trace.at[k].set(f), s.trace))
+            finished = _CGState(x, f, g, z, d, slope, gain, k, ~s.fresh & ~ok & ~last, last, trace, s.n_grad + 1,
+                                _wolfe_start(f, g, slope, alpha0), jnp.array(False))
+            searching = s._replace(b=b, n_grad=s.n_grad + 1)
+            return jax.tree_util.tree_map(lambda new, old: jnp.where(ended, new, old), finished, searching)
 
         def cond(s):
-            return (s.k < self.max_iter) & ~s.failed & ~s.done
+            return s.fresh | ((s.k < self.max_iter) & ~s.failed & ~s.done)
 
-        f0, g0 = value_and_grad(x0)
-        z0 = precondition(x0, g0)
-        trace = nan_trace(self.max_iter, f0.dtype, f0)
-        zero = jnp.zeros((), f0.dtype)
-        d0, slope0 = _restarted(g0, z0, z0)
+        zeros = jnp.zeros_like(x0)
+        zero = jnp.zeros((), dtype)
+        f0 = jnp.asarray(-jnp.inf, dtype)
         false = jnp.array(False)
-        state = _CGState(x0, f0, g0, z0, d0, slope0, zero, jnp.array(0), false, false, trace, jnp.array(1))
+        state = _CGState(x0, f0, zeros, zeros, zeros, zero, zero, jnp.array(0), false, false,
+                         nan_trace(self.max_iter, dtype), jnp.array(0), _wolfe_start(f0, zeros, 0.0, 1.0),
+                         jnp.array(True))
         s = jax.lax.while_loop(cond, body, state)
         return _solution(self, s.x, s.f, s.g, s.k, jnp.vdot(s.g, s.z), s.done, s.trace, jnp.array(0), s.n_grad,
                          jnp.array(0))
