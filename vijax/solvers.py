@@ -418,7 +418,7 @@ class LBFGS(AbstractSolver):
     H_k⁰ = M(x_k), the preconditioner at the current point (Nocedal & Wright §7.2; for
     vijax's bounds the same curvature that preconditions `NewtonCG`), or the usual scaled
     identity sᵀy/yᵀy I without one. A pair with sᵀy ≤ 0 (possible without concavity) is not
-    stored. The step meets the strong Wolfe conditions with ``c2 = 0.9`` (`_wolfe`), tried at
+    stored. The step meets the strong Wolfe conditions with ``c2 = 0.9`` (`_Bracket`), tried at
     α = 1 first, so a well-preconditioned run takes nearly Newton steps. The iterations and the
     line searches' trials run in one `lax.while_loop` whose body evaluates the objective once
     (at x0 on the first pass), so the compiled program holds one copy of the objective and its
@@ -542,7 +542,7 @@ class NonlinearCG(AbstractSolver):
     $$
 
     restarted (d_k = z_k) whenever d_k is not an ascent direction. The step along d_k meets
-    the strong Wolfe conditions with curvature constant ``c2`` (see `_wolfe`), started from
+    the strong Wolfe conditions with curvature constant ``c2`` (see `_Bracket`), started from
     α₀ = min(1, 2.02 (f_k − f_{k−1}) / g_kᵀd_k) (α₀ = 1 at the first iteration and after a
     stall, where the preconditioned gradient is Newton-scaled; 1/max|g| without a
     preconditioner). Every trial evaluates the objective *and* its gradient, so the accepted
@@ -618,6 +618,23 @@ class NonlinearCG(AbstractSolver):
 
 
 class _Bracket(NamedTuple):
+    """The line search of `LBFGS` and `NonlinearCG`, one trial per pass of their loop: a step α along
+    ascent direction ``d`` meeting the strong Wolfe conditions
+
+        φ(α) ≥ φ(0) + c₁ α φ'(0)   and   |φ'(α)| ≤ c₂ φ'(0),     φ(α) = fn(x + α d).
+
+    Near the optimum the sufficient-increase test is lost in the rounding of φ; there the
+    approximate Wolfe conditions of `_acceptable` stand in for it.
+
+    Each trial evaluates fn and its gradient, so the accepted step's gradient comes for
+    free. Before a bracket is known, the next trial extrapolates φ' linearly to zero (at
+    most ×10); inside a bracket [lo, hi] (either order) it is the zero of the secant on φ'
+    when the ends' derivatives have opposite signs, else the maximiser of the quadratic
+    through φ(lo), φ'(lo), φ(hi), kept 10 % away from both ends. On a quadratic the second
+    trial is exact. Where the curvature condition is never met the
+    best acceptable step (``lo``) is kept; ``lo`` = 0 means there is none.
+    """
+
     lo: jax.Array  # best acceptable step so far (0 at the start) ...
     f_lo: jax.Array
     g_lo: jax.Array  # ... its objective and gradient
@@ -630,41 +647,15 @@ class _Bracket(NamedTuple):
     n: jax.Array
 
 
-def _wolfe(value_and_grad, x, f, g, d, slope, alpha0, max_trials, c2):
-    """A step α along ascent direction ``d`` meeting the strong Wolfe conditions
-
-        φ(α) ≥ φ(0) + c₁ α φ'(0)   and   |φ'(α)| ≤ c₂ φ'(0),     φ(α) = fn(x + α d).
-
-    Near the optimum the sufficient-increase test is lost in the rounding of φ; there the
-    approximate Wolfe conditions of `_acceptable` stand in for it.
-
-    Each trial evaluates fn and its gradient, so the accepted step's gradient comes for
-    free. Before a bracket is known, the next trial extrapolates φ' linearly to zero (at
-    most ×10); inside a bracket [lo, hi] (either order) it is the zero of the secant on φ'
-    when the ends' derivatives have opposite signs, else the maximiser of the quadratic
-    through φ(lo), φ'(lo), φ(hi), kept 10 % away from both ends. On a quadratic the second
-    trial is exact. Returns (α, f, g, found, trials); where the curvature condition is never
-    met the best acceptable step is returned, and ``found`` is False only if there is none.
-    """
-    def cond(b):
-        return ~b.done & (b.n < max_trials)
-
-    def body(b):
-        return _wolfe_step(b, f, slope, d, c2, *value_and_grad(x + b.alpha * d))
-
-    b = jax.lax.while_loop(cond, body, _wolfe_start(f, g, slope, alpha0))
-    return b.lo, b.f_lo, b.g_lo, b.lo > 0, b.n
-
-
 def _wolfe_start(f, g, slope, alpha0):
-    """The bracket before `_wolfe`'s first trial, at step ``alpha0``."""
+    """The bracket before the line search's first trial, at step ``alpha0``."""
     dtype = f.dtype
     return _Bracket(jnp.zeros((), dtype), f, g, slope, jnp.asarray(jnp.inf, dtype), jnp.asarray(-jnp.inf, dtype),
                     jnp.asarray(jnp.nan, dtype), jnp.asarray(alpha0, dtype), jnp.array(False), jnp.array(0))
 
 
 def _wolfe_step(b, f, slope, d, c2, f_a, g_a):
-    """One trial of `_wolfe`: the bracket ``b`` updated with the trial's objective ``f_a`` and gradient
+    """One trial of the line search (`_Bracket`): the bracket ``b`` updated with the trial's objective ``f_a`` and gradient
     ``g_a`` at x + b.alpha d (``f``, ``slope``: φ(0) and φ'(0))."""
     dtype = f.dtype
     inf = jnp.asarray(jnp.inf, dtype)
