@@ -93,9 +93,10 @@ def test_activation_site_tilted_moments_against_brute_force(fitted):
     Vh = 1.0 / (1.0 / h_V[i, k] + ev.step.h_tau[i, k])
     mh = Vh * (h_m[i, k] / h_V[i, k] + ev.step.h_nu[i, k])
     # Cavities of v and φ_0 for site i.
-    P = q.v_prec - sites.v_prec[i]
-    Sc = np.linalg.inv(np.asarray(P))
-    mc = Sc @ np.asarray(q.v_shift - sites.v_shift[i])
+    u = np.asarray(sites.v_dir[i])
+    P = np.asarray(q.v_prec) - float(sites.v_tau[i]) * np.outer(u, u)
+    Sc = np.linalg.inv(P)
+    mc = Sc @ (np.asarray(q.v_shift) - float(sites.v_nu[i]) * u)
     p_prec = 1 / q.phi_var[0] - sites.noise_tau[i]
     p_var, p_mean = 1 / p_prec, (q.phi_mean[0] / q.phi_var[0] - sites.noise_nu[i]) / p_prec
     # f | h_ik = h by Monte Carlo over v and the other activations (cavity draws).
