@@ -392,7 +392,7 @@ class NetworkEP(eqx.Module):
       ``benchmarks/results/ep_nn.txt``).
     - `max_iter`, `tol`: at most ``max_iter`` iterations; converged when the moment-matching residual
       (max over sites of |m̂ − m|/√V + |log V̂/V| for the activations, output weights and φ) ≤ ``tol``
-      (defaults 1000 and 1e-3: the residual falls slowly, the scale sites last; 1e-3 took 650
+      (defaults 1000 and 1e-3: the residual falls slowly, the activation sites last; 1e-3 took 348
       iterations on the tests' problem, and ``benchmarks/ep_nn.py`` reports where 1000 were not
       enough).
     - `activation_nodes`, `noise_nodes`: Gauss–Hermite nodes over each activation and over φ_0.
