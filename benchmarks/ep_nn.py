@@ -16,7 +16,7 @@ Problems (inputs and targets standardised on the training set):
 
 Methods:
 
-- ``EP-NN``: `vj.nn.NetworkEP` (damping 0.3, started from a MAP fit, converged when the moment
+- ``EP-NN``: `vj.nn.NetworkEP` (damping 0.3, momentum 0.7 with restarts, started from a MAP fit, converged when the moment
   residual is ≤ 1e-3, 1000 iterations at most) on `vj.nn.TwoLayerNetwork` (K = 8 erf units, ARD input
   priors, log-normal noise prior, half-Gaussian output weights v_k ≥ 0).
 - ``NUTS-NN``: NumPyro NUTS on the same network and priors (1 chain, 500 warm-up + 500 draws;
@@ -160,7 +160,7 @@ def scaling(quick):
     rng = np.random.default_rng(3)
     out = {"n": [], "K": []}
     for label, sizes in (("n", [100, 200, 400, 800] if quick else [100, 200, 400, 800, 1600]),
-                         ("K", [2, 4, 8, 16] if quick else [2, 4, 8, 16, 32])):
+                         ("K", [2, 4, 8, 16, 32] if quick else [2, 4, 8, 16, 32, 64])):
         for size in sizes:
             n, k = (size, K) if label == "n" else (400, size)
             X, y = sim_relevance(rng, n)

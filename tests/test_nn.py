@@ -93,9 +93,10 @@ def test_activation_site_tilted_moments_against_brute_force(fitted):
     Vh = 1.0 / (1.0 / h_V[i, k] + ev.step.h_tau[i, k])
     mh = Vh * (h_m[i, k] / h_V[i, k] + ev.step.h_nu[i, k])
     # Cavities of v and φ_0 for site i.
-    P = q.v_prec - sites.v_prec[i]
-    Sc = np.linalg.inv(np.asarray(P))
-    mc = Sc @ np.asarray(q.v_shift - sites.v_shift[i])
+    u = np.asarray(sites.v_dir[i])
+    P = np.asarray(q.v_prec) - float(sites.v_tau[i]) * np.outer(u, u)
+    Sc = np.linalg.inv(P)
+    mc = Sc @ (np.asarray(q.v_shift) - float(sites.v_nu[i]) * u)
     p_prec = 1 / q.phi_var[0] - sites.noise_tau[i]
     p_var, p_mean = 1 / p_prec, (q.phi_mean[0] / q.phi_var[0] - sites.noise_nu[i]) / p_prec
     # f | h_ik = h by Monte Carlo over v and the other activations (cavity draws).
@@ -127,13 +128,15 @@ def test_activation_site_tilted_moments_against_brute_force(fitted):
 @pytest.mark.slow  # uses the shared fit
 def test_calibration_and_relevances_on_simulated_data(fitted):
     net, post = fitted
-    assert post.converged  # seen: residual 9.96e-4 after 649 iterations (tol 1e-3)
+    assert post.converged  # seen: residual 9.8e-4 after 348 iterations (tol 1e-3; 680 without momentum)
     X_test, y_test = _problem(2, 500)
     mean, var = post.predict(X_test)
     z = (y_test - mean) / np.sqrt(var)
     cover = np.mean(np.abs(z) < 1.96)
     assert 0.9 <= cover <= 0.995, cover  # seen: 0.986
-    assert 0.5 < np.var(z) < 1.5  # seen: 0.57 (EP's predictive is too wide here)
+    # seen: 0.57: too wide, from the noise estimate (E σ² 0.077 for a true 0.04; network.py's
+    # "Calibration"); with σ² held at 0.04 it is 0.97.
+    assert 0.5 < np.var(z) < 1.5
     # Better than the best linear predictor, and near the noise level 0.2.
     rmse = np.sqrt(np.mean((mean - y_test) ** 2))
     beta = np.linalg.lstsq(np.c_[net.X], net.y, rcond=None)[0]
@@ -143,6 +146,20 @@ def test_calibration_and_relevances_on_simulated_data(fitted):
     assert np.mean(lp) > -0.5  # seen: -0.018
     rel = np.asarray(post.relevances())
     assert rel[2] < 0.2 * min(rel[0], rel[1])  # the irrelevant input last, by a margin (seen: 1.62, 2.91, 0.037)
+
+
+@pytest.mark.slow  # a second fit, without momentum
+def test_momentum_changes_the_path_not_the_fixed_point(fitted):
+    """Plain damped EP (momentum 0) and the default heavy-ball steps stop at the same q."""
+    net, post = fitted
+    plain = eqx.filter_jit(vj.nn.NetworkEP(momentum=0.0, max_iter=1000, tol=1e-3).fit)(net, jax.random.PRNGKey(0))
+    assert bool(plain.converged) and int(plain.iterations) > int(post.iterations)  # seen: 680 against 348
+    v_sd = np.sqrt(np.diag(np.asarray(post.v_cov)))
+    np.testing.assert_array_less(np.abs(np.asarray(plain.v_mean - post.v_mean)) / v_sd, 0.05)
+    w_sd = np.sqrt(np.diagonal(np.asarray(post.w_cov), axis1=1, axis2=2))
+    np.testing.assert_array_less(np.abs(np.asarray(plain.w_mean - post.w_mean)) / w_sd, 0.05)
+    np.testing.assert_array_less(np.abs(np.asarray(plain.hyper_mean - post.hyper_mean))
+                                 / np.sqrt(np.asarray(post.hyper_var)), 0.05)
 
 
 def test_bad_input_is_refused():
@@ -155,3 +172,5 @@ def test_bad_input_is_refused():
         vj.nn.TwoLayerNetwork(X, y, groups="lasso")
     with pytest.raises(ValueError, match="damping"):
         vj.nn.NetworkEP(damping=1.5)
+    with pytest.raises(ValueError, match="momentum"):
+        vj.nn.NetworkEP(momentum=1.0)
