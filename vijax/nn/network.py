@@ -473,11 +473,11 @@ class NetworkEP(eqx.Module):
         # v cavities: Λ₋ = Λ − τ_i u_i u_iᵀ, by Sherman–Morrison from Σ = Λ⁻¹ (never formed per point):
         # Σ₋ = Σ + c_i b_i b_iᵀ, b_i = Σu_i, c_i = τ_i/(1 − τ_i u_iᵀΣu_i), proper iff 1 − τ_i u_iᵀΣu_i > 0.
         B = s.v_dir @ q.v_cov  # (n, K+1): b_i
-        den = 1.0 - s.v_tau * jnp.sum(B * s.v_dir, -1)
+        uSu = jnp.sum(B * s.v_dir, -1)
+        den = 1.0 - s.v_tau * uSu
         ok_v = den > 0
         c = jnp.where(ok_v, s.v_tau / jnp.where(ok_v, den, 1.0), 0.0)
         # m₋ = Σ₋(r − ν_i u_i) = m − ν_i b_i + c_i b_i (u_iᵀm − ν_i u_iᵀΣu_i).
-        uSu = jnp.sum(B * s.v_dir, -1)
         mc = q.v_mean - s.v_nu[:, None] * B + (c * (s.v_dir @ q.v_mean - s.v_nu * uSu))[:, None] * B
         Sc_diag = jnp.diagonal(q.v_cov)[None, :] + c[:, None] * B**2
         # φ_0 cavities.
