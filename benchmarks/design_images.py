@@ -71,6 +71,8 @@ def main():
     parser.add_argument("--rows", type=int, default=3, help="designed rows per step (thesis: 3)")
     parser.add_argument("--chevron", type=int, default=80)
     parser.add_argument("--lanczos", type=int, default=80, help="Lanczos vectors of LVB's variance estimates")
+    parser.add_argument("--lvb-probes", type=int, default=1,
+                        help="LVB's probes for its log_z estimate (vj.LVB's default 8; the loop never reads log_z)")
     parser.add_argument("--lvb-iter", type=int, default=30, help="LVB's outer (variance) iterations at most")
     parser.add_argument("--gkl-tol", type=float, default=None,
                         help="G-KL's Newton-CG tolerance on the squared Newton decrement, sequential's `fit_tol` "
@@ -98,7 +100,8 @@ def main():
     prior = vj.potentials.Laplace(scale=tau)
     fit_tol = {} if args.gkl_tol is None else {"fit_tol": args.gkl_tol}
     methods = {"G-KL": (vj.GKL(covariance=vj.covariance.Chevron(args.chevron)), "free"),
-               "LVB": (vj.LVB(variances="lanczos", num_lanczos=args.lanczos, tol=1e-2, max_iter=args.lvb_iter), "free"),
+               "LVB": (vj.LVB(variances="lanczos", num_lanczos=args.lanczos, tol=1e-2, max_iter=args.lvb_iter,
+                           num_probes=args.lvb_probes), "free"),
                "LVB exact": (vj.LVB(), "free"), "MAP Rand": (vj.MAP(), "random")}
     methods = {k: v for k, v in methods.items() if k in args.methods.split(",")}
     log(f"# {name}: {args.images} images of {shape} (D={D}), B = periodic finite differences + db4 wavelets "

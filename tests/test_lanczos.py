@@ -86,6 +86,19 @@ def test_lvb_lanczos_variances_against_exact(image_model):
     # the reported share of tr P⁻¹ (exactly 1 here), estimated from 8 Rademacher probes
     assert int(full.diagnostics.info.num_lanczos) == model.dim
     assert 0.6 < float(full.diagnostics.info.variance_fraction) < 1.4
+    # log_z: B_LVB with log det P averaged over the probes' Gauss quadratures (the first probe's is the fit's
+    # last Lanczos run, reused); written out here with every probe's own quadrature
+    quadratics = lvb._quadratics(lvb._update(model, "jaakkola", full.mean, full.factor), model, "jaakkola")
+    product, r, const = vj.methods._gaussian.precision_operator(model, quadratics)
+    probes = jax.random.rademacher(jax.random.PRNGKey(0), (lvb._NUM_PROBES, model.dim), jnp.float64)
+    per_probe = np.array([lvb._quadrature(product, v, model.dim) for v in probes])
+    base = float(const + 0.5 * r @ full.mean + 0.5 * model.dim * np.log(2 * np.pi))
+    np.testing.assert_allclose(full.log_z, base - 0.5 * per_probe[:, 0].mean(), rtol=1e-9)
+    one = vj.infer(model, vj.LVB(variances="lanczos", num_lanczos=model.dim, num_probes=1))
+    np.testing.assert_allclose(one.mean, full.mean, atol=1e-10)
+    np.testing.assert_allclose(one.log_z, base - 0.5 * per_probe[0, 0], rtol=1e-9)
+    with pytest.raises(ValueError, match="num_probes"):
+        vj.LVB(variances="lanczos", num_probes=0)
     with pytest.raises(ValueError, match="variances"):
         vj.LVB(variances="probing")
     with pytest.raises(ValueError, match="num_lanczos"):
