@@ -403,12 +403,13 @@ class LVB(AbstractMethod):
         fixed point (a period-2 cycle of about 1% in ξ on a 24-pixel image with k = 8). So neither SQUAREM
         (which compares values) nor an extrapolated distance (which needs a contraction) applies; the run
         is glm-ie's fixed budget of outer loops, ended early once ξ moves by less than ``tol``
-        relatively (``converged``). Each CG for the mean starts from the last one's (``mean0`` at first); returns
-        the run and that last mean."""
+        relatively (``converged``). Each CG for the mean starts from the last one's (``mean0`` at first) and
+        stops at the relative residual `_inner_rtol` (ξ is wanted to ``tol`` only; the fit's final mean is
+        solved to 10⁻² √ε); returns the run and that last mean."""
         def step(k, state):
             xi, _, _, trace, mean = state
             value, means, variances, extras = _lanczos_marginals(model, _quadratics(xi, model, self.bound),
-                                                                 self.num_lanczos, v0, mean)
+                                                                 self.num_lanczos, v0, mean, inner)
             new = _update_from_marginals(model, self.bound, means, variances)
             pairs = [(u, w) for u, w in zip(new, xi) if u is not None]
             moved = sum((jnp.sum((u - w) ** 2) for u, w in pairs), jnp.zeros((), value.dtype))
@@ -416,6 +417,7 @@ class LVB(AbstractMethod):
             return new, value, jnp.sqrt(moved / jnp.where(size > 0, size, 1.0)), trace.at[k].set(value), extras[0]
 
         dtype = model.dtype
+        inner = _inner_rtol(self.tol, dtype)
         state = (xi, jnp.array(jnp.nan, dtype), jnp.array(jnp.inf, dtype), nan_trace(self.max_iter, dtype),
                  jnp.zeros(model.dim, dtype) if mean0 is None else mean0)
         (xi, value, change, trace, mean), k = iterate(step, state, self.max_iter, done=lambda k, s: s[2] <= self.tol)
@@ -490,6 +492,13 @@ class LVB(AbstractMethod):
         return Posterior(mean, factor, jax.lax.stop_gradient(value), diagnostics, model, bound_claim=False)
 
 
+def _inner_rtol(tol, dtype):
+    """CG's relative residual inside the Lanczos outer loop: 10⁻⁴ · tol (ξ is wanted to a relative ``tol``),
+    never looser than 10⁻⁶ nor tighter than the final solve's 10⁻² √ε."""
+    tight = 1e-2 * float(jnp.finfo(dtype).eps) ** 0.5
+    return max(tight, min(1e-6, 1e-4 * float(tol)))
+
+
 def _mean_by_cg(model, quadratics, product, r, rtol, mean0=None):
     """P⁻¹ r by Jacobi-preconditioned CG from ``mean0`` (zero if None), stopped at ‖r − P m‖ ≤ rtol ‖r‖."""
     dtype = r.dtype
@@ -516,13 +525,14 @@ def _quadrature(product, v, k):
     return jnp.stack([scale * jnp.sum(weights * jnp.log(theta)), scale * jnp.sum(weights / theta)])
 
 
-def _lanczos_marginals(model, quadratics, num_lanczos, v0, mean0=None):
+def _lanczos_marginals(model, quadratics, num_lanczos, v0, mean0=None, rtol=None):
     """``(value, means, variances, extras)`` of the integral with P never formed (variances="lanczos").
 
     - mean m = P⁻¹ r by CG (products v ↦ P v, `precision_operator`), preconditioned by P's diagonal
       (Jacobi: Σ_n A_n h_n² from the projections' ``squared_rmv``; the site weights A_n of a sparse
       model spread over orders of magnitude, which the diagonal absorbs) and started at ``mean0`` (the
-      last outer loop's mean, or the last fit's), to the same residual ‖r − P m‖ ≤ 10⁻² √ε ‖r‖ either way;
+      last outer loop's mean, or the last fit's), to the residual ‖r − P m‖ ≤ rtol ‖r‖ (default 10⁻² √ε)
+      either way;
     - variances of x_n = h_nᵀw + b_n from k Lanczos vectors of P started at ``v0`` (`lanczos_variances`):
       V̂_n = Σ_k (h_nᵀ u_k)² / θ_k ≤ h_nᵀ P⁻¹ h_n, a lower bound on each variance (Seeger & Nickisch use it
       knowingly: smaller variances give smaller ξ, so the outer loop is conservative, not divergent);
@@ -532,7 +542,7 @@ def _lanczos_marginals(model, quadratics, num_lanczos, v0, mean0=None):
     """
     product, r, const = precision_operator(model, quadratics)
     dtype, d = model.dtype, model.dim
-    rtol = 1e-2 * float(jnp.finfo(dtype).eps) ** 0.5
+    rtol = 1e-2 * float(jnp.finfo(dtype).eps) ** 0.5 if rtol is None else rtol
     mean, cg_steps = _mean_by_cg(model, quadratics, product, r, rtol, mean0)
     theta, V, weights = ritz_pairs(product, v0, min(int(num_lanczos), d))
     probe = jnp.vdot(v0, v0)
