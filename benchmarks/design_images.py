@@ -22,7 +22,14 @@ against N (mean ± s.e. over images), reconstructions at several budgets, and ti
     python benchmarks/design_images.py --images 1 --start 100 --steps 2 --methods G-KL --tag gkl64_n100
     python benchmarks/design_images.py --images 1 --start 100 --steps 2 --methods LVB --tag lvb64_n100
     python benchmarks/design_images.py --images 1 --start 2042 --steps 2 --methods G-KL --tag gkl64_n2048
-    python benchmarks/design_images.py --images 1 --start 100 --steps 2 --methods G-KL --gkl-tol 1e-6 --tag gkl64_n100_tol6
+    python benchmarks/design_images.py --images 1 --start 100 --steps 2 --methods G-KL --gkl-tol 1e-10 --tag gkl64_n100_tol10
+    # G-KL runs at the design loop's default Newton tolerance, vj.design.FIT_TOL = 1e-6 (--gkl-tol overrides).
+    # All 16 images, one process per image (each can run on its own core), then merged:
+    python benchmarks/design_images.py --image-index 0 --save-means --no-lanczos-check --tag part0   # … to 15
+    python benchmarks/design_images.py --combine part0,part1,…,part15 --tag all16
+    # the reduced 16-image protocol run here (16 × 16 pixels, N = 25 → 55 in blocks of 10):
+    python benchmarks/design_images.py --size 16 --images 16 --start 25 --steps 3 --rows 10 --chevron 20 --lanczos 20 \
+        --no-lanczos-check --save-means --tag 16img_16px
 """
 
 from __future__ import annotations
