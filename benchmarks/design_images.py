@@ -22,7 +22,14 @@ against N (mean ± s.e. over images), reconstructions at several budgets, and ti
     python benchmarks/design_images.py --images 1 --start 100 --steps 2 --methods G-KL --tag gkl64_n100
     python benchmarks/design_images.py --images 1 --start 100 --steps 2 --methods LVB --tag lvb64_n100
     python benchmarks/design_images.py --images 1 --start 2042 --steps 2 --methods G-KL --tag gkl64_n2048
-    python benchmarks/design_images.py --images 1 --start 100 --steps 2 --methods G-KL --gkl-tol 1e-6 --tag gkl64_n100_tol6
+    python benchmarks/design_images.py --images 1 --start 100 --steps 2 --methods G-KL --gkl-tol 1e-10 --tag gkl64_n100_tol10
+    # G-KL runs at the design loop's default Newton tolerance, vj.design.FIT_TOL = 1e-6 (--gkl-tol overrides).
+    # All 16 images, one process per image (each can run on its own core), then merged:
+    python benchmarks/design_images.py --image-index 0 --save-means --no-lanczos-check --tag part0   # … to 15
+    python benchmarks/design_images.py --combine part0,part1,…,part15 --tag all16
+    # the reduced 16-image protocol run here (16 × 16 pixels, N = 25 → 55 in blocks of 10):
+    python benchmarks/design_images.py --size 16 --images 16 --start 25 --steps 3 --rows 10 --chevron 20 --lanczos 20 \
+        --no-lanczos-check --save-means --tag 16img_16px
 """
 
 from __future__ import annotations
@@ -68,16 +75,28 @@ def main():
     parser.add_argument("--images", type=int, default=16)
     parser.add_argument("--start", type=int, default=100)
     parser.add_argument("--steps", type=int, default=650, help="designed blocks of 3 rows (thesis: to N ≈ 2048)")
+    parser.add_argument("--rows", type=int, default=3, help="designed rows per step (thesis: 3)")
     parser.add_argument("--chevron", type=int, default=80)
     parser.add_argument("--lanczos", type=int, default=80, help="Lanczos vectors of LVB's variance estimates")
+    parser.add_argument("--lvb-probes", type=int, default=1,
+                        help="LVB's probes for its log_z estimate (vj.LVB's default 8; the loop never reads log_z)")
     parser.add_argument("--lvb-iter", type=int, default=30, help="LVB's outer (variance) iterations at most")
     parser.add_argument("--gkl-tol", type=float, default=None,
-                        help="G-KL's Newton-CG tolerance on the squared Newton decrement (default: the solver's 1e-10; "
-                             "1e-6 halves the Hessian-vector products of a warm step, the mean moving by ~3e-7 relative)")
+                        help="G-KL's Newton-CG tolerance on the squared Newton decrement, sequential's `fit_tol` "
+                             "(default: the design loop's, vj.design.FIT_TOL = 1e-6; 1e-10 is the solver's own)")
+    parser.add_argument("--image-index", default=None,
+                        help="comma-separated indices into the image list to run (default: the first --images); "
+                             "with --save-means, one process per image can run in parallel and --combine merges them")
+    parser.add_argument("--no-lanczos-check", action="store_true", help="skip the exact-variance check (O(D³))")
+    parser.add_argument("--save-means", action="store_true", help="also save each fit's mean (.npz) for --combine")
+    parser.add_argument("--combine", default=None,
+                        help="comma-separated tags of earlier --save-means runs: merge their curves and plots under --tag")
     parser.add_argument("--methods", default="G-KL,LVB,MAP Rand")
     parser.add_argument("--tag", default="")
     args = parser.parse_args()
     name = "design_images" + (f"_{args.tag}" if args.tag else "")
+    if args.combine:
+        return combine(args, name)
     log = Tee()
     shape = (args.size, args.size)
     D = args.size**2
@@ -86,29 +105,34 @@ def main():
     B = vj.design.filters.stack(fd, wav)
     tau = jnp.concatenate([jnp.full(fd.shape[0], 0.1), jnp.full(wav.shape[0], 0.14)])
     prior = vj.potentials.Laplace(scale=tau)
-    gkl_solver = None if args.gkl_tol is None else vj.solvers.NewtonCG(tol=args.gkl_tol)
-    methods = {"G-KL": (vj.GKL(covariance=vj.covariance.Chevron(args.chevron), solver=gkl_solver), "free"),
-               "LVB": (vj.LVB(variances="lanczos", num_lanczos=args.lanczos, tol=1e-2, max_iter=args.lvb_iter), "free"),
+    fit_tol = {} if args.gkl_tol is None else {"fit_tol": args.gkl_tol}
+    methods = {"G-KL": (vj.GKL(covariance=vj.covariance.Chevron(args.chevron)), "free"),
+               "LVB": (vj.LVB(variances="lanczos", num_lanczos=args.lanczos, tol=1e-2, max_iter=args.lvb_iter,
+                           num_probes=args.lvb_probes), "free"),
                "LVB exact": (vj.LVB(), "free"), "MAP Rand": (vj.MAP(), "random")}
     methods = {k: v for k, v in methods.items() if k in args.methods.split(",")}
     log(f"# {name}: {args.images} images of {shape} (D={D}), B = periodic finite differences + db4 wavelets "
-        f"({wav.levels} levels), N0={args.start}, {args.steps} steps of 3 rows, chevron K={args.chevron}, "
+        f"({wav.levels} levels), N0={args.start}, {args.steps} steps of {args.rows} rows, chevron K={args.chevron}, "
         f"nu2={NU2}; methods {list(methods)}")
-    results = {"args": vars(args), "images": IMAGES[:args.images], "curves": {}, "times": {}, "means": {}}
+    indices = (list(range(args.images)) if args.image_index is None
+               else [int(i) for i in args.image_index.split(",")])
+    images = [IMAGES[i] for i in indices]
+    results = {"args": vars(args), "images": images, "curves": {}, "times": {}, "means": {}, "errors": {},
+               "fit_tol": args.gkl_tol if args.gkl_tol is not None else vj.design.FIT_TOL}
     truths = []
     for label, (method, design) in methods.items():
         errs, times, means, cpu = [], [], [], []
-        for i, image_name in enumerate(IMAGES[:args.images]):
+        for i, image_name in zip(indices, images):
             w = load_image(image_name, args.size).ravel()
-            if len(truths) < args.images:
+            if len(truths) < len(images):
                 truths.append(w)
             rng = np.random.default_rng(100 + i)
             M = rng.normal(size=(args.start, D))
             M /= np.linalg.norm(M, axis=1, keepdims=True)
             y = M @ w + np.sqrt(NU2) * rng.normal(size=args.start)
-            r = vj.design.sequential(M, y, NU2, B, prior, method, args.steps, rows_per_step=3, design=design,
-                                     truth=w, key=jax.random.PRNGKey(i), keep_means=True)
-            if i == 0 and label == "LVB":
+            r = vj.design.sequential(M, y, NU2, B, prior, method, args.steps, rows_per_step=args.rows, design=design,
+                                     truth=w, key=jax.random.PRNGKey(i), keep_means=True, **fit_tol)
+            if i == indices[0] and label == "LVB" and not args.no_lanczos_check:
                 results["lanczos_variance_error"] = lanczos_error(r.posterior, log)
             errs.append(r.errors)
             times.append(r.fit_times + np.concatenate([[0.0], r.design_times]))
@@ -120,6 +144,7 @@ def main():
                 f"{', '.join(f'{c:.1f}' for c in r.fit_cpu_times)}; iterations "
                 f"{int(r.posterior.diagnostics.iterations)} at the last fit; converged {int(r.converged.sum())}/{len(r.converged)}")
         errs, times = np.array(errs), np.array(times)
+        results["errors"][label] = errs.tolist()
         results["curves"][label] = {"N": r.num_measurements.tolist(), "mean": errs.mean(0).tolist(),
                                     "se": (errs.std(0, ddof=1) / np.sqrt(len(errs))).tolist() if len(errs) > 1
                                     else [float("nan")] * errs.shape[1]}
@@ -132,12 +157,58 @@ def main():
             f"{mean_se(later.ravel())[0]:.2f} s, at N={r.num_measurements[-1]} {mean_se(times[:, -1])[0]:.2f} s; "
             f"thesis {THESIS_SECONDS.get(label)}")
         results["means"][label] = np.array(means)
-    RESULTS.mkdir(exist_ok=True)
-    means = results.pop("means")
-    (RESULTS / f"{name}.json").write_text(json.dumps(results, indent=1))
-    log.save(name)
+        save(results, truths, log, name, args.save_means)  # after each method: a run cut short keeps what it did
+    means = results["means"]
     plot_errors(results, RESULTS / f"{name}_errors.png")
     plot_reconstructions(means, np.array(truths), results["curves"], shape, RESULTS / f"{name}_reconstructions.png")
+
+
+def save(results, truths, log, name, save_means):
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{name}.json").write_text(json.dumps({k: v for k, v in results.items() if k != "means"}, indent=1))
+    log.save(name)
+    if save_means:
+        np.savez_compressed(RESULTS / f"{name}_means.npz", truths=np.array(truths),
+                            **{label.replace(" ", "_"): m for label, m in results["means"].items()})
+
+
+def combine(args, name):
+    """Merge per-image runs (``--save-means``, one tag each) into one set of curves, a table and the plots."""
+    log = Tee()
+    parts = [json.loads((RESULTS / f"design_images_{t}.json").read_text()) for t in args.combine.split(",")]
+    npz = [np.load(RESULTS / f"design_images_{t}_means.npz") for t in args.combine.split(",")]
+    labels = [label for label in parts[0]["curves"] if all(label in p["curves"] for p in parts)]
+    images = [im for p in parts for im in p["images"]]
+    log(f"# {name}: {len(images)} images ({', '.join(images)}) merged from runs {args.combine}; "
+        f"settings of the first: {parts[0]['args']}")
+    curves, errors, times = {}, {}, {}
+    for label in labels:
+        errs = np.array([e for p in parts for e in p["errors"][label]])
+        N = parts[0]["curves"][label]["N"]
+        errors[label] = errs.tolist()
+        curves[label] = {"N": N, "mean": errs.mean(0).tolist(),
+                         "se": (errs.std(0, ddof=1) / np.sqrt(len(errs))).tolist()}
+        times[label] = {key: mean_se([p["times"][label][key][0] for p in parts])
+                        for key in ("first_fit_s", "later_step_s", "last_step_s", "fit_cpu_s_first", "fit_cpu_s_last")}
+        log(f"{label:9s} l2 error over {len(errs)} images: " + ", ".join(
+            f"N={n}: {m:.2f} ± {e:.2f}" for n, m, e in zip(N, curves[label]["mean"], curves[label]["se"])))
+        log(f"{label:9s} mean per-process times (s): " + ", ".join(f"{k} {v[0]:.1f}" for k, v in times[label].items()))
+    if "MAP Rand" in labels:
+        for label in labels:
+            if label == "MAP Rand":
+                continue
+            diff = np.array(errors["MAP Rand"])[:, -1] - np.array(errors[label])[:, -1]
+            log(f"{label} against MAP Rand at the last N: designed lower on {int(np.sum(diff > 0))}/{len(diff)} "
+                f"images, mean difference {diff.mean():.2f} ± {diff.std(ddof=1) / np.sqrt(len(diff)):.2f}")
+    results = {"args": vars(args), "images": images, "curves": curves, "errors": errors, "times": times,
+               "parts": args.combine.split(",")}
+    (RESULTS / f"{name}.json").write_text(json.dumps(results, indent=1))
+    log.save(name)
+    plot_errors({"curves": curves, "images": images, "args": parts[0]["args"]}, RESULTS / f"{name}_errors.png")
+    means = {label: np.concatenate([z[label.replace(" ", "_")] for z in npz]) for label in labels}
+    truths = np.concatenate([z["truths"] for z in npz])
+    size = parts[0]["args"]["size"]
+    plot_reconstructions(means, truths, curves, (size, size), RESULTS / f"{name}_reconstructions.png", num_images=4)
 
 
 def lanczos_error(post, log):

@@ -57,14 +57,16 @@ def main():
     parser.add_argument("--start", type=int, default=40)
     parser.add_argument("--steps", type=int, default=70)
     parser.add_argument("--experiments", type=int, default=25)
+    parser.add_argument("--rows", type=int, default=1, help="designed rows per step")
     parser.add_argument("--priors", default="laplace,student_t")
     parser.add_argument("--timing-dim", type=int, default=512, help="D of the single timed fit at N = 110")
     parser.add_argument("--timing-only", action="store_true", help="only the timed fits at N = 110")
+    parser.add_argument("--no-timing", action="store_true", help="skip the timed fits at N = 110")
     parser.add_argument("--tag", default="")
     args = parser.parse_args()
     name = "design_synthetic" + (f"_{args.tag}" if args.tag else "")
     log = Tee()
-    log(f"# {name}: D={args.dim}, N0={args.start}, steps={args.steps} (1 row each), experiments={args.experiments}, "
+    log(f"# {name}: D={args.dim}, N0={args.start}, steps={args.steps} ({args.rows} rows each), experiments={args.experiments}, "
         f"nu2={NU2}")
     results = {"args": vars(args), "curves": {}, "timing": {}}
     for kind in args.priors.split(","):
@@ -79,7 +81,8 @@ def main():
                 M = rng.normal(size=(args.start, args.dim))
                 M /= np.linalg.norm(M, axis=1, keepdims=True)
                 y = M @ w + np.sqrt(NU2) * rng.normal(size=args.start)
-                r = vj.design.sequential(M, y, NU2, vj.Identity(args.dim), prior, method, args.steps, design=design,
+                r = vj.design.sequential(M, y, NU2, vj.Identity(args.dim), prior, method, args.steps, rows_per_step=args.rows,
+                                         design=design,
                                          truth=w, key=jax.random.PRNGKey(e))
                 errs.append(r.errors)
                 counts = r.num_measurements
@@ -92,6 +95,8 @@ def main():
             log(f"{kind:9s} {label:9s} error at N={counts[0]}: {m0:.3f} ± {s0:.3f}; at N={counts[-1]}: "
                 f"{m1:.3f} ± {s1:.3f}   ({time.perf_counter() - start:.0f} s for all runs)")
         results["curves"][kind] = curves
+        if args.no_timing:
+            continue
         # one warm-started fit at N = 110, D = timing_dim, after a compiled first fit of the same shapes
         rng = np.random.default_rng(7)
         D = args.timing_dim

@@ -244,6 +244,32 @@ def test_designed_rows_reduce_entropy_more_than_random(problem):
     assert designed.errors[-1] < designed.errors[0]
 
 
+def test_design_loop_default_newton_tolerance(problem):
+    """The loop's G-KL fits stop at Newton tol 1e-6 (not the solver's 1e-10): fewer Newton steps, same design."""
+    chevron = vj.GKL(covariance=vj.covariance.Chevron(6))
+    assert vj.design.FIT_TOL == 1e-6
+    assert vj.design.design_method(chevron).solver == vj.solvers.NewtonCG(tol=1e-6)
+    assert vj.design.design_method(chevron, None) is chevron
+    for kept in (vj.GKL(), vj.LVB(), vj.GKL(covariance=vj.covariance.Chevron(6), solver=vj.solvers.NewtonCG())):
+        assert vj.design.design_method(kept) is kept  # the full family's fixed point, other methods, a given solver
+    w, M, y = problem
+    runs = {}
+    for tol in (vj.design.FIT_TOL, None):  # None: the method as given, i.e. NewtonCG's default 1e-10
+        iters = []
+        runs[tol] = (vj.design.sequential(M, y, NU2, vj.Identity(D), vj.potentials.Laplace(scale=0.3), chevron,
+                                          num_steps=1, rows_per_step=2, truth=w, keep_means=True, fit_tol=tol,
+                                          key=jax.random.PRNGKey(4), warm_start=False,  # one compiled fit per tol
+                                          callback=lambda k, p: iters.append(int(p.diagnostics.iterations))), iters)
+    (loose, loose_iters), (tight, tight_iters) = runs[vj.design.FIT_TOL], runs[None]
+    assert np.all(loose.converged) and np.all(tight.converged)
+    assert sum(loose_iters) < sum(tight_iters)
+    # a squared decrement of 1e-6 leaves the mean ~1e-3 posterior standard deviations from the optimum
+    assert np.linalg.norm(loose.means - tight.means) < 1e-4 * np.linalg.norm(tight.means)
+    np.testing.assert_allclose(loose.errors, tight.errors, rtol=1e-4)
+    qa, qb = np.linalg.qr(loose.rows[N0:].T)[0], np.linalg.qr(tight.rows[N0:].T)[0]  # the same chosen plane
+    np.testing.assert_allclose(np.linalg.svd(qa.T @ qb, compute_uv=False), 1.0, atol=1e-6)
+
+
 def test_sequential_validation(problem):
     w, M, y = problem
     prior = vj.potentials.Laplace(scale=0.3)
@@ -255,6 +281,8 @@ def test_sequential_validation(problem):
         vj.design.sequential(M, y, NU2, vj.Identity(D), prior, vj.LVB(), 1, design="greedy", truth=w)
     with pytest.raises(ValueError, match="method"):
         vj.design.sequential(M, y, NU2, vj.Identity(D), prior, vj.LVB, 1, truth=w)
+    with pytest.raises(ValueError, match="fit_tol"):
+        vj.design.sequential(M, y, NU2, vj.Identity(D), prior, vj.LVB(), 1, truth=w, fit_tol=0.0)
 
 
 @pytest.mark.parametrize("namespace", [vj.design, vj.design.filters])

@@ -86,6 +86,19 @@ def test_lvb_lanczos_variances_against_exact(image_model):
     # the reported share of tr P⁻¹ (exactly 1 here), estimated from 8 Rademacher probes
     assert int(full.diagnostics.info.num_lanczos) == model.dim
     assert 0.6 < float(full.diagnostics.info.variance_fraction) < 1.4
+    # log_z: B_LVB with log det P averaged over the probes' Gauss quadratures (the first probe's is the fit's
+    # last Lanczos run, reused); written out here with every probe's own quadrature
+    quadratics = lvb._quadratics(lvb._update(model, "jaakkola", full.mean, full.factor), model, "jaakkola")
+    product, r, const = vj.methods._gaussian.precision_operator(model, quadratics)
+    probes = jax.random.rademacher(jax.random.PRNGKey(0), (lvb._NUM_PROBES, model.dim), jnp.float64)
+    per_probe = np.array([lvb._quadrature(product, v, model.dim) for v in probes])
+    base = float(const + 0.5 * r @ full.mean + 0.5 * model.dim * np.log(2 * np.pi))
+    np.testing.assert_allclose(full.log_z, base - 0.5 * per_probe[:, 0].mean(), rtol=1e-9)
+    one = vj.infer(model, vj.LVB(variances="lanczos", num_lanczos=model.dim, num_probes=1))
+    np.testing.assert_allclose(one.mean, full.mean, atol=1e-10)
+    np.testing.assert_allclose(one.log_z, base - 0.5 * per_probe[0, 0], rtol=1e-9)
+    with pytest.raises(ValueError, match="num_probes"):
+        vj.LVB(variances="lanczos", num_probes=0)
     with pytest.raises(ValueError, match="variances"):
         vj.LVB(variances="probing")
     with pytest.raises(ValueError, match="num_lanczos"):
@@ -94,23 +107,32 @@ def test_lvb_lanczos_variances_against_exact(image_model):
 
 def test_lvb_lanczos_outer_loop_stops_on_the_relative_change_of_xi(image_model):
     # k < D: glm-ie's plain outer loop, ended at the first step with ‖Δξ‖/‖ξ‖ ≤ tol; written out here with
-    # the same Lanczos estimates (F̂), it must stop at the same step with the same ξ (so the same mean).
+    # the same Lanczos estimates (F̂; each CG from the last mean, to the loop's residual), it must
+    # stop at the same step with the same ξ (so the same mean).
     model, k, tol = image_model, 8, 2e-2
     post = vj.infer(model, vj.LVB(variances="lanczos", num_lanczos=k, tol=tol, max_iter=40))
     v0 = jax.random.rademacher(jax.random.PRNGKey(0), (lvb._NUM_PROBES, model.dim), jnp.float64)[0]
-    F = jax.jit(lambda xi: lvb._update_from_marginals(
-        model, "jaakkola", *lvb._lanczos_marginals(model, lvb._quadratics(xi, model, "jaakkola"), k, v0)[1:3]))
+    inner = lvb._inner_rtol(tol, jnp.float64)
+    assert inner == 1e-6 and lvb._inner_rtol(1e-9, jnp.float64) == 1e-2 * np.finfo(float).eps ** 0.5
+
+    @jax.jit
+    def F(xi, m):
+        _, means, variances, extras = lvb._lanczos_marginals(model, lvb._quadratics(xi, model, "jaakkola"), k, v0,
+                                                             m, inner)
+        return lvb._update_from_marginals(model, "jaakkola", means, variances), extras[0]
+
     mean, scale = model.initial_moments()
     xi = lvb._update(model, "jaakkola", mean, vj.covariance.DiagonalFactor(scale))
+    m = jnp.zeros(model.dim)
     for steps in range(1, 41):
-        new = F(xi)
+        new, m = F(xi, m)
         change = np.linalg.norm(np.asarray(new[1]) - np.asarray(xi[1])) / np.linalg.norm(np.asarray(xi[1]))
         xi = new
         if change <= tol:
             break
     assert 1 < steps < 40 and bool(post.diagnostics.converged) and int(post.diagnostics.iterations) == steps
     np.testing.assert_allclose(float(post.diagnostics.stationarity), change, rtol=1e-6)
-    expected = lvb._lanczos_marginals(model, lvb._quadratics(xi, model, "jaakkola"), k, v0)[3][0]
+    expected = lvb._lanczos_marginals(model, lvb._quadratics(xi, model, "jaakkola"), k, v0, m)[3][0]
     np.testing.assert_allclose(post.mean, expected, atol=1e-8)
     # a tolerance below the estimated map's oscillation is reported as not converged
     with pytest.warns(vj.ConvergenceWarning):

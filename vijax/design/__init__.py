@@ -7,14 +7,15 @@
 - design criteria from a Gaussian posterior: `information_gain` ½ log det(I + ν⁻² M* S M*ᵀ), `row_gains`,
   `greedy_rows`, `free_design` (leading eigenvectors of S by Lanczos, products with S only), `entropy`;
 - `sequential(...)`: the fit → design → measure → refit loop with any vijax method, and the random-design
-  baseline; returns a `SequentialResult`.
+  baseline; returns a `SequentialResult`. Its G-KL fits stop at Newton tolerance ``FIT_TOL`` = 1e-6
+  (`design_method`), enough for the mean and S's leading eigenvectors.
 """
 
 from . import filters
 from .criteria import (covariance_product, entropy, free_design, greedy_rows, information_gain, lanczos,
                        lanczos_variances, leading_eigenvectors, row_gains)
 from .model import ep_sites, measurement_sites, smoothed_laplace, sparse_linear_model
-from .sequential import SequentialResult, random_rows, sequential
+from .sequential import FIT_TOL, SequentialResult, design_method, random_rows, sequential
 
 __all__ = [
     "sparse_linear_model",
@@ -34,6 +35,8 @@ __all__ = [
     "sequential",
     "SequentialResult",
     "random_rows",
+    "design_method",
+    "FIT_TOL",
 ]
 
 

@@ -332,7 +332,8 @@ class LVB(AbstractMethod):
       few outer loops).
     - `variances`: how q_ξ's marginal variances are found at each step. ``"exact"`` (default) forms and
       factorises P (O(N D² + D³)). ``"lanczos"`` never forms P (for image-size D, thesis §5.4 after
-      glm-ie): the mean by CG, the variances from ``num_lanczos`` Lanczos vectors of P (`vj.design.
+      glm-ie): the mean by CG (preconditioned by P's diagonal, started from the last mean: a warm
+      start's posterior mean at first), the variances from ``num_lanczos`` Lanczos vectors of P (`vj.design.
       lanczos_variances`), each step costing O(k) products with the projections. Those estimates are
       lower bounds on the variances, exact at k = D; they hold a share of the total variance that
       ``diagnostics.info`` (`vj.posterior.LVBInfo`) reports as ``variance_fraction`` — about k/D
@@ -342,6 +343,10 @@ class LVB(AbstractMethod):
       `SubspaceFactor`: the Lanczos estimate V Θ⁻¹ Vᵀ plus 1/θ_max outside the Krylov space. Models
       with a dense Gaussian factor (GP priors) need ``"exact"``.
     - `num_lanczos`: k, the Lanczos vectors for ``variances="lanczos"`` (default 80, as the thesis).
+    - `num_probes`: Rademacher probes of the stochastic Lanczos quadrature behind ``log_z`` and
+      ``variance_fraction`` with ``variances="lanczos"`` (default 8). The first is the fit's own last
+      Lanczos run, so 1 costs nothing extra and each further probe k more products: at 64 × 64 the 8
+      probes cost about a third of a warm design step, whose loop never reads ``log_z``.
 
     ``vj.infer(model, vj.LVB())`` returns a `Posterior` with q = q_ξ* (a full `CholeskyFactor`,
     S = P⁻¹) and ``log_z`` = B_LVB(ξ*), a lower bound on log Z (``is_lower_bound=True``), never
@@ -357,6 +362,7 @@ class LVB(AbstractMethod):
     tol: float = eqx.field(static=True, default=1e-9)
     variances: str = eqx.field(static=True, default="exact")
     num_lanczos: int = eqx.field(static=True, default=80)
+    num_probes: int = eqx.field(static=True, default=_NUM_PROBES)
 
     def __check_init__(self):
         _check_bound(self.bound)
@@ -364,6 +370,8 @@ class LVB(AbstractMethod):
             raise ValueError(f"LVB: `variances` must be one of {VARIANCES}, got {self.variances!r}.")
         if isinstance(self.num_lanczos, bool) or not isinstance(self.num_lanczos, int) or self.num_lanczos < 1:
             raise ValueError(f"LVB: `num_lanczos` must be a positive integer, got {self.num_lanczos!r}.")
+        if isinstance(self.num_probes, bool) or not isinstance(self.num_probes, int) or self.num_probes < 1:
+            raise ValueError(f"LVB: `num_probes` must be a positive integer, got {self.num_probes!r}.")
 
     def _iterate(self, xi, model):
         """Accelerated fixed-point steps (`vj.solvers.fixed_point`); a step needs only q_ξ's marginals
@@ -386,7 +394,7 @@ class LVB(AbstractMethod):
         return fixed_point(evaluate, update, change, xi, tol=self.tol, max_evals=self.max_iter,
                            floor=1e3 * float(jnp.finfo(dtype).eps))
 
-    def _outer_loops(self, xi, model, v0):
+    def _outer_loops(self, xi, model, v0, mean0=None):
         """glm-ie's outer loop with Lanczos variances: plain steps ξ ← F̂(ξ), at most ``max_iter``, until the
         relative change ‖F̂(ξ) − ξ‖₂/‖ξ‖₂ is at most ``tol``.
 
@@ -395,21 +403,25 @@ class LVB(AbstractMethod):
         fixed point (a period-2 cycle of about 1% in ξ on a 24-pixel image with k = 8). So neither SQUAREM
         (which compares values) nor an extrapolated distance (which needs a contraction) applies; the run
         is glm-ie's fixed budget of outer loops, ended early once ξ moves by less than ``tol``
-        relatively (``converged``)."""
+        relatively (``converged``). Each CG for the mean starts from the last one's (``mean0`` at first) and
+        stops at the relative residual `_inner_rtol` (ξ is wanted to ``tol`` only; the fit's final mean is
+        solved to 10⁻² √ε); returns the run and that last mean."""
         def step(k, state):
-            xi, _, _, trace = state
-            value, means, variances, _ = _lanczos_marginals(model, _quadratics(xi, model, self.bound),
-                                                            self.num_lanczos, v0)
+            xi, _, _, trace, mean = state
+            value, means, variances, extras = _lanczos_marginals(model, _quadratics(xi, model, self.bound),
+                                                                 self.num_lanczos, v0, mean, inner)
             new = _update_from_marginals(model, self.bound, means, variances)
             pairs = [(u, w) for u, w in zip(new, xi) if u is not None]
             moved = sum((jnp.sum((u - w) ** 2) for u, w in pairs), jnp.zeros((), value.dtype))
             size = sum((jnp.sum(w**2) for _, w in pairs), jnp.zeros((), value.dtype))
-            return new, value, jnp.sqrt(moved / jnp.where(size > 0, size, 1.0)), trace.at[k].set(value)
+            return new, value, jnp.sqrt(moved / jnp.where(size > 0, size, 1.0)), trace.at[k].set(value), extras[0]
 
         dtype = model.dtype
-        state = (xi, jnp.array(jnp.nan, dtype), jnp.array(jnp.inf, dtype), nan_trace(self.max_iter, dtype))
-        (xi, value, change, trace), k = iterate(step, state, self.max_iter, done=lambda k, s: s[2] <= self.tol)
-        return FixedPoint(xi, value, k, change <= self.tol, change, trace)
+        inner = _inner_rtol(self.tol, dtype)
+        state = (xi, jnp.array(jnp.nan, dtype), jnp.array(jnp.inf, dtype), nan_trace(self.max_iter, dtype),
+                 jnp.zeros(model.dim, dtype) if mean0 is None else mean0)
+        (xi, value, change, trace, mean), k = iterate(step, state, self.max_iter, done=lambda k, s: s[2] <= self.tol)
+        return FixedPoint(xi, value, k, change <= self.tol, change, trace), mean
 
     def fit(self, model: LatentLinearModel, init=None) -> Posterior:
         if self.variances == "lanczos":
@@ -439,10 +451,12 @@ class LVB(AbstractMethod):
             raise ValueError("LVB: variances='lanczos' needs a model without a dense Gaussian factor (GP prior), "
                              "whose whitening would form a D × D matrix anyway; use variances='exact'.")
         frozen = jax.lax.stop_gradient(model)
+        mean0 = None
         if isinstance(init, tuple):
             xi = init
         elif isinstance(init, Posterior):
             xi = _update(frozen, self.bound, init.mean, init.factor)
+            mean0 = jax.lax.stop_gradient(init.mean)  # a design loop's refit: the last mean starts CG
         elif init is None:
             # Not `initial_xi`'s Laplace start, which forms P: the Gaussian factor's (or the unit) moments.
             mean, scale = frozen.initial_moments()
@@ -450,14 +464,20 @@ class LVB(AbstractMethod):
         else:
             raise ValueError(f"LVB: `init` must be a Posterior or a tuple of ξ arrays, got {type(init).__name__}.")
         xi = jax.lax.stop_gradient(xi)
-        probes = jax.random.rademacher(jax.random.PRNGKey(0), (_NUM_PROBES, frozen.dim), frozen.dtype)
-        run = self._outer_loops(xi, frozen, probes[0])
+        probes = jax.random.rademacher(jax.random.PRNGKey(0), (max(self.num_probes, _NUM_PROBES), frozen.dim),
+                                       frozen.dtype)[:self.num_probes]  # num_probes ≤ 8: the first of the same 8
+        run, last_mean = self._outer_loops(xi, frozen, probes[0], mean0)
         quadratics = _quadratics(run.x, frozen, self.bound)
-        _, _, _, (mean, theta, V, _, cg) = _lanczos_marginals(frozen, quadratics, self.num_lanczos, probes[0])
-        # The reported value and captured share from all probes (stochastic Lanczos quadrature, once).
+        _, _, _, (mean, theta, V, _, cg, first) = _lanczos_marginals(frozen, quadratics, self.num_lanczos,
+                                                                     probes[0], last_mean)
+        # The reported value and captured share from all probes (stochastic Lanczos quadrature, once); the
+        # first probe's quadrature is that last Lanczos run's.
         product, r, const = precision_operator(frozen, quadratics)
         k = min(self.num_lanczos, frozen.dim)
-        logdet, trace = jnp.mean(jax.vmap(lambda v: _quadrature(product, v, k))(probes), axis=0)
+        logdet, trace = first
+        if self.num_probes > 1:
+            rest = jnp.sum(jax.vmap(lambda v: _quadrature(product, v, k))(probes[1:]), axis=0)
+            logdet, trace = (jnp.stack([logdet, trace]) + rest) / self.num_probes
         value = const + 0.5 * r @ mean + 0.5 * frozen.dim * LOG_2PI - 0.5 * logdet
         fraction = jnp.sum(1 / theta) / trace
         # S ≈ V Θ⁻¹ Vᵀ (the estimate behind the variances) plus, outside the Krylov space, the smallest
@@ -472,6 +492,31 @@ class LVB(AbstractMethod):
         return Posterior(mean, factor, jax.lax.stop_gradient(value), diagnostics, model, bound_claim=False)
 
 
+def _inner_rtol(tol, dtype):
+    """CG's relative residual inside the Lanczos outer loop: 10⁻⁴ · tol (ξ is wanted to a relative ``tol``),
+    never looser than 10⁻⁶ nor tighter than the final solve's 10⁻² √ε."""
+    tight = 1e-2 * float(jnp.finfo(dtype).eps) ** 0.5
+    return max(tight, min(1e-6, 1e-4 * float(tol)))
+
+
+def _mean_by_cg(model, quadratics, product, r, rtol, mean0=None):
+    """P⁻¹ r by Jacobi-preconditioned CG from ``mean0`` (zero if None), stopped at ‖r − P m‖ ≤ rtol ‖r‖."""
+    dtype = r.dtype
+    diagonal = jnp.zeros(model.dim, dtype)
+    for group, (_, A, _) in zip(model.sites, quadratics):
+        diagonal = diagonal + group.projection.squared_rmv(jnp.broadcast_to(A, (group.num_sites,)).astype(dtype))
+    # A Gaussian factor's own diagonal is not added (any positive diagonal is a valid preconditioner);
+    # coordinates the sites do not reach keep a unit scale.
+    inverse = jnp.where(diagonal > 0, 1.0 / jnp.where(diagonal > 0, diagonal, 1.0), 1.0)
+    if mean0 is None:
+        return pcg(product, r, lambda v: inverse * v, _MAX_CG, rtol)
+    residual = r - product(mean0)  # solve P δ = r − P m₀ to the same absolute residual rtol ‖r‖
+    size = jnp.linalg.norm(residual)
+    scaled = rtol * jnp.linalg.norm(r) / jnp.where(size > 0, size, 1.0)
+    delta, steps = pcg(product, residual, lambda v: inverse * v, _MAX_CG, scaled)
+    return mean0 + delta, steps + 1
+
+
 def _quadrature(product, v, k):
     """vᵀ log(P) v and vᵀ P⁻¹ v by k-point Gauss quadrature (`ritz_pairs`): for a Rademacher v, unbiased
     estimates of log det P and tr P⁻¹ (Hutchinson) up to the quadrature's error."""
@@ -480,28 +525,34 @@ def _quadrature(product, v, k):
     return jnp.stack([scale * jnp.sum(weights * jnp.log(theta)), scale * jnp.sum(weights / theta)])
 
 
-def _lanczos_marginals(model, quadratics, num_lanczos, v0):
+def _lanczos_marginals(model, quadratics, num_lanczos, v0, mean0=None, rtol=None):
     """``(value, means, variances, extras)`` of the integral with P never formed (variances="lanczos").
 
-    - mean m = P⁻¹ r by CG (products v ↦ P v, `precision_operator`);
+    - mean m = P⁻¹ r by CG (products v ↦ P v, `precision_operator`), preconditioned by P's diagonal
+      (Jacobi: Σ_n A_n h_n² from the projections' ``squared_rmv``; the site weights A_n of a sparse
+      model spread over orders of magnitude, which the diagonal absorbs) and started at ``mean0`` (the
+      last outer loop's mean, or the last fit's), to the residual ‖r − P m‖ ≤ rtol ‖r‖ (default 10⁻² √ε)
+      either way;
     - variances of x_n = h_nᵀw + b_n from k Lanczos vectors of P started at ``v0`` (`lanczos_variances`):
       V̂_n = Σ_k (h_nᵀ u_k)² / θ_k ≤ h_nᵀ P⁻¹ h_n, a lower bound on each variance (Seeger & Nickisch use it
       knowingly: smaller variances give smaller ξ, so the outer loop is conservative, not divergent);
     - value = B with log det P ≈ ‖v0‖² Σ_k ω_k log θ_k (stochastic Lanczos quadrature, `ritz_pairs`);
-    - extras = (m, θ (k,) ascending, Ritz vectors (D, k), captured share of tr P⁻¹, CG steps).
+    - extras = (m, θ (k,) ascending, Ritz vectors (D, k), captured share of tr P⁻¹, CG steps, v0's quadrature
+      estimates (log det P, tr P⁻¹) as `_quadrature` gives them).
     """
     product, r, const = precision_operator(model, quadratics)
     dtype, d = model.dtype, model.dim
-    rtol = 1e-2 * float(jnp.finfo(dtype).eps) ** 0.5
-    mean, cg_steps = pcg(product, r, lambda v: v, _MAX_CG, rtol)
+    rtol = 1e-2 * float(jnp.finfo(dtype).eps) ** 0.5 if rtol is None else rtol
+    mean, cg_steps = _mean_by_cg(model, quadratics, product, r, rtol, mean0)
     theta, V, weights = ritz_pairs(product, v0, min(int(num_lanczos), d))
     probe = jnp.vdot(v0, v0)
     value = const + 0.5 * r @ mean + 0.5 * d * LOG_2PI - 0.5 * probe * jnp.sum(weights * jnp.log(theta))
     value = jnp.where(jnp.all(theta > 0), value, jnp.nan)
-    fraction = jnp.sum(1 / theta) / (probe * jnp.sum(weights / theta))
+    quadrature = (probe * jnp.sum(weights * jnp.log(theta)), probe * jnp.sum(weights / theta))  # `_quadrature`'s
+    fraction = jnp.sum(1 / theta) / quadrature[1]
     means = tuple(g.project(mean) for g in model.sites)
     variances = tuple(jnp.sum(g.projection.mv(V) ** 2 / theta, axis=1) for g in model.sites)
-    return value, means, variances, (mean, theta, V, fraction, cg_steps)
+    return value, means, variances, (mean, theta, V, fraction, cg_steps, quadrature)
 
 
 def __dir__():
