@@ -270,6 +270,18 @@ def test_design_loop_default_newton_tolerance(problem):
     np.testing.assert_allclose(np.linalg.svd(qa.T @ qb, compute_uv=False), 1.0, atol=1e-6)
 
 
+def test_smoothed_laplace_keeps_its_scale_as_data():
+    """The MAP baseline's smoothed Laplace holds τ and ε as array leaves: two images' models share one
+    compiled fit (a closure over τ recompiled the MAP fit for every `sequential` call)."""
+    a, b = vj.design.smoothed_laplace(0.1), vj.design.smoothed_laplace(0.14, smoothing=0.05)
+    assert jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b)
+    s = np.array([-1.0, 0.0, 0.3])
+    eps = 0.05 * 0.14
+    np.testing.assert_allclose(b.log_phi(s), -(np.sqrt(s**2 + eps**2) - eps) / 0.14 - np.log(0.28), rtol=1e-12)
+    with pytest.raises(ValueError, match="scale"):
+        vj.design.smoothed_laplace(-1.0)
+
+
 def test_sequential_validation(problem):
     w, M, y = problem
     prior = vj.potentials.Laplace(scale=0.3)
