@@ -52,6 +52,15 @@ IMAGES = ["camera", "astronaut", "coins", "moon", "text", "brick", "grass", "gra
 THESIS_SECONDS = {"G-KL": {"first": 30.0, "N=2048": 60.0}, "LVB": {"first": 5.0, "N=2048": 25.0}}
 
 
+def image_prior(shape):
+    """The thesis's image model: B = [periodic finite differences; Daubechies-4 wavelets] with Laplace
+    potentials of scale 0.1 and 0.14. Returns (B, the prior potential, the wavelet operator)."""
+    fd = vj.design.filters.finite_differences(shape, periodic=True)
+    wav = vj.design.filters.wavelets(shape)
+    tau = jnp.concatenate([jnp.full(fd.shape[0], 0.1), jnp.full(wav.shape[0], 0.14)])
+    return vj.design.filters.stack(fd, wav), vj.potentials.Laplace(scale=tau), wav
+
+
 def load_image(name, size):
     import skimage.color
     import skimage.data
@@ -100,11 +109,7 @@ def main():
     log = Tee()
     shape = (args.size, args.size)
     D = args.size**2
-    fd = vj.design.filters.finite_differences(shape, periodic=True)
-    wav = vj.design.filters.wavelets(shape)
-    B = vj.design.filters.stack(fd, wav)
-    tau = jnp.concatenate([jnp.full(fd.shape[0], 0.1), jnp.full(wav.shape[0], 0.14)])
-    prior = vj.potentials.Laplace(scale=tau)
+    B, prior, wav = image_prior(shape)
     fit_tol = {} if args.gkl_tol is None else {"fit_tol": args.gkl_tol}
     methods = {"G-KL": (vj.GKL(covariance=vj.covariance.Chevron(args.chevron)), "free"),
                "LVB": (vj.LVB(variances="lanczos", num_lanczos=args.lanczos, tol=1e-2, max_iter=args.lvb_iter,

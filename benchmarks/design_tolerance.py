@@ -18,14 +18,13 @@ import json
 import os
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 jax.config.update("jax_enable_x64", True)
 
 import vijax as vj  # noqa: E402
 from _common import RESULTS, Tee  # noqa: E402
-from design_images import NU2, load_image  # noqa: E402
+from design_images import NU2, image_prior, load_image  # noqa: E402
 
 
 def largest_angle(a, b):
@@ -50,10 +49,7 @@ def main():
     log = Tee()
     shape = (args.size, args.size)
     D = args.size**2
-    fd = vj.design.filters.finite_differences(shape, periodic=True)
-    wav = vj.design.filters.wavelets(shape)
-    B = vj.design.filters.stack(fd, wav)
-    prior = vj.potentials.Laplace(scale=jnp.concatenate([jnp.full(fd.shape[0], 0.1), jnp.full(wav.shape[0], 0.14)]))
+    B, prior, _ = image_prior(shape)
     w = load_image(args.image, args.size).ravel()
     rng = np.random.default_rng(100)
     M = rng.normal(size=(args.start, D))
