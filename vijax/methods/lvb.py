@@ -477,7 +477,7 @@ class LVB(AbstractMethod):
         logdet, trace = first
         if self.num_probes > 1:
             rest = jnp.sum(jax.vmap(lambda v: _quadrature(product, v, k))(probes[1:]), axis=0)
-            logdet, trace = (jnp.stack([logdet, trace]) + rest) / self.num_probes
+            logdet, trace = (first + rest) / self.num_probes
         value = const + 0.5 * r @ mean + 0.5 * frozen.dim * LOG_2PI - 0.5 * logdet
         fraction = jnp.sum(1 / theta) / trace
         # S ≈ V Θ⁻¹ Vᵀ (the estimate behind the variances) plus, outside the Krylov space, the smallest
@@ -521,6 +521,11 @@ def _quadrature(product, v, k):
     """vᵀ log(P) v and vᵀ P⁻¹ v by k-point Gauss quadrature (`ritz_pairs`): for a Rademacher v, unbiased
     estimates of log det P and tr P⁻¹ (Hutchinson) up to the quadrature's error."""
     theta, _, weights = ritz_pairs(product, v, k)
+    return _quadrature_sums(theta, weights, v)
+
+
+def _quadrature_sums(theta, weights, v):
+    """`_quadrature` from the Ritz values and weights of a Lanczos run started at ``v``."""
     scale = jnp.vdot(v, v)
     return jnp.stack([scale * jnp.sum(weights * jnp.log(theta)), scale * jnp.sum(weights / theta)])
 
@@ -545,10 +550,9 @@ def _lanczos_marginals(model, quadratics, num_lanczos, v0, mean0=None, rtol=None
     rtol = 1e-2 * float(jnp.finfo(dtype).eps) ** 0.5 if rtol is None else rtol
     mean, cg_steps = _mean_by_cg(model, quadratics, product, r, rtol, mean0)
     theta, V, weights = ritz_pairs(product, v0, min(int(num_lanczos), d))
-    probe = jnp.vdot(v0, v0)
-    value = const + 0.5 * r @ mean + 0.5 * d * LOG_2PI - 0.5 * probe * jnp.sum(weights * jnp.log(theta))
+    quadrature = _quadrature_sums(theta, weights, v0)  # (log det P, tr P⁻¹) estimates
+    value = const + 0.5 * r @ mean + 0.5 * d * LOG_2PI - 0.5 * quadrature[0]
     value = jnp.where(jnp.all(theta > 0), value, jnp.nan)
-    quadrature = (probe * jnp.sum(weights * jnp.log(theta)), probe * jnp.sum(weights / theta))  # `_quadrature`'s
     fraction = jnp.sum(1 / theta) / quadrature[1]
     means = tuple(g.project(mean) for g in model.sites)
     variances = tuple(jnp.sum(g.projection.mv(V) ** 2 / theta, axis=1) for g in model.sites)
