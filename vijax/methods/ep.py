@@ -45,6 +45,10 @@ Schedules (`EP.schedule`):
   step scaled to a diagonal Newton step, a descent direction because the Gaussian moment map is
   monotone, with Armijo backtracking: G decreases at every accepted inner step. The fixed points
   are EP's; the outer loop converges linearly, often slowly, so it is the fallback, not the default.
+  G is a sum of terms that cancel (m²/2V for sharp sites far from 0), so it is known only to ε times
+  their size (`_Evaluation.magnitude`): in float32 with many sharp sites the inner line search can no
+  longer tell steps apart near residuals of about 1e-2, and the run stops there, unconverged and
+  reported; the parallel and sequential schedules, which never compare values of G, do not share the limit.
 
 EP starts from every site's second-order expansion at the mode of the log joint (q = the Laplace
 approximation; `EP.initial_sites`), so a wide, flat or singular Gaussian factor never leaves q
