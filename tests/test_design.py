@@ -282,6 +282,18 @@ def test_smoothed_laplace_keeps_its_scale_as_data():
         vj.design.smoothed_laplace(-1.0)
 
 
+def test_map_baseline_fits_the_smoothed_prior(problem):
+    """The random-design MAP baseline fits the smoothed Laplace (`map_smoothing`): the loop's last fit is
+    MAP on the final measurements under `smoothed_laplace` (which the model builder once refused)."""
+    w, M, y = problem
+    result = vj.design.sequential(M, y, NU2, vj.Identity(D), vj.potentials.Laplace(scale=0.3), vj.MAP(), 1,
+                                  rows_per_step=2, design="random", truth=w, pad=False)
+    assert np.all(result.converged)
+    direct = vj.infer(vj.design.sparse_linear_model(result.rows, result.y, NU2, vj.Identity(D),
+                                                    vj.design.smoothed_laplace(0.3)), vj.MAP())
+    np.testing.assert_allclose(result.posterior.mean, direct.mean, atol=1e-6)
+
+
 def test_sequential_validation(problem):
     w, M, y = problem
     prior = vj.potentials.Laplace(scale=0.3)

@@ -70,17 +70,18 @@ def sparse_linear_model(M, y, noise_variance, B, prior) -> LatentLinearModel:
     across filters B.
 
     Raises `ValueError` when M and B disagree on D, y does not have one entry per row of M, ν² is not
-    positive, or ``prior`` is not a Laplace or Student-t potential broadcastable to B's rows.
+    positive, or ``prior`` is not a Laplace, Student-t, Gaussian, smoothed Laplace or Custom potential.
     """
     measurements = measurement_sites(M, y, noise_variance)
     filters = as_projection(B)
     if filters.shape[1] != measurements.dim:
         raise ValueError(f"{_OWNER}: M has D = {measurements.dim} columns but B has {filters.shape[1]}; both act on "
                          "the same signal w, so give B one column per coordinate of w.")
-    if not isinstance(prior, (potentials.Laplace, potentials.StudentT, potentials.Gaussian, potentials.Custom)):
+    if not isinstance(prior, (potentials.Laplace, potentials.StudentT, potentials.Gaussian, potentials.Custom,
+                              SmoothedLaplace)):
         raise ValueError(f"{_OWNER}: `prior` must be vj.potentials.Laplace(scale=τ) or "
-                         f"vj.potentials.StudentT(df=ν, scale=σ) (or Gaussian(scale=σ) for the conjugate model, or a "
-                         f"Custom potential), got {type(prior).__name__}.")
+                         f"vj.potentials.StudentT(df=ν, scale=σ) (or Gaussian(scale=σ) for the conjugate model, "
+                         f"vj.design.smoothed_laplace(τ) for MAP, or a Custom potential), got {type(prior).__name__}.")
     return LatentLinearModel(None, (measurements, Sites(filters, prior)))
 
 
