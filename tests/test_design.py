@@ -1,5 +1,7 @@
 """vj.design: sparse linear models, image filters, information gain, Lanczos free design, the design loop."""
 
+import importlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -282,16 +284,40 @@ def test_smoothed_laplace_keeps_its_scale_as_data():
         vj.design.smoothed_laplace(-1.0)
 
 
-def test_map_baseline_fits_the_smoothed_prior(problem):
+def _signature(tree):
+    return jax.tree_util.tree_structure(tree), [(np.shape(x), jnp.asarray(x).dtype) for x in jax.tree_util.tree_leaves(tree)]
+
+
+def test_map_baseline_fits_the_smoothed_prior(problem, monkeypatch):
     """The random-design MAP baseline fits the smoothed Laplace (`map_smoothing`): the loop's last fit is
-    MAP on the final measurements under `smoothed_laplace` (which the model builder once refused)."""
+    MAP on the final measurements under `smoothed_laplace` (which the model builder once refused). Every fit
+    of the loop gets an ``init`` of one form, so the cold fit and the warm refits share one compiled program."""
     w, M, y = problem
-    result = vj.design.sequential(M, y, NU2, vj.Identity(D), vj.potentials.Laplace(scale=0.3), vj.MAP(), 1,
-                                  rows_per_step=2, design="random", truth=w, pad=False)
-    assert np.all(result.converged)
+    inits = []
+
+    def infer(model, method, init=None):
+        inits.append(_signature((model, init)))
+        return vj.infer(model, method, init)
+
+    monkeypatch.setattr(importlib.import_module("vijax.design.sequential"), "infer", infer)
+    result = vj.design.sequential(M, y, NU2, vj.Identity(D), vj.potentials.Laplace(scale=0.3), vj.MAP(), 2,
+                                  rows_per_step=2, design="random", truth=w)
+    assert np.all(result.converged) and len(inits) == 3 and inits[0] == inits[1] == inits[2]
     direct = vj.infer(vj.design.sparse_linear_model(result.rows, result.y, NU2, vj.Identity(D),
                                                     vj.design.smoothed_laplace(0.3)), vj.MAP())
     np.testing.assert_allclose(result.posterior.mean, direct.mean, atol=1e-6)
+
+
+def test_gkl_loop_starts_cold_and_warm_fits_alike(problem):
+    """G-KL's cold start (the data-driven `init_params`) and its warm start from the last posterior have one
+    form, so a design loop compiles its G-KL fit once (a cold fit with ``init=None`` is another program)."""
+    _start = importlib.import_module("vijax.design.sequential")._start
+    w, M, y = problem
+    chevron = vj.design.design_method(vj.GKL(covariance=vj.covariance.Chevron(6)))
+    model = vj.design.sparse_linear_model(M, y, NU2, vj.Identity(D), vj.potentials.Laplace(scale=0.3))
+    cold = _start(chevron, model, None)
+    post = vj.infer(model, chevron, init=cold)
+    assert bool(post.diagnostics.converged) and _signature(cold) == _signature(_start(chevron, model, post))
 
 
 def test_sequential_validation(problem):

@@ -12,6 +12,7 @@ import dataclasses
 import time
 from typing import Callable, NamedTuple
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -107,6 +108,26 @@ def _check_int(name, value, minimum):
     return int(value)
 
 
+@eqx.filter_jit
+def _cold_start(method: GKL, model):
+    return method.init_params(model)
+
+
+def _start(method: AbstractMethod, model, previous: Posterior | None):
+    """The ``init`` of a loop's fit, of one form for the first (cold) fit and the warm refits, so that they
+    share one compiled fit: with ``init=None`` a fit compiles its own start into its program (a second
+    program, and a second compilation as long as the first, at the first warm refit). EP starts from
+    `ep_sites`, G-KL from `GaussianParams` (the data-driven start or the last posterior's), MAP and
+    Laplace from an array; other methods from None, then the last posterior."""
+    if isinstance(method, EP):
+        return ep_sites(model, None if previous is None else previous.state)
+    if isinstance(method, GKL):
+        return _cold_start(method, model) if previous is None else method.init_params(model, previous)
+    if isinstance(method, (MAP, Laplace)):
+        return model.initial_moments()[0] if previous is None else previous.mean
+    return previous
+
+
 def sequential(M, y, noise_variance, B, prior, method: AbstractMethod, num_steps: int, *, rows_per_step: int = 1,
                design: str = "free", truth=None, measure: Callable | None = None, candidates=None, key=None,
                num_lanczos: int | None = None, warm_start: bool = True, pad: bool = True,
@@ -131,7 +152,8 @@ def sequential(M, y, noise_variance, B, prior, method: AbstractMethod, num_steps
     - `key`: a `jax.random` key for the random rows, Lanczos starts and simulated noise (default
       PRNGKey(0)).
     - `warm_start`: refit from the last posterior (EP: from its sites, with exact sites for the new
-      measurements, see `ep_sites`).
+      measurements, see `ep_sites`). G-KL, EP, MAP and Laplace start the first fit from their own
+      parameters in the same form, so the first fit and the refits share one compiled program.
     - `pad`: pad the measurement sites to the final N (`vj.pad_sites`) so that all fits share one
       compiled program (the padding sites contribute nothing; each fit costs as much as the last).
     - `map_smoothing`: `vj.MAP` and `vj.Laplace` fit the model with a Laplace prior replaced by
@@ -187,12 +209,8 @@ def sequential(M, y, noise_variance, B, prior, method: AbstractMethod, num_steps
         return pad_sites(model, size=(final, None)) if pad else model
 
     def fit(model, previous):
-        init = None
-        if isinstance(method, EP):
-            init = ep_sites(model, previous.state if (warm_start and previous is not None) else None)
-        elif warm_start and previous is not None:
-            init = previous
         start, start_cpu = time.perf_counter(), time.process_time()
+        init = _start(method, model, previous if warm_start else None)
         post = infer(model, method, init=init)
         jax.block_until_ready(post.mean)
         return post, (time.perf_counter() - start, time.process_time() - start_cpu)
