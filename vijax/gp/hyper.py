@@ -39,7 +39,7 @@ class HyperparameterFit(eqx.Module):
     - `log_z`: the final log Ẑ, ``posterior.log_z`` (a scalar).
     - `diagnostics`: a `vj.Diagnostics` of the outer (ML-II) loop: ``objective_trace`` holds log Ẑ
       per outer step (the first entry at the start, the last at the returned point), ``iterations`` the
-      outer steps taken, ``converged`` whether the change of log Ẑ fell below ``tol`` before
+      parameter updates kept (one less than the trace's length), ``converged`` whether the change of log Ẑ fell below ``tol`` before
       ``max_iter`` (a step whose log Ẑ is not finite stops the run at the last finite point, not
       converged), ``stationarity`` that last relative change, ``grad_norm`` max |∂ log Ẑ/∂θ| at the
       last step (θ: the log-parameters), ``num_value_evals`` and ``num_grad_evals`` the fits and
@@ -95,9 +95,10 @@ def fit_hyperparameters(kernel: AbstractKernel, X: ArrayLike, likelihood: Abstra
     opt_state = optimizer.init(params)
     trace, converged, change, grad_norm, steps = [], False, np.inf, np.nan, 0
     good = (params, post)  # the last point whose fit was finite
+    stale = False  # whether `post` was fitted at other parameters than `params`
     for it in range(max_iter):
         new_params, opt_state, post, step_grad_norm = _step(params, opt_state, post, data, method, optimizer)
-        steps += 1
+        steps, stale = steps + 1, False
         value = float(post.log_z)
         if progress:
             print(f"{owner}: step {it:4d}  log Z = {value:.6f}", flush=True)
@@ -112,14 +113,15 @@ def fit_hyperparameters(kernel: AbstractKernel, X: ArrayLike, likelihood: Abstra
             if change <= tol:
                 converged = True
                 break
-        params = new_params
-    post = _fit(params, data, method, post)
-    trace.append(float(post.log_z))
+        params, stale = new_params, True
+    if stale:  # out of steps: fit at the last parameters (a converged run's last fit is already there)
+        post = _fit(params, data, method, post)
+        trace.append(float(post.log_z))
     dtype = jnp.result_type(post.log_z)
     diagnostics = Diagnostics(
-        iterations=jnp.asarray(steps), converged=jnp.asarray(converged), stationarity=jnp.asarray(change, dtype),
+        iterations=jnp.asarray(len(trace) - 1), converged=jnp.asarray(converged), stationarity=jnp.asarray(change, dtype),
         grad_norm=jnp.asarray(grad_norm, dtype), objective_trace=jnp.asarray(trace, dtype),
-        num_value_evals=jnp.asarray(steps + 2), num_grad_evals=jnp.asarray(steps), num_hvp_evals=jnp.asarray(0),
+        num_value_evals=jnp.asarray(steps + 1 + stale), num_grad_evals=jnp.asarray(steps), num_hvp_evals=jnp.asarray(0),
         method=post.diagnostics.method, solver="ML-II (optax)")
     return HyperparameterFit(params[0], _build(params, data)[1], post, post.log_z, diagnostics)
 
