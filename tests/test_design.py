@@ -285,7 +285,8 @@ def test_smoothed_laplace_keeps_its_scale_as_data():
 
 
 def _signature(tree):
-    return jax.tree_util.tree_structure(tree), [(np.shape(x), jnp.asarray(x).dtype) for x in jax.tree_util.tree_leaves(tree)]
+    leaves = jax.tree_util.tree_leaves(tree)
+    return jax.tree_util.tree_structure(tree), [(np.shape(x), jnp.asarray(x).dtype) for x in leaves]
 
 
 def test_map_baseline_fits_the_smoothed_prior(problem, monkeypatch):

@@ -39,8 +39,8 @@ class HyperparameterFit(eqx.Module):
     - `log_z`: the final log Ẑ, ``posterior.log_z`` (a scalar).
     - `diagnostics`: a `vj.Diagnostics` of the outer (ML-II) loop: ``objective_trace`` holds log Ẑ
       per outer step (the first entry at the start, the last at the returned point), ``iterations`` the
-      parameter updates kept (one less than the trace's length), ``converged`` whether the change of log Ẑ fell below ``tol`` before
-      ``max_iter`` (a step whose log Ẑ is not finite stops the run at the last finite point, not
+      parameter updates kept (one less than the trace's length), ``converged`` whether the change of
+      log Ẑ fell below ``tol`` before ``max_iter`` (a step whose log Ẑ is not finite stops the run at the last finite point, not
       converged), ``stationarity`` that last relative change, ``grad_norm`` max |∂ log Ẑ/∂θ| at the
       last step (θ: the log-parameters), ``num_value_evals`` and ``num_grad_evals`` the fits and
       gradients outside the optimizer's line search.
@@ -119,7 +119,8 @@ def fit_hyperparameters(kernel: AbstractKernel, X: ArrayLike, likelihood: Abstra
         trace.append(float(post.log_z))
     dtype = jnp.result_type(post.log_z)
     diagnostics = Diagnostics(
-        iterations=jnp.asarray(len(trace) - 1), converged=jnp.asarray(converged), stationarity=jnp.asarray(change, dtype),
+        iterations=jnp.asarray(len(trace) - 1), converged=jnp.asarray(converged),
+        stationarity=jnp.asarray(change, dtype),
         grad_norm=jnp.asarray(grad_norm, dtype), objective_trace=jnp.asarray(trace, dtype),
         num_value_evals=jnp.asarray(steps + 1 + stale), num_grad_evals=jnp.asarray(steps), num_hvp_evals=jnp.asarray(0),
         method=post.diagnostics.method, solver="ML-II (optax)")
