@@ -40,10 +40,10 @@ class HyperparameterFit(eqx.Module):
     - `diagnostics`: a `vj.Diagnostics` of the outer (ML-II) loop: ``objective_trace`` holds log Ẑ
       per outer step (the first entry at the start, the last at the returned point), ``iterations`` the
       parameter updates kept (one less than the trace's length), ``converged`` whether the change of
-      log Ẑ fell below ``tol`` before ``max_iter`` (a step whose log Ẑ is not finite stops the run at the last finite point, not
-      converged), ``stationarity`` that last relative change, ``grad_norm`` max |∂ log Ẑ/∂θ| at the
-      last step (θ: the log-parameters), ``num_value_evals`` and ``num_grad_evals`` the fits and
-      gradients outside the optimizer's line search.
+      log Ẑ fell below ``tol`` before ``max_iter`` (a step whose log Ẑ is not finite stops the run at
+      the last finite point, not converged), ``stationarity`` that last relative change, ``grad_norm``
+      max |∂ log Ẑ/∂θ| at the last step (θ: the log-parameters), ``num_value_evals`` and
+      ``num_grad_evals`` the fits and gradients outside the optimizer's line search.
     """
 
     kernel: AbstractKernel
