@@ -103,7 +103,7 @@ def metrics(mean, log_dens, yte, sy):
 def ep_nn(Xtr, ytr, Xte, yte, key=0):
     t = time.perf_counter()
     net = vj.nn.TwoLayerNetwork(Xtr, ytr, num_hidden=K)
-    post = eqx.filter_jit(vj.nn.NetworkEP(max_iter=1000, tol=1e-3).fit)(net, jax.random.PRNGKey(key))
+    post = eqx.filter_jit(vj.nn.NetworkEP(max_iter=2000, tol=1e-3).fit)(net, jax.random.PRNGKey(key))
     mean, _ = post.predict(Xte)
     lp = post.log_predictive(Xte, yte)
     jax.block_until_ready(lp)
