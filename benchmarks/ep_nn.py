@@ -16,11 +16,12 @@ Problems (inputs and targets standardised on the training set):
 
 Methods:
 
-- ``EP-NN``: `vj.nn.NetworkEP` (damping 0.3, momentum 0.7 with restarts, started from a MAP fit, converged when the moment
-  residual is ≤ 1e-3, 1000 iterations at most) on `vj.nn.TwoLayerNetwork` (K = 8 erf units, ARD input
-  priors, log-normal noise prior, half-Gaussian output weights v_k ≥ 0).
-- ``NUTS-NN``: NumPyro NUTS on the same network and priors (1 chain, 500 warm-up + 500 draws;
-  non-centred input weights).
+- ``EP-NN``: `vj.nn.NetworkEP` (damping 0.3, momentum 0.7 with restarts, the prior and scale sites damped
+  at 0.6 from iteration 1000, started from a MAP fit, converged when the moment residual is ≤ 1e-3,
+  2000 iterations at most) on `vj.nn.TwoLayerNetwork` (K = 8 erf units, ARD input priors, log-normal
+  noise prior, half-Gaussian output weights v_k ≥ 0).
+- ``NUTS-NN``: NumPyro NUTS on the same network and priors (1 chain, 500 warm-up + 500 draws unless
+  ``--nuts-budget``; non-centred input weights).
 - ``GP-ARD``: `vj.gp.fit_hyperparameters` (ML-II) of a squared-exponential ARD kernel with a
   Gaussian likelihood (its noise learnt), predictions by `vj.gp.predict`.
 
