@@ -16,11 +16,12 @@ Problems (inputs and targets standardised on the training set):
 
 Methods:
 
-- ``EP-NN``: `vj.nn.NetworkEP` (damping 0.3, momentum 0.7 with restarts, started from a MAP fit, converged when the moment
-  residual is ≤ 1e-3, 1000 iterations at most) on `vj.nn.TwoLayerNetwork` (K = 8 erf units, ARD input
-  priors, log-normal noise prior, half-Gaussian output weights v_k ≥ 0).
-- ``NUTS-NN``: NumPyro NUTS on the same network and priors (1 chain, 500 warm-up + 500 draws;
-  non-centred input weights).
+- ``EP-NN``: `vj.nn.NetworkEP` (damping 0.3, momentum 0.7 with restarts, the prior and scale sites damped
+  at 0.6 from iteration 1000, started from a MAP fit, converged when the moment residual is ≤ 1e-3,
+  2000 iterations at most) on `vj.nn.TwoLayerNetwork` (K = 8 erf units, ARD input priors, log-normal
+  noise prior, half-Gaussian output weights v_k ≥ 0).
+- ``NUTS-NN``: NumPyro NUTS on the same network and priors (1 chain, 500 warm-up + 500 draws unless
+  ``--nuts-budget``; non-centred input weights).
 - ``GP-ARD``: `vj.gp.fit_hyperparameters` (ML-II) of a squared-exponential ARD kernel with a
   Gaussian likelihood (its noise learnt), predictions by `vj.gp.predict`.
 
@@ -31,7 +32,9 @@ against n (K = 8) and against K (n = 400), which should grow linearly.
 
 Run: ``MPLBACKEND=Agg python benchmarks/ep_nn.py [--quick] [--nuts-max-n N] [--methods EP-NN,...]``
 (``--quick``: fewer sizes in the scaling runs; NUTS-NN runs on the problems with at most N training
-points, default 250; ``--methods``: rerun only these, keeping the other methods' saved results).
+points, default 250; ``--methods``: rerun only these, keeping the other methods' saved results;
+``--problems a,b``: only these problems; ``--nuts-budget W,S``: NUTS warm-up and draws, default 500,500;
+``--no-scaling``: skip the timing runs and leave ``ep_nn.txt`` alone, print the table).
 Writes ``benchmarks/results/ep_nn.{txt,json}``.
 """
 
@@ -101,7 +104,7 @@ def metrics(mean, log_dens, yte, sy):
 def ep_nn(Xtr, ytr, Xte, yte, key=0):
     t = time.perf_counter()
     net = vj.nn.TwoLayerNetwork(Xtr, ytr, num_hidden=K)
-    post = eqx.filter_jit(vj.nn.NetworkEP(max_iter=1000, tol=1e-3).fit)(net, jax.random.PRNGKey(key))
+    post = eqx.filter_jit(vj.nn.NetworkEP(max_iter=2000, tol=1e-3).fit)(net, jax.random.PRNGKey(key))
     mean, _ = post.predict(Xte)
     lp = post.log_predictive(Xte, yte)
     jax.block_until_ready(lp)
@@ -109,6 +112,9 @@ def ep_nn(Xtr, ytr, Xte, yte, key=0):
                 relevances=np.asarray(post.relevances()).tolist(), iterations=int(post.iterations),
                 residual=float(post.residual), converged=bool(post.converged),
                 alive=int(np.sum(np.asarray(post.v_mean[:-1]) > 0.1)))
+
+
+NUTS_BUDGET = dict(num_warmup=500, num_samples=500, num_chains=1)  # --nuts-budget WARMUP,SAMPLES
 
 
 def nuts_nn(Xtr, ytr, Xte, yte, seed=0):
@@ -131,14 +137,15 @@ def nuts_nn(Xtr, ytr, Xte, yte, seed=0):
         numpyro.sample("y", dist.Normal(f, jnp.exp(0.5 * phi0)), obs=y)
 
     t = time.perf_counter()
-    mcmc = MCMC(NUTS(model), num_warmup=500, num_samples=500, num_chains=1, progress_bar=False)
+    mcmc = MCMC(NUTS(model), progress_bar=False, **NUTS_BUDGET)
     mcmc.run(jax.random.PRNGKey(seed), Xtr, ytr)
     s = mcmc.get_samples()
     pred = numpyro.infer.Predictive(model, s, return_sites=["f"])(jax.random.PRNGKey(1), Xte)["f"]
     sd = np.exp(0.5 * np.asarray(s["phi0"]))[:, None]
     dens = np.exp(-0.5 * ((yte - np.asarray(pred)) / sd) ** 2) / (np.sqrt(2 * np.pi) * sd)
     return dict(mean=np.asarray(pred).mean(0), lp=np.log(dens.mean(0)), time=time.perf_counter() - t,
-                relevances=np.exp(np.asarray(s["phi"])[:, :d]).mean(0).tolist())
+                relevances=np.exp(np.asarray(s["phi"])[:, :d]).mean(0).tolist(), budget=dict(NUTS_BUDGET),
+                divergences=int(np.sum(np.asarray(mcmc.get_extra_fields()["diverging"]))))
 
 
 def gp_ard(Xtr, ytr, Xte, yte):
@@ -178,24 +185,30 @@ def main():
     quick = "--quick" in sys.argv
     nuts_max_n = int(sys.argv[sys.argv.index("--nuts-max-n") + 1]) if "--nuts-max-n" in sys.argv else 250
     only = sys.argv[sys.argv.index("--methods") + 1].split(",") if "--methods" in sys.argv else None
+    names = sys.argv[sys.argv.index("--problems") + 1].split(",") if "--problems" in sys.argv else None
+    if "--nuts-budget" in sys.argv:
+        warmup, samples = sys.argv[sys.argv.index("--nuts-budget") + 1].split(",")
+        NUTS_BUDGET.update(num_warmup=int(warmup), num_samples=int(samples))
     rng = np.random.default_rng(0)
     rows, record = [], {}
+    saved_scaling = None
     if only and (RESULTS / "ep_nn.json").exists():  # rerun some methods, keep the others' results
-        record = {k: v for k, v in json.loads((RESULTS / "ep_nn.json").read_text()).items() if k != "scaling"}
+        record = json.loads((RESULTS / "ep_nn.json").read_text())
+        saved_scaling = record.pop("scaling", None)
     data = {name: standardise(*split) for name, *split in problems(rng)}
     ntrain = {name: len(d[1]) for name, d in data.items()}
     runs = [(name, label, method) for label, method in (("EP-NN", ep_nn), ("GP-ARD", gp_ard)) for name in data]
     runs += [(name, "NUTS-NN", nuts_nn) for name in data if ntrain[name] <= nuts_max_n]
-    runs = [r for r in runs if only is None or r[1] in only]
+    runs = [r for r in runs if (only is None or r[1] in only) and (names is None or r[0] in names)]
     for name, label, method in sorted(runs, key=lambda r: (r[2] is nuts_nn, ntrain[r[0]] if r[2] is nuts_nn else 0)):
         Xtr_s, ytr_s, Xte_s, yte_s, sy = data[name]
         r = method(Xtr_s, ytr_s, Xte_s, yte_s)
         rmse, lpd = metrics(r["mean"], r["lp"], yte_s, sy)
-        extra = {k: r[k] for k in ("iterations", "residual", "converged", "alive") if k in r}
+        extra = {k: r[k] for k in ("iterations", "residual", "converged", "alive", "budget", "divergences") if k in r}
         record.setdefault(name, {})[label] = dict(rmse=rmse, lpd=lpd, time=r["time"], relevances=r["relevances"], **extra)
         print(name, label, record[name][label], flush=True)
         RESULTS.mkdir(exist_ok=True)  # keep what is done, in case a long run is stopped
-        (RESULTS / "ep_nn.json").write_text(json.dumps(record, indent=1))
+        (RESULTS / "ep_nn.json").write_text(json.dumps(dict(record, **({"scaling": saved_scaling} if saved_scaling else {})), indent=1))
     for name, methods in record.items():
         for label, r in methods.items():
             rows.append(f"{name:14s} {label:8s} {r['rmse']:10.4f} {r['lpd']:10.4f} {r['time']:9.1f}  "
@@ -210,6 +223,9 @@ def main():
             last = set(np.argsort(-rel)[relevant:].tolist()) == set(range(relevant, d))
             lines.append(f"  {label:8s} " + " ".join(f"{v:8.3g}" for v in rel) + f"   irrelevant ranked last: {last}")
     RESULTS.mkdir(exist_ok=True)
+    if "--no-scaling" in sys.argv:
+        print("\n".join(lines))
+        return
     (RESULTS / "ep_nn.txt").write_text("\n".join(lines) + "\n(scaling runs pending)\n")
     sc = scaling(quick)
     record["scaling"] = sc

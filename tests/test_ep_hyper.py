@@ -2,16 +2,19 @@
 
 References: a 2-D grid for the tilted moments; ordinary EP (exact, conjugate) where q(φ) collapses to a
 point; the exact posterior by a 2-D grid over (log scale, log noise) for a common-scale model; a long
-NUTS run (slow) for ARD."""
+NUTS run (slow) for ARD. Student-t likelihood with an uncertain scale: its tilted moments against a
+2-D grid; the exact posterior of a one-weight model with outliers by a grid over (w, log scale²)
+(the prior scale integrated per w); the Gaussian likelihood as ν → ∞."""
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from scipy.special import gammaln
 
 import vijax as vj
-from vijax.methods.ep_hyper import HierarchicalEP, log_variance_tilted_moments
+from vijax.methods.ep_hyper import HierarchicalEP, log_variance_tilted_moments, scale_tilted_moments
 
 _FIT = eqx.filter_jit(HierarchicalEP().fit)  # one compilation for the common-scale models below
 _W = np.array([1.5, 0.0, 0.0, -1.0, 0.0])
@@ -40,6 +43,34 @@ def test_tilted_moments_match_a_2d_grid(power):
     ex, ephi = np.sum(p * x), np.sum(p * phi)
     want = (np.log(z), ex, np.sum(p * x**2) - ex**2, ephi, np.sum(p * phi**2) - ephi**2)
     np.testing.assert_allclose(np.array(got), want, rtol=1e-6, atol=1e-8)
+
+
+def _log_student_t(y, x, nu, log_s2):
+    r2 = (y - x) ** 2 / np.exp(log_s2)
+    return (gammaln((nu + 1) / 2) - gammaln(nu / 2) - 0.5 * np.log(np.pi * nu) - 0.5 * log_s2
+            - 0.5 * (nu + 1) * np.log1p(r2 / nu))
+
+
+_SCALE_MOMENTS = eqx.filter_jit(scale_tilted_moments)
+
+
+@pytest.mark.parametrize("power", [1.0, 0.5])
+def test_student_t_tilted_moments_match_a_2d_grid_and_the_gaussian_limit(power):
+    loc, m, v, mu, s2, nu = 2.5, -0.3, 0.8, -0.5, 1.5, 3.0  # the site far in the cavity's tail: bimodal in x
+    power = jnp.asarray(power)
+    got = _SCALE_MOMENTS(vj.potentials.StudentT(nu, loc), m, v, mu, s2, power)
+    x, phi = np.meshgrid(np.linspace(-10, 10, 2001), np.linspace(-14, 12, 1301), indexing="ij")
+    log_p = float(power) * _log_student_t(loc, x, nu, phi) + _log_normal(x, m, v) + _log_normal(phi, mu, s2)
+    p = np.exp(log_p)
+    z = p.sum() * (x[1, 0] - x[0, 0]) * (phi[0, 1] - phi[0, 0])
+    p /= p.sum()
+    ex, ephi = np.sum(p * x), np.sum(p * phi)
+    want = (np.log(z), ex, np.sum(p * x**2) - ex**2, ephi, np.sum(p * phi**2) - ephi**2)
+    np.testing.assert_allclose(np.array(got), want, rtol=1e-8, atol=1e-9)  # seen: within 5e-12
+    # ν → ∞: the Gaussian site (differences O(1/ν); seen: 1.4e-7 at ν = 1e8, from the rule's rounding).
+    big = _SCALE_MOMENTS(vj.potentials.StudentT(1e8, loc), m, v, mu, s2, power)
+    np.testing.assert_allclose(np.array(big), np.array(log_variance_tilted_moments(loc, m, v, mu, s2, power)),
+                               atol=1e-6)
 
 
 def test_collapsed_hyperprior_recovers_ordinary_ep():
@@ -108,6 +139,81 @@ def test_common_scale_and_uncertain_noise_against_the_exact_grid_posterior():
     assert mean.shape == var.shape == (8,) and np.all(var > post.relevances()[0])
 
 
+def _student_t_grid_posterior(x, y, nu, X_test, y_test, prior=(0.0, 4.0)):
+    """Exact posterior of y_n ~ St(x_n w, ν, e^b), w ~ N(0, e^a), a, b ~ N(prior): a grid over (w, b), with
+    p(w) = ∫ N(w | 0, e^a) p(a) da and E[a | w], E[e^a | w] on a grid over a for every w."""
+    w = np.linspace(-3, 4, 1401)
+    b = np.linspace(-12, 6, 721)
+    a = np.linspace(-20, 10, 1201)
+    lp_wa = _log_normal(w[:, None], 0.0, np.exp(a)) + _log_normal(a, *prior)
+    top = lp_wa.max(1, keepdims=True)
+    pa = np.exp(lp_wa - top)
+    log_pw = np.log(pa.sum(1) * (a[1] - a[0])) + top[:, 0]
+    pa /= pa.sum(1, keepdims=True)
+    log_j = sum(_log_student_t(y[n], x[n] * w[:, None], nu, b) for n in range(len(y))) + log_pw[:, None] \
+        + _log_normal(b, *prior)
+    top = log_j.max()
+    p = np.exp(log_j - top)
+    log_z = np.log(p.sum() * (w[1] - w[0]) * (b[1] - b[0])) + top
+    p /= p.sum()
+    pw, pb = p.sum(1), p.sum(0)
+    mean = np.sum(pw * w)
+    dens = [np.sum(p * np.exp(_log_student_t(yt, xt * w[:, None], nu, b))) for xt, yt in zip(X_test, y_test)]
+    return dict(log_z=log_z, mean=mean, sd=np.sqrt(np.sum(pw * (w - mean) ** 2)),
+                hyper_mean=np.array([np.sum(pb * b), np.sum(pw * (pa @ a))]),
+                relevances=np.array([np.sum(pb * np.exp(b)), np.sum(pw * (pa @ np.exp(a)))]),
+                log_predictive=np.log(dens))
+
+
+def _outliers():
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=24)
+    y = 0.8 * x + 0.3 * rng.normal(size=24)
+    y[[2, 11]] += [3.0, -2.5]  # two outliers
+    return x, y
+
+
+def test_student_t_likelihood_against_the_exact_grid_posterior():
+    x, y = _outliers()
+    X, Xt, yt = x[:20, None], x[20:, None], y[20:]
+    post = _FIT(vj.glm.hierarchical_linear(X, y[:20], groups="common", df=4.0))
+    assert bool(post.diagnostics.converged)
+    ref = _student_t_grid_posterior(x[:20], y[:20], 4.0, x[20:], yt)
+    # Stated tolerances (seen: mean within 0.006 sd, sd 6% low, E[e^b] 1.7%, E b 0.009, log Z 0.012,
+    # log predictive 0.006): the mean within 0.1 posterior sd, the sd within 10% (EP's factorised q(w)q(b)
+    # is narrower than p(w | y) here), E[e^b] within 5%, E b within 0.05, log Z within 0.1. The prior
+    # scale, set by one weight, is EP's weak spot (seen: E a within 0.001 but E[e^a] 20% low, as with the
+    # Gaussian likelihood: the Gaussian q(a) misses the right tail of p(a | y)); asserted within 0.1 and 30%.
+    sd = float(np.sqrt(post.weights.covariance[0, 0]))
+    assert abs(float(post.mean[0]) - ref["mean"]) < 0.1 * ref["sd"]
+    np.testing.assert_allclose(sd, ref["sd"], rtol=0.1)
+    np.testing.assert_allclose(post.relevances()[0], ref["relevances"][0], rtol=0.05)
+    assert abs(float(post.hyper_mean[0]) - ref["hyper_mean"][0]) < 0.05
+    assert abs(float(post.hyper_mean[1]) - ref["hyper_mean"][1]) < 0.1
+    np.testing.assert_allclose(post.relevances()[1], ref["relevances"][1], rtol=0.3)
+    assert abs(float(post.log_z) - ref["log_z"]) < 0.1
+    _, var, lp = vj.glm.hierarchical_predict(post, Xt, yt)
+    np.testing.assert_allclose(lp, ref["log_predictive"], atol=0.05)
+    np.testing.assert_allclose(var, sd**2 * x[20:] ** 2 + 2.0 * np.exp(post.hyper_mean[0] + 0.5 * post.hyper_var[0]))
+
+
+@pytest.mark.slow
+def test_student_t_likelihood_tends_to_the_gaussian_one():
+    """As ν → ∞ the Student-t fit is the Gaussian-likelihood fit (~20 s: a second compilation)."""
+    x, y = _outliers()
+    X = x[:20, None]
+    post = _FIT(vj.glm.hierarchical_linear(X, y[:20], groups="common", df=4.0))  # ν an array leaf: compiled once
+    big = _FIT(vj.glm.hierarchical_linear(X, y[:20], groups="common", df=1e8))
+    gauss = _FIT(vj.glm.hierarchical_linear(X, y[:20], groups="common"))
+    # The robust fit discounts the outliers: its noise scale is well below the Gaussian likelihood's.
+    assert post.relevances()[0] < 0.5 * gauss.relevances()[0]
+    # ν → ∞: the Gaussian likelihood's fit (differences O(1/ν) and the Student-t rule's ~1e-7).
+    np.testing.assert_allclose(big.mean, gauss.mean, atol=1e-5)
+    np.testing.assert_allclose(big.hyper_mean, gauss.hyper_mean, atol=1e-5)
+    np.testing.assert_allclose(big.hyper_var, gauss.hyper_var, rtol=1e-5)
+    np.testing.assert_allclose(big.log_z, gauss.log_z, atol=1e-5)
+
+
 def test_ard_relevances_and_float32():
     X, y = _data()
     model = vj.glm.hierarchical_linear(X, y, groups="ard")
@@ -134,6 +240,10 @@ def test_bad_input_is_refused():
         HierarchicalEP().fit(vj.glm.linear_regression(X, y))
     with pytest.raises(ValueError, match="damping"):
         HierarchicalEP(damping=0.0)
+    with pytest.raises(ValueError, match="df"):
+        vj.glm.hierarchical_linear(X, y, df=-1.0)
+    with pytest.raises(ValueError, match="StudentT"):
+        vj.hierarchical.HierarchicalModel(vj.model.Sites(X, vj.potentials.Laplace(y)), 0, [0.0], [1.0])
 
 
 @pytest.mark.slow

@@ -174,3 +174,5 @@ def test_bad_input_is_refused():
         vj.nn.NetworkEP(damping=1.5)
     with pytest.raises(ValueError, match="momentum"):
         vj.nn.NetworkEP(momentum=1.0)
+    with pytest.raises(ValueError, match="prior_damping"):
+        vj.nn.NetworkEP(prior_damping=0.0)

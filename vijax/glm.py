@@ -27,8 +27,8 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from . import _checks, potentials
-from ._linalg import LOG_2PI
 from .hierarchical import HierarchicalModel
+from .methods.ep_hyper import scale_tilted_moments
 from .model import GaussianFactor, Identity, LatentLinearModel, Sites
 from .posterior import Posterior
 from .quadrature import GaussHermite, safe_sqrt
@@ -193,11 +193,11 @@ def linear_regression(X: ArrayLike, y: ArrayLike, noise_scale: ArrayLike = 1.0,
                              Sites(X, potentials.Gaussian(loc=y, scale=noise_scale)))
 
 
-def hierarchical_linear(X, y, groups="ard", scale_prior=(0.0, 4.0), noise_prior=(0.0, 4.0)):
+def hierarchical_linear(X, y, groups="ard", scale_prior=(0.0, 4.0), noise_prior=(0.0, 4.0), df=None):
     """A sparse linear model with hierarchical priors (Jylänki 2013, Publication IV; Seeger 2008; Neal 1996):
 
     $$
-    y_n \\mid w, φ_0 \\sim \\mathcal N(x_n^\\top w, e^{φ_0}), \\qquad
+    y_n \\mid w, φ_0 \\sim \\mathcal N(x_n^\\top w, e^{φ_0}) \\ \\text{or}\\ \\mathrm{St}(x_n^\\top w, ν, e^{φ_0}), \\qquad
     w_j \\mid φ \\sim \\mathcal N(0, e^{φ_{l_j}}), \\qquad
     φ_0 \\sim \\mathcal N(\\text{noise\\_prior}), \\quad φ_l \\sim \\mathcal N(\\text{scale\\_prior}).
     $$
@@ -213,6 +213,10 @@ def hierarchical_linear(X, y, groups="ard", scale_prior=(0.0, 4.0), noise_prior=
       scalars or arrays of shape ``(G,)``.
     - `noise_prior`: (mean, variance) of the Gaussian hyperprior on the log noise variance φ_0
       (a log-normal prior on σ²).
+    - `df`: ``None`` for the Gaussian likelihood; a positive ν for a Student-t likelihood
+      St(y_n | x_nᵀw, ν, σ²) (heavy tails: robust to outliers) whose scale² σ² = e^{φ_0} is uncertain
+      in the same way. Its tilted moments need quadrature in x at each φ_0 node
+      (`vj.methods.ep_hyper.scale_tilted_moments`); ν → ∞ recovers the Gaussian likelihood.
 
     Hyperparameter 0 is log σ², hyperparameters 1..G the log prior variances; so
     ``post.relevances()[1:]`` are the posterior means E[e^{φ_l}] of the groups' prior variances
@@ -244,29 +248,37 @@ def hierarchical_linear(X, y, groups="ard", scale_prior=(0.0, 4.0), noise_prior=
     if means[0].shape != (1,) or vars_[0].shape != (1,):
         raise ValueError(f"{owner}: `noise_prior` must be a pair of scalars (mean, variance) of log σ².")
     names = ("log noise variance",) + tuple(f"log scale {g}" for g in range(G))
-    sites = (Sites(X, potentials.Gaussian(loc=y)), Sites(Identity(D), potentials.Gaussian(loc=jnp.zeros(D, X.dtype))))
+    if df is None:
+        likelihood = potentials.Gaussian(loc=y)
+    else:
+        if _checks.is_concrete(df) and not (np.ndim(df) == 0 and float(df) > 0):
+            raise ValueError(f"{owner}: `df` must be None (Gaussian likelihood) or a positive number "
+                             f"(Student-t degrees of freedom); got {df!r}.")
+        likelihood = potentials.StudentT(df=jnp.asarray(df, X.dtype), loc=y)
+    sites = (Sites(X, likelihood), Sites(Identity(D), potentials.Gaussian(loc=jnp.zeros(D, X.dtype))))
     return HierarchicalModel(sites, (np.zeros(X.shape[0], int), jnp.asarray(labels + 1)),
                              jnp.concatenate(means), jnp.concatenate(vars_), names)
 
 
 def hierarchical_predict(post, X_test, y_test=None, quadrature=GaussHermite()):
     """Predictive of a `hierarchical_linear` fit: ``(mean, variance)`` of y_* (shape ``(N_test,)`` each),
-    and, with ``y_test``, also log p(y_* | data) ≈ log ∫ N(y_* | x_*ᵀm, x_*ᵀSx_* + e^{φ_0}) q(φ_0) dφ_0
-    (Gauss–Hermite over q(φ_0)). The variance is x_*ᵀSx_* + E_q[e^{φ_0}]."""
+    and, with ``y_test``, also log p(y_* | data) ≈ log ∫∫ t(y_* | x; e^{φ_0}) N(x | x_*ᵀm, x_*ᵀSx_*)
+    q(φ_0) dx dφ_0, t the likelihood (Gaussian: N(y_* | x_*ᵀm, x_*ᵀSx_* + e^{φ_0}) under q(φ_0);
+    Student-t: quadrature in x too; `vj.methods.ep_hyper.scale_tilted_moments`). The variance is
+    x_*ᵀSx_* + E_q[e^{φ_0}] (times ν/(ν − 2) for a Student-t, infinite for ν ≤ 2)."""
     owner = "hierarchical_predict"
     X_test = _design(X_test, owner)
     mean, var = post.weights.marginals(X_test)
     phi_mean, phi_var = post.hyper_mean[0], post.hyper_var[0]
+    likelihood = post.weights.model.sites[0].potential
     noise = jnp.exp(phi_mean + 0.5 * phi_var)
+    if isinstance(likelihood, potentials.StudentT):
+        nu = likelihood.df
+        noise = jnp.where(nu > 2, noise * nu / jnp.where(nu > 2, nu - 2, 1.0), jnp.inf)
     if y_test is None:
         return mean, var + noise
     y_test = _targets(y_test, X_test, owner, "y_test")
-
-    def log_density(phi):
-        total = var + jnp.exp(phi)
-        return -0.5 * (LOG_2PI + jnp.log(total) + (y_test - mean) ** 2 / total)
-
-    lp = quadrature.log_expect_exp(log_density, jnp.full_like(mean, phi_mean), jnp.full_like(mean, jnp.sqrt(phi_var)))
+    lp = scale_tilted_moments(likelihood.observe(y_test), mean, var, phi_mean, phi_var, 1.0, quadrature)[0]
     return mean, var + noise, lp
 
 

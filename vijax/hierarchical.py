@@ -6,18 +6,20 @@ p(w, φ) \\propto \\prod_g \\prod_n \\mathcal N\\big(h_{gn}^\\top w + b_{gn} \\m
 $$
 
 Every site is Gaussian in x = hᵀw + b given its hyperparameter φ_l (a log variance), so the model is
-conjugate given φ; what makes it non-Gaussian is the integral over φ. Instances (Jylänki 2013,
-Publication IV; `vj.glm.hierarchical_linear`):
+conjugate given φ; what makes it non-Gaussian is the integral over φ. A site group may instead be a
+Student-t St(y_{gn} | h_{gn}ᵀw + b_{gn}, ν, e^{φ_l}) (a robust likelihood whose scale² e^{φ_l} is
+uncertain); that group is not conjugate given φ either. Instances (Jylänki 2013, Publication IV;
+`vj.glm.hierarchical_linear`):
 
-- a sparse linear model: likelihood sites N(y_n | x_nᵀw, σ²) with φ = log σ² (an uncertain noise
-  variance), and prior sites N(w_j | 0, e^{φ_{l_j}}) on the coordinates (H = I, y = 0), with one
+- a sparse linear model: likelihood sites N(y_n | x_nᵀw, σ²) or St(y_n | x_nᵀw, ν, σ²) with
+  φ = log σ² (an uncertain noise variance or scale²), and prior sites N(w_j | 0, e^{φ_{l_j}}) on the coordinates (H = I, y = 0), with one
   φ_l per group of inputs: a common scale (Seeger 2008's Laplace-like shrinkage: the scale mixture
   of Gaussians over a shared scale) or one per input (ARD, Neal 1996);
 - any `LatentLinearModel` whose site groups are `vj.potentials.Gaussian`, with the groups' scales
   made uncertain.
 
 The model is data: ``model`` (a `LatentLinearModel` with no Gaussian factor and one
-`vj.potentials.Gaussian` group per site group, its ``scale`` the plug-in e^{μ_0/2}), the index
+`vj.potentials.Gaussian` or `StudentT` group per site group, its ``scale`` the plug-in e^{μ_0/2}), the index
 l_{gn} of every site's hyperparameter (``hyper_index``, one int array per group) and the Gaussian
 hyperprior (``hyper_mean``, ``hyper_var``, shape ``(L,)``). `vj.methods.ep_hyper.HierarchicalEP` fits
 it; ``vj.infer(model.model, vj.EP())`` is EP with every φ fixed at its prior mean.
@@ -35,14 +37,18 @@ from .model import LatentLinearModel, Sites
 
 __all__ = ["HierarchicalModel"]
 
+# Location–scale sites whose scale² is e^φ (`vj.methods.ep_hyper.scale_tilted_moments`).
+_SCALE_SITES = (potentials.Gaussian, potentials.StudentT)
+
 
 class HierarchicalModel(eqx.Module):
     """Gaussian sites with uncertain log variances φ and a Gaussian hyperprior on φ (module docstring).
 
     **Arguments:**
 
-    - `sites`: a `Sites` group or a tuple of them, each with a `vj.potentials.Gaussian` potential
-      (its ``loc`` are the y_gn; its ``scale`` is ignored and replaced by the plug-in e^{μ_0/2}).
+    - `sites`: a `Sites` group or a tuple of them, each with a `vj.potentials.Gaussian` or
+      `vj.potentials.StudentT` potential (its ``loc`` are the y_gn, a Student-t keeps its ``df``; its
+      ``scale`` is ignored and replaced by the plug-in e^{μ_0/2}).
     - `hyper_index`: per group, an int array of shape ``(N_g,)`` (or a scalar) of indices in 0..L−1.
     - `hyper_mean`, `hyper_var`: the hyperprior N(φ_l | μ_{0,l}, σ²_{0,l}), shapes ``(L,)``.
     - `names`: optional names of the L hyperparameters (for summaries).
@@ -74,16 +80,16 @@ class HierarchicalModel(eqx.Module):
         num_hyper = hyper_mean.shape[0]
         groups, indices = [], []
         for g, (group, index) in enumerate(zip(sites, hyper_index)):
-            if not isinstance(group.potential, potentials.Gaussian):
+            if not isinstance(group.potential, _SCALE_SITES):
                 raise ValueError(f"{owner}: site group {g} has a {type(group.potential).__name__} potential; "
-                                 "hierarchical sites must be vj.potentials.Gaussian (their variance is e^φ).")
+                                 "hierarchical sites must be vj.potentials.Gaussian or StudentT (their scale² is e^φ).")
             index = jnp.broadcast_to(jnp.asarray(index), (group.num_sites,))
             if not jnp.issubdtype(index.dtype, jnp.integer):
                 raise ValueError(f"{owner}: `hyper_index[{g}]` must hold integers, got dtype {index.dtype}.")
             if _checks.is_concrete(index) and (np.any(np.asarray(index) < 0) or np.any(np.asarray(index) >= num_hyper)):
                 raise ValueError(f"{owner}: `hyper_index[{g}]` must lie in 0..{num_hyper - 1} (one per hyperparameter).")
             scale = jnp.exp(0.5 * hyper_mean[index])
-            groups.append(Sites(group.projection, potentials.Gaussian(group.potential.loc, scale), group.offset))
+            groups.append(Sites(group.projection, eqx.tree_at(lambda t: t.scale, group.potential, scale), group.offset))
             indices.append(index)
         if names and len(names) != num_hyper:
             raise ValueError(f"{owner}: {len(names)} `names` for {num_hyper} hyperparameters.")

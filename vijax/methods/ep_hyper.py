@@ -23,6 +23,12 @@ Z(φ) = c(φ) N(y_n | m₋, V₋ + s²(φ)), c(φ) = (2πe^φ)^{(1−η)/2} η^{
 
 The remaining 1-D integral over φ uses a Gauss–Hermite rule under the φ cavity
 (`log_variance_tilted_moments`), giving Ẑ_n and the first two moments of x and φ; no 2-D quadrature.
+
+A Student-t site St(y_n | x, ν, e^{φ}) (a robust likelihood with an uncertain scale) has no closed
+form given φ; `scale_tilted_moments` takes the conditional (Z(φ), E[x | φ], Var[x | φ]) from the
+potential's own ``tilted_moments`` (`vijax.quadrature.tilted_moments`) at each φ node and combines
+them the same way. Everything else (cavities, steps, energy, q(φ)) is the same. As ν → ∞ it is the
+Gaussian site.
 Sites move by the damped EP step (`vj.ep.site_step`, eqs. 2.36–2.37 and 2.38) in parallel: all sites
 from one q, then q once (a Cholesky of the D × D precision of q(w), a segment sum for q(φ)); a step is
 halved until q and every cavity are proper. The energy is eq. 2.42/2.45 with the φ terms added:
@@ -44,7 +50,8 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from .._linalg import LOG_2PI, backtrack, select
+from .. import potentials
+from .._linalg import backtrack, select
 from ..covariance import CholeskyFactor
 from ..hierarchical import HierarchicalModel
 from ..posterior import Diagnostics, Posterior
@@ -53,7 +60,7 @@ from ..solvers import iterate
 from ._gaussian import integrate, marginals, working_model
 from .ep import SiteParams, cavity, moment_residual, site_step
 
-__all__ = ["HierarchicalEP", "HierarchicalPosterior", "log_variance_tilted_moments"]
+__all__ = ["HierarchicalEP", "HierarchicalPosterior", "log_variance_tilted_moments", "scale_tilted_moments"]
 
 _MAX_HALVINGS = 30
 
@@ -61,25 +68,52 @@ _MAX_HALVINGS = 30
 def log_variance_tilted_moments(loc, mean, var, hyper_mean, hyper_var, power=1.0, quadrature=GaussHermite()):
     """Normaliser and moments of p̂(x, φ) ∝ N(x | loc, e^φ)^η N(x | mean, var) N(φ | hyper_mean, hyper_var).
 
-    Analytic in x given φ, Gauss–Hermite in φ (module docstring). Arguments broadcast elementwise.
+    Analytic in x given φ, Gauss–Hermite in φ (module docstring): `scale_tilted_moments` with a
+    `vj.potentials.Gaussian` site. Arguments broadcast elementwise.
     Returns ``(log Ẑ, E x, Var x, E φ, Var φ)``, each of the broadcast shape.
     """
     dtype = jnp.result_type(loc, mean, var, hyper_mean, hyper_var, float)
+    loc = jnp.asarray(loc, dtype)
+    return scale_tilted_moments(potentials.Gaussian(loc, jnp.ones((), dtype)), mean, var, hyper_mean, hyper_var,
+                                power, quadrature)
+
+
+def scale_tilted_moments(potential, mean, var, hyper_mean, hyper_var, power=1.0, quadrature=GaussHermite()):
+    """Normaliser and moments of p̂(x, φ) ∝ t(x; e^{φ/2})^η N(x | mean, var) N(φ | hyper_mean, hyper_var),
+
+    where t(x; s) is ``potential`` (a location–scale site: `vj.potentials.Gaussian` or `StudentT`)
+    with its ``scale`` set to s, so φ is its log scale² (a log variance for a Gaussian site). The
+    ``scale`` the potential holds is ignored. Given φ, the x-integral is the potential's own
+    ``tilted_moments`` at the Gauss–Hermite nodes φ_q of the φ cavity: closed form for a Gaussian
+    site; for a Student-t site `vijax.quadrature.tilted_moments` (no closed form exists), so the
+    Student-t case is a 2-D rule, nodes in φ times panels in x. Then, with weights p_q ∝ w_q Z(φ_q),
+
+        Ẑ = Σ_q w_q Z(φ_q),  E x = Σ_q p_q E[x | φ_q],  Var x = Σ_q p_q (Var[x | φ_q] + (E[x | φ_q] − E x)²),
+
+    and E φ, Var φ from the same weights. The potential's array parameters (per-site ``loc``, ``df``)
+    and the other arguments broadcast elementwise. Returns ``(log Ẑ, E x, Var x, E φ, Var φ)``, each
+    of the broadcast shape.
+    """
+    potential = eqx.tree_at(lambda t: t.scale, potential, 1.0)  # ignored: set at the φ nodes below
+    leaves = [a for a in jax.tree_util.tree_leaves(potential) if eqx.is_array(a)]
+    dtype = jnp.result_type(mean, var, hyper_mean, hyper_var, *leaves, float)
+    shape = jnp.broadcast_shapes(*(jnp.shape(a) for a in (mean, var, hyper_mean, hyper_var)),
+                                 *(jnp.shape(a) for a in leaves))
     z, weights = quadrature.rule(dtype)
-    loc, mean, var, hyper_mean, hyper_var = (jnp.asarray(a, dtype)[..., None] for a in
-                                             jnp.broadcast_arrays(loc, mean, var, hyper_mean, hyper_var))
+    mean, var, hyper_mean, hyper_var = (jnp.broadcast_to(jnp.asarray(a, dtype), shape)[..., None]
+                                        for a in (mean, var, hyper_mean, hyper_var))
     sd = jnp.sqrt(hyper_var)
-    phi = hyper_mean + sd * z
-    s2 = jnp.exp(phi) / power
-    total = var + s2
-    resid = loc - mean
-    log_f = 0.5 * (1 - power) * (LOG_2PI + phi) - 0.5 * jnp.log(power) \
-        - 0.5 * (LOG_2PI + jnp.log(total) + resid**2 / total)
+    phi = hyper_mean + sd * z  # (..., Q)
+    # Per-site parameters get a trailing node axis; the scale is e^{φ/2} at every node.
+    site = jax.tree_util.tree_map(lambda a: jnp.broadcast_to(jnp.asarray(a, dtype), shape)[..., None]
+                                  if eqx.is_array(a) and jnp.ndim(a) > 0 else a, potential)
+    site = eqx.tree_at(lambda t: t.scale, site, jnp.exp(0.5 * phi))
+    nodes = phi.shape
+    log_f, cond_mean, cond_var = site.tilted_moments(jnp.broadcast_to(mean, nodes), jnp.broadcast_to(var, nodes),
+                                                     power)
     log_w = log_f + jnp.log(weights)
     log_z = jax.scipy.special.logsumexp(log_w, axis=-1, keepdims=True)
     p = jnp.exp(log_w - log_z)
-    cond_mean = mean + var * resid / total
-    cond_var = var * s2 / total
     x_mean = jnp.sum(p * cond_mean, -1, keepdims=True)
     x_var = jnp.sum(p * (cond_var + (cond_mean - x_mean) ** 2), -1)
     z_mean = jnp.sum(p * z, -1, keepdims=True)  # centred nodes: Var φ stays accurate for tiny s
@@ -219,8 +253,8 @@ class HierarchicalEP(eqx.Module):
             pm, pv = q_mean[index], q_var[index]
             m_c, V_c, ok = cavity(m, V, tau, nu, power)
             pm_c, pv_c, ok_h = cavity(pm, pv, htau, hnu, power)
-            log_zhat, m_hat, V_hat, p_hat, pv_hat = log_variance_tilted_moments(
-                group.potential.loc, m_c, V_c, pm_c, pv_c, power, self.quadrature)
+            log_zhat, m_hat, V_hat, p_hat, pv_hat = scale_tilted_moments(
+                group.potential, m_c, V_c, pm_c, pv_c, power, self.quadrature)
             terms = (log_zhat + _cavity_log_ratio(m, V, tau, nu, power, m_c, V_c)
                      + _cavity_log_ratio(pm, pv, htau, hnu, power, pm_c, pv_c)) / power
             ok = ok & ok_h
