@@ -242,7 +242,7 @@ def test_wide_count_is_attained_by_equal_components():
 
 def test_wide_selection_equals_transforming_every_component(rng, monkeypatch):
     """At D = 20, K = 32 (at most 6 of 20 components wider than a spacing) the bound transforms the
-    sampled densities of the widest 2 (when every site has one large entry of α) or 6 of each site
+    sampled densities of the widest 3 (when every site has one large entry of α) or 6 of each site
     only; value and gradient equal those of transforming all 20 components."""
     D, N, K = 20, 6, 32
     lower = np.tril(rng.normal(size=(D, D)), -1) * 0.1 + np.eye(D)
@@ -257,7 +257,7 @@ def test_wide_selection_equals_transforming_every_component(rng, monkeypatch):
         H[:, :most] += 3.0 * rng.choice([-1.0, 1.0], size=(N, most))
         alpha = H @ np.asarray(params.A)
         r = np.abs(alpha) * (K - 1) / (12 * np.linalg.norm(alpha, axis=1, keepdims=True))
-        assert (np.max(np.sum(r > 1, axis=1)) <= 2) == (most == 1)  # the smaller selection, or the larger
+        assert (np.max(np.sum(r > 1, axis=1)) <= 3) == (most == 1)  # the smaller selection, or the larger
         model = vj.LatentLinearModel(None, (vj.Sites(H, vj.potentials.Laplace(loc=rng.normal(size=N), scale=0.5)),))
         cases.append((model, value_and_grad(params, model)))
     monkeypatch.setattr(aikl, "_wide_count", lambda dim, k, span: dim)
