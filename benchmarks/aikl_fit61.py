@@ -2,7 +2,7 @@
 with the optimiser's progress: how many iterations the bound needed to come within 1, 0.1, 0.01,
 10⁻³ and 10⁻⁴ of its final value (the lattice error at K = 64 is about 10⁻³ here).
 
-Run: python benchmarks/aikl_fit61.py [--data Synthetic|Boston|Concrete] [--K 64] [--tol 1e-6] [--eta 1.5] [--warm]
+Run: python benchmarks/aikl_fit61.py [--data Synthetic|Boston|Concrete] [--K 64] [--tol 1e-6] [--eta 1.5] [--warm] [--window W]
 Prints the load average and the wall and CPU seconds of the whole fit (first call, with compilation) and,
 with ``--warm``, of a second fit of the same problem (compiled: the cost of each further Table 6.1 split).
 """
@@ -22,12 +22,15 @@ parser.add_argument("--K", type=int, default=64)
 parser.add_argument("--tol", type=float, default=None)
 parser.add_argument("--eta", type=float, default=1.5)
 parser.add_argument("--warm", action="store_true")
+parser.add_argument("--window", type=int, default=None, help="the solver's gain_window (default: AIKL's solver)")
 args = parser.parse_args()
 x, y = {"Synthetic": lambda: friedman_data(np.random.default_rng(0), 506), "Boston": B.boston,
         "Concrete": B.concrete}[args.data]()
 perm = np.random.default_rng(0).permutation(len(y))
 model, _, _ = B.kernel_problem(x, y, perm[:100], perm[100:])
 kw = {} if args.tol is None else dict(solver=vj.solvers.LBFGS(tol=args.tol, max_iter=1000))
+if args.window is not None:
+    kw = dict(solver=vj.solvers.LBFGS(tol=args.tol or 1e-6, max_iter=1000, gain_tol=1e-3, gain_window=args.window))
 method = vj.AIKL(base=aikl.GeneralisedNormal(eta=args.eta), lattice_points=args.K, **kw)
 print(f"{args}; load average {os.getloadavg()}", flush=True)
 gkl = jax.block_until_ready(vj.infer(model, vj.GKL()))
