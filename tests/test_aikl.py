@@ -3,6 +3,7 @@
 Problems are small (D ≤ 3) and share one logistic-regression model, so the few fits compile once.
 """
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -227,6 +228,45 @@ def test_site_expectations_against_monte_carlo_3d(rng):
     for lattice, values in zip((logistic, student), mc):
         se = values.std(axis=0) / np.sqrt(S)
         assert np.all(np.abs(np.asarray(lattice) - values.mean(axis=0)) < 5 * se + 1e-4)
+
+
+def test_wide_count_is_attained_by_equal_components():
+    """Σ_d r_d² = ((K − 1)/(2 span))², so ⌊that⌋ equal components are all wider than a spacing and one
+    more makes them all narrower: `_wide_count` is the largest number that can be wide, no fewer."""
+    for K, span in ((32, 6.0), (64, 6.0), (64, 4.0)):
+        count = aikl._wide_count(10_000, K, span)
+        for dim, wide in ((count, count), (count + 1, 0)):
+            r = (K - 1) / (2 * span * np.sqrt(dim))  # the width of each of `dim` equal components, in spacings
+            assert int(np.sum(np.full(dim, r) > aikl._NARROW)) == wide
+
+
+def test_wide_selection_equals_transforming_every_component(rng, monkeypatch):
+    """At D = 20, K = 32 (at most 6 of 20 components wider than a spacing) the bound transforms the
+    sampled densities of the widest 3 (when every site has one large entry of α) or 6 of each site
+    only; value and gradient equal those of transforming all 20 components."""
+    D, N, K = 20, 6, 32
+    lower = np.tril(rng.normal(size=(D, D)), -1) * 0.1 + np.eye(D)
+    upper = np.triu(rng.normal(size=(D, D)), 1) * 0.1 + np.eye(D)
+    params = aikl.AIKLParams(jnp.asarray(rng.normal(size=D)), jnp.asarray(lower), jnp.asarray(upper),
+                             jnp.asarray(rng.uniform(-3.0, 3.0, size=D)))
+    assert aikl._wide_count(D, K, 6.0) == 6
+    value_and_grad = eqx.filter_jit(jax.value_and_grad(lambda p, m: aikl.bound(p, m, aikl.SkewNormal(), K)))
+    cases = []
+    for most in (1, 4):  # large entries of each row of H
+        H = 0.05 * rng.normal(size=(N, D))
+        H[:, :most] += 3.0 * rng.choice([-1.0, 1.0], size=(N, most))
+        alpha = H @ np.asarray(params.A)
+        r = np.abs(alpha) * (K - 1) / (12 * np.linalg.norm(alpha, axis=1, keepdims=True))
+        assert (np.max(np.sum(r > 1, axis=1)) <= 3) == (most == 1)  # the smaller selection, or the larger
+        model = vj.LatentLinearModel(None, (vj.Sites(H, vj.potentials.Laplace(loc=rng.normal(size=N), scale=0.5)),))
+        cases.append((model, value_and_grad(params, model)))
+    monkeypatch.setattr(aikl, "_wide_count", lambda dim, k, span: dim)
+    value_and_grad = eqx.filter_jit(jax.value_and_grad(lambda p, m: aikl.bound(p, m, aikl.SkewNormal(), K)))
+    for model, (value, grad) in cases:
+        full_value, full_grad = value_and_grad(params, model)
+        assert abs(float(value - full_value)) < 1e-11 * abs(float(full_value))
+        for g, f in zip(jax.tree_util.tree_leaves(grad), jax.tree_util.tree_leaves(full_grad)):
+            np.testing.assert_allclose(np.asarray(g), np.asarray(f), rtol=1e-9, atol=1e-11)
 
 
 def _sample_standard_skew(rng, nu, size):
