@@ -475,7 +475,7 @@ def _site_lattice(alpha, beta, params, base, lattice_points, padding, span=_SPAN
     parts = (alpha, scale, theta, vbar, kappa, delta, sigma_y)
     spectrum_of = lambda count, parts: _spectrum(parts, base, K, size, omega, count)
     count = _wide_count(dim, K, span)
-    if count < dim and _SMALL_DIVISOR > 1:
+    if count < dim:
         # Fewer components are usually wide than can be (at most 8–13 of 100 at D = 100, K = 64 on
         # Table 6.1 problems, against 27): when no site has more than half that, the smaller selection
         # gives the same value (a gradient at 0.03 instead of 0.07 CPU-s there).
