@@ -282,6 +282,21 @@ def test_smoothed_laplace_keeps_its_scale_as_data():
         vj.design.smoothed_laplace(-1.0)
 
 
+def test_random_design_map_on_a_laplace_prior(problem):
+    """The MAP Rand baseline: `sequential` swaps the Laplace prior for `smoothed_laplace` (which
+    `sparse_linear_model` must accept) and each fit is the smoothed model's mode: the gradient of its log
+    joint, ν⁻² Mᵀ(y − Mw) + Σ_d ∂ log φ(w_d), vanishes at the mean."""
+    w, M, y = problem
+    tau = 0.3
+    result = vj.design.sequential(M, y, NU2, vj.Identity(D), vj.potentials.Laplace(scale=tau), vj.MAP(), 0,
+                                  design="random", truth=w)
+    assert np.all(result.converged)
+    m = np.asarray(result.posterior.mean)
+    smooth = vj.design.smoothed_laplace(tau)
+    grad = result.rows.T @ (result.y - result.rows @ m) / NU2 + np.asarray(jax.vmap(jax.grad(smooth.log_phi))(m))
+    np.testing.assert_allclose(grad, 0.0, atol=1e-6 * np.abs(result.rows.T @ result.y / NU2).max())
+
+
 def test_sequential_validation(problem):
     w, M, y = problem
     prior = vj.potentials.Laplace(scale=0.3)

@@ -77,10 +77,11 @@ def sparse_linear_model(M, y, noise_variance, B, prior) -> LatentLinearModel:
     if filters.shape[1] != measurements.dim:
         raise ValueError(f"{_OWNER}: M has D = {measurements.dim} columns but B has {filters.shape[1]}; both act on "
                          "the same signal w, so give B one column per coordinate of w.")
-    if not isinstance(prior, (potentials.Laplace, potentials.StudentT, potentials.Gaussian, potentials.Custom)):
+    if not isinstance(prior, (potentials.Laplace, potentials.StudentT, potentials.Gaussian, potentials.Custom,
+                              SmoothedLaplace)):
         raise ValueError(f"{_OWNER}: `prior` must be vj.potentials.Laplace(scale=τ) or "
-                         f"vj.potentials.StudentT(df=ν, scale=σ) (or Gaussian(scale=σ) for the conjugate model, or a "
-                         f"Custom potential), got {type(prior).__name__}.")
+                         f"vj.potentials.StudentT(df=ν, scale=σ) (or Gaussian(scale=σ) for the conjugate model, "
+                         f"vj.design.smoothed_laplace(τ) for MAP, or a Custom potential), got {type(prior).__name__}.")
     return LatentLinearModel(None, (measurements, Sites(filters, prior)))
 
 
