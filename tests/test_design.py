@@ -309,16 +309,19 @@ def test_map_baseline_fits_the_smoothed_prior(problem, monkeypatch):
     np.testing.assert_allclose(result.posterior.mean, direct.mean, atol=1e-6)
 
 
-def test_gkl_loop_starts_cold_and_warm_fits_alike(problem):
-    """G-KL's cold start (the data-driven `init_params`) and its warm start from the last posterior have one
-    form, so a design loop compiles its G-KL fit once (a cold fit with ``init=None`` is another program)."""
+@pytest.mark.parametrize("method", [vj.design.design_method(vj.GKL(covariance=vj.covariance.Chevron(6))),
+                                    vj.LVB(variances="lanczos", num_lanczos=8, tol=1e-2, max_iter=30)],
+                         ids=["gkl-chevron", "lvb-lanczos"])
+def test_loop_starts_cold_and_warm_fits_alike(problem, method):
+    """A cold start (G-KL's data-driven `init_params`, LVB's `init_state`) and the warm start from the last
+    posterior have one form, so a design loop compiles its fit once (a cold fit with ``init=None`` is another
+    program)."""
     _start = importlib.import_module("vijax.design.sequential")._start
     w, M, y = problem
-    chevron = vj.design.design_method(vj.GKL(covariance=vj.covariance.Chevron(6)))
     model = vj.design.sparse_linear_model(M, y, NU2, vj.Identity(D), vj.potentials.Laplace(scale=0.3))
-    cold = _start(chevron, model, None)
-    post = vj.infer(model, chevron, init=cold)
-    assert bool(post.diagnostics.converged) and _signature(cold) == _signature(_start(chevron, model, post))
+    cold = _start(method, model, None)
+    post = vj.infer(model, method, init=cold)
+    assert bool(post.diagnostics.converged) and _signature(cold) == _signature(_start(method, model, post))
 
 
 def test_sequential_validation(problem):

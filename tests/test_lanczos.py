@@ -26,6 +26,15 @@ def test_leading_eigenvectors_match_eigh(rng):
     # the Subspace family's basis (a block operator) is the same Lanczos
     E = _leading_eigenvectors(lambda X: jnp.asarray(A) @ X, 40, 3, jnp.float64)
     np.testing.assert_allclose(np.abs(np.sum(np.asarray(E) * vectors[:, ::-1][:, :3], axis=0)), 1.0, atol=1e-7)
+    # block Krylov steps (products of whole (D, b) blocks): exact once the space is R^D, 8 · 5 = 40 ...
+    top, V = _linalg.leading_eigenvectors(lambda X: jnp.asarray(A) @ X, 40, 5, num_iter=8, block=5)
+    np.testing.assert_allclose(top, values[::-1][:5], rtol=1e-10)
+    np.testing.assert_allclose(np.abs(np.sum(np.asarray(V) * vectors[:, ::-1][:, :5], axis=0)), 1.0, atol=1e-9)
+    # ... and the Ritz values of a smaller space interlace: each ≤ its eigenvalue, the leading one close
+    top, _ = _linalg.leading_eigenvectors(lambda X: jnp.asarray(A) @ X, 40, 2, num_iter=4, block=4)
+    assert np.all(top <= values[::-1][:2] * (1 + 1e-12)) and top[0] > 0.99 * values[-1]
+    with pytest.raises(ValueError, match="Krylov dimension"):
+        _linalg.leading_eigenvectors(lambda X: X, 40, 9, num_iter=2, block=4)
 
 
 def test_ritz_pairs_quadrature_and_breakdown(rng):
@@ -138,3 +147,35 @@ def test_lvb_lanczos_outer_loop_stops_on_the_relative_change_of_xi(image_model):
     with pytest.warns(vj.ConvergenceWarning):
         stuck = vj.infer(model, vj.LVB(variances="lanczos", num_lanczos=k, tol=1e-6, max_iter=40))
     assert not bool(stuck.diagnostics.converged) and int(stuck.diagnostics.iterations) == 40
+
+
+def test_lvb_lanczos_posterior_designs_from_its_exact_covariance(image_model):
+    """A Lanczos-variance LVB fit keeps ξ (`LVBState`); `vj.design` multiplies by its exact S = P⁻¹ through CG
+    solves with P, so the free design is S's leading eigenvectors, not those of the rank-k factor."""
+    model, k = image_model, 8
+    method = vj.LVB(variances="lanczos", num_lanczos=k, tol=1e-2, max_iter=40)
+    post = vj.infer(model, method)
+    assert isinstance(post.state, vj.lvb.LVBState) and isinstance(post.factor, vj.covariance.SubspaceFactor)
+    _, factor = vj.lvb.gaussian(post.state.xi, model)  # q_ξ's S from the dense P
+    S = np.asarray(factor.dense())
+    V = np.random.default_rng(1).normal(size=(model.dim, 3))
+    solve = vj.lvb.covariance_solve(post)
+    np.testing.assert_allclose(solve(jnp.asarray(V)), S @ V, rtol=1e-5, atol=1e-8)
+    np.testing.assert_allclose(solve(jnp.asarray(V[:, 0])), S @ V[:, 0], rtol=1e-5, atol=1e-8)
+    rows, values = vj.design.free_design(post, 2)  # 2K + 6 = 10 solves, each to a residual of 10⁻³
+    lam, U = np.linalg.eigh(S)
+    np.testing.assert_allclose(values, lam[::-1][:2], rtol=2e-4)
+    np.testing.assert_allclose(np.abs(np.asarray(rows) @ U[:, ::-1][:, :2]), np.eye(2), atol=1e-3)
+    gain = 0.5 * np.linalg.slogdet(np.eye(2) + np.asarray(rows) @ S @ np.asarray(rows).T / 0.005)[1]
+    np.testing.assert_allclose(vj.design.information_gain(post, rows, 0.005), gain, rtol=1e-5)
+    np.testing.assert_allclose(0.5 * np.sum(np.log1p(values / 0.005)), gain, rtol=1e-4)  # the loop's record
+    # the rank-k factor's own leading eigenvectors hold less information under q's S
+    from_factor, _ = vj.design.free_design(post.factor, 2)
+    assert float(vj.design.information_gain(post, from_factor, 0.005)) < gain - 0.05
+    # the state restarts the fit (its ξ and mean); the cold state (`init_state`) fits as ``init=None`` does
+    again = vj.infer(model, method, init=post.state)
+    assert int(again.diagnostics.iterations) == 1 < int(post.diagnostics.iterations)
+    np.testing.assert_allclose(vj.infer(model, method, init=post).mean, again.mean, atol=1e-12)  # the same restart
+    np.testing.assert_allclose(vj.infer(model, method, init=method.init_state(model)).mean, post.mean, atol=1e-10)
+    with pytest.raises(ValueError, match="bohning"):
+        vj.infer(model, vj.LVB(bound="bohning", variances="lanczos"), init=post.state)

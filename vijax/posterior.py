@@ -219,8 +219,8 @@ class Posterior(eqx.Module):
       function compiles it once.
     - `diagnostics`: a `Diagnostics`.
     - `model`: the model that was fitted (used by predictive functions).
-    - `state`: what the method needs to warm-start from this fit (`vj.EP`: its `vj.ep.SiteParams`);
-      None for methods whose `init` is the posterior itself.
+    - `state`: what the method needs to warm-start from this fit (`vj.EP`: its `vj.ep.SiteParams`;
+      `vj.LVB`: its `vj.lvb.LVBState`, ξ and the mean); None for methods whose `init` is the posterior itself.
 
     ``post.std`` is the marginal standard deviations ``(D,)``; ``post.summary(names)`` a readable table.
     """

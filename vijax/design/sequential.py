@@ -20,7 +20,7 @@ import numpy as np
 from .. import potentials
 from ..covariance import Full
 from ..inference import infer
-from ..methods import EP, GKL, MAP, AbstractMethod, Laplace
+from ..methods import EP, GKL, LVB, MAP, AbstractMethod, Laplace
 from ..padding import pad_sites
 from ..posterior import Posterior
 from ..solvers import NewtonCG
@@ -109,20 +109,23 @@ def _check_int(name, value, minimum):
 
 
 @eqx.filter_jit
-def _cold_start(method: GKL, model):
-    return method.init_params(model)
+def _cold_start(start: Callable, model):
+    return start(model)
 
 
 def _start(method: AbstractMethod, model, previous: Posterior | None):
     """The ``init`` of a loop's fit, of one form for the first (cold) fit and the warm refits, so that they
     share one compiled fit: with ``init=None`` a fit compiles its own start into its program (a second
     program, and a second compilation as long as the first, at the first warm refit). EP starts from
-    `ep_sites`, G-KL from `GaussianParams` (the data-driven start or the last posterior's), MAP and
-    Laplace from an array; other methods from None, then the last posterior."""
+    `ep_sites`, G-KL from `GaussianParams` (the data-driven start or the last posterior's), LVB from an
+    `vj.lvb.LVBState` (its cold start or the last fit's ξ and mean), MAP and Laplace from an array; other
+    methods from None, then the last posterior."""
     if isinstance(method, EP):
         return ep_sites(model, None if previous is None else previous.state)
     if isinstance(method, GKL):
-        return _cold_start(method, model) if previous is None else method.init_params(model, previous)
+        return _cold_start(method.init_params, model) if previous is None else method.init_params(model, previous)
+    if isinstance(method, LVB):
+        return _cold_start(method.init_state, model) if previous is None else previous.state
     if isinstance(method, (MAP, Laplace)):
         return model.initial_moments()[0] if previous is None else previous.mean
     return previous
@@ -143,7 +146,9 @@ def sequential(M, y, noise_variance, B, prior, method: AbstractMethod, num_steps
       `vj.EP(power=0.9)`, `vj.MAP()`, …).
     - `num_steps`: S, the number of blocks to add; `rows_per_step`: K, rows per block.
     - `design`: ``"free"`` — the K leading eigenvectors of S by Lanczos (``num_lanczos`` steps, default
-      min(D, max(2K + 20, 40))), the block of K unit-norm rows with the largest information gain;
+      min(D, max(2K + 20, 40)); for `vj.LVB` with ``variances="lanczos"``, whose factor only estimates S,
+      block steps of 2K CG solves with P, default 5; see `vj.design.free_design`), the block of K unit-norm
+      rows with the largest information gain;
       ``"greedy"`` — K rows of ``candidates`` (a ``(C, D)`` array) picked greedily by information gain
       (a row is used at most once); ``"random"`` — K random unit-norm rows (the baseline; with `vj.MAP`
       this is the thesis's "MAP Rand").
@@ -152,8 +157,9 @@ def sequential(M, y, noise_variance, B, prior, method: AbstractMethod, num_steps
     - `key`: a `jax.random` key for the random rows, Lanczos starts and simulated noise (default
       PRNGKey(0)).
     - `warm_start`: refit from the last posterior (EP: from its sites, with exact sites for the new
-      measurements, see `ep_sites`). G-KL, EP, MAP and Laplace start the first fit from their own
-      parameters in the same form, so the first fit and the refits share one compiled program.
+      measurements, see `ep_sites`; LVB: from its ξ and mean). G-KL, EP, LVB, MAP and Laplace start the
+      first fit from their own parameters in the same form, so the first fit and the refits share one
+      compiled program.
     - `pad`: pad the measurement sites to the final N (`vj.pad_sites`) so that all fits share one
       compiled program (the padding sites contribute nothing; each fit costs as much as the last).
     - `map_smoothing`: `vj.MAP` and `vj.Laplace` fit the model with a Laplace prior replaced by
@@ -236,8 +242,10 @@ def sequential(M, y, noise_variance, B, prior, method: AbstractMethod, num_steps
     for step in range(num_steps):
         key, k_design, k_noise = jax.random.split(key, 3)
         start = time.perf_counter()
+        gain = None
         if design == "free":
-            new, _ = criteria.free_design(post, rows_per_step, num_lanczos, k_design)
+            new, ritz = criteria.free_design(post, rows_per_step, num_lanczos, k_design)
+            gain = 0.5 * float(jnp.sum(jnp.log1p(ritz / nu2)))  # Ritz vectors: M* S M*ᵀ = diag(ritz)
         elif design == "random":
             new = random_rows(k_design, rows_per_step, dim, rows.dtype)
         else:
@@ -247,7 +255,7 @@ def sequential(M, y, noise_variance, B, prior, method: AbstractMethod, num_steps
             available[chosen] = False
             new = candidates[chosen]
         new = np.asarray(new, rows.dtype)
-        gains.append(float(criteria.information_gain(post, new, nu2)))
+        gains.append(float(criteria.information_gain(post, new, nu2)) if gain is None else gain)
         design_times.append(time.perf_counter() - start)
         if truth is not None:
             noise = np.asarray(jax.random.normal(k_noise, (rows_per_step,), rows.dtype)) * np.sqrt(nu2)

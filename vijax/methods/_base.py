@@ -28,8 +28,8 @@ class AbstractMethod(eqx.Module):
       restarts exactly where that fit ended (`vj.EP` needs this one: it restarts from
       ``post.state``, its sites, and refuses a `Posterior` of another method with a `ValueError`);
     - the method's own parameters: `vj.gkl.GaussianParams` (`GKL`, and `MeanField` with Gaussian
-      factors), `vj.ep.SiteParams` (`EP`), a tuple of ξ arrays, one per site group (`LVB`), a
-      ``(D,)`` array, the starting point of the mode search (`Laplace`, `MAP`), or
+      factors), `vj.ep.SiteParams` (`EP`), a `vj.lvb.LVBState` or a tuple of ξ arrays, one per site
+      group (`LVB`), a ``(D,)`` array, the starting point of the mode search (`Laplace`, `MAP`), or
       `vj.aikl.AIKLParams` (`AIKL`).
 
     Anything else is refused with a `ValueError` that says what the method accepts. A warm start

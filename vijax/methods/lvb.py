@@ -64,8 +64,8 @@ from ._base import AbstractMethod
 from ._gaussian import integrate, marginals, precision_operator, working_model
 from .laplace import expand_at_mode, whitened
 
-__all__ = ["LVB", "bound", "gaussian", "update", "local_bound", "initial_xi", "AbstractLocalBound",
-           "Jaakkola", "Bohning", "ScaleMixture", "Exact", "MaskedBound"]
+__all__ = ["LVB", "LVBState", "bound", "gaussian", "update", "local_bound", "initial_xi", "covariance_solve",
+           "AbstractLocalBound", "Jaakkola", "Bohning", "ScaleMixture", "Exact", "MaskedBound"]
 
 BOUNDS = ("jaakkola", "bohning")
 VARIANCES = ("exact", "lanczos")
@@ -307,6 +307,24 @@ def initial_xi(model: LatentLinearModel, bound: str = "jaakkola", init=None):
 # The method
 
 
+class LVBState(eqx.Module):
+    """What an LVB fit leaves behind (``post.state``), and what ``init`` may be to start from it.
+
+    - `xi`: the site parameters, one entry per site group (an array ``(N_g,)``, or None for a `Gaussian`
+      group): they define q_ξ = N(P⁻¹r, P⁻¹) exactly, whatever its `factor` approximates;
+    - `mean`: q's mean ``(D,)`` (with ``variances="lanczos"``, the start of the first CG solve; zeros for a
+      cold start);
+    - `bound`: the `Logistic` bound ξ parametrises (``"jaakkola"`` or ``"bohning"``).
+
+    A cold start (`LVB.init_state`) and a fit's state have one form, so a loop of warm-started fits
+    (`vj.design.sequential`) compiles one program.
+    """
+
+    xi: tuple
+    mean: jax.Array
+    bound: str = eqx.field(static=True, default="jaakkola")
+
+
 class LVB(AbstractMethod):
     """Local variational bounds: maximise B_LVB(ξ) over the site parameters by fixed-point (EM) steps.
 
@@ -429,12 +447,44 @@ class LVB(AbstractMethod):
         (xi, value, change, trace, mean), k = iterate(step, state, self.max_iter, done=lambda k, s: s[2] <= self.tol)
         return FixedPoint(xi, value, k, change <= self.tol, change, trace), mean
 
+    def init_state(self, model: LatentLinearModel) -> LVBState:
+        """The cold start as an `LVBState`: the ξ that ``init=None`` starts from, and a zero mean."""
+        frozen = jax.lax.stop_gradient(model)
+        return LVBState(self._initial_xi(frozen), jnp.zeros(frozen.dim, frozen.dtype), self.bound)
+
+    def _initial_xi(self, frozen):
+        if self.variances == "exact":
+            return initial_xi(frozen, self.bound)
+        # Not `initial_xi`'s Laplace start, which forms P: the Gaussian factor's (or the unit) moments.
+        mean, scale = frozen.initial_moments()
+        return _update(frozen, self.bound, mean, DiagonalFactor(scale))
+
+    def _start(self, frozen, init):
+        """``(ξ, mean₀)`` from ``init``: None, an `LVBState`, a `Posterior` (ξ from its marginals) or a tuple
+        of ξ arrays; mean₀ (None: zero) starts the first CG solve with ``variances="lanczos"``."""
+        if init is None:
+            xi, mean0 = self._initial_xi(frozen), None
+        elif isinstance(init, LVBState):
+            if init.bound != self.bound:
+                raise ValueError(f"LVB: `init` holds ξ of the {init.bound!r} bound, but this LVB uses "
+                                 f"bound={self.bound!r}; start from a Posterior or None instead.")
+            xi, mean0 = init.xi, init.mean
+        elif isinstance(init, tuple):
+            xi, mean0 = init, None
+        elif isinstance(init, Posterior) and _restarts(init.state, frozen, self.bound):
+            xi, mean0 = init.state.xi, init.mean  # an LVB fit of this model's shapes: exactly where it ended
+        elif isinstance(init, Posterior):
+            xi, mean0 = _update(frozen, self.bound, init.mean, init.factor), init.mean
+        else:
+            raise ValueError("LVB: `init` must be a Posterior, an LVBState or a tuple of ξ arrays, got "
+                             f"{type(init).__name__}.")
+        return jax.lax.stop_gradient((xi, mean0))
+
     def fit(self, model: LatentLinearModel, init=None) -> Posterior:
         if self.variances == "lanczos":
             return self._fit_lanczos(model, init)
         frozen = jax.lax.stop_gradient(model)
-        xi = init if isinstance(init, tuple) else initial_xi(frozen, self.bound, init)
-        xi = jax.lax.stop_gradient(xi)
+        xi, _ = self._start(frozen, init)
         run = self._iterate(xi, frozen)
         xi, k, converged, trace = run.x, run.evaluations, run.converged, run.trace
         _, mean, C = _evaluate(xi, frozen, self.bound)
@@ -449,7 +499,7 @@ class LVB(AbstractMethod):
                                   objective_trace=trace, num_value_evals=k, num_grad_evals=1, num_hvp_evals=0,
                                   method="LVB", solver="fixed_point")
         return Posterior(mean, CholeskyFactor.from_matrix(C).canonical(), log_z, diagnostics, model,
-                         bound_claim=True)
+                         bound_claim=True, state=LVBState(xi, mean, self.bound))
 
     def _fit_lanczos(self, model, init):
         """The double loop of glm-ie (Seeger & Nickisch 2011), matrix-free: see `_lanczos_marginals`."""
@@ -457,19 +507,7 @@ class LVB(AbstractMethod):
             raise ValueError("LVB: variances='lanczos' needs a model without a dense Gaussian factor (GP prior), "
                              "whose whitening would form a D × D matrix anyway; use variances='exact'.")
         frozen = jax.lax.stop_gradient(model)
-        mean0 = None
-        if isinstance(init, tuple):
-            xi = init
-        elif isinstance(init, Posterior):
-            xi = _update(frozen, self.bound, init.mean, init.factor)
-            mean0 = jax.lax.stop_gradient(init.mean)  # a design loop's refit: the last mean starts CG
-        elif init is None:
-            # Not `initial_xi`'s Laplace start, which forms P: the Gaussian factor's (or the unit) moments.
-            mean, scale = frozen.initial_moments()
-            xi = _update(frozen, self.bound, mean, DiagonalFactor(scale))
-        else:
-            raise ValueError(f"LVB: `init` must be a Posterior or a tuple of ξ arrays, got {type(init).__name__}.")
-        xi = jax.lax.stop_gradient(xi)
+        xi, mean0 = self._start(frozen, init)  # a warm start's mean starts the first CG solve
         probes = jax.random.rademacher(jax.random.PRNGKey(0), (max(self.num_probes, _NUM_PROBES), frozen.dim),
                                        frozen.dtype)[:self.num_probes]  # num_probes ≤ 8: the first of the same 8
         run, last_mean = self._outer_loops(xi, frozen, probes[0], mean0)
@@ -495,7 +533,18 @@ class LVB(AbstractMethod):
                                   num_hvp_evals=0, method="LVB", solver="fixed_point", info=info)
         # log_z: B_LVB with ½ log det P from stochastic Lanczos quadrature (one probe): an estimate, not a
         # bound, and not differentiated in the model's parameters.
-        return Posterior(mean, factor, jax.lax.stop_gradient(value), diagnostics, model, bound_claim=False)
+        return Posterior(mean, factor, jax.lax.stop_gradient(value), diagnostics, model, bound_claim=False,
+                         state=LVBState(run.x, mean, self.bound))
+
+
+def _restarts(state, model, bound) -> bool:
+    """Whether ``state`` (a `Posterior.state`) holds ξ of ``bound`` for ``model``'s site groups."""
+    if not isinstance(state, LVBState) or state.bound != bound:
+        return False
+    zero, one = jnp.zeros(model.dim, model.dtype), jnp.ones(model.dim, model.dtype)
+    expected = jax.eval_shape(lambda: _update(model, bound, zero, DiagonalFactor(one)))
+    shapes = jax.tree_util.tree_map(jnp.shape, (state.xi, expected))
+    return jax.tree_util.tree_structure(state.xi) == jax.tree_util.tree_structure(expected) and shapes[0] == shapes[1]
 
 
 def _inner_rtol(tol, dtype):
@@ -507,20 +556,51 @@ def _inner_rtol(tol, dtype):
 
 def _mean_by_cg(model, quadratics, product, r, rtol, mean0=None):
     """P⁻¹ r by Jacobi-preconditioned CG from ``mean0`` (zero if None), stopped at ‖r − P m‖ ≤ rtol ‖r‖."""
-    dtype = r.dtype
+    preconditioner = _jacobi(model, quadratics, r.dtype)
+    if mean0 is None:
+        return pcg(product, r, preconditioner, _MAX_CG, rtol)
+    residual = r - product(mean0)  # solve P δ = r − P m₀ to the same absolute residual rtol ‖r‖
+    size = jnp.linalg.norm(residual)
+    scaled = rtol * jnp.linalg.norm(r) / jnp.where(size > 0, size, 1.0)
+    delta, steps = pcg(product, residual, preconditioner, _MAX_CG, scaled)
+    return mean0 + delta, steps + 1
+
+
+def _jacobi(model, quadratics, dtype):
+    """v ↦ diag(P)⁻¹ v with diag(P) ⊇ Σ_n A_n h_n² from the projections' ``squared_rmv`` (the site weights A_n
+    of a sparse model spread over orders of magnitude, which the diagonal absorbs)."""
     diagonal = jnp.zeros(model.dim, dtype)
     for group, (_, A, _) in zip(model.sites, quadratics):
         diagonal = diagonal + group.projection.squared_rmv(jnp.broadcast_to(A, (group.num_sites,)).astype(dtype))
     # A Gaussian factor's own diagonal is not added (any positive diagonal is a valid preconditioner);
     # coordinates the sites do not reach keep a unit scale.
     inverse = jnp.where(diagonal > 0, 1.0 / jnp.where(diagonal > 0, diagonal, 1.0), 1.0)
-    if mean0 is None:
-        return pcg(product, r, lambda v: inverse * v, _MAX_CG, rtol)
-    residual = r - product(mean0)  # solve P δ = r − P m₀ to the same absolute residual rtol ‖r‖
-    size = jnp.linalg.norm(residual)
-    scaled = rtol * jnp.linalg.norm(r) / jnp.where(size > 0, size, 1.0)
-    delta, steps = pcg(product, residual, lambda v: inverse * v, _MAX_CG, scaled)
-    return mean0 + delta, steps + 1
+    return lambda v: inverse * v
+
+
+def covariance_solve(post: Posterior, rtol: float = 1e-6):
+    """The map V ↦ S V (V of shape ``(D,)`` or ``(D, K)``) of an LVB posterior's exact covariance S = P⁻¹,
+    by Jacobi-preconditioned CG with P = Λ + Σ_n A_n(ξ) h_n h_nᵀ (from ``post.state``, never formed), each
+    solve stopped at ‖v − P x‖ ≤ ``rtol`` ‖v‖.
+
+    With ``variances="lanczos"`` ``post.factor`` is a rank-k estimate of S built from P's Lanczos vectors,
+    which holds S's leading eigenvectors poorly (they are P's smallest, which k products with P resolve
+    badly); products through solves hold them exactly, at the cost of one CG run per product
+    (`vj.design.free_design` uses them for such posteriors).
+    """
+    state = post.state
+    if not isinstance(state, LVBState):
+        raise ValueError("lvb.covariance_solve: `post` must be a vj.LVB fit (its `state` an LVBState), got a "
+                         f"posterior with state {type(state).__name__}.")
+    model = jax.lax.stop_gradient(post.model)
+    quadratics = _quadratics(state.xi, model, state.bound)
+    product, _, _ = precision_operator(model, quadratics)
+    preconditioner = _jacobi(model, quadratics, model.dtype)
+
+    def solve(v):
+        return pcg(product, v, preconditioner, _MAX_CG, rtol)[0]
+
+    return lambda V: solve(V) if V.ndim == 1 else jax.vmap(solve, in_axes=1, out_axes=1)(V)
 
 
 def _quadrature(product, v, k):
