@@ -145,7 +145,8 @@ def main():
             means.append(r.means)
             log(f"{label:9s} {image_name:22s} error {r.errors[0]:.2f} (N={r.num_measurements[0]}) -> "
                 f"{r.errors[-1]:.2f} (N={r.num_measurements[-1]}); step times first {times[-1][0]:.1f} s "
-                f"(with compilation), last {times[-1][-1]:.1f} s; fit CPU seconds (all threads) "
+                f"(with compilation), last {times[-1][-1]:.1f} s; design seconds "
+                f"{', '.join(f'{t:.2f}' for t in r.design_times)}; fit CPU seconds (all threads) "
                 f"{', '.join(f'{c:.1f}' for c in r.fit_cpu_times)}; iterations "
                 f"{int(r.posterior.diagnostics.iterations)} at the last fit; converged {int(r.converged.sum())}/{len(r.converged)}")
         errs, times = np.array(errs), np.array(times)
