@@ -362,10 +362,11 @@ class LVB(AbstractMethod):
       with a dense Gaussian factor (GP priors) need ``"exact"``. With ``"lanczos"`` the mean is about as good as
       exact LVB's, but the rank-k S is a poor basis for `vj.design`'s free design at small k/D: its leading
       eigenvectors are the Ritz vectors of P's smallest Ritz values, which k products with P resolve
-      badly. On 16 × 16 images (k = 20, D = 256) the mean was as good as exact LVB's (ℓ2 error 6.63
-      against 6.48; refitted on the same designed block 4.98 against 4.94) while the block chosen from
-      it had an information gain, under the exact posterior, of 2.3 against 5.5 for exact LVB's block
-      and 1.6 for random rows (``benchmarks/design_lvb_lanczos.py``).
+      badly. So the fit keeps ξ (``post.state``, an `LVBState`) and `vj.design` multiplies by q's exact
+      S = P⁻¹ through CG solves with P (`covariance_solve`). On 16 × 16 images (k = 20, D = 256) the block
+      designed from the rank-k S had an information gain, under exact LVB's posterior, of 2.3; designed
+      through solves, 4.96, against 5.47 for exact LVB's own block and 1.6 for random rows
+      (``benchmarks/design_lvb_lanczos.py``).
     - `num_lanczos`: k, the Lanczos vectors for ``variances="lanczos"`` (default 80, as the thesis).
     - `num_probes`: Rademacher probes of the stochastic Lanczos quadrature behind ``log_z`` and
       ``variance_fraction`` with ``variances="lanczos"`` (default 8). The first is the fit's own last
