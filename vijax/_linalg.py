@@ -224,9 +224,9 @@ def block_ritz_pairs(product, V0, num_blocks: int):
 
     ``product`` maps a block ``(D, b)`` to ``(D, b)``. Each step stores an orthonormal block X and its product
     A X, and orthonormalises A X against every block so far (projection and QR, twice) for the next, so
-    T = Qᵀ(AQ) is formed from the stored products (no further product). Worth it over `ritz_pairs` where a product of b
-    vectors costs about as much as one (CG solves whose matrix is read once for the whole block); one
-    `fori_loop`, so ``product`` is traced once. Requires m ≤ D.
+    T = Qᵀ(AQ) is formed from the stored products (no further product). Worth it over `ritz_pairs` where a
+    product of b vectors costs about as much as one (CG solves whose matrix is read once for the whole
+    block); one `fori_loop`, so ``product`` is traced once. Requires m ≤ D.
     """
     D, b = V0.shape
     m = num_blocks * b

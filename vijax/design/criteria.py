@@ -107,7 +107,9 @@ def row_gains(post, candidates, noise_variance):
     """The information gain ½ log(1 + ν⁻² h_cᵀ S h_c) of each candidate row h_c: shape ``(C,)``.
 
     ``candidates`` is a dense ``(C, D)`` array, a `BCOO` or any projection; uses the factor's projected
-    variances (one product with the candidates).
+    variances (one product with the candidates). For a `vj.LVB` fit with ``variances="lanczos"`` those are
+    its Lanczos estimates, lower bounds on the variances under q; `greedy_rows` and `information_gain` solve
+    with its precision instead.
     """
     projection = as_projection(candidates)
     variances = _factor(post).projected_variances(projection)
@@ -177,7 +179,7 @@ _DESIGN_BLOCKS = 5
 def _free_design(post, key, num_rows, num_iter):
     factor = _factor(post)
     if _solves(post):
-        product, block = lvb.covariance_solve(post, _DESIGN_RTOL), 2 * num_rows
+        product, block = lvb.covariance_solve(post, _DESIGN_RTOL), min(2 * num_rows, factor.dim)
         num_iter = _DESIGN_BLOCKS if num_iter is None else num_iter
     else:
         product, block = covariance_product(post), None
