@@ -183,18 +183,24 @@ def combine(args, name):
     log = Tee()
     parts = [json.loads((RESULTS / f"design_images_{t}.json").read_text()) for t in args.combine.split(",")]
     npz = [np.load(RESULTS / f"design_images_{t}_means.npz") for t in args.combine.split(",")]
-    labels = [label for label in parts[0]["curves"] if all(label in p["curves"] for p in parts)]
-    images = [im for p in parts for im in p["images"]]
+    # A method may come from some of the runs only (e.g. MAP Rand in larger random steps, on its own N grid):
+    # each method is merged over the runs that have it, which must cover the same images in the same order.
+    labels = list(dict.fromkeys(label for p in parts for label in p["curves"]))
+    having = {label: [i for i, p in enumerate(parts) if label in p["curves"]] for label in labels}
+    images = [im for i in having[labels[0]] for im in parts[i]["images"]]
+    for label in labels:
+        if [im for i in having[label] for im in parts[i]["images"]] != images:
+            raise SystemExit(f"--combine: {label} was run on other images than {labels[0]}")
     log(f"# {name}: {len(images)} images ({', '.join(images)}) merged from runs {args.combine}; "
         f"settings of the first: {parts[0]['args']}")
     curves, errors, times = {}, {}, {}
     for label in labels:
-        errs = np.array([e for p in parts for e in p["errors"][label]])
-        N = parts[0]["curves"][label]["N"]
+        errs = np.array([e for i in having[label] for e in parts[i]["errors"][label]])
+        N = parts[having[label][0]]["curves"][label]["N"]
         errors[label] = errs.tolist()
         curves[label] = {"N": N, "mean": errs.mean(0).tolist(),
                          "se": (errs.std(0, ddof=1) / np.sqrt(len(errs))).tolist()}
-        times[label] = {key: mean_se([p["times"][label][key][0] for p in parts])
+        times[label] = {key: mean_se([parts[i]["times"][label][key][0] for i in having[label]])
                         for key in ("first_fit_s", "later_step_s", "last_step_s", "fit_cpu_s_first", "fit_cpu_s_last")}
         log(f"{label:9s} l2 error over {len(errs)} images: " + ", ".join(
             f"N={n}: {m:.2f} ± {e:.2f}" for n, m, e in zip(N, curves[label]["mean"], curves[label]["se"])))
@@ -203,16 +209,19 @@ def combine(args, name):
         for label in labels:
             if label == "MAP Rand":
                 continue
-            diff = np.array(errors["MAP Rand"])[:, -1] - np.array(errors[label])[:, -1]
-            log(f"{label} against MAP Rand at the last N: designed lower on {int(np.sum(diff > 0))}/{len(diff)} "
-                f"images, mean difference {diff.mean():.2f} ± {diff.std(ddof=1) / np.sqrt(len(diff)):.2f}")
+            shared = [n for n in curves[label]["N"] if n in curves["MAP Rand"]["N"]]
+            for n in shared[1:] if len(shared) > 1 else shared:
+                diff = (np.array(errors["MAP Rand"])[:, curves["MAP Rand"]["N"].index(n)]
+                        - np.array(errors[label])[:, curves[label]["N"].index(n)])
+                log(f"{label} against MAP Rand at N={n}: designed lower on {int(np.sum(diff > 0))}/{len(diff)} "
+                    f"images, mean difference {diff.mean():.2f} ± {diff.std(ddof=1) / np.sqrt(len(diff)):.2f}")
     results = {"args": vars(args), "images": images, "curves": curves, "errors": errors, "times": times,
                "parts": args.combine.split(",")}
     (RESULTS / f"{name}.json").write_text(json.dumps(results, indent=1))
     log.save(name)
     plot_errors({"curves": curves, "images": images, "args": parts[0]["args"]}, RESULTS / f"{name}_errors.png")
-    means = {label: np.concatenate([z[label.replace(" ", "_")] for z in npz]) for label in labels}
-    truths = np.concatenate([z["truths"] for z in npz])
+    means = {label: np.concatenate([npz[i][label.replace(" ", "_")] for i in having[label]]) for label in labels}
+    truths = np.concatenate([npz[i]["truths"] for i in having[labels[0]]])
     size = parts[0]["args"]["size"]
     plot_reconstructions(means, truths, curves, (size, size), RESULTS / f"{name}_reconstructions.png", num_images=4)
 
@@ -271,17 +280,17 @@ def plot_reconstructions(means, truths, curves, shape, path, num_images=2, num_b
     import matplotlib.pyplot as plt
 
     labels = list(means)
-    steps = np.unique(np.linspace(0, next(iter(means.values())).shape[1] - 1, num_budgets).astype(int))
-    N = np.array(curves[labels[0]]["N"])
+    shared = [n for n in curves[labels[0]]["N"] if all(n in curves[label]["N"] for label in labels)]  # budgets all have
+    budgets = [shared[k] for k in np.unique(np.linspace(0, len(shared) - 1, num_budgets).astype(int))]
     num_images = min(num_images, len(truths))
-    fig, axes = plt.subplots(num_images * len(labels), len(steps) + 1,
-                             figsize=(1.6 * (len(steps) + 1), 1.6 * num_images * len(labels)), squeeze=False)
+    fig, axes = plt.subplots(num_images * len(labels), len(budgets) + 1,
+                             figsize=(1.6 * (len(budgets) + 1), 1.6 * num_images * len(labels)), squeeze=False)
     for i in range(num_images):
         for j, label in enumerate(labels):
             row = axes[i * len(labels) + j]
-            for k, step in enumerate(steps):
-                row[k].imshow(means[label][i, step].reshape(shape), cmap="gray", vmin=-1, vmax=1)
-                row[k].set_title(f"{label} N={N[step]}", fontsize=6)
+            for k, n in enumerate(budgets):
+                row[k].imshow(means[label][i, curves[label]["N"].index(n)].reshape(shape), cmap="gray", vmin=-1, vmax=1)
+                row[k].set_title(f"{label} N={n}", fontsize=6)
             row[-1].imshow(truths[i].reshape(shape), cmap="gray", vmin=-1, vmax=1)
             row[-1].set_title("true", fontsize=6)
     for ax in axes.ravel():
