@@ -47,16 +47,17 @@ def _source(post):
     return post if _solves(post) else _factor(post)
 
 
-def covariance_product(post):
+def covariance_product(post, rtol: float = 1e-6):
     """The map V ↦ S V (V of shape ``(D,)`` or ``(D, K)``) of a posterior's (or factor's) covariance.
 
     Costs O(D·r·K) for a chevron factor of r dense rows, O(D K) for a diagonal one, O(D·rank·K) for a
     subspace one, O(D² K) for a dense Cholesky factor; S itself is never formed. For a `vj.LVB` fit with
     ``variances="lanczos"`` it is q's exact S = P⁻¹, by one CG solve with P per column
-    (`vj.lvb.covariance_solve`; its factor's rank-k estimate misses S's leading eigenvectors).
+    (`vj.lvb.covariance_solve`, each solve to the relative residual ``rtol``; its factor's rank-k estimate
+    misses S's leading eigenvectors).
     """
     if _solves(post):
-        return lvb.covariance_solve(post)
+        return lvb.covariance_solve(post, rtol)
     factor = _factor(post)
     if isinstance(factor, ChevronFactor):
         head = jnp.triu(factor.head)
@@ -178,11 +179,10 @@ _DESIGN_BLOCKS = 5
 @eqx.filter_jit
 def _free_design(post, key, num_rows, num_iter):
     factor = _factor(post)
+    product, block = covariance_product(post, _DESIGN_RTOL), None
     if _solves(post):
-        product, block = lvb.covariance_solve(post, _DESIGN_RTOL), min(2 * num_rows, factor.dim)
+        block = min(2 * num_rows, factor.dim)
         num_iter = _DESIGN_BLOCKS if num_iter is None else num_iter
-    else:
-        product, block = covariance_product(post), None
     values, vectors = leading_eigenvectors(product, factor.dim, num_rows, num_iter, key, factor.dtype, block)
     return vectors.T, values
 
