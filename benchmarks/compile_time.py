@@ -185,7 +185,7 @@ def reference_worker(name, kind):
 
         # The model is an argument, as in a fit, so its data are not folded into the program as constants.
         if name == "demo":
-            params = vj.GKL().init_params(model)
+            params = vj.GKL(solver=vj.solvers.NewtonCG()).start(model)  # (m, C): the solver's parameters
             x0, unravel = ravel_pytree(params)
             f = lambda x, model: vj.gkl.bound(unravel(x), model)
         else:

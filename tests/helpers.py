@@ -149,3 +149,21 @@ def quad_moments(log_phi, m, v, power=1.0):
 
 
 # ------------------------------------------------------------------------------------------ diagnostics
+
+
+def sparse_logistic_rows(dim, num, nnz, seed=0):
+    """A realsim-shaped sparse logistic regression's data (NumPy only): ``(values, indices, y)`` of an
+    ``(num, dim)`` matrix with about ``nnz`` non-zeros (≈ nnz/num per row, columns drawn with Zipf-like
+    popularity, duplicates summed, rows of unit norm) and labels ±1 from w ~ N(0, I) with τ = 3."""
+    rng = np.random.default_rng(seed)
+    per_row = rng.poisson(nnz / num - 1, size=num) + 1
+    rows = np.repeat(np.arange(num), per_row)
+    popularity = 1.0 / (np.arange(dim) + 10.0)
+    cols = rng.permutation(dim)[rng.choice(dim, size=rows.size, p=popularity / popularity.sum())]
+    key, inverse = np.unique(rows.astype(np.int64) * dim + cols, return_inverse=True)
+    rows, cols = key // dim, key % dim
+    values = np.bincount(inverse, weights=rng.gamma(1.0, 1.0, size=inverse.size))
+    values /= np.sqrt(np.bincount(rows, weights=values**2, minlength=num))[rows]
+    activation = np.bincount(rows, weights=values * rng.normal(size=dim)[cols], minlength=num)
+    y = np.where(rng.random(num) < 1 / (1 + np.exp(-3.0 * activation)), 1.0, -1.0)
+    return values, np.stack([rows, cols], axis=1), y

@@ -346,7 +346,7 @@ def test_invalid_configuration_is_refused(logistic2):
     with pytest.raises(ValueError, match="base"):
         vj.AIKL(base=vj.potentials.Logistic())
     with pytest.raises(ValueError, match="init"):
-        vj.AIKL(base=aikl.Normal()).fit(logistic2, init=np.zeros(2))
+        vj.infer(logistic2, vj.AIKL(base=aikl.Normal()), init=np.zeros(3))
 
 
 # ------------------------------------------------------------------------------------------ slow

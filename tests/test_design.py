@@ -292,12 +292,12 @@ def _signature(tree):
 def test_map_baseline_fits_the_smoothed_prior(problem, monkeypatch):
     """The random-design MAP baseline fits the smoothed Laplace (`map_smoothing`): the loop's last fit is
     MAP on the final measurements under `smoothed_laplace` (which the model builder once refused). Every fit
-    of the loop gets an ``init`` of one form, so the cold fit and the warm refits share one compiled program."""
+    of the loop starts from a State of one form, so the cold fit and the warm refits share one compiled program."""
     w, M, y = problem
     inits = []
 
     def infer(model, method, init=None):
-        inits.append(_signature((model, init)))
+        inits.append(_signature((model, method.start(model) if init is None else method.to_state(model, init))))
         return vj.infer(model, method, init)
 
     monkeypatch.setattr(importlib.import_module("vijax.design.sequential"), "infer", infer)
@@ -313,15 +313,13 @@ def test_map_baseline_fits_the_smoothed_prior(problem, monkeypatch):
                                     vj.LVB(variances="lanczos", num_lanczos=8, tol=1e-2, max_iter=30)],
                          ids=["gkl-chevron", "lvb-lanczos"])
 def test_loop_starts_cold_and_warm_fits_alike(problem, method):
-    """A cold start (G-KL's data-driven `init_params`, LVB's `init_state`) and the warm start from the last
-    posterior have one form, so a design loop compiles its fit once (a cold fit with ``init=None`` is another
-    program)."""
-    _start = importlib.import_module("vijax.design.sequential")._start
+    """A cold start (`method.start`) and the warm start from the last posterior (its State) have one form,
+    so a design loop compiles its fit once."""
     w, M, y = problem
     model = vj.design.sparse_linear_model(M, y, NU2, vj.Identity(D), vj.potentials.Laplace(scale=0.3))
-    cold = _start(method, model, None)
+    cold = method.start(model)
     post = vj.infer(model, method, init=cold)
-    assert bool(post.diagnostics.converged) and _signature(cold) == _signature(_start(method, model, post))
+    assert bool(post.diagnostics.converged) and _signature(cold) == _signature(method.to_state(model, post))
 
 
 def test_sequential_validation(problem):

@@ -369,8 +369,6 @@ def test_bad_configuration_and_init_raise(probit_gp):
                    dict(max_iter=0), dict(tol=0.0)]:
         with pytest.raises(ValueError):
             vj.EP(**kwargs)
-    with pytest.raises(ValueError, match="EP"):
-        vj.infer(model, vj.EP(), init=vj.infer(model, vj.Laplace()))
     with pytest.raises(ValueError, match="shapes"):
         bad = ep_module.SiteParams((jnp.zeros(3),), (jnp.zeros(3),))
         vj.infer(model, vj.EP(), init=bad)

@@ -71,7 +71,7 @@ def test_equals_the_cholesky_newton_optimum_and_rises_every_step(rng, name):
     np.testing.assert_allclose(post.log_z, vj.gkl.bound_at(post, model), rtol=1e-13)
     # At the optimum S⁻¹ = Λ + Σ_g H_gᵀ diag(λ_g) H_g, with λ in post.state.
     precision = np.linalg.inv(np.asarray(post.covariance))
-    implied = sum(np.asarray(g.projection.gram(lam)) for g, lam in zip(model.sites, post.state))
+    implied = sum(np.asarray(g.projection.gram(lam)) for g, lam in zip(model.sites, post.state.precision))
     if model.prior is not None:
         implied = implied + np.asarray(model.prior.precision_matrix())
     np.testing.assert_allclose(precision, implied, rtol=1e-7, atol=1e-8 * np.abs(implied).max())

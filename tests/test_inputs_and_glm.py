@@ -63,7 +63,7 @@ def test_infer_rejects_non_models(data):
     with pytest.raises(ValueError, match="method"):
         vj.infer(model, "gkl")
     with pytest.raises(ValueError, match="init"):
-        vj.infer(model, vj.GKL(), init=np.zeros(3))
+        vj.infer(model, vj.GKL(), init=np.zeros(4))
 
 
 def test_labels_in_either_convention_give_the_same_model(data):

@@ -172,10 +172,10 @@ def test_lvb_lanczos_posterior_designs_from_its_exact_covariance(image_model):
     # the rank-k factor's own leading eigenvectors hold less information under q's S
     from_factor, _ = vj.design.free_design(post.factor, 2)
     assert float(vj.design.information_gain(post, from_factor, 0.005)) < gain - 0.05
-    # the state restarts the fit (its ξ and mean); the cold state (`init_state`) fits as ``init=None`` does
+    # the state restarts the fit (its ξ and mean); the cold state (`start`) fits as ``init=None`` does
     again = vj.infer(model, method, init=post.state)
     assert int(again.diagnostics.iterations) == 1 < int(post.diagnostics.iterations)
     np.testing.assert_allclose(vj.infer(model, method, init=post).mean, again.mean, atol=1e-12)  # the same restart
-    np.testing.assert_allclose(vj.infer(model, method, init=method.init_state(model)).mean, post.mean, atol=1e-10)
+    np.testing.assert_allclose(vj.infer(model, method, init=method.start(model)).mean, post.mean, atol=1e-10)
     with pytest.raises(ValueError, match="bohning"):
         vj.infer(model, vj.LVB(bound="bohning", variances="lanczos"), init=post.state)

@@ -54,7 +54,7 @@ LAYERS = (
     ("model", ("projections", "gaussian", "model", "hierarchical")),
     ("model tools", ("padding", "sharding", "piecewise")),
     ("covariance", ("covariance",)),
-    ("objectives", ("_curvature", "posterior")),
+    ("objectives", ("_curvature", "posterior", "start")),
     ("methods", ("methods",)),
     ("inference", ("inference",)),
     ("models", ("glm", "gp", "factor", "design", "nn")),

@@ -45,7 +45,7 @@ def _relaxed_gkl(xi, model, bound):
 
 def _xi_from(post, model, bound="jaakkola"):
     """ξ from a posterior's marginals: the fixed point ξ* for an LVB posterior."""
-    return vj.lvb.initial_xi(model, bound, post)
+    return vj.LVB(bound=bound).from_gaussian(model, post.mean, post.factor).xi
 
 
 def _assert_monotone(post):
@@ -167,7 +167,7 @@ def test_stops_where_the_bound_is_flat_below_its_rounding():
     d = post.diagnostics
     assert bool(d.converged) and int(d.iterations) < 50
     xi = jax.jit(lambda xi: jax.lax.fori_loop(0, 300, lambda _, xi: vj.lvb.update(xi, model), xi))(
-        vj.lvb.initial_xi(model))
+        vj.LVB().start(model).xi)
     np.testing.assert_allclose(post.log_z, vj.lvb.bound(xi, model), rtol=1e-10)
     mean, factor = vj.lvb.gaussian(xi, model)
     np.testing.assert_allclose(post.mean, mean, atol=1e-5)

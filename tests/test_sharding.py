@@ -43,7 +43,7 @@ SCRIPT = textwrap.dedent("""
 
     out = dict(layout=layout)
     for name, cov in [("full", vj.covariance.Full()), ("chevron", vj.covariance.Chevron(2))]:
-        params = vj.GKL(covariance=cov).init_params(model)
+        params = vj.GKL(covariance=cov, solver=vj.solvers.NewtonCG()).start(model)
         x, unravel = ravel_pytree(params)
         x = x + 0.01 * jnp.asarray(rng.normal(size=x.shape))
         value_and_grad = jax.jit(jax.value_and_grad(lambda v, m: vj.gkl.bound(unravel(v), m)))

@@ -1,7 +1,7 @@
 """vijax: deterministic approximate inference for latent linear models in JAX."""
 
 from . import (covariance, design, factor, gaussian, glm, gp, hierarchical, methods, nn, piecewise, potentials,
-               projections, quadrature, solvers)
+               projections, quadrature, solvers, start)
 from .inference import ConvergenceWarning, infer
 from .methods import (AIKL, EP, GKL, LVB, MAP, AbstractMethod, HierarchicalEP, Laplace, MeanField, aikl, ep, ep_hyper,
                       gkl, laplace, lvb)
@@ -64,6 +64,7 @@ __all__ = [
     "piecewise",
     "quadrature",
     "solvers",
+    "start",
     "glm",
     "factor",
     "design",

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["layout", "mv", "rmv", "MAX_PADDING"]
+__all__ = ["layout", "mv", "rmv", "gram", "MAX_PADDING"]
 
 # ELLPACK rows are padded to a multiple of this, or of the next power of two of N if smaller
 # (so that power-of-two blocks divide them) ...
@@ -77,4 +77,24 @@ def rmv(columns, values, y, dim):
         return total.at[c.reshape(-1)].add(contributions.reshape((-1,) + yb.shape[1:])), None
 
     zero = jnp.zeros((dim,) + y.shape[1:], jnp.result_type(values, y))
+    return jax.lax.scan(accumulate, zero, blocks)[0]
+
+
+def gram(columns, values, w, dim):
+    """Hᵀ diag(w) H as a dense ``(dim, dim)`` array: each block of rows scatters its rows' outer products
+    w_n h_n h_nᵀ (width² entries a row), so the working set is the result and one block, never N × D."""
+    padded, width = columns.shape
+    w = jnp.pad(jnp.asarray(w), (0, padded - w.shape[0]))
+    b = int(min(max(_BLOCK_ELEMENTS // max(width * width, 1), 1), _ROW_ALIGN, padded & -padded))
+    b = 2 ** int(np.log2(b))
+    blocks = (columns.reshape(-1, b, width), values.reshape(-1, b, width), w.reshape(-1, b))
+
+    def accumulate(total, block):
+        c, v, wb = block
+        outer = wb[:, None, None] * v[:, :, None] * v[:, None, :]
+        rows = jnp.broadcast_to(c[:, :, None], outer.shape).reshape(-1)
+        cols = jnp.broadcast_to(c[:, None, :], outer.shape).reshape(-1)
+        return total.at[rows, cols].add(outer.reshape(-1)), None
+
+    zero = jnp.zeros((dim, dim), jnp.result_type(values, w))
     return jax.lax.scan(accumulate, zero, blocks)[0]

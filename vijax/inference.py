@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import warnings
 
-import equinox as eqx
-import jax
 import numpy as np
 
 from . import _checks
 from .methods import AbstractMethod
-from .model import LatentLinearModel
 from .posterior import Posterior
 
 __all__ = ["infer", "ConvergenceWarning"]
@@ -23,37 +20,33 @@ class ConvergenceWarning(UserWarning):
     it an exception, or ``"ignore"`` inside a loop that checks ``post.diagnostics`` itself."""
 
 
-@eqx.filter_jit
-def _fit(model, method, init):
-    return method.fit(model, init)
-
-
-def infer(model: LatentLinearModel, method, init=None) -> Posterior:
+def infer(model, method, init=None) -> Posterior:
     """Fit ``method`` (e.g. ``vj.GKL()``) to ``model``; returns a `Posterior`.
 
     ``method`` is an instance of a `vj.AbstractMethod` subclass (``vj.GKL()``, not the class ``vj.GKL``).
-    ``init`` warm-starts the fit: None, a previous `Posterior`, or the method's own parameters (the one
-    rule for every method is in `vj.AbstractMethod`'s docstring).
-    The fit is compiled once per model structure and shape (`equinox.filter_jit`; EP compiles its
-    fallback schedules only for a fit that needs them) and is traceable: it works under `jax.jit` and `jax.vmap`, and
-    ``jax.grad`` of ``infer(...).log_z`` with respect to the model's
-    hyperparameters is the derivative of the optimised objective.
+    ``init`` warm-starts the fit: None (the method's cold start from the data), a `Posterior` of any
+    method, a State of this method (``post.state``), or a ``(D,)`` array (see `vj.AbstractMethod`).
+    It is ``method.fit(model, state)`` with ``state = method.start(model)`` or
+    ``method.to_state(model, init)``: one code path inside or outside `jax.jit`, `jax.vmap` and
+    `jax.grad`. The fit is compiled once per model structure and shape and method configuration; its
+    settings (tolerances, damping) are traced, so a new ``tol`` compiles nothing, nor does a warm
+    refit from a posterior of the same method. ``jax.grad`` of ``infer(...).log_z`` with respect to
+    the model's hyperparameters is the derivative of the optimised objective.
     """
-    if not isinstance(model, LatentLinearModel):
-        raise ValueError(f"infer: `model` must be a vj.LatentLinearModel, got {type(model).__name__}.")
     if isinstance(method, type) and issubclass(method, AbstractMethod):
         raise ValueError(f"infer: `method` is the class vj.{method.__name__}, not an instance; call it to make "
                          f"one: vj.infer(model, vj.{method.__name__}()).")
     if not isinstance(method, AbstractMethod):
         raise ValueError(f"infer: `method` must be a vijax method, an instance of a vj.AbstractMethod subclass such "
                          f"as vj.GKL() or vj.EP(); got {type(method).__name__}: {method!r}.")
-    if isinstance(init, (jax.Array, np.ndarray)) and _checks.is_concrete(init) and not np.all(np.isfinite(init)):
-        raise ValueError("infer: `init` contains NaN or infinite values; pass a finite starting point or None.")
-    # Outside jit, vmap and grad a method may run in compiled stages, so that code only some fits need
-    # (EP's fallback schedules) is compiled only when a fit needs it.
-    staged = getattr(method, "staged_fit", None)
-    post = staged(model, init) if staged is not None and _checks.is_concrete(model, init) else _fit(model, method, init)
+    method.check_model(model)
+    state = method.start(model) if init is None else method.to_state(model, init)
+    post = method.fit(model, state)
     _warn_unless_converged(post)
+    if _checks.is_concrete(post.log_z) and np.ndim(post.log_z) == 0:
+        message = method.report(post)
+        if message is not None:
+            warnings.warn(message, UserWarning, stacklevel=2)
     return post
 
 

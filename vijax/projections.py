@@ -150,9 +150,21 @@ class Sparse(AbstractProjection):
         return _ellpack.rmv(self.ell_columns, self.ell_values**2, w, self.shape[1])
 
     def gram(self, w):
-        rows = self.matrix.indices[:, 0]
-        weighted = jsparse.BCOO((self.matrix.data * w[rows], self.matrix.indices), shape=self.matrix.shape)
-        return self.matrix.T @ weighted.todense()
+        """Hᵀ diag(w) H, dense ``(D, D)``: by blocks of rows (ELLPACK), or of columns without the layout;
+        never an N × D or nnz × D intermediate."""
+        if self.ell_values is not None:
+            return _ellpack.gram(self.ell_columns, self.ell_values, w, self.shape[1])
+        num_rows, dim = self.shape
+        # Without the layout: D/b products of H with b columns of the identity, each O(nnz · b).
+        b = max(1, min(dim, (1 << 22) // max(int(self.matrix.nse), 1)))
+        starts = jnp.arange(0, dim, b)
+
+        def block(start):
+            columns = jax.nn.one_hot(start + jnp.arange(b), dim, dtype=self.matrix.dtype).T  # (D, b)
+            return self.matrix.T @ (w[:, None] * (self.matrix @ columns))
+
+        out = jax.lax.map(block, starts)  # (blocks, D, b)
+        return jnp.moveaxis(out, 0, 1).reshape(dim, -1)[:, :dim]
 
     def right_multiply(self, L):
         return Dense(self.matrix @ L)

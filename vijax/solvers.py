@@ -317,7 +317,7 @@ class NewtonCG(AbstractSolver):
     Newton step).
     """
 
-    tol: float = eqx.field(static=True, default=1e-10)
+    tol: float = 1e-10
     max_iter: int = eqx.field(static=True, default=100)
     max_cg: int = eqx.field(static=True, default=50)
 
@@ -345,7 +345,7 @@ class Newton(AbstractSolver):
     `max_iter` (Newton iterations).
     """
 
-    tol: float = eqx.field(static=True, default=1e-10)
+    tol: float = 1e-10
     max_iter: int = eqx.field(static=True, default=100)
 
     def maximise(self, fn, x0, preconditioner=None):
@@ -376,7 +376,7 @@ class GaussNewton(AbstractSolver):
     **Arguments:** `tol` (the squared decrement gᵀMg at which the last step is taken), `max_iter`.
     """
 
-    tol: float = eqx.field(static=True, default=1e-10)
+    tol: float = 1e-10
     max_iter: int = eqx.field(static=True, default=100)
 
     def maximise(self, fn, x0, preconditioner=None):
@@ -434,11 +434,11 @@ class LBFGS(AbstractSolver):
     `gain_tol` (default None: no gain test), `gain_window` (iterations, default 10).
     """
 
-    tol: float = eqx.field(static=True, default=1e-14)
+    tol: float = 1e-14
     max_iter: int = eqx.field(static=True, default=1000)
     memory: int = eqx.field(static=True, default=10)
     max_backtracks: int = eqx.field(static=True, default=30)
-    gain_tol: float | None = eqx.field(static=True, default=None)
+    gain_tol: float | None = None
     gain_window: int = eqx.field(static=True, default=10)
 
     def maximise(self, fn, x0, preconditioner=None):
@@ -563,10 +563,10 @@ class NonlinearCG(AbstractSolver):
     curvature constant).
     """
 
-    tol: float = eqx.field(static=True, default=1e-14)
+    tol: float = 1e-14
     max_iter: int = eqx.field(static=True, default=1000)
     max_backtracks: int = eqx.field(static=True, default=30)
-    c2: float = eqx.field(static=True, default=0.1)
+    c2: float = 0.1
 
     def maximise(self, fn, x0, preconditioner=None):
         value_and_grad = jax.value_and_grad(fn)

@@ -12,7 +12,6 @@ import dataclasses
 import time
 from typing import Callable, NamedTuple
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -20,7 +19,7 @@ import numpy as np
 from .. import potentials
 from ..covariance import Full
 from ..inference import infer
-from ..methods import EP, GKL, LVB, MAP, AbstractMethod, Laplace
+from ..methods import EP, GKL, MAP, AbstractMethod, Laplace
 from ..padding import pad_sites
 from ..posterior import Posterior
 from ..solvers import NewtonCG
@@ -108,26 +107,12 @@ def _check_int(name, value, minimum):
     return int(value)
 
 
-@eqx.filter_jit
-def _cold_start(start: Callable, model):
-    return start(model)
-
-
 def _start(method: AbstractMethod, model, previous: Posterior | None):
-    """The ``init`` of a loop's fit, of one form for the first (cold) fit and the warm refits, so that they
-    share one compiled fit: with ``init=None`` a fit compiles its own start into its program (a second
-    program, and a second compilation as long as the first, at the first warm refit). EP starts from
-    `ep_sites`, G-KL from `GaussianParams` (the data-driven start or the last posterior's), LVB from an
-    `vj.lvb.LVBState` (its cold start or the last fit's ξ and mean), MAP and Laplace from an array; other
-    methods from None, then the last posterior."""
+    """The ``init`` of a loop's fit: the last posterior (its State: the padded sites keep every fit's shapes,
+    so the refits reuse the first fit's program), or None for the method's own start; EP on a sparse
+    linear model starts from `ep_sites` instead (its Laplace start is improper while N < D)."""
     if isinstance(method, EP):
         return ep_sites(model, None if previous is None else previous.state)
-    if isinstance(method, GKL):
-        return _cold_start(method.init_params, model) if previous is None else method.init_params(model, previous)
-    if isinstance(method, LVB):
-        return _cold_start(method.init_state, model) if previous is None else previous.state
-    if isinstance(method, (MAP, Laplace)):
-        return model.initial_moments()[0] if previous is None else previous.mean
     return previous
 
 
@@ -156,10 +141,9 @@ def sequential(M, y, noise_variance, B, prior, method: AbstractMethod, num_steps
       errors; or `measure`: a function ``rows (K, D) -> y* (K,)`` that takes the measurements.
     - `key`: a `jax.random` key for the random rows, Lanczos starts and simulated noise (default
       PRNGKey(0)).
-    - `warm_start`: refit from the last posterior (EP: from its sites, with exact sites for the new
-      measurements, see `ep_sites`; LVB: from its ξ and mean). G-KL, EP, LVB, MAP and Laplace start the
-      first fit from their own parameters in the same form, so the first fit and the refits share one
-      compiled program.
+    - `warm_start`: refit from the last posterior's State (EP: its sites, with exact sites for the new
+      measurements, see `ep_sites`). The first fit compiles the method's start and its fit; the refits
+      reuse the fit's program.
     - `pad`: pad the measurement sites to the final N (`vj.pad_sites`) so that all fits share one
       compiled program (the padding sites contribute nothing; each fit costs as much as the last).
     - `map_smoothing`: `vj.MAP` and `vj.Laplace` fit the model with a Laplace prior replaced by

@@ -18,7 +18,6 @@ import numpy as np
 import optax
 from jax.typing import ArrayLike
 
-from ..inference import infer
 from .._keywords import renamed
 from ..posterior import Diagnostics, Posterior
 from .kernels import AbstractKernel
@@ -88,24 +87,26 @@ def fit_hyperparameters(kernel: AbstractKernel, X: ArrayLike, likelihood: Abstra
         raise ValueError(f"{owner}: `max_iter` must be a positive integer, got {max_iter!r}.")
     optimizer = _LBFGS if optimizer is None else optimizer
     # Everything the jitted functions need travels as arguments (arrays traced, the rest static), so
-    # a second call with data of the same shapes reuses the compiled fit and step.
+    # a second call with data of the same shapes reuses the compiled start, step and fit. The inner fit
+    # is carried as the method's State: each step starts from the last step's fit.
     data = (X, likelihood, labels, mean, jitter)
     params = (kernel, {name: jnp.log(jnp.asarray(getattr(likelihood, name))) for name in train_likelihood})
-    post = _fit(params, data, method, None)
+    state = method.start(_build(params, data)[0])
     opt_state = optimizer.init(params)
     trace, converged, change, grad_norm, steps = [], False, np.inf, np.nan, 0
-    good = (params, post)  # the last point whose fit was finite
-    stale = False  # whether `post` was fitted at other parameters than `params`
+    post, stale = None, False  # the fit at `params`; whether `params` moved past it
     for it in range(max_iter):
-        new_params, opt_state, post, step_grad_norm = _step(params, opt_state, post, data, method, optimizer)
-        steps, stale = steps + 1, False
-        value = float(post.log_z)
+        new_params, opt_state, fitted, step_grad_norm = _step(params, opt_state, state, data, method, optimizer)
+        steps += 1
+        value = float(fitted.log_z)
         if progress:
             print(f"{owner}: step {it:4d}  log Z = {value:.6f}", flush=True)
-        if not np.isfinite(value):
-            params, post = good
+        if not np.isfinite(value):  # stop at the last finite point (or report the failed first fit)
+            if post is None:
+                post, post_params = fitted, params
+            params, stale = post_params, False
             break
-        good = (params, post)
+        post, post_params, stale = fitted, params, False
         grad_norm = float(step_grad_norm)
         trace.append(value)
         if it > 0:
@@ -113,16 +114,16 @@ def fit_hyperparameters(kernel: AbstractKernel, X: ArrayLike, likelihood: Abstra
             if change <= tol:
                 converged = True
                 break
-        params, stale = new_params, True
-    if stale:  # out of steps: fit at the last parameters (a converged run's last fit is already there)
-        post = _fit(params, data, method, post)
+        params, state, stale = new_params, post.state, True
+    if stale:  # out of steps: the fit at the last parameters (a converged run's last fit is already there)
+        post = _fit(params, data, method, state)
         trace.append(float(post.log_z))
     dtype = jnp.result_type(post.log_z)
     diagnostics = Diagnostics(
         iterations=jnp.asarray(len(trace) - 1), converged=jnp.asarray(converged),
         stationarity=jnp.asarray(change, dtype),
         grad_norm=jnp.asarray(grad_norm, dtype), objective_trace=jnp.asarray(trace, dtype),
-        num_value_evals=jnp.asarray(steps + 1 + stale), num_grad_evals=jnp.asarray(steps), num_hvp_evals=jnp.asarray(0),
+        num_value_evals=jnp.asarray(steps + stale), num_grad_evals=jnp.asarray(steps), num_hvp_evals=jnp.asarray(0),
         method=post.diagnostics.method, solver="ML-II (optax)")
     return HyperparameterFit(params[0], _build(params, data)[1], post, post.log_z, diagnostics)
 
@@ -138,22 +139,22 @@ def _build(params, data):
     return model(kern, X, lik, labels=labels, mean=mean, jitter=jitter), lik
 
 
-def _negative_log_z(params, data, method, init):
-    post = infer(_build(params, data)[0], method, init=init)
+def _negative_log_z(params, data, method, state):
+    post = method.fit(_build(params, data)[0], state)
     return -post.log_z, post
 
 
 @eqx.filter_jit
-def _fit(params, data, method, init):
-    return infer(_build(params, data)[0], method, init=init)
+def _fit(params, data, method, state):
+    return method.fit(_build(params, data)[0], state)
 
 
 @eqx.filter_jit
-def _step(params, opt_state, init, data, method, optimizer):
-    """One optimizer step on −log Ẑ; ``init`` (the fit at the previous point) warm-starts the fits."""
-    (value, post), grad = eqx.filter_value_and_grad(_negative_log_z, has_aux=True)(params, data, method, init)
+def _step(params, opt_state, state, data, method, optimizer):
+    """One optimizer step on −log Ẑ; ``state`` (the fit at the previous point) warm-starts the fits."""
+    (value, post), grad = eqx.filter_value_and_grad(_negative_log_z, has_aux=True)(params, data, method, state)
     updates, opt_state = optimizer.update(grad, opt_state, params, value=value, grad=grad,
-                                          value_fn=lambda p: _negative_log_z(p, data, method, init)[0])
+                                          value_fn=lambda p: _negative_log_z(p, data, method, state)[0])
     leaves = [jnp.max(jnp.abs(g)) for g in jax.tree_util.tree_leaves(grad)]
     grad_norm = jnp.max(jnp.stack(leaves)) if leaves else jnp.zeros(())
     return optax.apply_updates(params, updates), opt_state, post, grad_norm

@@ -1,43 +1,183 @@
-"""The base class of every inference method (`vj.GKL`, `vj.EP`, `vj.Laplace`, `vj.MAP`, `vj.LVB`, `vj.MeanField`,
-`vj.AIKL`)."""
+"""The base class of every inference method, and the state contract they share.
+
+A method is configuration (an `equinox.Module`) with one `State` type, a pytree of fixed structure for
+a given model shape and method configuration, and three operations:
+
+- ``state = method.start(model)``: the cold start, from the data (its own small program; the methods
+  whose state is the shared site expansion use `vijax.start.shared`, one program per model shape);
+- ``post = method.fit(model, state)``: the one compiled core; ``post.state`` is the final State, so
+  ``method.fit(model, post.state)`` restarts exactly where the fit ended;
+- ``state = method.to_state(model, init)``: a warm start from anything else, outside `jit`: a
+  `Posterior` of this method (its state, no program), of any other method (a conversion from its
+  mean and covariance, one small program), a State of this method, or a ``(D,)`` array (every site's
+  expansion at that point).
+
+`vj.infer` composes them, inside or outside `jit`, with one code path. Settings that do not shape the
+program (tolerances, damping, powers, step sizes: every float field not marked static) are traced:
+`start`, `fit` and the conversions are compiled with them as array leaves, so a new ``tol`` or
+``damping`` reuses the program. Iteration caps that size a trace, node counts, covariance families
+and schedules are static.
+"""
 
 from __future__ import annotations
 
 import abc
-
 import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
 
+from .. import _checks
+from .. import start as _start
 from ..model import LatentLinearModel
 from ..posterior import Posterior
 
-__all__ = ["AbstractMethod"]
+__all__ = ["AbstractMethod", "compiled", "traced_settings", "same_shapes"]
+
+
+def traced_settings(method):
+    """``method`` with every Python float leaf (a setting such as ``tol``) as a weakly typed JAX scalar,
+    so that a compiled function taking it traces the value instead of baking it in: a new tolerance
+    reuses the program, and a weak type never promotes the working dtype (float32 stays float32)."""
+    return jax.tree_util.tree_map(lambda x: jnp.asarray(x) if isinstance(x, float) else x, method)
+
+
+@eqx.filter_jit
+def _call(method, name, args):
+    return getattr(method, name)(*args)
+
+
+def compiled(method, name: str, *args):
+    """``method.<name>(*args)`` as a compiled program: one per method configuration, name and argument
+    structure and shapes; the method's settings traced (`traced_settings`)."""
+    return _call(traced_settings(method), name, args)
 
 
 class AbstractMethod(eqx.Module):
-    """An inference method: frozen configuration with one operation, ``fit(model, init)``.
+    """An inference method: frozen configuration with the state contract of `vijax.methods._base`.
 
-    ``vj.infer(model, method, init)`` checks its arguments, compiles ``method.fit`` and warns when the
-    fit did not converge; subclass this (and implement `fit`) to make a method `vj.infer` accepts.
+    A subclass implements the pure, traceable pieces; the base class compiles and composes them:
 
-    **Warm starts (``init``), the same rule for every method.** ``init`` is one of
+    - `init_state(model) -> State`: the cold start;
+    - `solve(model, state) -> Posterior`: the fit from a State (``post.state`` its final State);
+    - `from_gaussian(model, mean, factor) -> State`: a start from any Gaussian q = N(mean, S)
+      (``factor`` a covariance-family factor of S): how a `Posterior` of another method converts;
+    - `from_expansion(model, expansion) -> State`: a start from every site's second-order expansion at
+      a point (`vijax.start.SiteExpansion`): how a ``(D,)`` array converts;
+    - `is_state(model, state) -> bool`: whether ``state`` is a State of this method for ``model``.
 
-    - ``None``: the method's own starting point, computed from the data (for every built-in method
-      the mode of the log joint, or its second-order expansion there; never the prior alone);
-    - a `Posterior` returned by an earlier fit: the method starts from it (its mean, and its
-      covariance or method state where the method uses them). A `Posterior` from the *same* method
-      restarts exactly where that fit ended (`vj.EP` needs this one: it restarts from
-      ``post.state``, its sites, and refuses a `Posterior` of another method with a `ValueError`);
-    - the method's own parameters: `vj.gkl.GaussianParams` (`GKL`, and `MeanField` with Gaussian
-      factors), `vj.ep.SiteParams` (`EP`), a `vj.lvb.LVBState` or a tuple of ξ arrays, one per site
-      group (`LVB`), a ``(D,)`` array, the starting point of the mode search (`Laplace`, `MAP`), or
-      `vj.aikl.AIKLParams` (`AIKL`).
-
-    Anything else is refused with a `ValueError` that says what the method accepts. A warm start
-    changes where the iterations begin, not the optimum they converge to.
+    A method whose `from_expansion` only repackages the expansion says so in `shares_start`: its
+    `start` is then the shared compiled expansion (`vijax.start.shared`, one program per model shape)
+    and no program of its own. `start_dense` says whether its start may form the D × D curvature
+    (None: unless the model is sparse or large; False for structured covariance families).
     """
 
-    @abc.abstractmethod
-    def fit(self, model: LatentLinearModel, init=None) -> Posterior:
-        """Fit q to ``model`` from ``init`` (see the class docstring); returns a `Posterior`.
+    # ------------------------------------------------------------------------------ to implement
 
-        Pure and traceable: it runs under `jax.jit`, `jax.vmap` and `jax.grad`."""
+    @abc.abstractmethod
+    def init_state(self, model: LatentLinearModel):
+        """The cold start from the data (pure, traceable)."""
+
+    @abc.abstractmethod
+    def solve(self, model: LatentLinearModel, state) -> Posterior:
+        """The fit from ``state`` (pure, traceable); the `Posterior`'s ``state`` is the final State."""
+
+    @abc.abstractmethod
+    def from_gaussian(self, model: LatentLinearModel, mean, factor):
+        """The State that starts from q = N(``mean``, S), S given by the covariance factor ``factor``."""
+
+    @abc.abstractmethod
+    def from_expansion(self, model: LatentLinearModel, expansion):
+        """The State that starts from every site's expansion at a point (a `vijax.start.SiteExpansion`)."""
+
+    @abc.abstractmethod
+    def is_state(self, model: LatentLinearModel, state) -> bool:
+        """Whether ``state`` is a State of this method for ``model`` (its type, structure and shapes)."""
+
+    def check_model(self, model) -> None:
+        """Raise a `ValueError` unless this method fits models like ``model`` (a `vj.LatentLinearModel`)."""
+        if not isinstance(model, LatentLinearModel):
+            raise ValueError(f"infer: `model` must be a vj.LatentLinearModel for vj.{type(self).__name__}, got "
+                             f"{type(model).__name__}.")
+
+    def report(self, post: Posterior) -> str | None:
+        """A warning for a concrete fit beyond non-convergence (`vj.infer` issues it), or None."""
+        return None
+
+    def start_dense(self, model: LatentLinearModel) -> bool | None:
+        """Whether the start's mode search may form the D × D curvature (None: decided by the model)."""
+        return None
+
+    def shares_start(self, model: LatentLinearModel) -> bool:
+        """Whether `from_expansion` only repackages the expansion (no arithmetic), so that `start` is the
+        shared program `vijax.start.shared` (default False: `init_state` compiled as the method's own)."""
+        return False
+
+    # ------------------------------------------------------------------------------ compiled
+
+    def start(self, model: LatentLinearModel):
+        """The cold start as a State: a compiled program (the shared expansion where ``shares_start``)."""
+        if self.shares_start(model):
+            return self.from_expansion(model, _start.shared(model, self.start_dense(model)))
+        return compiled(self, "init_state", model)
+
+    def fit(self, model: LatentLinearModel, state) -> Posterior:
+        """The fit from ``state`` (a State of this method: `start`, `to_state` or ``post.state``), compiled
+        once per model structure and shape and method configuration; settings are traced."""
+        return compiled(self, "solve", model, state)
+
+    def to_state(self, model: LatentLinearModel, init):
+        """The State a warm start from ``init`` begins at (outside `jit`; see the module docstring):
+        a State of this method as it is; a `Posterior` of this method (same site shapes) its ``state``;
+        a `Posterior` of another method converted from its mean and covariance; a ``(D,)`` array the
+        expansion at that point. Anything else raises a `ValueError` that says what is accepted."""
+        name = type(self).__name__
+        if isinstance(init, Posterior):
+            if self.is_state(model, init.state):
+                return init.state
+            if init.mean.shape != (model.dim,):
+                raise ValueError(f"{name}: `init` is a Posterior of dimension {init.mean.shape}, the model has "
+                                 f"D = {model.dim}.")
+            return compiled(self, "from_gaussian", model, init.mean, init.factor)
+        if isinstance(init, (jax.Array, np.ndarray)):
+            w = jnp.asarray(init)
+            if w.shape != (model.dim,) or not jnp.issubdtype(w.dtype, jnp.number):
+                raise ValueError(f"{name}: an array `init` is a point w of shape ({model.dim},); got shape "
+                                 f"{w.shape} and dtype {w.dtype}.")
+            if _checks.is_concrete(w):
+                _checks.check_finite("init", w, name)
+            w = w.astype(model.dtype)
+            if self.is_state(model, w):
+                return w
+            expansion = _compiled_expand_at(model, w)
+            if self.shares_start(model):
+                return self.from_expansion(model, expansion)
+            return compiled(self, "from_expansion", model, expansion)
+        if self.is_state(model, init):
+            return init
+        expected = jax.tree_util.tree_map(lambda x: f"{x.dtype}{list(x.shape)}",
+                                          eqx.filter_eval_shape(self.init_state, model))
+        raise ValueError(f"{name}: `init` must be None, a vj.Posterior (of any method), a State of {name} for this "
+                         f"model (e.g. post.state of a {name} fit; its shapes here: {expected}) or an array of "
+                         f"shape ({model.dim},); got {_describe(init)}.")
+
+
+def _describe(x) -> str:
+    if isinstance(x, (eqx.Module, tuple, list, dict)):
+        shapes = jax.tree_util.tree_map(lambda a: f"{getattr(a, 'dtype', type(a).__name__)}{list(np.shape(a))}", x)
+        return f"{type(x).__name__} with shapes {shapes}"
+    return f"{type(x).__name__}: {x!r}"
+
+
+@eqx.filter_jit
+def _compiled_expand_at(model, w):
+    return _start.expand_at(jax.lax.stop_gradient(model), w)
+
+
+def same_shapes(state, template) -> bool:
+    """Whether the pytree ``state`` has the structure of ``template`` and leaves of the same shapes."""
+    if jax.tree_util.tree_structure(state) != jax.tree_util.tree_structure(template):
+        return False
+    shape = lambda x: tuple(x.shape) if hasattr(x, "shape") else np.shape(x)  # noqa: E731
+    return all(shape(a) == shape(b)
+               for a, b in zip(jax.tree_util.tree_leaves(state), jax.tree_util.tree_leaves(template)))

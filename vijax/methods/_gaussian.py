@@ -28,20 +28,9 @@ from jax.scipy.linalg import solve_triangular
 from .._linalg import LOG_2PI, inverse_factor, reversed_cholesky
 from ..covariance import CholeskyFactor
 from ..model import DenseGaussian, Identity, LatentLinearModel, ScaledIdentity
+from ..start import working_model
 
 __all__ = ["integrate", "working_model", "diagonal_form", "integrate_diagonal", "marginals", "precision_operator"]
-
-
-def working_model(model: LatentLinearModel):
-    """``(sites, whitening)``: the site groups in the coordinates the integral is taken in.
-
-    ``whitening`` is ``(μ, L)`` for a dense Gaussian factor (the groups then act on w̃), else None.
-    """
-    whitening = model.prior.whitening() if model.prior is not None else None
-    if whitening is None:
-        return model.sites, None
-    loc, L = whitening
-    return tuple(group.change_basis(loc, L) for group in model.sites), whitening
 
 
 def integrate(model: LatentLinearModel, quadratics, sites=None, whitening=None, map_back=True):

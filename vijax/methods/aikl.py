@@ -62,7 +62,6 @@ standardised: each coordinate has mean 0 and variance 1 whatever θ_d, so θ_d c
 from __future__ import annotations
 
 import math
-import warnings
 from functools import partial
 
 import equinox as eqx
@@ -73,16 +72,16 @@ from jax.flatten_util import ravel_pytree
 from jax.scipy.special import gammaln, log_ndtr
 
 from .._linalg import LOG_2PI
-from ..covariance import CholeskyFactor
+from ..covariance import CholeskyFactor, Full
 from ..model import LatentLinearModel
 from ..posterior import Diagnostics, Posterior
 from ..projections import as_projection
 from ..solvers import LBFGS, AbstractSolver, Solution
-from ._base import AbstractMethod
+from ._base import AbstractMethod, same_shapes
 from ._envelope import computed
-from .gkl import GKL
+from .gkl import GKL, bound_at
 
-__all__ = ["AbstractBase", "Normal", "SkewNormal", "GeneralisedNormal", "AIKLParams", "AIKLInfo", "AIKLPosterior",
+__all__ = ["AbstractBase", "Normal", "SkewNormal", "GeneralisedNormal", "AIKLParams", "AIKLState", "AIKLInfo", "AIKLPosterior",
            "AIKL", "bound", "site_expectations", "lattice_densities"]
 
 _SPAN = 6.0  # lattice end points at ±_SPAN σ_y (thesis §6.3.1)
@@ -614,6 +613,16 @@ class AIKLInfo(eqx.Module):
                 f"fell_back={bool(self.fell_back)})")
 
 
+class AIKLState(eqx.Module):
+    """The State of `vj.AIKL` (``post.state``): the parameters (b, L, U, θ), whether the fit probes θ
+    before optimising (True for a start from a Gaussian, False for a restart) and the base's class name
+    (a state restarts a fit with the same base only)."""
+
+    params: AIKLParams
+    probe: jax.Array
+    base: str = eqx.field(static=True)
+
+
 class AIKLPosterior(Posterior):
     """A `Posterior` for AI-KL: q(w) is the density of A v + b, not a Gaussian.
 
@@ -633,7 +642,8 @@ class AIKLPosterior(Posterior):
         S = C.T @ C
         S = 0.5 * (S + S.T)
         factor = CholeskyFactor.from_matrix(jnp.linalg.cholesky(S).T)
-        super().__init__(mean, factor, log_z, diagnostics, model, bound_claim=True, state=params)
+        super().__init__(mean, factor, log_z, diagnostics, model, bound_claim=True,
+                         state=AIKLState(params, jnp.array(False), type(base).__name__))
         self.params = params
         self.base = base
         self.lattice_points = lattice_points
@@ -702,7 +712,7 @@ class AIKL(AbstractMethod):
     solver: AbstractSolver | None = None
     padding: str = eqx.field(static=True, default="window")
     span: float = eqx.field(static=True, default=_SPAN)
-    tol_k: float = eqx.field(static=True, default=1e-3)
+    tol_k: float = 1e-3
     max_doublings: int = eqx.field(static=True, default=4)
     scheme: str = eqx.field(static=True, default="joint")
     max_cycles: int = eqx.field(static=True, default=20)
@@ -729,27 +739,46 @@ class AIKL(AbstractMethod):
     def _solver(self):
         return self.solver if self.solver is not None else LBFGS(tol=1e-6, max_iter=1000, gain_tol=self.tol_k)
 
-    def init_params(self, model, init=None):
-        """The starting (b, L, U, θ) and the G-KL bound there (NaN unless it came from a G-KL fit)."""
+    # The State is an `AIKLState`: (b, L, U, θ) and whether to probe θ before optimising (a start from a
+    # Gaussian). The cold start is the G-KL optimum (`vj.GKL()`, fitted inside the start's program) with
+    # the bases at their Gaussian member.
+
+    def init_state(self, model) -> "AIKLState":
+        gkl = GKL()
+        post = gkl.solve(model, gkl.init_state(model))
+        return self.from_gaussian(model, post.mean, post.factor)
+
+    def from_gaussian(self, model, mean, factor) -> "AIKLState":
+        """The bases at their Gaussian member (θ from `AbstractBase.init_theta`), standardised so that q has
+        the Gaussian's mean and covariance: w = b + A v, ⟨v⟩ = v̄, var v = s², A = chol(S) diag(1/s),
+        b = m − A v̄; θ is probed first."""
         dim, dtype = model.dim, model.dtype
-        nan = jnp.full((), jnp.nan, dtype)
-        if isinstance(init, AIKLPosterior) and type(init.base) is type(self.base):
-            return init.params, nan
-        if isinstance(init, AIKLParams):
-            return init, nan
-        if init is None:
-            init = GKL().fit(model)
-            gaussian = init.log_z
-        elif isinstance(init, Posterior):
-            gaussian = nan
-        else:
-            raise ValueError(f"AIKL: `init` must be a Posterior or vj.aikl.AIKLParams, got {type(init).__name__}.")
         theta = self.base.init_theta(dim, dtype)
-        S = init.covariance
-        # Standardise the base: w = b + A v with ⟨v⟩ = v̄ and var v = s²: A = chol(S) diag(1/s), b = m − A v̄.
+        S = factor.dense()
         lower = jnp.linalg.cholesky(0.5 * (S + S.T)) / jnp.sqrt(self.base.variance(theta))[None, :]
-        loc = init.mean - lower @ self.base.mean(theta)
-        return AIKLParams(loc, lower, jnp.eye(dim, dtype=dtype), theta), gaussian
+        loc = mean - lower @ self.base.mean(theta)
+        params = AIKLParams(loc, lower, jnp.eye(dim, dtype=dtype), theta)
+        return AIKLState(params, jnp.array(True), type(self.base).__name__)
+
+    def from_expansion(self, model, expansion) -> "AIKLState":
+        frozen = jax.lax.stop_gradient(model)
+        return self.from_gaussian(model, expansion.mode, Full().from_curvature(expansion.curvature(frozen)))
+
+    def is_state(self, model, state) -> bool:
+        if not (isinstance(state, AIKLState) and state.base == type(self.base).__name__):
+            return False
+        theta = jax.eval_shape(lambda: self.base.init_theta(model.dim, model.dtype))
+        d = (model.dim,)
+        template = AIKLParams(*(jax.ShapeDtypeStruct(s, model.dtype) for s in (d, d * 2, d * 2)), theta)
+        return same_shapes(state.params, template)
+
+    def report(self, post) -> str | None:
+        info = post.diagnostics.info
+        if not bool(info.fell_back):
+            return None
+        return (f"AIKL: re-evaluated at K = {int(info.lattice_points)}, the optimum's bound is below the start's "
+                f"({float(info.start_log_z):.6g}): the optimiser followed lattice error at K = "
+                f"{self.lattice_points}, so the posterior is the start. Raise `lattice_points`.")
 
     def _probe(self, start, model):
         """θ after trying each of the base's probe values in each coordinate in turn, keeping improvements."""
@@ -774,12 +803,7 @@ class AIKL(AbstractMethod):
         (theta, _), _ = jax.lax.scan(trial, (start.theta, minus_inf), (coords, values))
         return theta
 
-    def _start(self, model, init):
-        """The starting (b, L, U, θ) (no gradient) and the G-KL bound there (`init_params`)."""
-        start, gaussian = self.init_params(model, init)
-        return jax.lax.stop_gradient(start), gaussian
-
-    def _optimise(self, frozen, start, warm):
+    def _optimise(self, frozen, start, probe):
         """Maximise the bound at K from ``start``: the solver's solution and the optimum's parameters."""
         K, padding, base, span = self.lattice_points, self.padding, self.base, self.span
         dim = frozen.dim
@@ -794,8 +818,8 @@ class AIKL(AbstractMethod):
                               base.from_free(theta) if base.learn else start.theta)
 
         theta0 = start.theta
-        if base.learn and base.probes() and not warm:
-            theta0 = self._probe(start, frozen)
+        if base.learn and base.probes():
+            theta0 = jax.lax.cond(probe, lambda: self._probe(start, frozen), lambda: start.theta)
         # θ enters through the base's free coordinates (`AbstractBase.to_free`).
         z0 = (jnp.zeros((dim, dim), L0.dtype), jnp.triu(start.upper), jnp.zeros((dim,), L0.dtype),
               base.to_free(theta0))
@@ -883,46 +907,13 @@ class AIKL(AbstractMethod):
         # the densities and samples of the posterior use the finest lattice
         return AIKLPosterior(opt, base, ks[-1], padding, span, log_z, diagnostics, model)
 
-    def staged_fit(self, model: LatentLinearModel, init=None) -> AIKLPosterior:
-        """`fit` for concrete inputs (`vj.infer` calls it outside `jit`, `vmap` and `grad`), in compiled
-        stages: the G-KL start, the optimisation at K, then the bound at 2K, 4K, … only until it settles
-        (`fit` must evaluate every lattice up to 2^max_doublings K). Same result as `fit`. Warns when the
-        fit fell back to its start (``diagnostics.info.fell_back``)."""
+    def solve(self, model: LatentLinearModel, state: "AIKLState") -> AIKLPosterior:
         frozen = jax.lax.stop_gradient(model)
-        fresh = init is None
-        if fresh:
-            init = _compiled_fit(GKL(), frozen, None)
-        start, gaussian = _compiled_stage(self, "_start", frozen, init)
-        if fresh:
-            gaussian = init.log_z
-        warm = isinstance(init, AIKLParams) or (isinstance(init, AIKLPosterior) and type(init.base) is type(self.base))
-        sol, opt = _compiled_stage(self, "_optimise", frozen, start, warm)
-        ks = self._lattices()
-        # The optimum's bound at K (the solver's value), 2K, … until it settles; the start's on that
-        # lattice alone (one compiled stage per K serves both).
-        values = [sol.value]
-        change = jnp.full((), jnp.nan, sol.value.dtype)
-        for k in ks[1:]:
-            values.append(_compiled_stage(self, "_value", opt, frozen, k))
-            change = jnp.abs(values[-1] - values[-2])
-            if float(change) < self.tol_k:
-                break
-        index = len(values) - 1
-        pair = jnp.stack([values[-1], _compiled_stage(self, "_value", start, frozen, ks[index])])
-        post = _compiled_stage(self, "_result", model, start, opt, sol, gaussian, jnp.asarray(index), pair, change)
-        info = post.diagnostics.info
-        if bool(info.fell_back):
-            warnings.warn(f"AIKL: re-evaluated at K = {int(info.lattice_points)}, the optimum's bound is below the "
-                          f"start's ({float(info.start_log_z):.6g}): the optimiser followed lattice error at "
-                          f"K = {self.lattice_points}, so the posterior is the start. Raise `lattice_points`.",
-                          UserWarning, stacklevel=3)
-        return post
-
-    def fit(self, model: LatentLinearModel, init=None) -> AIKLPosterior:
-        frozen = jax.lax.stop_gradient(model)
-        start, gaussian = self._start(frozen, init)
-        warm = isinstance(init, AIKLParams) or (isinstance(init, AIKLPosterior) and type(init.base) is type(self.base))
-        sol, opt = self._optimise(frozen, start, warm)
+        start, probe = jax.lax.stop_gradient((state.params, state.probe))
+        mean, C = _moments(start, self.base)
+        # The G-KL bound at the Gaussian with the start's moments (the G-KL optimum for a cold start).
+        gaussian = bound_at(mean, C.T @ C, frozen)
+        sol, opt = self._optimise(frozen, start, probe)
         # The final bound: double K until it changes by less than tol_k.
         ks = self._lattices()
         pairs = jnp.stack([self._pair(opt, start, frozen, k) for k in ks])  # (len(ks), 2)
@@ -935,17 +926,6 @@ class AIKL(AbstractMethod):
         else:
             index, change = jnp.array(0), jnp.full((), jnp.nan, pairs.dtype)
         return self._result(model, start, opt, sol, gaussian, index, pairs[index], change)
-
-
-@eqx.filter_jit
-def _compiled_fit(method, model, init):
-    return method.fit(model, init)
-
-
-@eqx.filter_jit
-def _compiled_stage(method, name, *args):
-    """``method.<name>(*args)`` compiled (once per method, stage and argument shapes)."""
-    return getattr(method, name)(*args)
 
 
 def __dir__():

@@ -51,7 +51,7 @@ Schedules (`EP.schedule`):
   reported; the parallel and sequential schedules, which never compare values of G, do not share the limit.
 
 EP starts from every site's second-order expansion at the mode of the log joint (q = the Laplace
-approximation; `EP.initial_sites`), so a wide, flat or singular Gaussian factor never leaves q
+approximation; `vijax.start.expand_at_mode`), so a wide, flat or singular Gaussian factor never leaves q
 improper or the cavities as wide as the prior.
 
 By default a run that has not converged (the residual stopped improving for ``patience`` iterations,
@@ -75,11 +75,11 @@ from ..covariance import CholeskyFactor
 from ..model import LatentLinearModel
 from ..posterior import Diagnostics, EPInfo, Posterior
 from ..solvers import iterate
-from .._keywords import renamed
-from ._base import AbstractMethod
+from .. import _checks
+from ._base import AbstractMethod, same_shapes
 from ._envelope import computed
 from ._gaussian import integrate, marginals, working_model
-from .laplace import expand_at_mode, whitened
+from ..start import expand_at, expand_at_mode
 
 __all__ = ["EP", "SiteParams", "energy", "SCHEDULES"]
 
@@ -106,9 +106,11 @@ class SiteParams(eqx.Module):
     shift: tuple[jax.Array, ...]
 
     @staticmethod
-    def zeros(model: LatentLinearModel) -> "SiteParams":
-        """Sites that contribute nothing: q is the model's Gaussian factor."""
-        zeros = tuple(jnp.zeros(g.num_sites, model.dtype) for g in model.sites)
+    def zeros(model: LatentLinearModel, shapes_only: bool = False) -> "SiteParams":
+        """Sites that contribute nothing: q is the model's Gaussian factor (with ``shapes_only``, their
+        `jax.ShapeDtypeStruct`s)."""
+        make = jax.ShapeDtypeStruct if shapes_only else jnp.zeros
+        zeros = tuple(make((g.num_sites,), model.dtype) for g in model.sites)
         return SiteParams(zeros, zeros)
 
     def __add__(self, other: "SiteParams") -> "SiteParams":
@@ -321,8 +323,7 @@ class EP(AbstractMethod):
       sequential sweeps, sequential with the double loop (see the module docstring).
     - `patience`: iterations without a 1% improvement of the residual before a run is declared
       oscillating (and handed to the fallback).
-    - `inner_max_iter`: the most inner steps per outer iteration of the double loop (``inner_iter``,
-      its former name, still works with a `DeprecationWarning`).
+    - `inner_max_iter`: the most inner steps per outer iteration of the double loop.
 
     ``vj.infer(model, vj.EP())`` returns a `Posterior` with q = N(mean, S) (a full `CholeskyFactor`)
     and ``log_z`` = `energy` at the frozen sites, an approximation (not a bound) whose ``jax.grad``
@@ -333,17 +334,18 @@ class EP(AbstractMethod):
     B = I + T½KT½ (R&W §3.6), about 4/3 D³ flops.
     """
 
-    schedule: str = eqx.field(static=True, default="parallel")
-    damping: float | None = eqx.field(static=True, default=None)
-    power: float = eqx.field(static=True, default=1.0)
-    max_iter: int = eqx.field(static=True, default=200)
-    tol: float = eqx.field(static=True, default=1e-8)
-    fallback: bool = eqx.field(static=True, default=True)
-    patience: int = eqx.field(static=True, default=20)
-    inner_max_iter: int = eqx.field(static=True, default=50)
+    schedule: str = eqx.field(static=True)
+    damping: float | None
+    power: float
+    max_iter: int = eqx.field(static=True)
+    tol: float
+    fallback: bool = eqx.field(static=True)
+    patience: int = eqx.field(static=True)
+    inner_max_iter: int = eqx.field(static=True)
+    unit_power: bool = eqx.field(static=True)
 
     def __init__(self, schedule="parallel", damping=None, power=1.0, max_iter=200, tol=1e-8, fallback=True,
-                 patience=20, inner_max_iter=50, *, inner_iter=None):
+                 patience=20, inner_max_iter=50):
         self.schedule = schedule
         self.damping = damping
         self.power = power
@@ -351,24 +353,31 @@ class EP(AbstractMethod):
         self.tol = tol
         self.fallback = fallback
         self.patience = patience
-        self.inner_max_iter = renamed("EP", "inner_iter", "inner_max_iter", inner_iter, inner_max_iter, 50)
+        self.inner_max_iter = inner_max_iter
+        # Standard EP (η = 1) uses the potentials' closed-form tilted moments: a program of its own.
+        self.unit_power = isinstance(power, (int, float)) and float(power) == 1.0
 
     def __check_init__(self):
         if self.schedule not in SCHEDULES:
             raise ValueError(f"EP: `schedule` must be one of {SCHEDULES}, got {self.schedule!r}.")
-        if self.damping is not None and not (0 < self.damping <= 1):
+        if self.damping is not None and _checks.is_concrete(self.damping) and not (0 < self.damping <= 1):
             raise ValueError(f"EP: `damping` must lie in (0, 1], got {self.damping!r}.")
-        if not (0 < self.power <= 1):
+        if _checks.is_concrete(self.power) and not (0 < self.power <= 1):
             raise ValueError(f"EP: `power` must lie in (0, 1], got {self.power!r}.")
         if not (isinstance(self.max_iter, int) and self.max_iter >= 1):
             raise ValueError(f"EP: `max_iter` must be a positive integer, got {self.max_iter!r}.")
-        if not self.tol > 0:
+        if _checks.is_concrete(self.tol) and not self.tol > 0:
             raise ValueError(f"EP: `tol` must be positive, got {self.tol!r}.")
 
     @property
-    def step_fraction(self) -> float:
+    def step_fraction(self):
         """δ (the first δ of the adaptive parallel schedule)."""
-        return 1.0 if self.damping is None else float(self.damping)
+        return 1.0 if self.damping is None else self.damping
+
+    @property
+    def _eta(self):
+        """η for the site maths: the Python 1.0 of standard EP (closed-form tilted moments), else `power`."""
+        return 1.0 if self.unit_power else self.power
 
     # ------------------------------------------------------------------------------------------
     # Shared loop machinery
@@ -422,8 +431,8 @@ class EP(AbstractMethod):
         def body(run: _Run) -> _Run:
             # One evaluation per iteration of the loop (so the tilted integrals are traced once): a step
             # that leaves q or a cavity improper is halved, in the next iteration, up to _MAX_HALVINGS times.
-            step = _direction(run.ev, run.sites, self.power).scale(jnp.where(run.started, run.damping * run.alpha, 0.0))
-            ev = _evaluate(run.sites + step, model, self.power, work)
+            step = _direction(run.ev, run.sites, self._eta).scale(jnp.where(run.started, run.damping * run.alpha, 0.0))
+            ev = _evaluate(run.sites + step, model, self._eta, work)
             # The first iteration of a run that starts here evaluates its sites (step 0).
             first = self._prepared(self._start(run.sites, ev, run.k, run.trace), "parallel")
             ok = accept = ev.proper
@@ -448,7 +457,7 @@ class EP(AbstractMethod):
         return body
 
     def _sequential_step(self, model, work):
-        power, delta = self.power, self.step_fraction
+        power, delta = self._eta, self.step_fraction
         dtype = model.dtype
         working_sites, whitening = work
 
@@ -493,7 +502,7 @@ class EP(AbstractMethod):
             for k, group in enumerate(working_sites):
                 carry = sweep_group(carry, group, k)
             _, _, sites, skipped = carry
-            ev = _evaluate(sites, model, self.power, work)
+            ev = _evaluate(sites, model, self._eta, work)
             change = _change(jax.tree_util.tree_map(jnp.subtract, sites, run.sites), run.ev)
             # Rounding can still leave q improper (a rank-one downdate of a nearly singular S): keep the
             # last proper state and stop (the fallback takes over from the best one).
@@ -504,7 +513,7 @@ class EP(AbstractMethod):
         return body
 
     def _double_loop(self, model, work):
-        power, tol = self.power, self.tol
+        power, tol = self._eta, self.tol
         # The EP step ignores that a site moves its own q marginal (its cavity moves with it in EP,
         # not here): for fixed cavities the diagonal Newton step is η/(1 + η) of it.
         newton_fraction = power / (1.0 + power)
@@ -592,31 +601,31 @@ class EP(AbstractMethod):
 
     # ------------------------------------------------------------------------------------------
 
-    def initial_sites(self, model: LatentLinearModel, init=None) -> SiteParams:
-        """``init`` (a `SiteParams`, or a `Posterior` from EP), else every site's second-order expansion
-        at the mode of the log joint (`vj.laplace.expand_at_mode`, with negative curvatures clipped to
-        zero), so that q starts at the Laplace approximation: proper whatever the Gaussian factor (a
-        singular precision, a flat or very wide prior), and near the fixed point, where zero sites
-        (q = the prior) would start EP from cavities of the prior's width."""
-        if isinstance(init, Posterior):
-            init = init.state
-            if not isinstance(init, SiteParams):
-                raise ValueError("EP: `init` is a Posterior from another method; EP warm-starts from an EP "
-                                 "posterior or from vj.ep.SiteParams.")
-        if isinstance(init, SiteParams):
-            shapes = tuple(t.shape for t in init.precision) + tuple(t.shape for t in init.shift)
-            expected = tuple((g.num_sites,) for g in model.sites) * 2
-            if shapes != expected:
-                raise ValueError(f"EP: `init` sites have shapes {shapes}, the model needs {expected}.")
-            return init
-        if init is not None:
-            raise ValueError(f"EP: `init` must be a Posterior from EP or vj.ep.SiteParams, got {type(init).__name__}.")
-        start = expand_at_mode(whitened(model))
-        dtype = model.dtype
-        return SiteParams(tuple(t.astype(dtype) for t in start.precision), tuple(n.astype(dtype) for n in start.shift))
+    # The State is the sites, `SiteParams`; the cold start every site's second-order expansion at the mode
+    # of the log joint (`vijax.start.expand_at_mode`, negative curvatures clipped to zero), so that q
+    # starts at the Laplace approximation: proper whatever the Gaussian factor (a singular precision, a
+    # flat or very wide prior), and near the fixed point, where zero sites (q = the prior) would start EP
+    # from cavities of the prior's width.
 
-    def fit(self, model: LatentLinearModel, init=None) -> Posterior:
-        run = self._first_run(model, init)
+    def shares_start(self, model):
+        return True
+
+    def from_expansion(self, model, expansion) -> SiteParams:
+        return SiteParams(expansion.precision, expansion.shift)
+
+    def init_state(self, model) -> SiteParams:
+        return self.from_expansion(model, expand_at_mode(model))
+
+    def from_gaussian(self, model, mean, factor) -> SiteParams:
+        """Every site's expansion at q's mean (EP's sites are not a function of another method's q)."""
+        return self.from_expansion(model, expand_at(jax.lax.stop_gradient(model), mean))
+
+    def is_state(self, model, state) -> bool:
+        template = SiteParams.zeros(model, shapes_only=True)
+        return isinstance(state, SiteParams) and same_shapes(state, template)
+
+    def solve(self, model: LatentLinearModel, state: SiteParams) -> Posterior:
+        run = self._first_run(model, state)
         # A run that has not converged continues with the next, more robust schedule from its best sites.
         flags = (jnp.array(False), jnp.array(False))  # (used a fallback, oscillated)
         for schedule in self._chain[1:]:
@@ -625,40 +634,27 @@ class EP(AbstractMethod):
                                lambda run, schedule=schedule: self._prepared(run, schedule), run)
         return self._finish(model, run, *flags)
 
-    def staged_fit(self, model: LatentLinearModel, init=None) -> Posterior:
-        """`fit` for concrete inputs, one compiled stage at a time: a fallback schedule is compiled only
-        when a run needs it (`vj.infer` calls this outside `jit`, `vmap` and `grad`). Same result as
-        `fit`: the stages are the branches `fit` chooses between."""
-        run = _first_run(self, model, init)
-        flags = (jnp.array(False), jnp.array(False))
-        for schedule in self._chain[1:]:
-            unconverged, flags = self._unconverged(run, flags)
-            if not bool(unconverged):
-                break  # a converged run stays converged: the later schedules' stops are no stricter
-            run = _rescue(self, model, run, schedule)
-        return _finish(self, model, run, *flags)
-
     @property
     def _chain(self):
         return (self.schedule,) + (_FALLBACK[self.schedule] if self.fallback else ())
 
-    def _first_run(self, model, init) -> _Run:
-        """From the start (`initial_sites`) to the end of the first schedule's run."""
+    def _first_run(self, model, sites) -> _Run:
+        """From the start ``sites`` to the end of the first schedule's run."""
         frozen = jax.lax.stop_gradient(model)
-        sites = jax.lax.stop_gradient(self.initial_sites(frozen, init))
+        sites = jax.lax.stop_gradient(sites)
         work = working_model(frozen)
         length = (self.max_iter + 1) * len(self._chain)
         trace = jnp.full((length,), jnp.nan, frozen.dtype)
         if self.schedule == "parallel":
             # The parallel schedule's first iteration evaluates the start (so `_evaluate` appears in the
             # program once for it); until then the evaluation is a placeholder of the right shape.
-            shape = jax.eval_shape(lambda: _evaluate(sites, frozen, self.power, work))
+            shape = jax.eval_shape(lambda: _evaluate(sites, frozen, self._eta, work))
             ev = jax.tree_util.tree_map(lambda a: jnp.full(a.shape, jnp.nan if a.dtype != bool else False, a.dtype),
                                         shape)
             run = self._start(sites, ev, jnp.array(0), trace)._replace(started=jnp.array(False))
             run = run._replace(residual=jnp.array(jnp.inf, trace.dtype), best=jnp.array(jnp.inf, trace.dtype))
         else:
-            run = self._start(sites, _evaluate(sites, frozen, self.power, work), jnp.array(0), trace)
+            run = self._start(sites, _evaluate(sites, frozen, self._eta, work), jnp.array(0), trace)
         schedule = self._chain[0]
         return self._loop(self._prepared(run, schedule), self._schedules[schedule](frozen, work), self.max_iter)
 
@@ -684,9 +680,9 @@ class EP(AbstractMethod):
         frozen = jax.lax.stop_gradient(model)
         work = working_model(frozen)
         sites = jax.lax.stop_gradient(run.sites)
-        log_z = computed(run.ev.value, lambda s, m: energy(s, m, self.power), sites, model)  # = energy at sites
+        log_z = computed(run.ev.value, lambda s, m: energy(s, m, self._eta), sites, model)  # = energy at sites
         _, mean, C = integrate(frozen, _quadratics(sites), *work)
-        grad = _energy_gradient(run.ev, frozen, C, self.power)
+        grad = _energy_gradient(run.ev, frozen, C, self._eta)
         grad_norm = jnp.max(jnp.stack([jnp.max(jnp.abs(g), initial=0.0) for g in jax.tree_util.tree_leaves(grad)]))
         info = EPInfo(max_change=run.change, oscillating=oscillated | (run.since_best >= self.patience),
                       skipped=run.skipped, shrunk=run.shrunk, fallback=used_fallback)
@@ -696,13 +692,6 @@ class EP(AbstractMethod):
             solver=self.schedule, info=info)
         factor = CholeskyFactor.from_matrix(C).canonical()
         return Posterior(mean, factor, log_z, diagnostics, model, bound_claim=False, state=sites)
-
-
-# The stages of `EP.staged_fit`, each compiled once per method and model shape (filter_jit: the method
-# and the schedule name are static, arrays traced).
-_first_run = eqx.filter_jit(EP._first_run)
-_rescue = eqx.filter_jit(EP._rescue)
-_finish = eqx.filter_jit(EP._finish)
 
 
 def __dir__():

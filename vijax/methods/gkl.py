@@ -37,16 +37,14 @@ from ..model import LatentLinearModel
 from ..posterior import Diagnostics, Posterior
 from ..quadrature import GaussHermite, safe_sqrt
 from ..solvers import LBFGS, AbstractSolver, NewtonCG
-from ._base import AbstractMethod
+from ._base import AbstractMethod, same_shapes
 from . import _gkl_natural
 from ._envelope import computed
-from .laplace import expand_at_mode, whitened
+from ..start import expand_at_mode, whitened
 
-__all__ = ["GaussianParams", "GKL", "bound", "bound_at", "curvature", "shrunk_until_finite"]
+__all__ = ["GaussianParams", "NaturalParams", "GKL", "bound", "bound_at", "curvature", "shrunk_until_finite"]
 
 _DEFAULT_QUADRATURE = GaussHermite()
-_NATURAL_MAX_ITER = 200
-_NATURAL_TOL = 1e-10  # the natural-parameter ascent's decrement at which it takes its last step
 
 
 class GaussianParams(eqx.Module):
@@ -112,6 +110,15 @@ def shrunk_until_finite(params: GaussianParams, objective, max_halvings: int = 6
     return at(t)
 
 
+class NaturalParams(eqx.Module):
+    """The state of the natural-parameter G-KL (the full family with log-concave sites): q's mean
+    ``(D,)`` in the model's coordinates and its site precisions λ, one ``(N_g,)`` array per site group,
+    with S⁻¹ = Λ + Σ_g H_gᵀ diag(λ_g) H_g."""
+
+    mean: jax.Array
+    precision: tuple[jax.Array, ...]
+
+
 class GKL(AbstractMethod):
     """Gaussian KL approximate inference: maximise `bound` over (m, C).
 
@@ -124,26 +131,31 @@ class GKL(AbstractMethod):
       non-concave `FactorAnalysis`).
     - `quadrature`: the rule for site expectations without a closed form.
     - `whiten`: change of basis w = μ + L w̃ for dense priors (full covariance only).
+    - `tol`, `max_iter`: the stopping decrement (default 1e-10) and iteration cap (default 200) of the
+      natural-parameter ascent, and of the default `NewtonCG` of a concave family; a `solver` given
+      has its own.
 
     ``vj.infer(model, vj.GKL())`` returns a `Posterior` whose ``log_z`` is the bound
     (a lower bound on log Z) at the q it returns. Without ``init`` the fit starts from the Laplace
-    approximation (`initial_params`), never from the prior.
+    approximation (`vijax.start.expand_at_mode`), never from the prior.
 
     **Which algorithm.** With the full family, no `solver` given and log-concave sites (logistic,
     probit, Poisson, Laplace, Gaussian, ...), the fit is natural-parameter ascent: q is searched in
     the form the optimum has, S⁻¹ = Λ + Σ_g H_gᵀ diag(λ_g) H_g, over (m, λ), D + N numbers, with one
     D × D (N > D) or N × N (N ≤ D: GP models, wide data) factorisation a step; see
-    `vijax.methods._gkl_natural`. ``post.state`` holds λ. Otherwise (another family, a `solver`
-    given, or sites that are not log-concave) the bound is maximised over (m, C) by the solver. Both
-    reach the same optimum; ``solver=vj.solvers.NewtonCG()`` selects the latter. A warm start
-    (``init``) takes the same path as a cold one: λ from a natural-parameter posterior's ``state``,
-    else the fixed-point λ of the Gaussian given.
+    `vijax.methods._gkl_natural`. Its State is `NaturalParams` (m, λ), and its start the shared
+    site expansion (λ = the Laplace approximation's site precisions). Otherwise (another family, a
+    `solver` given, or sites that are not log-concave) the bound is maximised over (m, C) by the
+    solver; the State is `GaussianParams`, started from the family's fit to the Laplace curvature
+    (found matrix-free for every family but `Full`). Both reach the same optimum.
     """
 
     covariance: AbstractCovariance = Full()
     solver: AbstractSolver | None = None
     quadrature: GaussHermite = GaussHermite()
     whiten: bool = eqx.field(static=True, default=True)
+    tol: float = 1e-10
+    max_iter: int = eqx.field(static=True, default=200)
 
     def _whitening(self, model):
         if not (self.whiten and isinstance(self.covariance, Full) and model.prior is not None):
@@ -153,7 +165,7 @@ class GKL(AbstractMethod):
     def _solver(self):
         if self.solver is not None:
             return self.solver
-        return NewtonCG() if self.covariance.concave else LBFGS()
+        return NewtonCG(tol=self.tol, max_iter=self.max_iter) if self.covariance.concave else LBFGS()
 
     def _solve(self, solver, params, model):
         """Maximise the bound over the trainable leaves of ``params``; returns (params, Solution)."""
@@ -177,77 +189,59 @@ class GKL(AbstractMethod):
         sol = solver.maximise(objective, x0, preconditioner)
         return as_params(sol.x), sol
 
-    def init_params(self, model, init=None) -> GaussianParams:
-        """The starting point in ``model``'s coordinates: ``init`` (a `Posterior` or `GaussianParams`), or
-        the data-driven start of `initial_params`."""
-        if isinstance(init, GaussianParams):
-            return init
-        if isinstance(init, Posterior):
-            factor = init.factor
-            if not self.covariance.owns(factor, model.dim):
-                factor = self.covariance.from_dense(init.covariance)
-            return GaussianParams(init.mean, factor)
-        if init is not None:
-            raise ValueError(f"GKL: `init` must be a Posterior or GaussianParams, got {type(init).__name__}.")
-        return self.initial_params(model)
-
-    def initial_params(self, model) -> GaussianParams:
-        """Where a fit without ``init`` starts: the mode of the log joint, with S the family's fit to the
-        inverse of the (Gauss–Newton) curvature there — the Laplace approximation — shrunk by factors of
-        4 until the bound is finite. Never the prior: under a wide prior a site expectation such as a
-        Poisson site's ⟨eˣ⟩ = e^{m + v/2} overflows, while at the mode the data have set the scale."""
-        start = expand_at_mode(model)
-        params = GaussianParams(start.mode, self.covariance.from_curvature(Curvature(model, start.precision)))
-        return shrunk_until_finite(params, lambda p: bound(p, model, self.quadrature))
-
     def _natural(self, model) -> bool:
         return self.solver is None and isinstance(self.covariance, Full) and _gkl_natural.applies(model)
 
-    def _fit_natural(self, model, frozen, init) -> Posterior:
-        whitening = self._whitening(frozen)
-        work = whitened(frozen) if whitening is not None else frozen
-        to_work = (lambda m: m) if whitening is None else (
-            lambda m: solve_triangular(whitening[1], m - whitening[0], lower=True))
-        if init is None:
-            start = expand_at_mode(work)
-            mean, lam = start.mode, start.precision
-        elif isinstance(init, Posterior) and _gkl_natural.is_state(init.state, frozen):
-            mean, lam = to_work(init.mean), init.state
-        else:
-            params = self.init_params(frozen, init)
-            means = tuple(g.project(params.mean) for g in frozen.sites)
-            variances = tuple(params.factor.projected_variances(g.projection) for g in frozen.sites)
-            mean = to_work(params.mean)
-            lam = _gkl_natural.fixed_point_precisions(frozen, means, variances, self.quadrature)
-        mean, lam = jax.lax.stop_gradient((mean, lam))
-        out = _gkl_natural.fit(frozen, work, mean, lam, self.quadrature, _NATURAL_MAX_ITER, _NATURAL_TOL)
-        mean, C = out.mean, out.cholesky
-        if whitening is not None:
-            loc, L = whitening
-            mean, C = loc + L @ mean, C @ L.T  # S = L S̃ Lᵀ; upper × upper is upper-triangular
-        opt = jax.lax.stop_gradient(GaussianParams(mean, CholeskyFactor.from_matrix(C).canonical()))
-        # The bound at the q returned (the fit's own value), differentiable as the bound with the live model
-        # (the envelope theorem): evaluated again only under differentiation.
-        log_z = computed(out.value, lambda p, m: bound(p, m, self.quadrature), opt, model)
-        return Posterior(opt.mean, opt.factor, log_z, out.diagnostics, model, bound_claim=True,
-                         state=jax.lax.stop_gradient(out.lam))
+    # ------------------------------------------------------------------------------ the state contract
 
-    def fit(self, model: LatentLinearModel, init=None) -> Posterior:
+    def start_dense(self, model):
+        return None if isinstance(self.covariance, Full) else False
+
+    def shares_start(self, model):
+        return self._natural(model)
+
+    def from_expansion(self, model, expansion):
+        if self._natural(model):
+            return NaturalParams(expansion.mode, expansion.precision)
+        params = GaussianParams(expansion.mode, self.covariance.from_curvature(expansion.curvature(model)))
+        return shrunk_until_finite(params, lambda p: bound(p, model, self.quadrature))
+
+    def init_state(self, model):
+        return self.from_expansion(model, expand_at_mode(model, self.start_dense(model)))
+
+    def from_gaussian(self, model, mean, factor):
         frozen = jax.lax.stop_gradient(model)
         if self._natural(frozen):
-            return self._fit_natural(model, frozen, init)
+            means = tuple(g.project(mean) for g in frozen.sites)
+            variances = tuple(factor.projected_variances(g.projection) for g in frozen.sites)
+            return NaturalParams(mean, _gkl_natural.fixed_point_precisions(frozen, means, variances, self.quadrature))
+        if not self.covariance.owns(factor, model.dim):
+            factor = self.covariance.from_dense(factor.dense())
+        return GaussianParams(mean, factor)
+
+    def is_state(self, model, state):
+        if self._natural(model):
+            template = NaturalParams(jax.ShapeDtypeStruct((model.dim,), model.dtype),
+                                     tuple(jax.ShapeDtypeStruct((g.num_sites,), model.dtype) for g in model.sites))
+            return isinstance(state, NaturalParams) and same_shapes(state, template)
+        return (isinstance(state, GaussianParams) and jnp.shape(state.mean) == (model.dim,)
+                and self.covariance.owns(state.factor, model.dim))
+
+    # ------------------------------------------------------------------------------ the fit
+
+    def solve(self, model: LatentLinearModel, state) -> Posterior:
+        frozen = jax.lax.stop_gradient(model)
+        state = jax.lax.stop_gradient(state)
+        if self._natural(frozen):
+            return self._solve_natural(model, frozen, state)
         whitening = self._whitening(frozen)
         work_model = whitened(frozen) if whitening is not None else frozen
-        if init is None:
-            params = self.initial_params(work_model)
-        else:
-            params = jax.lax.stop_gradient(self.init_params(frozen, init))
-            if whitening is not None:
-                loc, L = whitening
-                C = params.factor.cholesky()
-                params = GaussianParams(solve_triangular(L, params.mean - loc, lower=True),
-                                        CholeskyFactor.from_matrix(solve_triangular(L, C.T, lower=True).T))
-        params = jax.lax.stop_gradient(params)
+        params = state
+        if whitening is not None:
+            loc, L = whitening
+            C = params.factor.cholesky()
+            params = GaussianParams(solve_triangular(L, params.mean - loc, lower=True),
+                                    CholeskyFactor.from_matrix(solve_triangular(L, C.T, lower=True).T))
 
         solver = self._solver()
         opt, sol = self._solve(solver, params, work_model)
@@ -274,7 +268,25 @@ class GKL(AbstractMethod):
         # the parameters frozen gives the derivative of the optimal bound in the model.
         log_z = bound(opt, model, self.quadrature)
         diagnostics = Diagnostics.from_solution(sol, method="GKL", solver=type(solver).__name__)
-        return Posterior(opt.mean, opt.factor, log_z, diagnostics, model, bound_claim=True)
+        return Posterior(opt.mean, opt.factor, log_z, diagnostics, model, bound_claim=True, state=opt)
+
+    def _solve_natural(self, model, frozen, state: NaturalParams) -> Posterior:
+        whitening = self._whitening(frozen)
+        work = whitened(frozen) if whitening is not None else frozen
+        mean = state.mean
+        if whitening is not None:
+            mean = solve_triangular(whitening[1], mean - whitening[0], lower=True)
+        out = _gkl_natural.fit(frozen, work, mean, state.precision, self.quadrature, self.max_iter, self.tol)
+        mean, C = out.mean, out.cholesky
+        if whitening is not None:
+            loc, L = whitening
+            mean, C = loc + L @ mean, C @ L.T  # S = L S̃ Lᵀ; upper × upper is upper-triangular
+        opt = jax.lax.stop_gradient(GaussianParams(mean, CholeskyFactor.from_matrix(C).canonical()))
+        # The bound at the q returned (the fit's own value), differentiable as the bound with the live model
+        # (the envelope theorem): evaluated again only under differentiation.
+        log_z = computed(out.value, lambda p, m: bound(p, m, self.quadrature), opt, model)
+        state = jax.lax.stop_gradient(NaturalParams(opt.mean, out.lam))
+        return Posterior(opt.mean, opt.factor, log_z, out.diagnostics, model, bound_claim=True, state=state)
 
 
 def __dir__():

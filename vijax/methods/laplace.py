@@ -31,21 +31,21 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jax.scipy.linalg import cho_factor, cho_solve, solve_triangular
+from jax.scipy.linalg import solve_triangular
 
-from .. import _checks
+import numpy as np
+
 from .._linalg import LOG_2PI, inverse_factor, reversed_cholesky
-from .._curvature import Curvature, site_curvatures, site_derivatives
+from .._curvature import site_curvatures
 from ..covariance import CholeskyFactor
-from ..model import GaussianFactor, LatentLinearModel
+from ..model import LatentLinearModel
 from ..posterior import Diagnostics, LaplaceInfo, Posterior
 from ..solvers import AbstractSolver, GaussNewton, NewtonCG, Solution
 from ._base import AbstractMethod
 from ._envelope import computed
-from ._gaussian import working_model
+from ..start import expand_at_mode, mode_search, whitened
 
-__all__ = ["Laplace", "mode_solver", "log_joint", "site_curvatures", "negative_hessian", "evidence", "find_mode",
-           "SiteExpansion", "expand_at_mode", "whitened"]
+__all__ = ["Laplace", "mode_solver", "log_joint", "site_curvatures", "negative_hessian", "evidence"]
 
 _MAX_JITTER_TRIES = 12
 
@@ -71,40 +71,6 @@ def evidence(w, model: LatentLinearModel, gauss_newton=False, jitter=0.0):
     A = negative_hessian(w, model, gauss_newton)
     L = jnp.linalg.cholesky(A + jitter * jnp.eye(model.dim, dtype=A.dtype))
     return log_joint(w, model) + 0.5 * model.dim * LOG_2PI - jnp.sum(jnp.log(jnp.diag(L)))
-
-
-def find_mode(model: LatentLinearModel, w0, solver: AbstractSolver):
-    """Maximise ℓ from ``w0``; returns the solver's `Solution` (the mode is ``sol.x``).
-
-    Newton-CG is preconditioned by the Gauss–Newton curvature, factorised densely (O(D³)), or by
-    Woodbury as an N × N factorisation when the prior precision is diagonal and N ≤ D.
-    """
-
-    prior, sites = model.prior, model.sites
-    if prior is not None and prior.diagonal_precision and len(sites) == 1 and sites[0].num_sites <= model.dim:
-        # P = Λ + HᵀWH with Λ diagonal and no more sites than coordinates (a whitened GP): by Woodbury,
-        # P⁻¹ = Λ⁻¹ − Λ⁻¹Hᵀ W½ B⁻¹ W½ HΛ⁻¹ with B = I + W½ HΛ⁻¹Hᵀ W½, an N × N factorisation per
-        # step once G = HΛ⁻¹Hᵀ is formed (cf. Rasmussen & Williams Alg. 3.1).
-        projection = sites[0].projection
-        inv_prec = 1.0 / prior.precision_diagonal()
-        G = projection.mv(inv_prec[:, None] * projection.rmv(jnp.eye(sites[0].num_sites, dtype=model.dtype)))
-
-        def preconditioner(w):
-            root = jnp.sqrt(site_curvatures(w, model, gauss_newton=True)[0])
-            factor = cho_factor(jnp.eye(G.shape[0], dtype=G.dtype) + root[:, None] * G * root[None, :], lower=True)
-
-            def solve(v):
-                u = inv_prec * v
-                return u - inv_prec * projection.rmv(root * cho_solve(factor, root * projection.mv(u)))
-
-            return solve
-    else:
-        def preconditioner(w):
-            P = Curvature(model, site_curvatures(w, model, gauss_newton=True)).dense()
-            factor = cho_factor(P)
-            return lambda v: cho_solve(factor, v)
-
-    return solver.maximise(lambda w: log_joint(w, model), w0, preconditioner)
 
 
 def mode_solver(model: LatentLinearModel, solver: AbstractSolver | None = None) -> AbstractSolver:
@@ -149,22 +115,10 @@ def curvature_at_mode(mode, model: LatentLinearModel):
     return R, k > 1, jitter_of(k - 1)
 
 
-def initial_point(model: LatentLinearModel, init, owner: str):
-    """The solver's starting point: ``init`` (a `Posterior` or an array of shape ``(D,)``) or the prior mean."""
-    dtype = model.dtype
-    if init is None:
-        return model.initial_moments()[0]
-    if isinstance(init, Posterior):
-        init = init.mean
-    expected = f"`init` must be a Posterior or an array of shape ({model.dim},), one entry per latent coordinate"
-    try:
-        w0 = jnp.asarray(init)
-    except (TypeError, ValueError):
-        raise ValueError(f"{owner}: {expected}; got {type(init).__name__}.") from None
-    if w0.shape != (model.dim,) or not jnp.issubdtype(w0.dtype, jnp.number):
-        raise ValueError(f"{owner}: {expected}; got shape {w0.shape} and dtype {w0.dtype}.")
-    _checks.check_finite("init", w0, owner)
-    return w0.astype(dtype)
+def is_point(model: LatentLinearModel, state) -> bool:
+    """Whether ``state`` is a floating array of shape ``(D,)``: the State of `Laplace` and `MAP`."""
+    return isinstance(state, (jax.Array, np.ndarray)) and tuple(state.shape) == (model.dim,) and \
+        jnp.issubdtype(state.dtype, jnp.floating)
 
 
 class ModeFit(NamedTuple):
@@ -186,11 +140,11 @@ class ModeFit(NamedTuple):
         return LaplaceInfo(fallback=jnp.asarray(self.fallback, bool), jitter=jnp.asarray(self.jitter, self.R.dtype))
 
 
-def fit_mode(model: LatentLinearModel, init, solver: AbstractSolver, owner: str) -> ModeFit:
-    """The shared first half of `Laplace` and `MAP`: the mode of the frozen model and its curvature."""
+def fit_mode(model: LatentLinearModel, w0, solver: AbstractSolver) -> ModeFit:
+    """The shared first half of `Laplace` and `MAP`: the mode of the frozen model, searched from ``w0``,
+    and its curvature."""
     frozen = jax.lax.stop_gradient(model)
-    w0 = jax.lax.stop_gradient(initial_point(frozen, init, owner))
-    sol = find_mode(frozen, w0, solver)
+    sol = mode_search(frozen, jax.lax.stop_gradient(w0), solver)
     mode = jax.lax.stop_gradient(sol.x)
     R, fallback, jitter = curvature_at_mode(mode, frozen)
     return ModeFit(mode, R, fallback, jitter, sol)
@@ -205,55 +159,6 @@ def differentiable_mode(fit: ModeFit, model: LatentLinearModel):
     g = jax.grad(log_joint)(fit.mode, model)
     step = solve_triangular(fit.R, solve_triangular(fit.R, g, lower=False), lower=False, trans="T")
     return fit.mode + (step - jax.lax.stop_gradient(step))
-
-
-def whitened(model: LatentLinearModel) -> LatentLinearModel:
-    """The model in w̃ = L⁻¹(w − μ) for a dense prior N(μ, LLᵀ): prior N(0, I), sites in the new basis.
-    Other models are returned as they are."""
-    sites, whitening = working_model(model)
-    if whitening is None:
-        return model
-    return LatentLinearModel(GaussianFactor.isotropic(model.dim, 1.0), sites)
-
-
-class SiteExpansion(NamedTuple):
-    """Every site replaced by its second-order expansion at the mode w* of the log joint,
-    log φ_n(x) ≈ ν_n x − ½ τ_n x² + const, with τ_n = max(−(log φ_n)''(x*_n), 0) (Gauss–Newton) and
-    ν_n = (log φ_n)'(x*_n) + τ_n x*_n, or ν_n = 0 where τ_n = 0: Gaussian sites whose q is the Laplace
-    approximation where every site is curved at the mode. ``precision`` and ``shift`` hold one array
-    per group."""
-
-    mode: jax.Array
-    precision: tuple
-    shift: tuple
-    solution: Solution
-
-
-# A starting point needs no more than a rough mode: the method started from it converges on its own terms.
-_START_SOLVER = GaussNewton(tol=1e-6, max_iter=50)
-
-
-def expand_at_mode(model: LatentLinearModel, solver: AbstractSolver = _START_SOLVER) -> SiteExpansion:
-    """`SiteExpansion` at the mode of ``model`` (searched from the Gaussian factor's mean).
-
-    The starting point G-KL, EP and LVB compute from the data: unlike the prior, it is where the
-    posterior is, so no site expectation under it overflows however wide the prior (a Poisson site's
-    ⟨eˣ⟩ = e^{m + v/2} under a prior of variance 1e6, say). Pass the model in the coordinates the
-    method works in (`whitened` for a dense prior, where the mode search is well conditioned); the
-    site parameters live in x = h_nᵀw + b_n and are the same in any basis. Where the search fails
-    (a non-finite log joint), the expansion is taken at the starting point instead.
-    """
-    w0 = jax.lax.stop_gradient(model.initial_moments()[0])
-    sol = find_mode(model, w0, solver)
-    mode = jnp.where(jnp.isfinite(sol.value) & jnp.all(jnp.isfinite(sol.x)), sol.x, w0)
-    precision, shift = [], []
-    for x, slope, omega in site_derivatives(mode, model):
-        tau = jnp.where(jnp.isfinite(omega), jnp.maximum(omega, 0.0), 0.0)
-        precision.append(tau)
-        # A site without curvature at the mode (a Laplace potential off its kink, a Student-t outlier) is
-        # left out: its slope says where the mode is, not how wide the site is.
-        shift.append(jnp.where(tau > 0, slope + tau * x, 0.0))
-    return SiteExpansion(mode, tuple(precision), tuple(shift), sol)
 
 
 class Laplace(AbstractMethod):
@@ -282,11 +187,28 @@ class Laplace(AbstractMethod):
 
     solver: AbstractSolver | None = None
 
-    def fit(self, model: LatentLinearModel, init=None) -> Posterior:
+    # The State is a point w, shape (D,): where the mode search starts (the fit's state, the mode).
+    def shares_start(self, model):
+        return True
+
+    def from_expansion(self, model, expansion):
+        return expansion.mode
+
+    def init_state(self, model):
+        return expand_at_mode(model).mode
+
+    def from_gaussian(self, model, mean, factor):
+        return mean
+
+    def is_state(self, model, state):
+        return is_point(model, state)
+
+    def solve(self, model: LatentLinearModel, state) -> Posterior:
         solver = mode_solver(model, self.solver)
+        w0 = jax.lax.stop_gradient(state).astype(model.dtype)
         whitening = model.prior.whitening() if model.prior is not None else None
         if whitening is None:
-            fit = fit_mode(model, init, solver, "Laplace")
+            fit = fit_mode(model, w0, solver)
             working = lambda model: model
             mode, factor = fit.mode, fit.factor()
         else:
@@ -296,8 +218,7 @@ class Laplace(AbstractMethod):
             loc, L = whitening
             working = whitened
             loc0, L0 = jax.lax.stop_gradient((loc, L))
-            w0 = solve_triangular(L0, initial_point(model, init, "Laplace") - loc0, lower=True)
-            fit = fit_mode(working(model), w0, solver, "Laplace")
+            fit = fit_mode(working(model), solve_triangular(L0, w0 - loc0, lower=True), solver)
             mode, factor = loc0 + L0 @ fit.mode, fit.factor(basis=L0)  # S = L S̃ Lᵀ
         # `evidence` at the mode, from the factor of A already at hand (A + jitter·I = RRᵀ).
         value = log_joint(fit.mode, working(model)) + 0.5 * model.dim * LOG_2PI - jnp.sum(jnp.log(jnp.diag(fit.R)))
@@ -308,7 +229,8 @@ class Laplace(AbstractMethod):
 
         diagnostics = Diagnostics.from_solution(fit.solution, method="Laplace", solver=type(solver).__name__,
                                                 info=fit.info())
-        return Posterior(mode, factor, computed(value, log_z, fit, model), diagnostics, model, bound_claim=False)
+        return Posterior(mode, factor, computed(value, log_z, fit, model), diagnostics, model, bound_claim=False,
+                         state=jax.lax.stop_gradient(mode))
 
 
 def __dir__():

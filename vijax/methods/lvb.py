@@ -62,9 +62,9 @@ from .._linalg import nan_trace
 from ..solvers import FixedPoint, fixed_point, iterate
 from ._base import AbstractMethod
 from ._gaussian import integrate, marginals, precision_operator, working_model
-from .laplace import expand_at_mode, whitened
+from ..start import expand_at_mode
 
-__all__ = ["LVB", "LVBState", "bound", "gaussian", "update", "local_bound", "initial_xi", "covariance_solve",
+__all__ = ["LVB", "LVBState", "bound", "gaussian", "update", "local_bound", "covariance_solve",
            "AbstractLocalBound", "Jaakkola", "Bohning", "ScaleMixture", "Exact", "MaskedBound"]
 
 BOUNDS = ("jaakkola", "bohning")
@@ -286,23 +286,6 @@ def update(xi, model: LatentLinearModel, bound: str = "jaakkola"):
     return _update(model, bound, mean, factor)
 
 
-def initial_xi(model: LatentLinearModel, bound: str = "jaakkola", init=None):
-    """ξ from the marginals of ``init`` (a `Posterior`), or of the Laplace approximation: every site
-    expanded to second order at the mode of the log joint (`vj.laplace.expand_at_mode`), which is where
-    the posterior is however wide or improper the prior. Where that q is improper (sites with no
-    curvature at the mode and no Gaussian factor to hold them), the Gaussian factor's moments are used."""
-    if isinstance(init, Posterior):
-        return _update(model, bound, init.mean, init.factor)
-    if init is not None:
-        raise ValueError(f"LVB: `init` must be a Posterior or a tuple of ξ arrays, got {type(init).__name__}.")
-    start = expand_at_mode(whitened(model))
-    _, means, variances = marginals(model, tuple((nu, tau, 0.0) for tau, nu in zip(start.precision, start.shift)))
-    mean, scale = model.initial_moments()
-    fallback = _update(model, bound, mean, DiagonalFactor(scale))
-    xi = _update_from_marginals(model, bound, means, variances)
-    return tuple(None if a is None else jnp.where(jnp.all(jnp.isfinite(a)), a, b) for a, b in zip(xi, fallback))
-
-
 # ----------------------------------------------------------------------------------------------
 # The method
 
@@ -316,8 +299,8 @@ class LVBState(eqx.Module):
       cold start);
     - `bound`: the `Logistic` bound ξ parametrises (``"jaakkola"`` or ``"bohning"``).
 
-    A cold start (`LVB.init_state`) and a fit's state have one form, so a loop of warm-started fits
-    (`vj.design.sequential`) compiles one program.
+    A cold start (``LVB().start(model)``) and a fit's state have one form, so a loop of warm-started
+    fits (`vj.design.sequential`) compiles one program.
     """
 
     xi: tuple
@@ -384,7 +367,7 @@ class LVB(AbstractMethod):
 
     bound: str = eqx.field(static=True, default="jaakkola")
     max_iter: int = eqx.field(static=True, default=500)
-    tol: float = eqx.field(static=True, default=1e-9)
+    tol: float = 1e-9
     variances: str = eqx.field(static=True, default="exact")
     num_lanczos: int = eqx.field(static=True, default=80)
     num_probes: int = eqx.field(static=True, default=_NUM_PROBES)
@@ -448,44 +431,42 @@ class LVB(AbstractMethod):
         (xi, value, change, trace, mean), k = iterate(step, state, self.max_iter, done=lambda k, s: s[2] <= self.tol)
         return FixedPoint(xi, value, k, change <= self.tol, change, trace), mean
 
-    def init_state(self, model: LatentLinearModel) -> LVBState:
-        """The cold start as an `LVBState`: the ξ that ``init=None`` starts from, and a zero mean."""
-        frozen = jax.lax.stop_gradient(model)
-        return LVBState(self._initial_xi(frozen), jnp.zeros(frozen.dim, frozen.dtype), self.bound)
+    # The State is an `LVBState`: ξ (which defines q_ξ exactly) and q's mean (the first CG solve's start
+    # with Lanczos variances).
 
-    def _initial_xi(self, frozen):
+    def init_state(self, model) -> LVBState:
+        frozen = jax.lax.stop_gradient(model)
         if self.variances == "exact":
-            return initial_xi(frozen, self.bound)
-        # Not `initial_xi`'s Laplace start, which forms P: the Gaussian factor's (or the unit) moments.
+            return self.from_expansion(frozen, expand_at_mode(frozen))
+        # Not the Laplace start, which forms P: the Gaussian factor's (or the unit) moments.
         mean, scale = frozen.initial_moments()
-        return _update(frozen, self.bound, mean, DiagonalFactor(scale))
+        return LVBState(_update(frozen, self.bound, mean, DiagonalFactor(scale)), jnp.zeros_like(mean), self.bound)
 
-    def _start(self, frozen, init):
-        """``(ξ, mean₀)`` from ``init``: None, an `LVBState`, a `Posterior` (ξ from its marginals) or a tuple
-        of ξ arrays; mean₀ (None: zero) starts the first CG solve with ``variances="lanczos"``."""
-        if init is None:
-            xi, mean0 = self._initial_xi(frozen), None
-        elif isinstance(init, LVBState):
-            if init.bound != self.bound:
-                raise ValueError(f"LVB: `init` holds ξ of the {init.bound!r} bound, but this LVB uses "
-                                 f"bound={self.bound!r}; start from a Posterior or None instead.")
-            xi, mean0 = init.xi, init.mean
-        elif isinstance(init, tuple):
-            xi, mean0 = init, None
-        elif isinstance(init, Posterior) and _restarts(init.state, frozen, self.bound):
-            xi, mean0 = init.state.xi, init.mean  # an LVB fit of this model's shapes: exactly where it ended
-        elif isinstance(init, Posterior):
-            xi, mean0 = _update(frozen, self.bound, init.mean, init.factor), init.mean
-        else:
-            raise ValueError("LVB: `init` must be a Posterior, an LVBState or a tuple of ξ arrays, got "
-                             f"{type(init).__name__}.")
-        return jax.lax.stop_gradient((xi, mean0))
-
-    def fit(self, model: LatentLinearModel, init=None) -> Posterior:
-        if self.variances == "lanczos":
-            return self._fit_lanczos(model, init)
+    def from_expansion(self, model, expansion) -> LVBState:
+        """ξ from the marginals of the Gaussian f ∏ exp(ν_n x_n − ½ τ_n x_n²) (the Laplace approximation at
+        the mode); where that q is improper (sites with no curvature there and no Gaussian factor to hold
+        them), or with ``variances="lanczos"`` (which never forms P), from the Gaussian factor's moments."""
         frozen = jax.lax.stop_gradient(model)
-        xi, _ = self._start(frozen, init)
+        mean, scale = frozen.initial_moments()
+        fallback = _update(frozen, self.bound, mean, DiagonalFactor(scale))
+        if self.variances == "lanczos":
+            return LVBState(fallback, expansion.mode, self.bound)
+        _, means, variances = marginals(frozen, expansion.quadratics)
+        xi = _update_from_marginals(frozen, self.bound, means, variances)
+        xi = tuple(None if a is None else jnp.where(jnp.all(jnp.isfinite(a)), a, b) for a, b in zip(xi, fallback))
+        return LVBState(xi, expansion.mode, self.bound)
+
+    def from_gaussian(self, model, mean, factor) -> LVBState:
+        return LVBState(_update(jax.lax.stop_gradient(model), self.bound, mean, factor), mean, self.bound)
+
+    def is_state(self, model, state) -> bool:
+        return _restarts(state, model, self.bound)
+
+    def solve(self, model: LatentLinearModel, state: LVBState) -> Posterior:
+        if self.variances == "lanczos":
+            return self._fit_lanczos(model, state)
+        frozen = jax.lax.stop_gradient(model)
+        xi = jax.lax.stop_gradient(state.xi)
         run = self._iterate(xi, frozen)
         xi, k, converged, trace = run.x, run.evaluations, run.converged, run.trace
         _, mean, C = _evaluate(xi, frozen, self.bound)
@@ -502,13 +483,17 @@ class LVB(AbstractMethod):
         return Posterior(mean, CholeskyFactor.from_matrix(C).canonical(), log_z, diagnostics, model,
                          bound_claim=True, state=LVBState(xi, mean, self.bound))
 
-    def _fit_lanczos(self, model, init):
-        """The double loop of glm-ie (Seeger & Nickisch 2011), matrix-free: see `_lanczos_marginals`."""
-        if model.prior is not None and model.prior.whitening() is not None:
+    def check_model(self, model) -> None:
+        super().check_model(model)
+        if self.variances == "lanczos" and model.prior is not None and model.prior.whitening() is not None:
             raise ValueError("LVB: variances='lanczos' needs a model without a dense Gaussian factor (GP prior), "
                              "whose whitening would form a D × D matrix anyway; use variances='exact'.")
+
+    def _fit_lanczos(self, model, state):
+        """The double loop of glm-ie (Seeger & Nickisch 2011), matrix-free: see `_lanczos_marginals`."""
+        self.check_model(model)
         frozen = jax.lax.stop_gradient(model)
-        xi, mean0 = self._start(frozen, init)  # a warm start's mean starts the first CG solve
+        xi, mean0 = jax.lax.stop_gradient((state.xi, state.mean))  # the state's mean starts the first CG solve
         probes = jax.random.rademacher(jax.random.PRNGKey(0), (max(self.num_probes, _NUM_PROBES), frozen.dim),
                                        frozen.dtype)[:self.num_probes]  # num_probes ≤ 8: the first of the same 8
         run, last_mean = self._outer_loops(xi, frozen, probes[0], mean0)
@@ -542,8 +527,8 @@ def _restarts(state, model, bound) -> bool:
     """Whether ``state`` (a `Posterior.state`) holds ξ of ``bound`` for ``model``'s site groups."""
     if not isinstance(state, LVBState) or state.bound != bound:
         return False
-    zero, one = jnp.zeros(model.dim, model.dtype), jnp.ones(model.dim, model.dtype)
-    expected = jax.eval_shape(lambda: _update(model, bound, zero, DiagonalFactor(one)))
+    expected = jax.eval_shape(lambda: _update(model, bound, jnp.zeros(model.dim, model.dtype),
+                                              DiagonalFactor(jnp.ones(model.dim, model.dtype))))
     shapes = jax.tree_util.tree_map(jnp.shape, (state.xi, expected))
     return jax.tree_util.tree_structure(state.xi) == jax.tree_util.tree_structure(expected) and shapes[0] == shapes[1]
 
@@ -552,7 +537,7 @@ def _inner_rtol(tol, dtype):
     """CG's relative residual inside the Lanczos outer loop: 10⁻⁴ · tol (ξ is wanted to a relative ``tol``),
     never looser than 10⁻⁶ nor tighter than the final solve's 10⁻² √ε."""
     tight = 1e-2 * float(jnp.finfo(dtype).eps) ** 0.5
-    return max(tight, min(1e-6, 1e-4 * float(tol)))
+    return jnp.maximum(tight, jnp.minimum(1e-6, 1e-4 * jnp.asarray(tol, dtype)))
 
 
 def _mean_by_cg(model, quadratics, product, r, rtol, mean0=None):

@@ -10,12 +10,14 @@ The mode search, the curvature at the mode and its fallback are those of `vj.Lap
 
 from __future__ import annotations
 
+import jax
 
 from ..model import LatentLinearModel
 from ..posterior import Diagnostics, Posterior
 from ..solvers import AbstractSolver
 from ._base import AbstractMethod
-from .laplace import fit_mode, log_joint, mode_solver
+from ..start import expand_at_mode
+from .laplace import fit_mode, is_point, log_joint, mode_solver
 
 __all__ = ["MAP"]
 
@@ -38,12 +40,29 @@ class MAP(AbstractMethod):
 
     solver: AbstractSolver | None = None
 
-    def fit(self, model: LatentLinearModel, init=None) -> Posterior:
+    # The State is a point w, shape (D,), as `vj.Laplace`'s.
+    def shares_start(self, model):
+        return True
+
+    def from_expansion(self, model, expansion):
+        return expansion.mode
+
+    def init_state(self, model):
+        return expand_at_mode(model).mode
+
+    def from_gaussian(self, model, mean, factor):
+        return mean
+
+    def is_state(self, model, state):
+        return is_point(model, state)
+
+    def solve(self, model: LatentLinearModel, state) -> Posterior:
         solver = mode_solver(model, self.solver)
-        fit = fit_mode(model, init, solver, "MAP")
+        fit = fit_mode(model, jax.lax.stop_gradient(state).astype(model.dtype), solver)
         diagnostics = Diagnostics.from_solution(fit.solution, method="MAP", solver=type(solver).__name__,
                                                 info=fit.info())
-        return Posterior(fit.mode, fit.factor(), log_joint(fit.mode, model), diagnostics, model, bound_claim=False)
+        return Posterior(fit.mode, fit.factor(), log_joint(fit.mode, model), diagnostics, model, bound_claim=False,
+                         state=fit.mode)
 
 
 def __dir__():

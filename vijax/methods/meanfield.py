@@ -46,10 +46,10 @@ from ..model import Identity, LatentLinearModel
 from ..posterior import Diagnostics, Posterior
 from ..quadrature import GaussHermite
 from ..solvers import AbstractSolver, extrapolated_distance, iterate
-from .._keywords import renamed
 from ._base import AbstractMethod
 from .gkl import GKL
-from .laplace import expand_at_mode
+from ..start import expand_at_mode
+from .laplace import is_point
 
 __all__ = ["MeanField", "free_form_applies", "factor_moments", "bound"]
 
@@ -96,7 +96,6 @@ class MeanField(AbstractMethod):
       ascent converges linearly).
     - `free_form`: use free-form factors when the model allows them (``True``, default) or always
       Gaussian factors (``False``).
-    - `max_sweeps`: deprecated name of `max_iter`.
 
     ``vj.infer(model, vj.MeanField())`` returns a `Posterior` with the factors' means and variances
     (a `DiagonalFactor`) and ``log_z`` the mean-field lower bound on log Z, differentiable in the
@@ -108,38 +107,51 @@ class MeanField(AbstractMethod):
     solver: AbstractSolver | None = None
     quadrature: GaussHermite = GaussHermite()
     max_iter: int = eqx.field(static=True, default=1000)
-    tol: float = eqx.field(static=True, default=1e-9)
+    tol: float = 1e-9
     free_form: bool = eqx.field(static=True, default=True)
-
-    def __init__(self, solver=None, quadrature=GaussHermite(), max_iter=1000, tol=1e-9, free_form=True, *,
-                 max_sweeps=None):
-        self.solver = solver
-        self.quadrature = quadrature
-        self.max_iter = renamed("MeanField", "max_sweeps", "max_iter", max_sweeps, max_iter, 1000)
-        self.tol = tol
-        self.free_form = free_form
 
     def __check_init__(self):
         if not (isinstance(self.max_iter, int) and self.max_iter >= 1):
             raise ValueError(f"MeanField: `max_iter` must be a positive integer, got {self.max_iter!r}.")
 
-    def fit(self, model: LatentLinearModel, init=None) -> Posterior:
-        if self.free_form and free_form_applies(model):
-            return self._fit_free_form(model, init)
-        gkl = GKL(covariance=Diagonal(), solver=self.solver, quadrature=self.quadrature)
-        post = gkl.fit(model, init)
+    def _free(self, model) -> bool:
+        return self.free_form and free_form_applies(model)
+
+    def _gaussian(self) -> GKL:
+        return GKL(covariance=Diagonal(), solver=self.solver, quadrature=self.quadrature)
+
+    # The State: the factors' means ``(D,)`` for free-form factors; G-KL's `GaussianParams` (a diagonal
+    # factor) for Gaussian factors.
+
+    def start_dense(self, model):
+        return None if self._free(model) else False
+
+    def shares_start(self, model):
+        return self._free(model) or self._gaussian().shares_start(model)
+
+    def from_expansion(self, model, expansion):
+        return expansion.mode if self._free(model) else self._gaussian().from_expansion(model, expansion)
+
+    def init_state(self, model):
+        return self.from_expansion(model, expand_at_mode(model, self.start_dense(model)))
+
+    def from_gaussian(self, model, mean, factor):
+        return mean if self._free(model) else self._gaussian().from_gaussian(model, mean, factor)
+
+    def is_state(self, model, state):
+        return is_point(model, state) if self._free(model) else self._gaussian().is_state(model, state)
+
+    def solve(self, model: LatentLinearModel, state) -> Posterior:
+        if self._free(model):
+            return self._fit_free_form(model, state)
+        post = self._gaussian().solve(model, state)
         return dataclasses.replace(post, diagnostics=dataclasses.replace(post.diagnostics, method="MeanField"))
 
-    def _fit_free_form(self, model, init):
+    def _fit_free_form(self, model, mean):
         frozen = jax.lax.stop_gradient(model)
         precision = frozen.prior.precision_matrix()
         v = 1.0 / jnp.diag(precision)
-        if isinstance(init, Posterior):
-            mean = jax.lax.stop_gradient(init.mean)
-        elif init is None:
-            mean = expand_at_mode(frozen).mode  # where the posterior is, however wide the prior
-        else:
-            raise ValueError(f"MeanField: `init` must be a Posterior or None, got {type(init).__name__}.")
+        mean = jax.lax.stop_gradient(mean).astype(frozen.dtype)
         # r = Λ(m − μ) = −∇ log f(m), kept up to date as single coordinates of m move.
         residual = -jax.grad(frozen.prior.log_density)(mean)
         c = mean - residual * v
@@ -185,7 +197,8 @@ class MeanField(AbstractMethod):
         diagnostics = Diagnostics(iterations=sweeps, converged=converged, stationarity=stationarity,
                                   objective_trace=trace, num_value_evals=sweeps + 1, method="MeanField",
                                   solver="coordinate_ascent")
-        return Posterior(mean, DiagonalFactor(jnp.sqrt(var)), log_z, diagnostics, model, bound_claim=True)
+        return Posterior(mean, DiagonalFactor(jnp.sqrt(var)), log_z, diagnostics, model, bound_claim=True,
+                         state=mean)
 
 
 def __dir__():

@@ -1,0 +1,204 @@
+"""Where every method starts: the mode of the log joint and each site's second-order expansion there.
+
+For the model p(w) ∝ f(w) ∏_n φ_n(x_n), x_n = h_nᵀw + b_n, the start is the mode w* of the log joint
+ℓ(w) = log f(w) + Σ_n log φ_n(x_n) and, at x*_n = h_nᵀw* + b_n, every site replaced by its
+Gauss–Newton expansion
+
+$$
+\\log \\varphi_n(x) \\approx \\nu_n x - \\tfrac12 \\tau_n x^2 + \\text{const}, \\qquad
+\\tau_n = \\max(-(\\log\\varphi_n)''(x^*_n), 0), \\quad \\nu_n = (\\log\\varphi_n)'(x^*_n) + \\tau_n x^*_n
+$$
+
+(ν_n = 0 where τ_n = 0: a site without curvature at the mode says where the mode is, not how wide
+the site is). The Gaussian f ∏_n exp(ν_n x_n − ½τ_n x_n²) is the Laplace approximation: it is where
+the data put the posterior however wide, flat or singular f, so no site expectation overflows there
+(a Poisson site's ⟨eˣ⟩ = e^{m + v/2} under a prior of variance 10⁶). G-KL, EP, LVB, Laplace, MAP and
+mean field all start from it (`expand_at_mode`); `shared` is its compiled program, one per model
+shape, which the methods whose state is the expansion itself use as their `start`.
+
+**The mode search** (`mode_search`) maximises ℓ by Newton steps with the Gauss–Newton curvature
+P = Λ + Σ_g H_gᵀ diag(ω⁺_g) H_g (`Curvature`, ω⁺ = max(−(log φ)'', 0)), which is −∇²ℓ wherever the
+sites are log-concave:
+
+- *dense* (small D, dense H): P formed and factorised, O(D³) a step; or, for a diagonal Λ with no
+  more sites than coordinates, Woodbury through an N × N factorisation (Rasmussen & Williams Alg. 3.1);
+- *matrix-free* (a sparse H, D above `DENSE_MAX_DIM`, or when the caller asks, as every non-`Full`
+  covariance family does): the step P⁻¹∇ℓ by truncated CG on products v ↦ Pv (one product with each H
+  and its transpose), preconditioned by diag(P). Nothing of size D × D, N × D or nnz × D is formed.
+
+A dense Gaussian factor N(μ, LLᵀ) (a GP prior) is searched in w̃ = L⁻¹(w − μ) (`whitened`), where P
+is well conditioned however ill-conditioned LLᵀ; the mode is returned in the model's coordinates.
+The search stops at a squared Newton decrement of 10⁻⁶ (a start needs no more: each method converges
+on its own terms). Where it fails (a non-finite ℓ), the expansion is taken at its starting point.
+"""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jax.scipy.linalg import cho_factor, cho_solve
+
+from ._curvature import Curvature, site_curvatures, site_derivatives
+from ._linalg import pcg
+from .model import GaussianFactor, LatentLinearModel, Sparse
+from .solvers import AbstractSolver, GaussNewton
+
+__all__ = ["SiteExpansion", "expand_at", "expand_at_mode", "shared", "mode_search", "matrix_free", "whitened",
+           "working_model", "DENSE_MAX_DIM"]
+
+# Above this D the mode search never forms the D × D curvature.
+DENSE_MAX_DIM = 2048
+_MAX_CG = 200  # CG steps per matrix-free Newton step (truncated by the forcing term long before)
+# A starting point needs no more than a rough mode: the method started from it converges on its own terms.
+_START_SOLVER = GaussNewton(tol=1e-6, max_iter=50)
+
+
+class SiteExpansion(eqx.Module):
+    """Every site's Gauss–Newton expansion log φ_n(x) ≈ ν_n x − ½ τ_n x² at a point (module docstring).
+
+    - `mode`: the point, shape ``(D,)``, in the model's coordinates (the mode of the log joint for
+      `expand_at_mode`);
+    - `precision`: τ ≥ 0, one array of shape ``(N_g,)`` per site group;
+    - `shift`: ν, the same shapes.
+
+    The site parameters live in x = h_nᵀw + b_n, so they are the same in any basis of w.
+    """
+
+    mode: jax.Array
+    precision: tuple[jax.Array, ...]
+    shift: tuple[jax.Array, ...]
+
+    @property
+    def quadratics(self):
+        """The sites as ``(a, A, c)`` quadratics a x − ½ A x² + c (c = 0) of the shared Gaussian integral."""
+        return tuple((nu, tau, 0.0) for tau, nu in zip(self.precision, self.shift))
+
+    def curvature(self, model: LatentLinearModel) -> Curvature:
+        """P = Λ + Σ_g H_gᵀ diag(τ_g) H_g, the Laplace approximation's precision (never formed here)."""
+        return Curvature(model, self.precision)
+
+
+def working_model(model: LatentLinearModel):
+    """``(sites, whitening)``: the site groups in the coordinates a dense Gaussian factor whitens.
+
+    ``whitening`` is ``(μ, L)`` for a dense Gaussian factor N(μ, LLᵀ) (the groups then act on
+    w̃ = L⁻¹(w − μ)), else None and the groups as they are.
+    """
+    whitening = model.prior.whitening() if model.prior is not None else None
+    if whitening is None:
+        return model.sites, None
+    loc, L = whitening
+    return tuple(group.change_basis(loc, L) for group in model.sites), whitening
+
+
+def whitened(model: LatentLinearModel) -> LatentLinearModel:
+    """The model in w̃ = L⁻¹(w − μ) for a dense Gaussian factor N(μ, LLᵀ): prior N(0, I), sites in the
+    new basis. Other models are returned as they are."""
+    sites, whitening = working_model(model)
+    if whitening is None:
+        return model
+    return LatentLinearModel(GaussianFactor.isotropic(model.dim, 1.0), sites)
+
+
+def matrix_free(model: LatentLinearModel) -> bool:
+    """Whether the dense curvature is out of reach: a sparse H, or D above `DENSE_MAX_DIM`."""
+    return model.dim > DENSE_MAX_DIM or any(isinstance(g.projection, Sparse) for g in model.sites)
+
+
+def _woodbury_preconditioner(model):
+    """P⁻¹ for P = Λ + HᵀWH with Λ diagonal and one group of N ≤ D sites, by an N × N factorisation:
+    P⁻¹ = Λ⁻¹ − Λ⁻¹Hᵀ W½ B⁻¹ W½ HΛ⁻¹, B = I + W½ HΛ⁻¹Hᵀ W½ (G = HΛ⁻¹Hᵀ formed once)."""
+    (group,) = model.sites
+    projection = group.projection
+    inv_prec = 1.0 / model.prior.precision_diagonal()
+    G = projection.mv(inv_prec[:, None] * projection.rmv(jnp.eye(group.num_sites, dtype=model.dtype)))
+
+    def preconditioner(w):
+        root = jnp.sqrt(site_curvatures(w, model, gauss_newton=True)[0])
+        factor = cho_factor(jnp.eye(G.shape[0], dtype=G.dtype) + root[:, None] * G * root[None, :], lower=True)
+
+        def solve(v):
+            u = inv_prec * v
+            return u - inv_prec * projection.rmv(root * cho_solve(factor, root * projection.mv(u)))
+
+        return solve
+
+    return preconditioner
+
+
+def _dense_preconditioner(model):
+    def preconditioner(w):
+        factor = cho_factor(Curvature(model, site_curvatures(w, model, gauss_newton=True)).dense())
+        return lambda v: cho_solve(factor, v)
+
+    return preconditioner
+
+
+def _matrix_free_preconditioner(model):
+    """v ↦ P⁻¹v approximately: truncated CG on products with P (forcing term min(½, (vᵀMv)^¼)),
+    preconditioned by diag(P)⁻¹. A PD P makes the result an ascent direction for any truncation."""
+    def preconditioner(w):
+        product, diagonal = Curvature(model, site_curvatures(w, model, gauss_newton=True)).operator()
+        return lambda v: pcg(product, v, lambda r: r / diagonal, _MAX_CG)[0]
+
+    return preconditioner
+
+
+def mode_search(model: LatentLinearModel, w0, solver: AbstractSolver, dense: bool | None = None):
+    """Maximise ℓ from ``w0`` with ``solver``, preconditioned by the Gauss–Newton curvature (module
+    docstring): dense unless ``dense`` is False or the model is `matrix_free`. Returns the `Solution`."""
+    if dense is None:
+        dense = not matrix_free(model)
+    prior, sites = model.prior, model.sites
+    if not dense:
+        preconditioner = _matrix_free_preconditioner(model)
+    elif prior is not None and prior.diagonal_precision and len(sites) == 1 and sites[0].num_sites <= model.dim:
+        preconditioner = _woodbury_preconditioner(model)
+    else:
+        preconditioner = _dense_preconditioner(model)
+    return solver.maximise(model.log_joint, w0, preconditioner)
+
+
+def expand_at(model: LatentLinearModel, w) -> SiteExpansion:
+    """The `SiteExpansion` of every site at ``w`` (shape ``(D,)``), no search."""
+    precision, shift = [], []
+    for x, slope, omega in site_derivatives(w, model):
+        tau = jnp.where(jnp.isfinite(omega), jnp.maximum(omega, 0.0), 0.0)
+        precision.append(tau)
+        shift.append(jnp.where(tau > 0, slope + tau * x, 0.0))
+    return SiteExpansion(w, tuple(precision), tuple(shift))
+
+
+def expand_at_mode(model: LatentLinearModel, dense: bool | None = None,
+                   solver: AbstractSolver = _START_SOLVER) -> SiteExpansion:
+    """The `SiteExpansion` at the mode of the log joint, searched from the Gaussian factor's mean (or 0).
+
+    ``dense``: form the D × D curvature in the search (None: unless the model is `matrix_free`; a
+    method with a structured covariance family passes False). Pure and traceable; `shared` is its
+    compiled program."""
+    frozen = jax.lax.stop_gradient(model)
+    sites, whitening = working_model(frozen)
+    work = frozen if whitening is None else LatentLinearModel(GaussianFactor.isotropic(model.dim, 1.0), sites)
+    w0 = frozen.initial_moments()[0] if whitening is None else jnp.zeros(model.dim, model.dtype)
+    sol = mode_search(work, w0, solver, dense)
+    mode = jnp.where(jnp.isfinite(sol.value) & jnp.all(jnp.isfinite(sol.x)), sol.x, w0)
+    if whitening is not None:
+        loc, L = whitening
+        mode = loc + L @ mode
+    return expand_at(frozen, mode)
+
+
+@eqx.filter_jit
+def _shared(model, dense):
+    return expand_at_mode(model, dense)
+
+
+def shared(model: LatentLinearModel, dense: bool | None = None) -> SiteExpansion:
+    """`expand_at_mode` compiled: one program per model structure and shape and ``dense``, whichever
+    method asks (EP, G-KL with its full covariance, Laplace, MAP and mean field start from it)."""
+    return _shared(model, not matrix_free(model) if dense is None else bool(dense))
+
+
+def __dir__():
+    return list(__all__)
