@@ -703,8 +703,8 @@ class AIKL(AbstractMethod):
     bound on log Z up to the lattice error, which ``diagnostics.info.lattice_change`` estimates). Without
     ``init`` the fit starts from the G-KL optimum (``vj.GKL()``) with the bases at their Gaussian member
     (θ from `AbstractBase.init_theta`), so when the base family contains the Gaussian the AI-KL bound
-    is at least the G-KL one. ``init`` may be a `Posterior` (its mean and covariance; an
-    `AIKLPosterior` of the same base restarts from its parameters) or `AIKLParams`.
+    is at least the G-KL one. The State is an `AIKLState` (``post.state``): an AI-KL posterior of the same
+    base restarts from its parameters; any other posterior starts from its mean and covariance.
     """
 
     base: AbstractBase = SkewNormal()

@@ -328,7 +328,9 @@ class EP(AbstractMethod):
     ``vj.infer(model, vj.EP())`` returns a `Posterior` with q = N(mean, S) (a full `CholeskyFactor`)
     and ``log_z`` = `energy` at the frozen sites, an approximation (not a bound) whose ``jax.grad``
     in the model's hyperparameters is the total derivative at convergence. ``post.state`` holds the
-    `SiteParams`, for warm starts (``init=post`` or ``init=sites``). Each evaluation costs one
+    `SiteParams`, its State (``init=post`` restarts there; another method's posterior starts from every
+    site's expansion at its mean). `damping`, `power` and `tol` are traced, so changing them reuses
+    the compiled fit (η = 1 is a program of its own, with closed-form tilted moments). Each evaluation costs one
     D × D Cholesky, O(N D²) for the marginals, and one 1-D tilted integral per site; for GP models
     (a dense prior, one site per coordinate) with every τ ≥ 0 the marginals come from the site form
     B = I + T½KT½ (R&W §3.6), about 4/3 D³ flops.

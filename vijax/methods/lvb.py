@@ -360,8 +360,8 @@ class LVB(AbstractMethod):
     S = P⁻¹) and ``log_z`` = B_LVB(ξ*), a lower bound on log Z (``is_lower_bound=True``), never
     above the G-KL bound (thesis §4.4.1). Each step costs O(N D² + D³). ``jax.grad`` of ``log_z``
     in the model's hyperparameters is the derivative of the optimised bound (envelope theorem:
-    B_LVB is evaluated at the frozen ξ* with the live model). ``init`` may be a `Posterior` (ξ from
-    its marginals) or a tuple of ξ arrays. ``diagnostics.objective_trace`` holds B_LVB after each
+    B_LVB is evaluated at the frozen ξ* with the live model). The State is an `LVBState`
+    (``post.state``); another method's posterior starts from the ξ of its marginals. ``diagnostics.objective_trace`` holds B_LVB after each
     step (non-decreasing) and ``grad_norm`` is max |∂B/∂ξ| at the end.
     """
 
