@@ -143,8 +143,9 @@ class Diagnostics(eqx.Module):
     - `num_value_evals`, `num_grad_evals`, `num_hvp_evals`: work done, for cost accounting
       (default 0).
     - `method`, `solver`: names of what produced the answer (static strings).
-    - `info`: the method's own record, or None (default): `EPInfo` for `vj.EP`, `LVBInfo` for `vj.LVB` with Lanczos variances, `LaplaceInfo` for
-      `vj.Laplace` and `vj.MAP`.
+    - `info`: the method's own record, or None (default): `EPInfo` for `vj.EP` and `vj.HierarchicalEP`,
+      `LVBInfo` for `vj.LVB` with Lanczos variances, `LaplaceInfo` for `vj.Laplace` and `vj.MAP`,
+      `vj.nn.NetworkInfo` for `vj.nn.NetworkEP`.
 
     The attributes `fallback`, `jitter`, `max_change`, `oscillating`, `skipped` and `shrunk` of earlier
     versions still read (from `info`, with a `DeprecationWarning`).
