@@ -45,7 +45,6 @@ import pathlib
 import sys
 import time
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -104,13 +103,13 @@ def metrics(mean, log_dens, yte, sy):
 def ep_nn(Xtr, ytr, Xte, yte, key=0):
     t = time.perf_counter()
     net = vj.nn.TwoLayerNetwork(Xtr, ytr, num_hidden=K)
-    post = eqx.filter_jit(vj.nn.NetworkEP(max_iter=2000, tol=1e-3).fit)(net, jax.random.PRNGKey(key))
+    post = vj.infer(net, vj.nn.NetworkEP(max_iter=2000, tol=1e-3, key=jax.random.PRNGKey(key)))
     mean, _ = post.predict(Xte)
     lp = post.log_predictive(Xte, yte)
     jax.block_until_ready(lp)
     return dict(mean=np.asarray(mean), lp=np.asarray(lp), time=time.perf_counter() - t,
-                relevances=np.asarray(post.relevances()).tolist(), iterations=int(post.iterations),
-                residual=float(post.residual), converged=bool(post.converged),
+                relevances=np.asarray(post.relevances()).tolist(), iterations=int(post.diagnostics.iterations),
+                residual=float(post.diagnostics.stationarity), converged=bool(post.diagnostics.converged),
                 alive=int(np.sum(np.asarray(post.v_mean[:-1]) > 0.1)))
 
 
@@ -173,11 +172,12 @@ def scaling(quick):
             X, y = sim_relevance(rng, n)
             net = vj.nn.TwoLayerNetwork(X, (y - y.mean()) / y.std(), num_hidden=k)
             # A random start: the MAP start's L-BFGS is not part of an EP iteration's cost.
-            fit = eqx.filter_jit(vj.nn.NetworkEP(max_iter=40, tol=0.0, init="random").fit)
-            jax.block_until_ready(fit(net, jax.random.PRNGKey(0)))  # compile
+            method = vj.nn.NetworkEP(max_iter=40, tol=0.0, init="random")
+            state = method.start(net)
+            jax.block_until_ready(method.fit(net, state))  # compile
             t = time.perf_counter()
-            post = jax.block_until_ready(fit(net, jax.random.PRNGKey(0)))
-            out[label].append((size, (time.perf_counter() - t) / max(int(post.iterations), 1)))
+            post = jax.block_until_ready(method.fit(net, state))
+            out[label].append((size, (time.perf_counter() - t) / max(int(post.diagnostics.iterations), 1)))
     return out
 
 

@@ -1,6 +1,6 @@
 """Where `vj.nn.NetworkEP` fails to converge: the moment residual of each kind of site, every 100 iterations.
 
-The loop of `NetworkEP.fit` (damped parallel EP, heavy-ball momentum after ``MOMENTUM_AFTER``
+The loop of `NetworkEP` (damped parallel EP, heavy-ball momentum after ``MOMENTUM_AFTER``
 iterations, restarted when the residual rises) with a damping per kind of site from iteration
 ``SWITCH`` on (before it, ``NetworkEP().damping`` for all), on a problem of ``benchmarks/ep_nn.py``
 (K = 8, the MAP start). Kinds: h activations, p noise, w input-weight priors, s their scale sites,
@@ -25,7 +25,7 @@ import numpy as np  # noqa: E402
 import ep_nn  # noqa: E402  (sets x64)
 import vijax as vj  # noqa: E402
 from vijax._linalg import backtrack, select  # noqa: E402
-from vijax.nn.network import _MAX_HALVINGS, NetworkPosterior, _per_unit, _Sites  # noqa: E402
+from vijax.nn.network import _MAX_HALVINGS, NetworkSites, NetworkState  # noqa: E402
 
 name, tag, iters = sys.argv[1], sys.argv[2], int(sys.argv[3])
 damp = json.loads(sys.argv[4]) if len(sys.argv) > 4 else {}
@@ -39,10 +39,10 @@ net = vj.nn.TwoLayerNetwork(Xtr, ytr, num_hidden=8)
 ep = vj.nn.NetworkEP()
 kinds = dict(h_tau="h", h_nu="h", v_tau="v", v_nu="v", v_dir="v", noise_tau="p", noise_nu="p", w_tau="w", w_nu="w",
              scale_tau="s", scale_nu="s", pos_tau="pos", pos_nu="pos")
-dvec = _Sites(*[damp.get(kinds[f], ep.damping) for f in _Sites._fields])
-dbase = _Sites(*[ep.damping for f in _Sites._fields])
+dvec = NetworkSites(*[damp.get(kinds[f], ep.damping) for f in NetworkSites._fields])
+dbase = NetworkSites(*[ep.damping for f in NetworkSites._fields])
 t0 = time.time()
-sites = eqx.filter_jit(ep.initial_sites)(net, jax.random.PRNGKey(0))
+sites = ep.start(net).sites
 evaluate = eqx.filter_jit(lambda s: ep.evaluate(net, s))
 ev = evaluate(sites)
 
@@ -69,10 +69,7 @@ for k in range(1, iters + 1):
         np.savez(f"/tmp/ep_nn_convergence_{name}_{tag}.npz", trace=np.array(trace))
     if float(ev.residual) <= 1e-3 or not bool(ok):
         break
-# Test metrics at the end, by the posterior `NetworkEP.fit` would return.
-q = ev.q
-eye = jnp.eye(net.X.shape[1], dtype=net.X.dtype)
-w_cov = _per_unit(lambda L_: jax.scipy.linalg.cho_solve((L_, True), eye), q.w_chol)
-post = NetworkPosterior(q.w_mean, w_cov, q.v_mean, q.v_cov, q.phi_mean, q.phi_var, k, ev.residual <= 1e-3, ev.residual, sites)
+# Test metrics at the end, by the posterior of these sites (a fit from them that stops at once).
+post = vj.nn.NetworkEP(tol=float("inf")).fit(net, NetworkState(sites, jnp.array(k)))
 mean, _ = post.predict(Xte); lp = post.log_predictive(Xte, yte)
 print("final", k, float(ev.residual), "rmse/lpd", ep_nn.metrics(np.asarray(mean), np.asarray(lp), yte, sy), flush=True)

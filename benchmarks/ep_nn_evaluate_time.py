@@ -22,7 +22,7 @@ X, y = ep_nn.sim_relevance(rng, 400); y = (y - y.mean()) / y.std()
 runs = {}
 for K in (8, 16, 32):
     net = vj.nn.TwoLayerNetwork(X, y, num_hidden=K); ep = vj.nn.NetworkEP(init="random")
-    s = ep.initial_sites(net, jax.random.PRNGKey(0)); ev = eqx.filter_jit(ep.evaluate); jax.block_until_ready(ev(net, s))
+    s = ep.start(net).sites; ev = eqx.filter_jit(ep.evaluate); jax.block_until_ready(ev(net, s))
     runs[K] = (ev, net, s, [])
 for _ in range(20):
     for K, (ev, net, s, ts) in runs.items():

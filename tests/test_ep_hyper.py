@@ -4,7 +4,9 @@ References: a 2-D grid for the tilted moments; ordinary EP (exact, conjugate) wh
 point; the exact posterior by a 2-D grid over (log scale, log noise) for a common-scale model; a long
 NUTS run (slow) for ARD. Student-t likelihood with an uncertain scale: its tilted moments against a
 2-D grid; the exact posterior of a one-weight model with outliers by a grid over (w, log scale²)
-(the prior scale integrated per w); the Gaussian likelihood as ν → ∞."""
+(the prior scale integrated per w); the Gaussian likelihood as ν → ∞. `vj.infer`'s contract on a
+tiny model: programs built once (counted as in ``tests/test_execution.py``), warm refits and
+conversions, jit, and the evidence's gradient against the conjugate closed form."""
 
 import equinox as eqx
 import jax
@@ -14,9 +16,29 @@ import pytest
 from scipy.special import gammaln
 
 import vijax as vj
-from vijax.methods.ep_hyper import HierarchicalEP, log_variance_tilted_moments, scale_tilted_moments
+from vijax.methods.ep_hyper import (HierarchicalEP, HierarchicalPosterior, HierarchicalState, log_variance_tilted_moments,
+                                    scale_tilted_moments)
 
-_FIT = eqx.filter_jit(HierarchicalEP().fit)  # one compilation for the common-scale models below
+_BUILT = [0]
+
+
+def _count(event, duration, **_):
+    if event == "/jax/core/compile/backend_compile_duration":
+        _BUILT[0] += 1
+
+
+jax.monitoring.register_event_duration_secs_listener(_count)
+
+
+def programs(fn, *args):
+    """``(result, the number of programs built while computing it)``."""
+    before = _BUILT[0]
+    out = jax.block_until_ready(fn(*args))
+    return out, _BUILT[0] - before
+
+
+def _FIT(model):
+    return vj.infer(model, HierarchicalEP())  # compiled once per model structure and shape
 _W = np.array([1.5, 0.0, 0.0, -1.0, 0.0])
 
 
@@ -81,7 +103,7 @@ def test_collapsed_hyperprior_recovers_ordinary_ep():
     assert bool(post.diagnostics.converged)
     ordinary = vj.infer(model.model, vj.EP())  # the same sites with every φ at its prior mean
     np.testing.assert_allclose(post.mean, ordinary.mean, atol=1e-10)
-    np.testing.assert_allclose(post.weights.covariance, ordinary.covariance, atol=1e-10)
+    np.testing.assert_allclose(post.covariance, ordinary.covariance, atol=1e-10)
     np.testing.assert_allclose(post.log_z, ordinary.log_z, atol=1e-8)
     # ... which is exact here: the conjugate posterior and evidence at σ² = 0.25, prior variance e^0.3.
     precision = X.T @ X / 0.25 + np.eye(5) / np.exp(0.3)
@@ -223,7 +245,7 @@ def test_ard_relevances_and_float32():
     rel = np.asarray(post.relevances()[1:])
     assert min(rel[0], rel[3]) > max(rel[1], rel[2], rel[4])
     model32 = vj.glm.hierarchical_linear(X.astype(np.float32), y.astype(np.float32), groups="ard")
-    post32 = eqx.filter_jit(HierarchicalEP(tol=1e-4).fit)(model32)
+    post32 = vj.infer(model32, HierarchicalEP(tol=1e-4))
     assert post32.mean.dtype == jnp.float32 and bool(post32.diagnostics.converged)
     np.testing.assert_allclose(post32.mean, post.mean, atol=1e-3)
 
@@ -237,7 +259,9 @@ def test_bad_input_is_refused():
     with pytest.raises(ValueError, match="0..G-1"):
         vj.glm.hierarchical_linear(X, y, groups=np.array([0, 2, 2, 2, 0]))
     with pytest.raises(ValueError, match="HierarchicalModel"):
-        HierarchicalEP().fit(vj.glm.linear_regression(X, y))
+        vj.infer(vj.glm.linear_regression(X, y), HierarchicalEP())
+    with pytest.raises(ValueError, match="vj.infer"):  # the old entry point fit(model)
+        HierarchicalEP().fit(vj.glm.hierarchical_linear(X, y))
     with pytest.raises(ValueError, match="damping"):
         HierarchicalEP(damping=0.0)
     with pytest.raises(ValueError, match="df"):
@@ -257,7 +281,7 @@ def test_ard_against_nuts():
     w = np.array([1.5, 0, 0, -1.0, 0.0, 0.5])
     X = rng.normal(size=(40, w.size))
     y = X @ w + 0.5 * rng.normal(size=40)
-    post = HierarchicalEP().fit(vj.glm.hierarchical_linear(X, y, groups="ard"))
+    post = vj.infer(vj.glm.hierarchical_linear(X, y, groups="ard"), HierarchicalEP())
 
     def model(X, y):
         phi0 = numpyro.sample("phi0", dist.Normal(0.0, 2.0))
@@ -277,3 +301,61 @@ def test_ard_against_nuts():
     np.testing.assert_array_less(np.abs(post.mean - s["w"].mean(0)), 0.1 * s["w"].std(0))
     np.testing.assert_allclose(post.hyper_mean, phi.mean(0), atol=0.15)
     np.testing.assert_allclose(post.relevances(), np.exp(phi).mean(0), rtol=0.35)
+
+
+def _tiny(seed, noise=(-1.0, 4.0), scale=(0.0, 4.0)):
+    # N = 9, D = 2: shapes no other test uses, so the counts start cold in this process.
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(9, 2))
+    return vj.glm.hierarchical_linear(X, X @ np.array([1.0, -0.5]) + 0.3 * rng.normal(size=9), groups="common",
+                                      noise_prior=noise, scale_prior=scale)
+
+
+def test_infer_returns_a_posterior_and_reuses_its_programs():
+    """A cold `vj.infer` builds at most 2 programs (start, fit); new data of the same shapes, a warm
+    refit from the posterior and new settings build none; the refit ends at once, where the fit ended;
+    other starts (another method's posterior, a point) reach the same fixed point; under jit, the same."""
+    model, other = _tiny(0), _tiny(1)
+    jax.block_until_ready(jnp.asarray(0.5))  # the process's one-off program that stages a Python float
+    post, cold = programs(vj.infer, model, HierarchicalEP())
+    assert cold <= 2, f"a cold fit built {cold} programs"
+    assert isinstance(post, vj.Posterior) and isinstance(post, HierarchicalPosterior)
+    assert isinstance(post.state, HierarchicalState) and isinstance(post.model, vj.HierarchicalModel)
+    d = post.diagnostics
+    assert bool(d.converged) and (d.method, d.solver) == ("HierarchicalEP", "parallel")
+    assert d.objective_trace.shape == (501,) and float(d.objective_trace[int(d.iterations)]) == float(post.log_z)
+    assert isinstance(d.info, vj.EPInfo) and int(d.info.skipped) == 0 and not post.is_lower_bound
+    _, new_data = programs(vj.infer, other, HierarchicalEP())
+    again, warm = programs(lambda: vj.infer(model, HierarchicalEP(), init=post))
+    _, settings = programs(lambda: vj.infer(model, HierarchicalEP(tol=1e-8, damping=0.3, power=0.9)))
+    assert (new_data, warm, settings) == (0, 0, 0), f"new data {new_data}, warm {warm}, settings {settings}"
+    assert int(again.diagnostics.iterations) == 0
+    np.testing.assert_array_equal(again.mean, post.mean)
+    assert float(again.log_z) == float(post.log_z)
+    # Other starts: a plain vj.Posterior of q(w) (as another method's), a point w (each one small conversion
+    # program: every site's expansion at the mean, or at w).
+    assert type(post.weights) is vj.Posterior
+    for init in (post.weights, np.zeros(2)):
+        converted = vj.infer(model, HierarchicalEP(tol=1e-9), init=init)
+        np.testing.assert_allclose(converted.mean, post.mean, atol=1e-5)
+        np.testing.assert_allclose(converted.hyper_mean, post.hyper_mean, atol=1e-5)
+    # Inside jit: one program, the same numbers.
+    jitted = jax.jit(lambda m: vj.infer(m, HierarchicalEP()))(model)
+    np.testing.assert_allclose(jitted.mean, post.mean, atol=1e-12)
+    np.testing.assert_allclose(jitted.log_z, post.log_z, rtol=1e-12)
+    with pytest.raises(ValueError, match="point w of shape \\(2,\\)"):
+        vj.infer(model, HierarchicalEP(), init=np.zeros(3))
+
+
+@pytest.mark.slow  # ~9 s: the derivative programs of a fit
+def test_log_z_gradient_is_the_conjugate_evidence_gradient():
+    """With the hyperpriors collapsed to points, log Z_EP is the conjugate evidence
+    log N(y | 0, σ²I + e^a XXᵀ), and its gradient in y (the envelope theorem at frozen sites) is −C⁻¹y."""
+    rng = np.random.default_rng(2)
+    X = rng.normal(size=(9, 2))
+    y = X @ np.array([1.0, -0.5]) + 0.3 * rng.normal(size=9)
+    build = lambda y: vj.glm.hierarchical_linear(X, y, groups="common", noise_prior=(np.log(0.25), 1e-12),
+                                                 scale_prior=(0.3, 1e-12))
+    grad = jax.grad(lambda y: vj.infer(build(y), HierarchicalEP(tol=1e-9)).log_z)(jnp.asarray(y))
+    C = 0.25 * np.eye(9) + np.exp(0.3) * X @ X.T
+    np.testing.assert_allclose(grad, -np.linalg.solve(C, y), atol=1e-7)

@@ -1,7 +1,8 @@
 """Two-layer networks by EP (`vj.nn`): the activation's Gaussian expectations, moment matching on
 every site at EP's fixed point, the predictive moments against Monte Carlo under q, the tilted
 moments of an activation site against a brute-force integral, calibration and relevances on a
-simulated problem (one shared fit, converged to a moment residual of 1e-3)."""
+simulated problem (one shared fit, converged to a moment residual of 1e-3), and `vj.infer`'s
+contract: programs built once (counted as in ``tests/test_execution.py``), warm refits, jit."""
 
 import equinox as eqx
 import jax
@@ -12,6 +13,24 @@ import pytest
 import vijax as vj
 from vijax.nn import network as nn_module
 
+_BUILT = [0]
+
+
+def _count(event, duration, **_):
+    if event == "/jax/core/compile/backend_compile_duration":
+        _BUILT[0] += 1
+
+
+jax.monitoring.register_event_duration_secs_listener(_count)
+
+
+def programs(fn, *args):
+    """``(result, the number of programs built while computing it)``."""
+    before = _BUILT[0]
+    out = jax.block_until_ready(fn(*args))
+    return out, _BUILT[0] - before
+
+
 
 def _problem(seed, n):
     rng = np.random.default_rng(seed)
@@ -20,12 +39,23 @@ def _problem(seed, n):
     return X, f + 0.2 * rng.normal(size=n)
 
 
+_METHOD = vj.nn.NetworkEP(max_iter=1000, tol=1e-3)
+
+
 @pytest.fixture(scope="module")
-def fitted():
+def cold():
+    """The shared fit, and the programs its cold `vj.infer` built (n = 80, d = 3, K = 3: shapes no other
+    test uses, so the count starts cold in this process)."""
     X, y = _problem(0, 80)
     net = vj.nn.TwoLayerNetwork(X, y, num_hidden=3)
-    post = eqx.filter_jit(vj.nn.NetworkEP(max_iter=1000, tol=1e-3).fit)(net, jax.random.PRNGKey(0))
-    return net, post
+    jax.block_until_ready(jnp.asarray(0.5))  # the process's one-off program that stages a Python float
+    post, built = programs(vj.infer, net, _METHOD)
+    return net, post, built
+
+
+@pytest.fixture(scope="module")
+def fitted(cold):
+    return cold[:2]
 
 
 def test_expected_activation_closed_form():
@@ -40,15 +70,16 @@ def test_fixed_point_matches_moments_on_every_site(fitted):
     cap), the sites on v (linear-filter step), on log σ², on the input weights, on their scales, and
     the positivity sites. Residual: |m̂ − m|/√V + |log V̂/V| per site, max over sites."""
     net, post = fitted
-    assert bool(post.converged), float(post.residual)
+    assert bool(post.diagnostics.converged), float(post.diagnostics.stationarity)
     tol = 1e-3
-    ev = eqx.filter_jit(vj.nn.NetworkEP(nonnegative_activation_sites=False).evaluate)(net, post.sites)
+    sites = post.state.sites
+    ev = eqx.filter_jit(vj.nn.NetworkEP(nonnegative_activation_sites=False).evaluate)(net, sites)
     # Kinds: activations, noise, weights, scales, positivity, outputs; the activations' entry here is
     # uncapped, so check it below site by site.
     assert np.all(np.asarray(ev.residuals[1:]) < tol), np.asarray(ev.residuals)
     q = ev.q
     h_m, h_V, _ = nn_module._activation_marginals(q, net.X)
-    _, h_Vc, _ = nn_module.cavity(h_m, h_V, post.sites.h_tau, post.sites.h_nu)
+    _, h_Vc, _ = nn_module.cavity(h_m, h_V, sites.h_tau, sites.h_nu)
     Vh = 1.0 / (1.0 / h_V + ev.step.h_tau)  # the tilted moments, from the undamped step
     mh = Vh * (h_m / h_V + ev.step.h_nu)
     np.testing.assert_array_less(np.abs(mh - h_m) / np.sqrt(h_V), tol)
@@ -83,7 +114,7 @@ def test_activation_site_tilted_moments_against_brute_force(fitted):
     activations (independent of the closed forms used in `NetworkEP.evaluate`)."""
     net, post = fitted
     method = vj.nn.NetworkEP(nonnegative_activation_sites=False, activation_nodes=64)
-    sites = post.sites
+    sites = post.state.sites
     ev = eqx.filter_jit(method.evaluate)(net, sites)
     i, k = 7, 1
     q = ev.q
@@ -128,7 +159,7 @@ def test_activation_site_tilted_moments_against_brute_force(fitted):
 @pytest.mark.slow  # uses the shared fit
 def test_calibration_and_relevances_on_simulated_data(fitted):
     net, post = fitted
-    assert post.converged  # seen: residual 9.8e-4 after 348 iterations (tol 1e-3; 680 without momentum)
+    assert post.diagnostics.converged  # seen: residual 9.8e-4 after 348 iterations (tol 1e-3; 680 without momentum)
     X_test, y_test = _problem(2, 500)
     mean, var = post.predict(X_test)
     z = (y_test - mean) / np.sqrt(var)
@@ -148,12 +179,13 @@ def test_calibration_and_relevances_on_simulated_data(fitted):
     assert rel[2] < 0.2 * min(rel[0], rel[1])  # the irrelevant input last, by a margin (seen: 1.62, 2.91, 0.037)
 
 
-@pytest.mark.slow  # a second fit, without momentum
+@pytest.mark.slow  # a second fit, without momentum (the momentum is traced: the same programs)
 def test_momentum_changes_the_path_not_the_fixed_point(fitted):
     """Plain damped EP (momentum 0) and the default heavy-ball steps stop at the same q."""
     net, post = fitted
-    plain = eqx.filter_jit(vj.nn.NetworkEP(momentum=0.0, max_iter=1000, tol=1e-3).fit)(net, jax.random.PRNGKey(0))
-    assert bool(plain.converged) and int(plain.iterations) > int(post.iterations)  # seen: 680 against 348
+    plain = vj.infer(net, vj.nn.NetworkEP(momentum=0.0, max_iter=1000, tol=1e-3))
+    assert bool(plain.diagnostics.converged)
+    assert int(plain.diagnostics.iterations) > int(post.diagnostics.iterations)  # seen: 680 against 348
     v_sd = np.sqrt(np.diag(np.asarray(post.v_cov)))
     np.testing.assert_array_less(np.abs(np.asarray(plain.v_mean - post.v_mean)) / v_sd, 0.05)
     w_sd = np.sqrt(np.diagonal(np.asarray(post.w_cov), axis1=1, axis2=2))
@@ -176,3 +208,59 @@ def test_bad_input_is_refused():
         vj.nn.NetworkEP(momentum=1.0)
     with pytest.raises(ValueError, match="prior_damping"):
         vj.nn.NetworkEP(prior_damping=0.0)
+    with pytest.raises(ValueError, match="key"):
+        vj.nn.NetworkEP(key=0)
+    net = vj.nn.TwoLayerNetwork(X, y, num_hidden=2)
+    with pytest.raises(ValueError, match="TwoLayerNetwork"):
+        vj.infer(vj.glm.linear_regression(X, y), vj.nn.NetworkEP())
+    # The old entry point fit(net, key): the key is now the method's.
+    with pytest.raises(ValueError, match="NetworkEP\\(key=\\.\\.\\.\\)"):
+        vj.nn.NetworkEP().fit(net, jax.random.PRNGKey(0))
+    with pytest.raises(ValueError, match="NetworkPosterior or a NetworkState"):
+        vj.infer(net, vj.nn.NetworkEP(), init=np.zeros(3))
+    with pytest.raises(ValueError, match="Gaussian"):
+        vj.nn.NetworkEP().from_gaussian(net, None, None)
+
+
+def test_infer_returns_a_posterior_and_reuses_its_programs(cold):
+    """A cold `vj.infer` builds 2 programs (the start: the MAP fit and the sites; the EP loop); a warm
+    refit from the posterior, a new tolerance or damping, a new key and new data of the same shapes
+    build none; a refit from ``post.state`` ends at once, where the fit ended."""
+    net, post, built = cold
+    assert built <= 2, f"a cold fit built {built} programs"
+    assert isinstance(post, vj.Posterior) and isinstance(post, vj.nn.NetworkPosterior)
+    assert isinstance(post.state, vj.nn.NetworkState) and int(post.state.iteration) == int(post.diagnostics.iterations)
+    d = post.diagnostics
+    assert (d.method, d.solver) == ("NetworkEP", "parallel") and isinstance(d.info, vj.nn.NetworkInfo)
+    assert d.objective_trace.shape == d.info.residual_trace.shape == (1001,)
+    assert float(d.info.residual_trace[int(d.iterations)]) == float(d.stationarity)
+    assert np.isnan(float(post.log_z)) and not post.is_lower_bound and not post.defines_log_z
+    # q(θ) of all the weights: the blocks of q(w_k) and q(v).
+    K, D = post.w_mean.shape
+    np.testing.assert_allclose(post.mean, np.r_[np.ravel(post.w_mean), post.v_mean])
+    np.testing.assert_allclose(post.covariance[D:2 * D, D:2 * D], post.w_cov[1], atol=1e-12)
+    np.testing.assert_allclose(post.covariance[K * D:, K * D:], post.v_cov, atol=1e-12)
+    assert float(jnp.abs(post.covariance[:D, D:]).max()) == 0.0
+
+    again, warm = programs(lambda: vj.infer(net, _METHOD, init=post))
+    assert warm == 0 and int(again.diagnostics.iterations) == 0
+    np.testing.assert_array_equal(again.w_mean, post.w_mean)
+    retuned = vj.nn.NetworkEP(max_iter=1000, tol=5e-4, damping=0.25, momentum=0.6)
+    _, settings = programs(lambda: vj.infer(net, retuned, init=post.state))
+    X, y = _problem(5, 80)
+    other = vj.nn.TwoLayerNetwork(X, y, num_hidden=3)
+    _, new_data = programs(vj.infer, other, _METHOD)
+    assert (settings, new_data) == (0, 0), f"settings {settings}, new data {new_data}"
+    # A key given (not None) builds its start once; the EP loop is every key's.
+    keyed = [vj.nn.NetworkEP(max_iter=1000, tol=1e-3, key=jax.random.PRNGKey(i)) for i in (1, 2)]
+    _, first_key = programs(vj.infer, net, keyed[0])
+    _, new_key = programs(vj.infer, net, keyed[1])
+    assert (first_key, new_key) == (1, 0), f"a first key built {first_key} programs, a new key {new_key}"
+
+
+@pytest.mark.slow  # one more program (~10 s to compile)
+def test_infer_under_jit(fitted):
+    net, post = fitted
+    warm = jax.jit(lambda net, init: vj.infer(net, _METHOD, init=init))(net, post)
+    assert int(warm.diagnostics.iterations) == 0
+    np.testing.assert_allclose(warm.mean, post.mean, atol=1e-12)

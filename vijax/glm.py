@@ -220,7 +220,7 @@ def hierarchical_linear(X, y, groups="ard", scale_prior=(0.0, 4.0), noise_prior=
 
     Hyperparameter 0 is log σ², hyperparameters 1..G the log prior variances; so
     ``post.relevances()[1:]`` are the posterior means E[e^{φ_l}] of the groups' prior variances
-    (`vj.methods.ep_hyper.HierarchicalPosterior`). Fit with ``HierarchicalEP().fit(model)``.
+    (`vj.methods.ep_hyper.HierarchicalPosterior`). Fit with ``vj.infer(model, vj.HierarchicalEP())``.
     """
     owner = "hierarchical_linear"
     X = _design(X, owner)

@@ -21,7 +21,7 @@ uncertain); that group is not conjugate given φ either. Instances (Jylänki 201
 The model is data: ``model`` (a `LatentLinearModel` with no Gaussian factor and one
 `vj.potentials.Gaussian` or `StudentT` group per site group, its ``scale`` the plug-in e^{μ_0/2}), the index
 l_{gn} of every site's hyperparameter (``hyper_index``, one int array per group) and the Gaussian
-hyperprior (``hyper_mean``, ``hyper_var``, shape ``(L,)``). `vj.methods.ep_hyper.HierarchicalEP` fits
+hyperprior (``hyper_mean``, ``hyper_var``, shape ``(L,)``). ``vj.infer(model, vj.HierarchicalEP())`` fits
 it; ``vj.infer(model.model, vj.EP())`` is EP with every φ fixed at its prior mean.
 """
 

@@ -57,7 +57,7 @@ def _warn_unless_converged(post: Posterior) -> None:
         return
     name = f"{d.method} ({d.solver})"
     log_z = float(post.log_z)
-    if not np.isfinite(log_z):
+    if not np.isfinite(log_z) and post.defines_log_z:
         warnings.warn(f"{name}: log Z is {log_z}, the fit failed, and it is not a lower bound "
                       "(post.is_lower_bound is False); see post.diagnostics (a wider or improper "
                       "posterior than the data determine, or non-finite data, are the usual causes).",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from typing import ClassVar
 
 import equinox as eqx
 import jax
@@ -142,8 +143,9 @@ class Diagnostics(eqx.Module):
     - `num_value_evals`, `num_grad_evals`, `num_hvp_evals`: work done, for cost accounting
       (default 0).
     - `method`, `solver`: names of what produced the answer (static strings).
-    - `info`: the method's own record, or None (default): `EPInfo` for `vj.EP`, `LVBInfo` for `vj.LVB` with Lanczos variances, `LaplaceInfo` for
-      `vj.Laplace` and `vj.MAP`.
+    - `info`: the method's own record, or None (default): `EPInfo` for `vj.EP` and `vj.HierarchicalEP`,
+      `LVBInfo` for `vj.LVB` with Lanczos variances, `LaplaceInfo` for `vj.Laplace` and `vj.MAP`,
+      `vj.nn.NetworkInfo` for `vj.nn.NetworkEP`.
 
     The attributes `fallback`, `jitter`, `max_change`, `oscillating`, `skipped` and `shrunk` of earlier
     versions still read (from `info`, with a `DeprecationWarning`).
@@ -221,6 +223,9 @@ class Posterior(eqx.Module):
     - `model`: the model that was fitted (used by predictive functions).
     - `state`: what the method needs to warm-start from this fit (`vj.EP`: its `vj.ep.SiteParams`;
       `vj.LVB`: its `vj.lvb.LVBState`, ξ and the mean); None for methods whose `init` is the posterior itself.
+    - `defines_log_z` (a class attribute): False for a subclass whose method gives no evidence estimate
+      (`vj.nn.NetworkPosterior`): its `log_z` is NaN by definition, not a failed fit, and `vj.infer` does
+      not warn about it.
 
     ``post.std`` is the marginal standard deviations ``(D,)``; ``post.summary(names)`` a readable table.
     """
@@ -232,6 +237,7 @@ class Posterior(eqx.Module):
     model: LatentLinearModel
     bound_claim: bool = eqx.field(static=True)
     state: object = None
+    defines_log_z: ClassVar[bool] = True
 
     def __init__(self, mean, factor, log_z, diagnostics, model, bound_claim, state=None):
         if not isinstance(bound_claim, (bool, np.bool_)):
@@ -301,6 +307,8 @@ class Posterior(eqx.Module):
         log_z = float(self.log_z)
         if bool(self.is_lower_bound):
             kind = "a lower bound on log Z"
+        elif not self.defines_log_z:
+            kind = "not defined by this method"
         elif not np.isfinite(log_z):
             kind = "not finite: the fit failed"
         elif d.method == "MAP":

@@ -49,18 +49,23 @@ from typing import NamedTuple
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from .. import potentials
+from .. import _checks, potentials
 from .._linalg import backtrack, select
 from ..covariance import CholeskyFactor
 from ..hierarchical import HierarchicalModel
-from ..posterior import Diagnostics, Posterior
+from ..posterior import Diagnostics, EPInfo, Posterior
 from ..quadrature import GaussHermite
 from ..solvers import iterate
+from ..start import expand_at
+from ._base import AbstractMethod, compiled, same_shapes
+from ._envelope import computed
 from ._gaussian import integrate, marginals, working_model
 from .ep import SiteParams, cavity, moment_residual, site_step
 
-__all__ = ["HierarchicalEP", "HierarchicalPosterior", "log_variance_tilted_moments", "scale_tilted_moments"]
+__all__ = ["HierarchicalEP", "HierarchicalPosterior", "HierarchicalState", "log_variance_tilted_moments",
+           "scale_tilted_moments"]
 
 _MAX_HALVINGS = 30
 
@@ -121,33 +126,40 @@ def scale_tilted_moments(potential, mean, var, hyper_mean, hyper_var, power=1.0,
     return log_z[..., 0], x_mean[..., 0], x_var, hyper_mean[..., 0] + sd[..., 0] * z_mean[..., 0], phi_var
 
 
-class HierarchicalPosterior(eqx.Module):
-    """q(w) q(φ) from `HierarchicalEP`.
+class HierarchicalState(eqx.Module):
+    """The State of `HierarchicalEP`: the site parameters of w (``sites``, a `vj.ep.SiteParams` with one
+    pair of ``(N_g,)`` arrays per site group of the plug-in model) and of φ (``hyper_sites``, the same
+    shapes: each site's Gaussian in its hyperparameter φ_{l_n})."""
 
-    - `weights`: a `vj.Posterior` holding q(w) = N(mean, S), ``log_z`` (log Z_EP of the joint over w
-      and φ) and the `Diagnostics` (``stationarity`` is the moment-matching residual). Its ``model`` is
-      the plug-in model (φ at the prior mean); use the predictive functions here, not that model's.
-    - `hyper_mean`, `hyper_var`: q(φ_l) = N(hyper_mean_l, hyper_var_l), shape ``(L,)``.
-    - `sites`, `hyper_sites`: the site parameters (`vj.ep.SiteParams`) of w and of φ (warm starts).
-    """
-
-    weights: Posterior
-    hyper_mean: jax.Array
-    hyper_var: jax.Array
     sites: SiteParams
     hyper_sites: SiteParams
 
-    @property
-    def mean(self):
-        return self.weights.mean
+
+class HierarchicalPosterior(Posterior):
+    """q(w) q(φ) from `HierarchicalEP`: a `vj.Posterior` of q(w) with q(φ) beside it.
+
+    - `mean`, `factor` (``covariance``): q(w) = N(mean, S); ``log_z``: log Z_EP of the joint over w and
+      φ (an approximation, not a bound), differentiable in the model's data and hyperprior at the
+      frozen sites; ``diagnostics`` (``stationarity`` is the moment-matching residual, ``info`` a
+      `vj.EPInfo`); ``model``: the `vj.HierarchicalModel` fitted; ``state``: the `HierarchicalState`.
+    - `hyper_mean`, `hyper_var`: q(φ_l) = N(hyper_mean_l, hyper_var_l), shape ``(L,)``.
+    - `weights` (a property): q(w) as a plain `vj.Posterior` of the plug-in model (every φ at its prior
+      mean), for the GLM predictive functions; its ``state`` is the w-sites, so it warm-starts `vj.EP`.
+    """
+
+    hyper_mean: jax.Array
+    hyper_var: jax.Array
+
+    def __init__(self, mean, factor, log_z, diagnostics, model, state, hyper_mean, hyper_var):
+        super().__init__(mean, factor, log_z, diagnostics, model, bound_claim=False, state=state)
+        self.hyper_mean = hyper_mean
+        self.hyper_var = hyper_var
 
     @property
-    def log_z(self):
-        return self.weights.log_z
-
-    @property
-    def diagnostics(self):
-        return self.weights.diagnostics
+    def weights(self) -> Posterior:
+        """q(w) as a `vj.Posterior` of the plug-in model ``model.model``."""
+        return Posterior(self.mean, self.factor, self.log_z, self.diagnostics, self.model.model, bound_claim=False,
+                         state=self.state.sites)
 
     def relevances(self):
         """E_q[e^{φ_l}] = exp(μ_l + s_l²/2): the posterior mean of each variance (prior scale², noise σ²)."""
@@ -195,7 +207,16 @@ def _quadratics(sites: SiteParams):
     return tuple((nu, tau, 0.0) for tau, nu in zip(sites.precision, sites.shift))
 
 
-class HierarchicalEP(eqx.Module):
+def _change(dw: SiteParams, dh: SiteParams, ev: _Eval):
+    """max over sites of |Δτ|·V and |Δν|·√V, for the w-sites and the φ-sites (a change in units of the marginal)."""
+    worst = jnp.zeros((), ev.value.dtype)
+    for step, variances in ((dw, ev.marginal_var), (dh, ev.hyper_marginal_var)):
+        for dtau, dnu, V in zip(step.precision, step.shift, variances):
+            worst = jnp.maximum(worst, jnp.max(jnp.maximum(jnp.abs(dtau) * V, jnp.abs(dnu) * jnp.sqrt(V)), initial=0.0))
+    return worst
+
+
+class HierarchicalEP(AbstractMethod):
     """Parallel EP for `vj.hierarchical.HierarchicalModel`: q(w) Gaussian, q(φ) factorised Gaussian.
 
     **Arguments:**
@@ -207,8 +228,12 @@ class HierarchicalEP(eqx.Module):
       residual (max over sites of |m̂ − m|/√V + |log V̂/V|, for x and for φ) is at most ``tol``.
     - `quadrature`: the Gauss–Hermite rule over φ (default 32 nodes).
 
-    ``fit(model, init=None)`` returns a `HierarchicalPosterior`; ``init`` may be an earlier one.
-    Pure and traceable (jit, vmap).
+    ``vj.infer(model, vj.HierarchicalEP())`` returns a `HierarchicalPosterior`, inside or outside `jit`.
+    The State is a `HierarchicalState` (the w- and φ-sites); the cold start is the exact Gaussian sites
+    at φ = μ_0 (q(w) the conjugate posterior there; a Student-t group's at its plug-in scale) with zero
+    φ-sites (q(φ) the hyperprior). ``init`` may be a `HierarchicalPosterior` (its State), another
+    method's `vj.Posterior` of q(w) or a ``(D,)`` point w (every site's expansion at its mean, or at w,
+    with zero φ-sites). ``damping``, ``power`` and ``tol`` are traced: a new value reuses the program.
     """
 
     damping: float = 0.5
@@ -218,25 +243,66 @@ class HierarchicalEP(eqx.Module):
     quadrature: GaussHermite = GaussHermite()
 
     def __check_init__(self):
-        if isinstance(self.damping, (int, float)) and not 0 < self.damping <= 1:
+        if _checks.is_concrete(self.damping) and not 0 < self.damping <= 1:
             raise ValueError(f"HierarchicalEP: `damping` must lie in (0, 1], got {self.damping}.")
-        if isinstance(self.power, (int, float)) and not 0 < self.power <= 1:
+        if _checks.is_concrete(self.power) and not 0 < self.power <= 1:
             raise ValueError(f"HierarchicalEP: `power` must lie in (0, 1], got {self.power}.")
         if not (isinstance(self.max_iter, int) and self.max_iter >= 1):
             raise ValueError(f"HierarchicalEP: `max_iter` must be a positive int, got {self.max_iter!r}.")
+        if _checks.is_concrete(self.tol) and not self.tol > 0:
+            raise ValueError(f"HierarchicalEP: `tol` must be positive, got {self.tol!r}.")
 
-    def initial_sites(self, model: HierarchicalModel):
+    # ------------------------------------------------------------------------------ the state contract
+
+    def check_model(self, model) -> None:
+        if not isinstance(model, HierarchicalModel):
+            raise ValueError(f"HierarchicalEP: `model` must be a vj.HierarchicalModel (e.g. from "
+                             f"vj.glm.hierarchical_linear), got {type(model).__name__}.")
+
+    def init_state(self, model: HierarchicalModel) -> HierarchicalState:
         """The exact Gaussian sites at φ = μ_0 (q(w) = the conjugate posterior there) and zero φ-sites
         (q(φ) = the hyperprior)."""
         dtype = model.dtype
-        prec, shift, zeros = [], [], []
+        prec, shift = [], []
         for group in model.model.sites:
             s2 = jnp.broadcast_to(group.potential.scale**2, (group.num_sites,)).astype(dtype)
             loc = jnp.broadcast_to(group.potential.loc, (group.num_sites,)).astype(dtype)
             prec.append(1.0 / s2)
             shift.append(loc / s2)
-            zeros.append(jnp.zeros(group.num_sites, dtype))
-        return SiteParams(tuple(prec), tuple(shift)), SiteParams(tuple(zeros), tuple(zeros))
+        return HierarchicalState(SiteParams(tuple(prec), tuple(shift)), SiteParams.zeros(model.model))
+
+    def from_expansion(self, model: HierarchicalModel, expansion) -> HierarchicalState:
+        """The w-sites from the expansion of the plug-in model's sites (``model.model``); zero φ-sites."""
+        return HierarchicalState(SiteParams(expansion.precision, expansion.shift), SiteParams.zeros(model.model))
+
+    def from_gaussian(self, model: HierarchicalModel, mean, factor) -> HierarchicalState:
+        """Every site's expansion at q's mean (as `vj.EP` converts), zero φ-sites."""
+        return self.from_expansion(model, expand_at(jax.lax.stop_gradient(model.model), mean))
+
+    def is_state(self, model: HierarchicalModel, state) -> bool:
+        sites = SiteParams.zeros(model.model, shapes_only=True)
+        return isinstance(state, HierarchicalState) and same_shapes(state, HierarchicalState(sites, sites))
+
+    def to_state(self, model: HierarchicalModel, init):
+        """As `vj.AbstractMethod.to_state`; a ``(D,)`` point w converts by `from_gaussian` at w."""
+        if isinstance(init, (jax.Array, np.ndarray)) and not self.is_state(model, init):
+            w = jnp.asarray(init)
+            if w.shape != (model.dim,) or not jnp.issubdtype(w.dtype, jnp.floating):
+                raise ValueError(f"HierarchicalEP: an array `init` is a point w of shape ({model.dim},); got shape "
+                                 f"{w.shape} and dtype {w.dtype}.")
+            return compiled(self, "from_gaussian", model, w.astype(model.dtype), None)
+        return super().to_state(model, init)
+
+    def fit(self, model: HierarchicalModel, state=None) -> HierarchicalPosterior:
+        """The fit from ``state`` (`start`, `to_state` or ``post.state``); ``vj.infer(model, method)`` does both."""
+        self.check_model(model)
+        if not self.is_state(model, state):
+            raise ValueError("HierarchicalEP.fit(model, state): `state` must be a HierarchicalState for this model "
+                             "(method.start(model), method.to_state(model, init) or post.state); to fit from the "
+                             f"start, call vj.infer(model, vj.HierarchicalEP()). Got {type(state).__name__}.")
+        return super().fit(model, state)
+
+    # ------------------------------------------------------------------------------ EP
 
     def evaluate(self, model: HierarchicalModel, sites: SiteParams, hyper_sites: SiteParams, work=None) -> _Eval:
         """q, every site's cavity and tilted moments, and log Z_EP at the given sites."""
@@ -290,51 +356,55 @@ class HierarchicalEP(eqx.Module):
         return (steps(ev.marginal_mean, ev.marginal_var, ev.tilted_mean, ev.tilted_var),
                 steps(ev.hyper_marginal_mean, ev.hyper_marginal_var, ev.hyper_tilted_mean, ev.hyper_tilted_var))
 
-    def fit(self, model: HierarchicalModel, init: HierarchicalPosterior | None = None) -> HierarchicalPosterior:
-        if not isinstance(model, HierarchicalModel):
-            raise ValueError(f"HierarchicalEP: `model` must be a vj.hierarchical.HierarchicalModel, "
-                             f"got {type(model).__name__}.")
-        if init is None:
-            sites, hyper_sites = self.initial_sites(model)
-        elif isinstance(init, HierarchicalPosterior):
-            sites, hyper_sites = init.sites, init.hyper_sites
-        else:
-            raise ValueError(f"HierarchicalEP: `init` must be None or a HierarchicalPosterior, got {type(init).__name__}.")
-        work = working_model(model.model)
-        evaluate = lambda s, h: self.evaluate(model, s, h, work)
+    def solve(self, model: HierarchicalModel, state: HierarchicalState) -> HierarchicalPosterior:
+        frozen = jax.lax.stop_gradient(model)
+        state = jax.lax.stop_gradient(state)
+        work = working_model(frozen.model)
+        evaluate = lambda s, h: self.evaluate(frozen, s, h, work)
         # The loop's first iteration evaluates the start (a zero step), so `evaluate` is traced once,
         # in the step-halving loop (`backtrack` with a placeholder); until then the evaluation is a NaN
         # placeholder of the right shape.
-        shape = jax.eval_shape(evaluate, sites, hyper_sites)
+        shape = jax.eval_shape(evaluate, state.sites, state.hyper_sites)
         ev = jax.tree_util.tree_map(lambda a: jnp.full(a.shape, jnp.nan if a.dtype != bool else False, a.dtype), shape)
         dtype = shape.value.dtype
         trace = jnp.full((self.max_iter + 1,), jnp.nan, dtype)
-        state = (sites, hyper_sites, ev, trace, jnp.array(0), jnp.array(False), jnp.array(False))
+        zero, no = jnp.array(0), jnp.array(False)
+        # (sites, φ-sites, evaluation, trace, shrunk, stuck, started, evaluations, skipped, change)
+        loop = (state.sites, state.hyper_sites, ev, trace, zero, no, no, zero, zero, jnp.array(jnp.nan, dtype))
 
-        def step(k, state):
-            sites, hyper_sites, ev, trace, shrunk, _, started = state
+        def step(k, loop):
+            sites, hyper_sites, ev, trace, shrunk, _, started, evals, skipped, change = loop
             dw, dh = jax.tree_util.tree_map(lambda d: jnp.where(started, self.damping * d, 0.0), self._direction(ev))
             alpha, new, ok, halvings = backtrack(
                 lambda a: evaluate(sites + dw.scale(a), hyper_sites + dh.scale(a)),
                 lambda a, new: new.proper, jnp.ones((), dtype), _MAX_HALVINGS, placeholder=ev)
+            step_w, step_h = dw.scale(jnp.where(ok, alpha, 0.0)), dh.scale(jnp.where(ok, alpha, 0.0))
+            change = jnp.where(started, _change(step_w, step_h, ev), change)
+            skipped = skipped + jnp.where(started, sum(jnp.sum(~valid) for valid in ev.valid), 0)
             sites = select(ok, sites + dw.scale(alpha), sites)
             hyper_sites = select(ok, hyper_sites + dh.scale(alpha), hyper_sites)
             ev = select(ok, new, ev)
-            return (sites, hyper_sites, ev, trace.at[k].set(ev.value), shrunk + (halvings > 0), ~ok,
-                    started | ok)
+            return (sites, hyper_sites, ev, trace.at[k].set(ev.value), shrunk + (started & (halvings > 0)), ~ok,
+                    started | ok, evals + halvings + 1, skipped, change)
 
-        done = lambda k, state: state[6] & (self.residual(state[2]) <= self.tol) | state[5]
-        (sites, hyper_sites, ev, trace, shrunk, stuck, _), k = iterate(step, state, self.max_iter + 1, done)
+        done = lambda k, loop: loop[6] & (self.residual(loop[2]) <= self.tol) | loop[5]
+        (sites, hyper_sites, ev, trace, shrunk, _, _, evals, skipped, change), k = iterate(
+            step, loop, self.max_iter + 1, done)
         k = k - 1  # the first pass only evaluated the start
         residual = self.residual(ev)
-        _, mean, C = integrate(model.model, _quadratics(sites), *work)
+        _, mean, C = integrate(frozen.model, _quadratics(sites), *work)
+        final = HierarchicalState(sites, hyper_sites)
+        # log Z_EP as evaluated, differentiable in the model at the frozen sites (stationary at a fixed point).
+        log_z = computed(ev.value, lambda method, s, m: method.evaluate(m, s.sites, s.hyper_sites).value,
+                         self, final, model)
+        info = EPInfo(max_change=change, oscillating=jnp.array(False), skipped=skipped, shrunk=shrunk,
+                      fallback=jnp.array(False))
         diagnostics = Diagnostics(iterations=k, converged=residual <= self.tol, stationarity=residual,
                                   objective_trace=trace, method="HierarchicalEP", solver="parallel",
-                                  num_value_evals=k + 1)
-        weights = Posterior(mean, CholeskyFactor.from_matrix(C).canonical(), ev.value, diagnostics, model.model,
-                            bound_claim=False, state=sites)
+                                  num_value_evals=evals, info=info)
         q_mean, q_var = ev.q_hyper
-        return HierarchicalPosterior(weights, q_mean, q_var, sites, hyper_sites)
+        return HierarchicalPosterior(mean, CholeskyFactor.from_matrix(C).canonical(), log_z, diagnostics, model,
+                                     final, q_mean, q_var)
 
 
 def __dir__():

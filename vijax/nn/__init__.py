@@ -1,13 +1,15 @@
 """Bayesian two-layer neural networks with hierarchical (ARD / common-scale) priors, fitted by EP.
 
-``post = vj.nn.NetworkEP().fit(vj.nn.TwoLayerNetwork(X, y, num_hidden=8), key)``; then
+``post = vj.infer(vj.nn.TwoLayerNetwork(X, y, num_hidden=8), vj.nn.NetworkEP())``; then
 ``post.predict(X_test)``, ``post.log_predictive(X_test, y_test)``, ``post.relevances()``.
 See `vijax.nn.network` for the model, the approximation and its cost.
 """
 
-from .network import NetworkEP, NetworkPosterior, TwoLayerNetwork, activation, expected_activation, map_estimate
+from .network import (NetworkEP, NetworkInfo, NetworkPosterior, NetworkSites, NetworkState, TwoLayerNetwork, activation,
+                      expected_activation, map_estimate)
 
-__all__ = ["TwoLayerNetwork", "NetworkEP", "NetworkPosterior", "activation", "expected_activation", "map_estimate"]
+__all__ = ["TwoLayerNetwork", "NetworkEP", "NetworkPosterior", "NetworkState", "NetworkSites", "NetworkInfo",
+           "activation", "expected_activation", "map_estimate"]
 
 
 def __dir__():

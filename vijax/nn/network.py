@@ -70,7 +70,8 @@ both schemes have the same fixed points (there u_i = ḡ_i), and the rank-one on
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import dataclasses
+from typing import ClassVar, NamedTuple
 
 import equinox as eqx
 import jax
@@ -80,15 +81,22 @@ from jax.scipy.special import erf, log_ndtr, logsumexp
 
 from .. import _checks
 from .._linalg import LOG_2PI, backtrack, select
+from ..covariance import CholeskyFactor
+from ..methods import AbstractMethod
 from ..methods.ep import cavity, moment_residual, site_step
 from ..methods.ep_hyper import log_variance_tilted_moments
+from ..posterior import Diagnostics, Posterior
 from ..quadrature import GaussHermite
 from ..solvers import LBFGS, iterate
 
-__all__ = ["TwoLayerNetwork", "NetworkEP", "NetworkPosterior", "activation", "expected_activation", "map_estimate"]
+__all__ = ["TwoLayerNetwork", "NetworkEP", "NetworkPosterior", "NetworkState", "NetworkSites", "NetworkInfo",
+           "activation", "expected_activation", "map_estimate"]
 
 _SQRT2 = float(np.sqrt(2.0))
 _MAX_HALVINGS = 30
+_MOMENTUM_AFTER = 200  # plain damped iterations before the momentum starts (`NetworkEP`, "momentum")
+_PRIOR_DAMPING_AFTER = 1000  # iterations before the prior and scale sites take `prior_damping`
+_MAP_ITERATIONS = 500  # L-BFGS iterations of the MAP start
 
 
 def activation(a):
@@ -114,7 +122,6 @@ class TwoLayerNetwork(eqx.Module):
     - `scale_prior`: (mean, variance) of each log input-weight variance φ_l.
     - `noise_prior`: (mean, variance) of φ_0 = log σ².
     - `output_variance`: σ_v², the prior variance of the output weights and bias.
-    - `positive_outputs`: constrain v_k ≥ 0 (default True).
     """
 
     X: jax.Array  # (n, d + 1), with the bias column
@@ -124,10 +131,9 @@ class TwoLayerNetwork(eqx.Module):
     hyper_var: jax.Array
     output_variance: jax.Array
     num_hidden: int = eqx.field(static=True)
-    positive_outputs: bool = eqx.field(static=True, default=True)
 
     def __init__(self, X, y, num_hidden=8, groups="ard", scale_prior=(0.0, 4.0), noise_prior=(-2.0, 4.0),
-                 output_variance=1.0, positive_outputs=True):
+                 output_variance=1.0):
         owner = "TwoLayerNetwork"
         X = _checks.as_float_array("X", X, owner, ndim=2)
         y = _checks.as_float_array("y", y, owner, ndim=1)
@@ -160,15 +166,14 @@ class TwoLayerNetwork(eqx.Module):
         _checks.check_positive("hyper_var", self.hyper_var, owner)
         self.output_variance = jnp.asarray(output_variance, dtype)
         self.num_hidden = int(num_hidden)
-        self.positive_outputs = bool(positive_outputs)
 
     @property
     def num_inputs(self) -> int:
         return self.X.shape[1] - 1
 
 
-class _Sites(NamedTuple):
-    """Site parameters (natural), one entry per kind of site."""
+class NetworkSites(NamedTuple):
+    """The site parameters of `NetworkEP` (natural parameters), one entry per kind of site."""
 
     h_tau: jax.Array  # (n, K): likelihood sites on the activations
     h_nu: jax.Array
@@ -185,7 +190,7 @@ class _Sites(NamedTuple):
     pos_nu: jax.Array
 
     def add(self, other, alpha):
-        return _Sites(*(a + alpha * b for a, b in zip(self, other)))
+        return NetworkSites(*(a + alpha * b for a, b in zip(self, other)))
 
 
 class _Q(NamedTuple):
@@ -202,7 +207,7 @@ class _Q(NamedTuple):
 
 class _Eval(NamedTuple):
     q: _Q
-    step: _Sites  # the undamped EP step of every site
+    step: NetworkSites  # the undamped EP step of every site
     residual: jax.Array
     log_evidence_terms: jax.Array  # Σ log Ẑ_i (diagnostic)
     proper: jax.Array
@@ -223,7 +228,7 @@ def _per_unit(fn, *xs):
     return jax.lax.map(lambda args: fn(*args), xs)
 
 
-def _q(net: TwoLayerNetwork, s: _Sites) -> _Q:
+def _q(net: TwoLayerNetwork, s: NetworkSites) -> _Q:
     K = net.num_hidden
     X = net.X
     # q(w_k): precision Xᵀ diag(τ_{·k}) X + diag(τ^w_k), one Cholesky per hidden unit.
@@ -284,14 +289,13 @@ def map_estimate(net: TwoLayerNetwork, w0, iterations: int = 500):
     at its prior mean (noise variance e^{μ_0}, weight variances e^{μ_l}), by L-BFGS from input weights
     `w0` and output weights 1/2. The noise stays at its prior mean on purpose: with φ_0 learnt too,
     the MAP network interpolates the data (concrete: e^{φ_0} ≈ 0.016 for standardised targets), and
-    parallel EP started there drove q(φ_0) to e^{−24} and stalled. With ``positive_outputs`` the output weights are
+    parallel EP started there drove q(φ_0) to e^{−24} and stalled. The output weights v_1..v_K are
     parametrised as softplus(u) ≥ 0 (the half-Gaussian prior's mode is then found on u's scale: a
     starting point, not a posterior mode to report)."""
     K, D = w0.shape
     dtype = net.X.dtype
     w_var = jnp.exp(net.hyper_mean[1 + net.labels])
-    positive = net.positive_outputs
-    to_v = lambda u: jnp.concatenate([jax.nn.softplus(u[:K]) if positive else u[:K], u[K:]])
+    to_v = lambda u: jnp.concatenate([jax.nn.softplus(u[:K]), u[K:]])
 
     noise = jnp.exp(net.hyper_mean[0])
 
@@ -301,19 +305,52 @@ def map_estimate(net: TwoLayerNetwork, w0, iterations: int = 500):
         f = activation(net.X @ W.T) @ v[:K] + v[K]
         return -0.5 * (jnp.sum((net.y - f) ** 2) / noise + jnp.sum(W**2 / w_var) + jnp.sum(v**2) / net.output_variance)
 
-    u0 = jnp.concatenate([jnp.full(K, 0.4328 if positive else 0.5, dtype), jnp.zeros(1, dtype)])  # softplus(0.4328) = 0.5
+    u0 = jnp.concatenate([jnp.full(K, 0.4328, dtype), jnp.zeros(1, dtype)])  # softplus(0.4328) = 0.5
     x = LBFGS(max_iter=iterations).maximise(log_joint, jnp.concatenate([w0.reshape(-1), u0])).x
     return x[: K * D].reshape(K, D), to_v(x[K * D:])
 
 
-class NetworkPosterior(eqx.Module):
-    """q(v) ∏ q(w_k) q(φ) of a `TwoLayerNetwork` fitted by `NetworkEP`.
+class NetworkState(eqx.Module):
+    """The State of `NetworkEP`: the site parameters (`NetworkSites`) and the iterations run before
+    (``iteration``, a scalar int), so that a refit from ``post.state`` continues the schedule of momentum
+    and prior damping where the fit ended."""
+
+    sites: NetworkSites
+    iteration: jax.Array
+
+
+class NetworkInfo(eqx.Module):
+    """What `NetworkEP` reports beyond the common `vj.Diagnostics` (``post.diagnostics.info``).
+
+    - `residuals`: the moment residual of each kind of site at the end, shape ``(6,)``: activations,
+      noise (φ_0), input-weight priors, their scales, positivity of v, output weights.
+    - `residual_trace`: the moment residual after each iteration, shape ``(max_iter + 1,)``, NaN-padded
+      (network EP has no objective, so ``diagnostics.objective_trace`` is NaN).
+    - `shrunk`: iterations whose step was halved to keep q proper; scalar int.
+    """
+
+    residuals: jax.Array
+    residual_trace: jax.Array
+    shrunk: jax.Array
+
+
+class NetworkPosterior(Posterior):
+    """q(v) ∏ q(w_k) q(φ) of a `TwoLayerNetwork` fitted by `NetworkEP`: a `vj.Posterior` of the weights.
 
     - `w_mean` ``(K, d+1)``, `w_cov` ``(K, d+1, d+1)``: q(w_k) (the last input is the bias).
     - `v_mean` ``(K+1,)``, `v_cov`: q(v) (the last entry is the output bias v_0).
     - `hyper_mean`, `hyper_var` ``(L,)``: q(φ): index 0 is log σ², then the input groups, then the bias.
-    - `iterations`, `converged`, `residual`: how the fit went (residual: max moment-matching gap).
-    - `sites`: the site parameters (for diagnostics and tests).
+    - `mean`, `factor` (``covariance``, ``sample``, ``std``): q(θ) of all the weights θ = [w_1; …; w_K; v]
+      (input weights unit by unit, then the output weights), ``(K(d+1) + K + 1,)``, its covariance
+      block-diagonal (a dense `CholeskyFactor`: (K(d+1) + K + 1)² numbers).
+    - `log_z`: NaN. Network EP defines no evidence estimate: its tilted moments are approximations
+      (f taken Gaussian under each cavity, each activation conditioned on one at a time, a linear-filter
+      step for v) that are not the derivatives of any one tilted normaliser, so the EP energy
+      (Jylänki eqs. 2.42, 2.45) is not stationary at its fixed points and its value is no estimate of
+      log p(y) to rely on; the thesis gives none for networks either. ``defines_log_z`` is False, so
+      `vj.infer` does not report the NaN as a failed fit.
+    - `diagnostics`: a `vj.Diagnostics` (``stationarity`` the moment residual, ``info`` a `NetworkInfo`);
+      `model`: the `TwoLayerNetwork`; `state`: the `NetworkState` (warm starts, e.g. ``init=post``).
     """
 
     w_mean: jax.Array
@@ -322,11 +359,19 @@ class NetworkPosterior(eqx.Module):
     v_cov: jax.Array
     hyper_mean: jax.Array
     hyper_var: jax.Array
-    iterations: jax.Array
-    converged: jax.Array
-    residual: jax.Array
-    sites: _Sites
     quadrature: GaussHermite = eqx.field(static=True, default=GaussHermite(32))
+    defines_log_z: ClassVar[bool] = False
+
+    def __init__(self, w_mean, w_cov, v_mean, v_cov, hyper_mean, hyper_var, diagnostics, model, state):
+        K = w_mean.shape[0]
+        blocks = _per_unit(lambda S: jnp.linalg.cholesky(S).T, w_cov)  # upper C_k with S_k = C_kᵀC_k
+        C = jax.scipy.linalg.block_diag(*(blocks[k] for k in range(K)), jnp.linalg.cholesky(v_cov).T)
+        mean = jnp.concatenate([w_mean.reshape(-1), v_mean])
+        super().__init__(mean, CholeskyFactor.from_matrix(C), jnp.full((), jnp.nan, mean.dtype), diagnostics, model,
+                         bound_claim=False, state=state)
+        self.w_mean, self.w_cov, self.v_mean, self.v_cov = w_mean, w_cov, v_mean, v_cov
+        self.hyper_mean, self.hyper_var = hyper_mean, hyper_var
+        self.quadrature = GaussHermite(32)
 
     def noise_variance(self):
         """E_q[σ²] = exp(μ_0 + s_0²/2)."""
@@ -370,17 +415,17 @@ class NetworkPosterior(eqx.Module):
         return mean, var
 
 
-class NetworkEP(eqx.Module):
+class NetworkEP(AbstractMethod):
     """Parallel EP for `TwoLayerNetwork` (module docstring).
 
     **Arguments:**
 
     - `damping`: δ ∈ (0, 1], the fraction of each EP step taken (default 0.3: the thesis notes that
       parallel updates need more damping than sequential ones).
-    - `prior_damping`, `prior_damping_after`: from iteration ``prior_damping_after`` on, the input-weight
-      prior sites and their scale sites move with damping ``prior_damping`` instead of ``damping``
-      (defaults 0.6 after 1000; None: ``damping`` throughout). A rescue for runs that have not converged
-      by then, so the runs that converge earlier are untouched. Why (``benchmarks/ep_nn.py``'s first
+    - `prior_damping`: from iteration 1000 on, the input-weight prior sites and their scale sites move
+      with damping ``prior_damping`` instead of ``damping`` (default 0.6; None: ``damping``
+      throughout). A rescue for runs that have not converged by then, so the runs that converge
+      earlier are untouched. Why (``benchmarks/ep_nn.py``'s first
       simulated problem): under the default schedule the residual hovered at 0.01–0.04 for 1500
       iterations while hidden units died and came back (5 → 8 alive near iteration 800), the
       positivity, prior and scale sites re-settling after each; with the prior sites at 0.6 from
@@ -396,12 +441,11 @@ class NetworkEP(eqx.Module):
       factorised posterior (a live unit's output weight growing while its input weights shrink, the
       noise and scale sites following), and a larger damping (0.5–1) makes the activation sites
       oscillate instead. The restart keeps the fast, oscillating directions damped while the
-      momentum carries the slow drift.
-    - `momentum_after`: plain damped steps for this many iterations first (default 200). With
-      momentum from the start, EP on ``benchmarks/ep_nn.py``'s slump problem converged in 238
-      iterations, but to a fixed point with 2 of 8 units alive and a test RMSE 6 times plain EP's:
-      the early moves decide which units live, and momentum amplifies them. Measured on ``benchmarks/ep_nn.py``'s problems (see
-      ``benchmarks/results/ep_nn.txt``).
+      momentum carries the slow drift. It starts after 200 plain damped iterations: with momentum
+      from the start, EP on ``benchmarks/ep_nn.py``'s slump problem converged in 238 iterations, but
+      to a fixed point with 2 of 8 units alive and a test RMSE 6 times plain EP's: the early moves
+      decide which units live, and momentum amplifies them. Measured on ``benchmarks/ep_nn.py``'s
+      problems (see ``benchmarks/results/ep_nn.txt``).
     - `max_iter`, `tol`: at most ``max_iter`` iterations; converged when the moment-matching residual
       (max over sites of |m̂ − m|/√V + |log V̂/V| for the activations, output weights and φ) ≤ ``tol``
       (defaults 2000 and 1e-3: the residual falls slowly, the activation sites last; 1e-3 took 348
@@ -409,9 +453,9 @@ class NetworkEP(eqx.Module):
       enough).
     - `activation_nodes`, `noise_nodes`: Gauss–Hermite nodes over each activation and over φ_0.
     - `init`: where EP starts. ``"map"`` (default): activation sites centred on the input weights of
-      a MAP fit of the network (`map_estimate`: L-BFGS on the log joint, weight scales at their prior means, from random
-      weights N(0, 1/d) drawn with the ``key`` of `fit`), and weak sites on v centred on its output
-      weights. ``"random"``: activation sites centred on the random weights themselves, q(v) the prior.
+      a MAP fit of the network (`map_estimate`: 500 L-BFGS iterations on the log joint, weight scales
+      at their prior means, from random weights N(0, 1/d) drawn with `key`), and weak sites on v
+      centred on its output weights. ``"random"``: activation sites centred on the random weights themselves, q(v) the prior.
       From random weights, parallel EP falls into a state where most hidden units are dead
       (E v_k ≈ 0): the units start as near-linear random features, the first v update asks negative
       output weights of about half of them, the positivity sites pin those at 0, and with E v_k ≈ 0 a
@@ -422,7 +466,6 @@ class NetworkEP(eqx.Module):
       weights; a MAP start gives EP diverse, live units with positive output weights.
     - `init_precision`: the precision of the starting activation sites (all-zero weights would leave
       every hidden unit identical, and EP keeps identical units identical).
-    - `init_iterations`: L-BFGS iterations of the MAP start.
     - `init_output_precision`: the total precision of the starting sites on v (``"map"``).
     - `nonnegative_activation_sites`: cap each activation's tilted variance at its cavity variance, so
       that no activation site has a negative precision (default True). A hidden unit's activation
@@ -430,36 +473,60 @@ class NetworkEP(eqx.Module):
       parallel updates kept oscillating (moment residuals ≈ 1–3 after hundreds of damped iterations on
       the simulated problems of ``benchmarks/ep_nn.py``); with the cap they converge. The fixed point
       then matches the tilted means, and the variances wherever the cap is inactive.
+    - `key`: the `jax.random` key of the start's random input weights (None, the default:
+      ``jax.random.PRNGKey(0)``, made when the start runs). An array leaf: another key reuses the
+      compiled start.
+
+    ``vj.infer(net, vj.nn.NetworkEP())`` returns a `NetworkPosterior` (``log_z`` NaN: see there),
+    inside or outside `jit`. The State is a `NetworkState`: the sites and the iteration count; the
+    start (`init`) is its own compiled program, the EP loop another. ``init`` may be a
+    `NetworkPosterior` or a `NetworkState` of this network's shapes (no other method's posterior
+    converts: the network's weights enter non-linearly). ``damping``, ``prior_damping``, ``momentum``,
+    ``tol`` and the starting precisions are traced: a new value reuses the programs.
     """
 
     damping: float = 0.3
     prior_damping: float | None = 0.6
-    prior_damping_after: int = eqx.field(static=True, default=1000)
     momentum: float = 0.7
-    momentum_after: int = eqx.field(static=True, default=200)
     max_iter: int = eqx.field(static=True, default=2000)
     tol: float = 1e-3
     activation_nodes: int = eqx.field(static=True, default=32)
     noise_nodes: int = eqx.field(static=True, default=10)
     init: str = eqx.field(static=True, default="map")
     init_precision: float = 1.0
-    init_iterations: int = eqx.field(static=True, default=500)
     init_output_precision: float = 10.0
     nonnegative_activation_sites: bool = eqx.field(static=True, default=True)
+    key: jax.Array | None = None
 
     def __check_init__(self):
-        if isinstance(self.damping, (int, float)) and not 0 < self.damping <= 1:
+        if _checks.is_concrete(self.damping) and not 0 < self.damping <= 1:
             raise ValueError(f"NetworkEP: `damping` must lie in (0, 1], got {self.damping}.")
-        if isinstance(self.prior_damping, (int, float)) and not 0 < self.prior_damping <= 1:
+        if self.prior_damping is not None and _checks.is_concrete(self.prior_damping) \
+                and not 0 < self.prior_damping <= 1:
             raise ValueError(f"NetworkEP: `prior_damping` must be None or lie in (0, 1], got {self.prior_damping}.")
-        if isinstance(self.momentum, (int, float)) and not 0 <= self.momentum < 1:
+        if _checks.is_concrete(self.momentum) and not 0 <= self.momentum < 1:
             raise ValueError(f"NetworkEP: `momentum` must lie in [0, 1), got {self.momentum}.")
+        if _checks.is_concrete(self.tol) and not self.tol >= 0:
+            raise ValueError(f"NetworkEP: `tol` must be non-negative, got {self.tol!r}.")
+        if not (isinstance(self.max_iter, int) and self.max_iter >= 1):
+            raise ValueError(f"NetworkEP: `max_iter` must be a positive int, got {self.max_iter!r}.")
         if self.init not in ("map", "random"):
             raise ValueError(f"NetworkEP: `init` must be 'map' or 'random', got {self.init!r}.")
+        if self.key is not None and not isinstance(self.key, (jax.Array, np.ndarray)):
+            raise ValueError(f"NetworkEP: `key` must be None or a jax.random key such as jax.random.PRNGKey(1), "
+                             f"got {type(self.key).__name__}: {self.key!r}.")
 
-    def initial_sites(self, net: TwoLayerNetwork, key) -> _Sites:
+    # ------------------------------------------------------------------------------ the state contract
+
+    def check_model(self, net) -> None:
+        if not isinstance(net, TwoLayerNetwork):
+            raise ValueError(f"NetworkEP: the model must be a vj.nn.TwoLayerNetwork, got {type(net).__name__}.")
+
+    def init_state(self, net: TwoLayerNetwork) -> NetworkState:
+        """The start (`init`): activation sites at random or MAP input weights, and so on (class docstring)."""
         n, D = net.X.shape
         K, dtype = net.num_hidden, net.X.dtype
+        key = jax.random.PRNGKey(0) if self.key is None else self.key
         w0 = jax.random.normal(key, (K, D), dtype) / jnp.sqrt(D)
         tau0 = jnp.full((n, K), self.init_precision, dtype)
         z = lambda *shape: jnp.zeros(shape, dtype)
@@ -467,7 +534,7 @@ class NetworkEP(eqx.Module):
         w_tau = jnp.broadcast_to(jnp.exp(-net.hyper_mean[1 + net.labels]), (K, D)).astype(dtype)
         v_tau, v_nu = z(n), z(n)
         if self.init == "map":
-            w0, v0 = map_estimate(net, w0, self.init_iterations)
+            w0, v0 = map_estimate(net, w0, _MAP_ITERATIONS)
         # Site directions: the activations at the starting weights, ḡ_i = [g(w0ᵀx̃_i), 1].
         u = activation(net.X @ w0.T)
         u = jnp.concatenate([u, _ones(u.shape, dtype)], -1)
@@ -476,10 +543,47 @@ class NetworkEP(eqx.Module):
             # every direction the activations span: weak sites centred on the MAP output weights.
             v_tau = jnp.full((n,), jnp.asarray(self.init_output_precision, dtype) / n)
             v_nu = v_tau * (u @ v0)
-        return _Sites(tau0, tau0 * (net.X @ w0.T), v_tau, v_nu, u, z(n), z(n), w_tau, z(K, D),
-                      z(K, D), z(K, D), z(K), z(K))
+        sites = NetworkSites(tau0, tau0 * (net.X @ w0.T), v_tau, v_nu, u, z(n), z(n), w_tau, z(K, D),
+                             z(K, D), z(K, D), z(K), z(K))
+        return NetworkState(sites, jnp.array(0))
 
-    def evaluate(self, net: TwoLayerNetwork, s: _Sites) -> _Eval:
+    def from_gaussian(self, net, mean, factor):
+        raise ValueError("NetworkEP: a network's State cannot be made from a Gaussian over its weights (they enter "
+                         "non-linearly); start from the data (init=None), a NetworkPosterior or a NetworkState.")
+
+    def from_expansion(self, net, expansion):
+        raise ValueError("NetworkEP: a network has no site expansion at a point w; start from the data (init=None), "
+                         "a NetworkPosterior or a NetworkState.")
+
+    def is_state(self, net: TwoLayerNetwork, state) -> bool:
+        if not (isinstance(state, NetworkState) and isinstance(state.sites, NetworkSites)):
+            return False
+        (n, D), K = net.X.shape, net.num_hidden
+        shapes = ((n, K),) * 2 + ((n,),) * 2 + ((n, K + 1),) + ((n,),) * 2 + ((K, D),) * 4 + ((K,),) * 2
+        return tuple(jnp.shape(x) for x in state.sites) == shapes and jnp.shape(state.iteration) == ()
+
+    def to_state(self, net: TwoLayerNetwork, init) -> NetworkState:
+        """A `NetworkState` of this network's shapes as it is, a `NetworkPosterior`'s ``state``; anything
+        else raises a `ValueError`."""
+        state = init.state if isinstance(init, Posterior) else init
+        if self.is_state(net, state):
+            return state
+        raise ValueError(f"NetworkEP: `init` must be None, a NetworkPosterior or a NetworkState of this network's "
+                         f"shapes (e.g. post.state of a NetworkEP fit); got {type(init).__name__}.")
+
+    def fit(self, net: TwoLayerNetwork, state=None) -> NetworkPosterior:
+        """The EP loop from ``state`` (`start`, `to_state` or ``post.state``); ``vj.infer(net, method)`` does both."""
+        self.check_model(net)
+        if not self.is_state(net, state):
+            raise ValueError("NetworkEP.fit(net, state): `state` must be a NetworkState of this network (method.start("
+                             "net) or post.state); to fit from the start, call vj.infer(net, vj.nn.NetworkEP()), with "
+                             f"the start's random key as NetworkEP(key=...). Got {type(state).__name__}.")
+        # The key only seeds the start: the loop's program is shared by every key (None included).
+        return AbstractMethod.fit(dataclasses.replace(self, key=None), net, state)
+
+    # ------------------------------------------------------------------------------ EP
+
+    def evaluate(self, net: TwoLayerNetwork, s: NetworkSites) -> _Eval:
         """q, and every site's cavity, tilted moments and undamped EP step."""
         X, y, K = net.X, net.y, net.num_hidden
         dtype = X.dtype
@@ -570,11 +674,7 @@ class NetworkEP(eqx.Module):
         dp_t, dp_n, r_p = scalar_step(q.phi_mean[0], q.phi_var[0], p_mh, p_Vh, ok_i)
         dw_t, dw_n, r_w = scalar_step(w_m, w_var, w_mh, w_Vh, ok_w & ok_s)
         ds_t, ds_n, r_s = scalar_step(s_m, s_V, s_mh, s_Vh, ok_w & ok_s)
-        if net.positive_outputs:
-            dpos_t, dpos_n, r_pos = scalar_step(v_m, v_V, pv_mh, pv_Vh, ok_pos)
-        else:
-            dpos_t = dpos_n = jnp.zeros(K, dtype)
-            r_pos = jnp.zeros((), dtype)
+        dpos_t, dpos_n, r_pos = scalar_step(v_m, v_V, pv_mh, pv_Vh, ok_pos)
         ok_vi = ok_i & jnp.isfinite(beta) & (1.0 + alpha * f_Vv > 0)
         # The site moves to the rank-one site in the current direction ḡ_i (damped in τ, ν and u alike:
         # at a fixed point u_i = ḡ_i, and the site is the exact linear-filter site).
@@ -587,57 +687,65 @@ class NetworkEP(eqx.Module):
                         + jnp.abs(jnp.log(v_Vh_diag / v_sd**2)), 0.0)
         residuals = jnp.stack([r_h, r_p, r_w, r_s, r_pos, jnp.max(r_v)])
         residual = jnp.max(residuals)
-        step = _Sites(dh_t, dh_n, dv_t, dv_n, dv_u, dp_t, dp_n, dw_t, dw_n, ds_t, ds_n, dpos_t, dpos_n)
+        step = NetworkSites(dh_t, dh_n, dv_t, dv_n, dv_u, dp_t, dp_n, dw_t, dw_n, ds_t, ds_n, dpos_t, dpos_n)
         # Only q must be proper: a site whose cavity is improper (e.g. a prior site on the weights of a
         # hidden unit the data ignore, whose cavity precision is a rounding of 0) is skipped this time.
         proper = q.proper & jnp.isfinite(residual)
         return _Eval(q, step, jnp.where(proper, residual, jnp.inf), jnp.sum(log_z), proper, residuals)
 
-    def fit(self, net: TwoLayerNetwork, key=None) -> NetworkPosterior:
-        """Run parallel EP from random activation sites (``key``: a `jax.random` key, default key 0)."""
-        if not isinstance(net, TwoLayerNetwork):
-            raise ValueError(f"NetworkEP: `net` must be a vj.nn.TwoLayerNetwork, got {type(net).__name__}.")
-        key = jax.random.PRNGKey(0) if key is None else key
-        sites = self.initial_sites(net, key)
-        evaluate = lambda s: self.evaluate(net, s)
+    def solve(self, net: TwoLayerNetwork, state: NetworkState) -> NetworkPosterior:
+        """Parallel EP from ``state``: damped steps with momentum, halved until q is proper (class docstring)."""
+        frozen = jax.lax.stop_gradient(net)
+        state = jax.lax.stop_gradient(state)
+        sites, offset = state.sites, state.iteration
+        evaluate = lambda s: self.evaluate(frozen, s)
         shape = jax.eval_shape(evaluate, sites)
         ev = jax.tree_util.tree_map(lambda a: jnp.full(a.shape, jnp.nan if a.dtype != bool else False, a.dtype), shape)
         dtype = net.X.dtype
+        trace = jnp.full((self.max_iter + 1,), jnp.nan, dtype)
 
         prior = self.damping if self.prior_damping is None else self.prior_damping
-        early = _Sites(*(self.damping for _ in _Sites._fields))
-        late = _Sites(*(prior if name in ("w_tau", "w_nu", "scale_tau", "scale_nu") else self.damping
-                        for name in _Sites._fields))
+        early = NetworkSites(*(self.damping for _ in NetworkSites._fields))
+        late = NetworkSites(*(prior if name in ("w_tau", "w_nu", "scale_tau", "scale_nu") else self.damping
+                              for name in NetworkSites._fields))
 
-        def done(k, state):
-            _, ev, stuck, started, _ = state
+        def done(k, loop):
+            _, ev, stuck, started, *_ = loop
             return stuck | (started & (ev.residual <= self.tol))
 
-        def step(k, state):
-            sites, ev, _, started, previous = state
+        def step(k, loop):
+            sites, ev, _, started, previous, trace, shrunk = loop
             # The damped EP step plus `momentum` times the previous move (heavy ball), restarted from
             # zero whenever the residual rises (class docstring). The first pass (k = 0) only
-            # evaluates the start.
-            beta = jnp.where(k > self.momentum_after, self.momentum, 0.0)
-            rates = jax.tree_util.tree_map(lambda a, b: jnp.where(k > self.prior_damping_after, a, b), late, early)
+            # evaluates the start; iteration k of this fit is iteration offset + k of the schedule.
+            beta = jnp.where(offset + k > _MOMENTUM_AFTER, self.momentum, 0.0)
+            rates = jax.tree_util.tree_map(lambda a, b: jnp.where(offset + k > _PRIOR_DAMPING_AFTER, a, b), late, early)
             move = jax.tree_util.tree_map(lambda d, p, delta: jnp.where(started, delta * d + beta * p, 0.0),
                                           ev.step, previous, rates)
             # Traced once: the first trial is the halving loop's first iteration.
-            alpha, new, ok, _ = backtrack(lambda a: evaluate(sites.add(move, a)), lambda a, new: new.proper,
-                                          jnp.ones((), dtype), _MAX_HALVINGS, placeholder=ev)
+            alpha, new, ok, halvings = backtrack(lambda a: evaluate(sites.add(move, a)), lambda a, new: new.proper,
+                                                 jnp.ones((), dtype), _MAX_HALVINGS, placeholder=ev)
             sites = select(ok, sites.add(move, alpha), sites)
             keep = ok & started & (new.residual <= ev.residual)
             previous = jax.tree_util.tree_map(lambda d: jnp.where(keep, alpha * d, 0.0), move)
-            return sites, select(ok, new, ev), ~ok, started | ok, previous
+            ev = select(ok, new, ev)
+            return (sites, ev, ~ok, started | ok, previous, trace.at[k].set(ev.residual),
+                    shrunk + (started & (halvings > 0)))
 
         zeros = jax.tree_util.tree_map(jnp.zeros_like, sites)
-        (sites, ev, _, _, _), k = iterate(step, (sites, ev, jnp.array(False), jnp.array(False), zeros),
-                                          self.max_iter + 1, done)
+        no = jnp.array(False)
+        (sites, ev, _, _, _, trace, shrunk), k = iterate(step, (sites, ev, no, no, zeros, trace, jnp.array(0)),
+                                                         self.max_iter + 1, done)
         q = ev.q
         eye = jnp.eye(net.X.shape[1], dtype=dtype)
         w_cov = _per_unit(lambda L_: jax.scipy.linalg.cho_solve((L_, True), eye), q.w_chol)
-        return NetworkPosterior(q.w_mean, w_cov, q.v_mean, q.v_cov, q.phi_mean, q.phi_var, k - 1,
-                                ev.residual <= self.tol, ev.residual, sites)
+        iterations = k - 1  # the first pass only evaluated the start
+        info = NetworkInfo(residuals=ev.residuals, residual_trace=trace, shrunk=shrunk)
+        diagnostics = Diagnostics(iterations=iterations, converged=ev.residual <= self.tol, stationarity=ev.residual,
+                                  objective_trace=jnp.full((self.max_iter + 1,), jnp.nan, dtype), method="NetworkEP",
+                                  solver="parallel", num_value_evals=k, info=info)
+        return NetworkPosterior(q.w_mean, w_cov, q.v_mean, q.v_cov, q.phi_mean, q.phi_var, diagnostics, net,
+                                NetworkState(sites, offset + iterations))
 
 
 def __dir__():
