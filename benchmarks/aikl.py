@@ -372,7 +372,7 @@ def run_lattice(log, ks=(32, 64, 128, 256, 512, 1024, 2048)):
     perm = np.random.default_rng(0).permutation(len(y))
     model, _, _ = kernel_problem(x, y, perm[:100], perm[100:506])
     gkl = vj.infer(model, vj.GKL())
-    params, _ = vj.AIKL(base=aikl.Normal()).init_params(model, gkl)
+    params = vj.AIKL(base=aikl.Normal()).to_state(model, gkl).params
     log(f"Table 6.1 Synthetic split 0 (D = 100, 200 Laplace sites): G-KL bound {float(gkl.log_z):.6f}")
     log("   K   AI-KL (Normal bases) - G-KL")
     rows = []

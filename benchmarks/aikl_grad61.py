@@ -26,7 +26,7 @@ perm = np.random.default_rng(0).permutation(len(y))
 model, _, _ = B.kernel_problem(x, y, perm[:100], perm[100:])
 frozen = jax.lax.stop_gradient(model)
 base = aikl.GeneralisedNormal(eta=1.5)
-start, _ = vj.AIKL(base=base).init_params(frozen, vj.infer(model, vj.GKL()))
+start = vj.AIKL(base=base).to_state(frozen, vj.infer(model, vj.GKL())).params
 rng = np.random.default_rng(1)
 params = aikl.AIKLParams(start.loc, start.lower, start.upper + 0.01 * np.triu(rng.standard_normal((100, 100))), start.theta)
 print(f"load average {os.getloadavg()}", flush=True)

@@ -184,7 +184,7 @@ def print_table(dim, cells):
 
 # --------------------------------------------------------------------------------------- scaling
 def eval_seconds(model, covariance, repeats):
-    params = vj.GKL(covariance=covariance).init_params(model)
+    params = vj.GKL(covariance=covariance, solver=vj.solvers.NewtonCG()).start(model)
     x, unravel = ravel_pytree(params)
     value_and_grad = jax.jit(jax.value_and_grad(lambda v: vj.gkl.bound(unravel(v), model)))
     _, times = timed(value_and_grad, x, repeats=repeats, warmup=1)

@@ -75,7 +75,7 @@ import vijax as vj
 from benchmarks.baselines import fast_gkl
 from vijax.methods import _gkl_natural
 from vijax.methods.gkl import bound_at
-from vijax.methods.laplace import expand_at_mode, whitened
+from vijax.start import expand_at_mode, whitened
 from vijax.quadrature import GaussHermite
 from vijax.piecewise import bound_logistic_sites
 

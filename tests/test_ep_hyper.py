@@ -260,8 +260,10 @@ def test_bad_input_is_refused():
         vj.glm.hierarchical_linear(X, y, groups=np.array([0, 2, 2, 2, 0]))
     with pytest.raises(ValueError, match="HierarchicalModel"):
         vj.infer(vj.glm.linear_regression(X, y), HierarchicalEP())
-    with pytest.raises(ValueError, match="vj.infer"):  # the old entry point fit(model)
+    with pytest.raises(TypeError):  # fit takes a State: the old entry point fit(model) is gone
         HierarchicalEP().fit(vj.glm.hierarchical_linear(X, y))
+    with pytest.raises(ValueError, match="vj.infer"):
+        HierarchicalEP().fit(vj.glm.hierarchical_linear(X, y), None)
     with pytest.raises(ValueError, match="damping"):
         HierarchicalEP(damping=0.0)
     with pytest.raises(ValueError, match="df"):

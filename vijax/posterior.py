@@ -221,8 +221,9 @@ class Posterior(eqx.Module):
       function compiles it once.
     - `diagnostics`: a `Diagnostics`.
     - `model`: the model that was fitted (used by predictive functions).
-    - `state`: what the method needs to warm-start from this fit (`vj.EP`: its `vj.ep.SiteParams`;
-      `vj.LVB`: its `vj.lvb.LVBState`, ξ and the mean); None for methods whose `init` is the posterior itself.
+    - `state`: the method's final State (`vj.EP`: its `vj.ep.SiteParams`; `vj.LVB`: its
+      `vj.lvb.LVBState`; `vj.GKL`: `NaturalParams` or `GaussianParams`; `vj.Laplace`, `vj.MAP`: the mode):
+      ``method.fit(model, post.state)`` restarts where the fit ended.
     - `defines_log_z` (a class attribute): False for a subclass whose method gives no evidence estimate
       (`vj.nn.NetworkPosterior`): its `log_z` is NaN by definition, not a failed fit, and `vj.infer` does
       not warn about it.

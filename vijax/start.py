@@ -37,9 +37,8 @@ from __future__ import annotations
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jax.scipy.linalg import cho_factor, cho_solve
-
 from ._curvature import Curvature, site_curvatures, site_derivatives
+from ._factorisation import Primal, SiteForm
 from ._linalg import pcg
 from .model import GaussianFactor, LatentLinearModel, Sparse
 from .solvers import AbstractSolver, GaussNewton
@@ -115,12 +114,11 @@ def _woodbury_preconditioner(model):
     G = projection.mv(inv_prec[:, None] * projection.rmv(jnp.eye(group.num_sites, dtype=model.dtype)))
 
     def preconditioner(w):
-        root = jnp.sqrt(site_curvatures(w, model, gauss_newton=True)[0])
-        factor = cho_factor(jnp.eye(G.shape[0], dtype=G.dtype) + root[:, None] * G * root[None, :], lower=True)
+        factor = SiteForm.of(G, site_curvatures(w, model, gauss_newton=True)[0])
 
         def solve(v):
             u = inv_prec * v
-            return u - inv_prec * projection.rmv(root * cho_solve(factor, root * projection.mv(u)))
+            return u - inv_prec * projection.rmv(factor.sites_solve(projection.mv(u)))
 
         return solve
 
@@ -129,8 +127,7 @@ def _woodbury_preconditioner(model):
 
 def _dense_preconditioner(model):
     def preconditioner(w):
-        factor = cho_factor(Curvature(model, site_curvatures(w, model, gauss_newton=True)).dense())
-        return lambda v: cho_solve(factor, v)
+        return Primal.of(Curvature(model, site_curvatures(w, model, gauss_newton=True)).dense()).solve
 
     return preconditioner
 

@@ -1,4 +1,5 @@
-"""Inference methods: configuration objects, subclasses of `AbstractMethod`, with a ``fit(model, init)`` method."""
+"""Inference methods: configuration objects, subclasses of `AbstractMethod`, each with a State,
+``start(model) -> State`` and ``fit(model, state) -> Posterior`` (see `vijax.methods._base`)."""
 
 from . import aikl, ep, ep_hyper, gkl, laplace, lvb
 from ._base import AbstractMethod

@@ -124,6 +124,12 @@ class AbstractMethod(eqx.Module):
     def fit(self, model: LatentLinearModel, state) -> Posterior:
         """The fit from ``state`` (a State of this method: `start`, `to_state` or ``post.state``), compiled
         once per model structure and shape and method configuration; settings are traced."""
+        self.check_model(model)
+        if not self.is_state(model, state):
+            name = type(self).__name__
+            raise ValueError(f"{name}.fit(model, state): `state` must be a State of {name} for this model "
+                             "(method.start(model), method.to_state(model, init) or post.state); "
+                             f"vj.infer(model, method, init) does both steps. Got {_describe(state)}.")
         return compiled(self, "solve", model, state)
 
     def to_state(self, model: LatentLinearModel, init):

@@ -23,9 +23,9 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jax.scipy.linalg import solve_triangular
 
-from .._linalg import LOG_2PI, inverse_factor, reversed_cholesky
+from .._factorisation import Primal, SiteForm
+from .._linalg import LOG_2PI
 from ..covariance import CholeskyFactor
 from ..model import DenseGaussian, Identity, LatentLinearModel, ScaledIdentity
 from ..start import working_model
@@ -59,20 +59,17 @@ def integrate(model: LatentLinearModel, quadratics, sites=None, whitening=None, 
         P = P + group.projection.gram(A)
         r = r + group.projection.rmv(a - A * b)
         const = const + jnp.sum(a * b - 0.5 * A * b**2 + c)
-    P = 0.5 * (P + P.T)
-    R = reversed_cholesky(P)  # P = RRᵀ; NaN where P is not positive definite
+    factor = Primal.of(P)
     # A P singular to working precision (a rank-deficient sum, rounded) can still factorise, with pivots
-    # at the rounding of its diagonal: its integral diverges all the same.
-    singular = jnp.any(jnp.diag(R) ** 2 <= d * jnp.finfo(dtype).eps * jnp.diag(P))
-    z = solve_triangular(R, r, lower=False)  # rᵀP⁻¹r = ‖z‖², and the mean is P⁻¹r = R⁻ᵀz
-    value = const + 0.5 * z @ z + 0.5 * d * LOG_2PI - jnp.sum(jnp.log(jnp.diag(R)))
-    value = jnp.where(singular, jnp.nan, value)
-    mean = solve_triangular(R, z, lower=False, trans="T")
+    # at the rounding of its diagonal: its integral diverges all the same (`Primal.proper`).
+    z = factor.half_solve(r)  # rᵀP⁻¹r = ‖z‖²
+    value = jnp.where(factor.proper, const + 0.5 * z @ z + 0.5 * d * LOG_2PI - 0.5 * factor.logdet(), jnp.nan)
+    mean = factor.solve(r)
     if whitening is not None and map_back:
-        # S = L P⁻¹ Lᵀ = CᵀC with C = R⁻¹Lᵀ (upper × upper: still upper-triangular), one solve.
+        # S = L P⁻¹ Lᵀ = CᵀC with C upper-triangular (L lower-triangular), one solve.
         loc, L = whitening
-        return value, loc + L @ mean, inverse_factor(R, L)
-    return value, mean, inverse_factor(R)
+        return value, loc + L @ mean, factor.covariance_factor(L)
+    return value, mean, factor.covariance_factor()
 
 
 def precision_operator(model: LatentLinearModel, quadratics):
@@ -143,21 +140,14 @@ def integrate_diagonal(K, mu, W, r, variances=True) -> DiagonalIntegral:
     so no inverse of K is formed (R&W Alg. 3.2 and eq. 3.65). One Cholesky of B and, for the
     variances, one triangular solve with D right-hand sides.
     """
-    s = jnp.sqrt(jnp.maximum(W, 0.0))  # clipped so that an unselected branch of a `cond` stays finite
-    B = jnp.eye(K.shape[0], dtype=K.dtype) + s[:, None] * K * s[None, :]
-    L = jnp.linalg.cholesky(B)
+    factor = SiteForm.of(K, W)  # W clipped at 0, so that an unselected branch of a `cond` stays finite
     r0 = r - W * mu
     u = K @ r0
-    z = solve_triangular(L, s * u, lower=True)
-    logdet_b = 2 * jnp.sum(jnp.log(jnp.diag(L)))
-    value = r @ mu - 0.5 * mu @ (W * mu) + 0.5 * (r0 @ u - z @ z) - 0.5 * logdet_b
-    alpha = r0 - s * solve_triangular(L, z, lower=True, trans="T")
-    mean = mu + K @ alpha
-    var = None
-    if variances:
-        V = solve_triangular(L, s[:, None] * K, lower=True)  # L_B⁻¹ W½ K
-        var = jnp.diag(K) - jnp.sum(V**2, axis=0)
-    return DiagonalIntegral(value, mean, alpha, var, logdet_b)
+    inner = factor.sites_solve(u)  # (K + W⁻¹)⁻¹ u
+    logdet_b = factor.logdet()
+    value = r @ mu - 0.5 * mu @ (W * mu) + 0.5 * (r0 @ u - u @ inner) - 0.5 * logdet_b
+    alpha = r0 - inner
+    return DiagonalIntegral(value, mu + K @ alpha, alpha, factor.variances() if variances else None, logdet_b)
 
 
 def _diagonal_quadratics(scales, sites, quadratics, dtype):

@@ -293,15 +293,6 @@ class HierarchicalEP(AbstractMethod):
             return compiled(self, "from_gaussian", model, w.astype(model.dtype), None)
         return super().to_state(model, init)
 
-    def fit(self, model: HierarchicalModel, state=None) -> HierarchicalPosterior:
-        """The fit from ``state`` (`start`, `to_state` or ``post.state``); ``vj.infer(model, method)`` does both."""
-        self.check_model(model)
-        if not self.is_state(model, state):
-            raise ValueError("HierarchicalEP.fit(model, state): `state` must be a HierarchicalState for this model "
-                             "(method.start(model), method.to_state(model, init) or post.state); to fit from the "
-                             f"start, call vj.infer(model, vj.HierarchicalEP()). Got {type(state).__name__}.")
-        return super().fit(model, state)
-
     # ------------------------------------------------------------------------------ EP
 
     def evaluate(self, model: HierarchicalModel, sites: SiteParams, hyper_sites: SiteParams, work=None) -> _Eval:

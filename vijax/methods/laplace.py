@@ -35,7 +35,8 @@ from jax.scipy.linalg import solve_triangular
 
 import numpy as np
 
-from .._linalg import LOG_2PI, inverse_factor, reversed_cholesky
+from .._factorisation import Primal
+from .._linalg import LOG_2PI
 from .._curvature import site_curvatures
 from ..covariance import CholeskyFactor
 from ..model import LatentLinearModel
@@ -69,8 +70,8 @@ def evidence(w, model: LatentLinearModel, gauss_newton=False, jitter=0.0):
     NaN where A + jitter·I is not positive definite.
     """
     A = negative_hessian(w, model, gauss_newton)
-    L = jnp.linalg.cholesky(A + jitter * jnp.eye(model.dim, dtype=A.dtype))
-    return log_joint(w, model) + 0.5 * model.dim * LOG_2PI - jnp.sum(jnp.log(jnp.diag(L)))
+    factor = Primal.of(A + jitter * jnp.eye(model.dim, dtype=A.dtype))
+    return log_joint(w, model) + 0.5 * model.dim * LOG_2PI - 0.5 * factor.logdet()
 
 
 def mode_solver(model: LatentLinearModel, solver: AbstractSolver | None = None) -> AbstractSolver:
@@ -82,14 +83,8 @@ def mode_solver(model: LatentLinearModel, solver: AbstractSolver | None = None) 
     return GaussNewton() if all(bool(g.potential.log_concave) for g in model.sites) else NewtonCG()
 
 
-def _factorise(A):
-    """Upper-triangular R with A = R Rᵀ, or NaNs where A is not positive definite."""
-    R = reversed_cholesky(A)
-    return R, jnp.all(jnp.isfinite(R))
-
-
 def curvature_at_mode(mode, model: LatentLinearModel):
-    """The factor R (A = R Rᵀ) of the curvature used at ``mode``, whether it is the Gauss–Newton
+    """The factorisation (a `Primal`) of the curvature A used at ``mode``, whether it is the Gauss–Newton
     fallback, and the jitter added to it: the exact A = −∇²ℓ where it is positive definite, else the
     Gauss–Newton curvature A⁺ (ω_n ← max(ω_n, 0)), else A⁺ + jitter·I with the smallest jitter in
     {10⁻¹⁰s, 10⁻⁹s, …} (s the mean of |diag A⁺|) that works. One loop tries them in turn, so the
@@ -108,11 +103,12 @@ def curvature_at_mode(mode, model: LatentLinearModel):
 
     def body(state):
         _, _, k = state
-        return _factorise(jnp.where(k == 0, exact, gauss_newton) + jitter_of(k) * eye) + (k + 1,)
+        factor = Primal.of(jnp.where(k == 0, exact, gauss_newton) + jitter_of(k) * eye)
+        return factor, jnp.all(jnp.isfinite(factor.R)), k + 1
 
-    nan = jnp.full_like(exact, jnp.nan)
-    R, _, k = jax.lax.while_loop(cond, body, (nan, jnp.array(False), jnp.array(0)))
-    return R, k > 1, jitter_of(k - 1)
+    nan = Primal(jnp.full_like(exact, jnp.nan), jnp.full(model.dim, jnp.nan, exact.dtype))
+    factor, _, k = jax.lax.while_loop(cond, body, (nan, jnp.array(False), jnp.array(0)))
+    return factor, k > 1, jitter_of(k - 1)
 
 
 def is_point(model: LatentLinearModel, state) -> bool:
@@ -122,22 +118,21 @@ def is_point(model: LatentLinearModel, state) -> bool:
 
 
 class ModeFit(NamedTuple):
-    """The mode of the frozen model and its curvature A = R Rᵀ (R upper-triangular)."""
+    """The mode of the frozen model and the factorisation of its curvature A (a `Primal`)."""
 
     mode: jax.Array
-    R: jax.Array
+    curvature: Primal
     fallback: jax.Array
     jitter: jax.Array
     solution: Solution
 
     def factor(self, basis=None) -> CholeskyFactor:
-        """The `CholeskyFactor` of S = A⁻¹ = CᵀC (C = R⁻¹), or with a lower-triangular ``basis`` B
-        of B A⁻¹ Bᵀ (C = R⁻¹Bᵀ, upper × upper, still upper-triangular)."""
-        return CholeskyFactor.from_matrix(inverse_factor(self.R, basis))
+        """The `CholeskyFactor` of S = A⁻¹ = CᵀC, or with a lower-triangular ``basis`` B of B A⁻¹ Bᵀ."""
+        return CholeskyFactor.from_matrix(self.curvature.covariance_factor(basis))
 
     def info(self) -> LaplaceInfo:
         """The `LaplaceInfo` of ``post.diagnostics.info``: the curvature's fallback and jitter."""
-        return LaplaceInfo(fallback=jnp.asarray(self.fallback, bool), jitter=jnp.asarray(self.jitter, self.R.dtype))
+        return LaplaceInfo(fallback=jnp.asarray(self.fallback, bool), jitter=jnp.asarray(self.jitter, self.mode.dtype))
 
 
 def fit_mode(model: LatentLinearModel, w0, solver: AbstractSolver) -> ModeFit:
@@ -146,8 +141,8 @@ def fit_mode(model: LatentLinearModel, w0, solver: AbstractSolver) -> ModeFit:
     frozen = jax.lax.stop_gradient(model)
     sol = mode_search(frozen, jax.lax.stop_gradient(w0), solver)
     mode = jax.lax.stop_gradient(sol.x)
-    R, fallback, jitter = curvature_at_mode(mode, frozen)
-    return ModeFit(mode, R, fallback, jitter, sol)
+    curvature, fallback, jitter = curvature_at_mode(mode, frozen)
+    return ModeFit(mode, curvature, fallback, jitter, sol)
 
 
 def differentiable_mode(fit: ModeFit, model: LatentLinearModel):
@@ -157,7 +152,7 @@ def differentiable_mode(fit: ModeFit, model: LatentLinearModel):
     derivative of one Newton step A⁻¹ ∇ℓ(w*; θ) from the frozen mode, whose value (≈ 0) is removed.
     """
     g = jax.grad(log_joint)(fit.mode, model)
-    step = solve_triangular(fit.R, solve_triangular(fit.R, g, lower=False), lower=False, trans="T")
+    step = fit.curvature.solve(g)
     return fit.mode + (step - jax.lax.stop_gradient(step))
 
 
@@ -220,8 +215,8 @@ class Laplace(AbstractMethod):
             loc0, L0 = jax.lax.stop_gradient((loc, L))
             fit = fit_mode(working(model), solve_triangular(L0, w0 - loc0, lower=True), solver)
             mode, factor = loc0 + L0 @ fit.mode, fit.factor(basis=L0)  # S = L S̃ Lᵀ
-        # `evidence` at the mode, from the factor of A already at hand (A + jitter·I = RRᵀ).
-        value = log_joint(fit.mode, working(model)) + 0.5 * model.dim * LOG_2PI - jnp.sum(jnp.log(jnp.diag(fit.R)))
+        # `evidence` at the mode, from the factorisation of A + jitter·I already at hand.
+        value = log_joint(fit.mode, working(model)) + 0.5 * model.dim * LOG_2PI - 0.5 * fit.curvature.logdet()
 
         def log_z(fit, model):
             work = working(model)

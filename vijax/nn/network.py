@@ -80,6 +80,7 @@ import numpy as np
 from jax.scipy.special import erf, log_ndtr, logsumexp
 
 from .. import _checks
+from .._factorisation import Primal
 from .._linalg import LOG_2PI, backtrack, select
 from ..covariance import CholeskyFactor
 from ..methods import AbstractMethod
@@ -195,7 +196,7 @@ class NetworkSites(NamedTuple):
 
 class _Q(NamedTuple):
     w_mean: jax.Array  # (K, d+1)
-    w_chol: jax.Array  # (K, d+1, d+1): lower Cholesky factors of the precisions of q(w_k)
+    w_precision: Primal  # the factorised precisions of q(w_k), one per hidden unit (leading axis K)
     v_mean: jax.Array  # (K+1,)
     v_cov: jax.Array
     v_prec: jax.Array
@@ -234,8 +235,8 @@ def _q(net: TwoLayerNetwork, s: NetworkSites) -> _Q:
     # q(w_k): precision Xᵀ diag(τ_{·k}) X + diag(τ^w_k), one Cholesky per hidden unit.
     P = jnp.einsum("nk,ni,nj->kij", s.h_tau, X, X) + jax.vmap(jnp.diag)(s.w_tau)
     r = s.h_nu.T @ X + s.w_nu
-    L = _per_unit(jnp.linalg.cholesky, 0.5 * (P + jnp.swapaxes(P, 1, 2)))
-    w_mean = _per_unit(lambda L_, r_: jax.scipy.linalg.cho_solve((L_, True), r_), L, r)
+    factors = _per_unit(Primal.of, P)
+    w_mean = _per_unit(lambda f, r_: f.solve(r_), factors, r)
     # q(v): the prior N(0, σ_v² I), the likelihood sites, the positivity sites.
     pos = jnp.concatenate([s.pos_tau, jnp.zeros(1, s.pos_tau.dtype)])
     # Σ_i τ_i u_i u_iᵀ: one (K+1) × n × (K+1) product.
@@ -243,8 +244,8 @@ def _q(net: TwoLayerNetwork, s: NetworkSites) -> _Q:
         + jnp.diag(pos)
     v_shift = s.v_nu @ s.v_dir + jnp.concatenate([s.pos_nu, jnp.zeros(1, s.pos_nu.dtype)])
     v_prec = 0.5 * (v_prec + v_prec.T)
-    Lv = jnp.linalg.cholesky(v_prec)
-    v_cov = jax.scipy.linalg.cho_solve((Lv, True), jnp.eye(K + 1, dtype=X.dtype))
+    v_factor = Primal.of(v_prec)
+    v_cov = v_factor.solve(jnp.eye(K + 1, dtype=X.dtype))
     v_mean = v_cov @ v_shift
     # q(φ): noise (index 0) and the input groups.
     Lh = net.hyper_mean.shape[0]
@@ -254,16 +255,16 @@ def _q(net: TwoLayerNetwork, s: NetworkSites) -> _Q:
     phi_ok = jnp.all(precision > 0)
     phi_var = 1.0 / jnp.where(precision > 0, precision, 1.0)
     phi_mean = (net.hyper_mean / net.hyper_var + nu) * phi_var
-    proper = jnp.all(jnp.isfinite(L)) & jnp.all(jnp.isfinite(Lv)) & phi_ok
-    return _Q(w_mean, L, v_mean, v_cov, v_prec, v_shift, phi_mean, phi_var, proper)
+    proper = jnp.all(jnp.isfinite(factors.R)) & jnp.all(jnp.isfinite(v_factor.R)) & phi_ok
+    return _Q(w_mean, factors, v_mean, v_cov, v_prec, v_shift, phi_mean, phi_var, proper)
 
 
 def _activation_marginals(q: _Q, X):
     """Means and variances (n, K) of h_ik = w_kᵀx̃_i under q, and the variances (K, d+1) of w_kj."""
     means = X @ q.w_mean.T
-    # Var = ‖L_k⁻¹ x̃_i‖² with P_k = L_k L_kᵀ, and var w_kj = ‖L_k⁻¹ e_j‖²: one triangular solve for both.
+    # Var = x̃_iᵀ P_k⁻¹ x̃_i and var w_kj = e_jᵀ P_k⁻¹ e_j, each ‖`half_solve`‖²: one triangular solve for both.
     rhs = jnp.concatenate([X.T, jnp.eye(X.shape[1], dtype=X.dtype)], axis=1)  # (d+1, n + d+1)
-    Z = _per_unit(lambda L_: jax.scipy.linalg.solve_triangular(L_, rhs, lower=True), q.w_chol)  # (K, d+1, n+d+1)
+    Z = _per_unit(lambda f: f.half_solve(rhs), q.w_precision)  # (K, d+1, n+d+1)
     squares = jnp.sum(Z**2, 1)
     variances, w_var = squares[:, : X.shape[0]].T, squares[:, X.shape[0]:]
     return means, variances, w_var
@@ -571,14 +572,9 @@ class NetworkEP(AbstractMethod):
         raise ValueError(f"NetworkEP: `init` must be None, a NetworkPosterior or a NetworkState of this network's "
                          f"shapes (e.g. post.state of a NetworkEP fit); got {type(init).__name__}.")
 
-    def fit(self, net: TwoLayerNetwork, state=None) -> NetworkPosterior:
-        """The EP loop from ``state`` (`start`, `to_state` or ``post.state``); ``vj.infer(net, method)`` does both."""
-        self.check_model(net)
-        if not self.is_state(net, state):
-            raise ValueError("NetworkEP.fit(net, state): `state` must be a NetworkState of this network (method.start("
-                             "net) or post.state); to fit from the start, call vj.infer(net, vj.nn.NetworkEP()), with "
-                             f"the start's random key as NetworkEP(key=...). Got {type(state).__name__}.")
-        # The key only seeds the start: the loop's program is shared by every key (None included).
+    def fit(self, net: TwoLayerNetwork, state) -> NetworkPosterior:
+        """The EP loop from ``state`` (`start`, `to_state` or ``post.state``); ``vj.infer(net, method)`` does both.
+        The key only seeds the start: the loop's program is shared by every key (None included)."""
         return AbstractMethod.fit(dataclasses.replace(self, key=None), net, state)
 
     # ------------------------------------------------------------------------------ EP
@@ -738,7 +734,7 @@ class NetworkEP(AbstractMethod):
                                                          self.max_iter + 1, done)
         q = ev.q
         eye = jnp.eye(net.X.shape[1], dtype=dtype)
-        w_cov = _per_unit(lambda L_: jax.scipy.linalg.cho_solve((L_, True), eye), q.w_chol)
+        w_cov = _per_unit(lambda f: f.solve(eye), q.w_precision)
         iterations = k - 1  # the first pass only evaluated the start
         info = NetworkInfo(residuals=ev.residuals, residual_trace=trace, shrunk=shrunk)
         diagnostics = Diagnostics(iterations=iterations, converged=ev.residual <= self.tol, stationarity=ev.residual,

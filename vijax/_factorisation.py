@@ -1,0 +1,121 @@
+"""The factorisation of a Gaussian's precision, in one place: a primal D × D and a site-form N × N backend.
+
+Every method ends in a Gaussian with precision P = Λ + Σ_g H_gᵀ diag(w_g) H_g (the prior's precision Λ,
+the sites' weights w) and needs its log-determinant, solves with it, and the covariance S = P⁻¹ or the
+marginal variances it implies. Two backends compute them (tinygp's `Solver` is the model):
+
+- `Primal`: P as a D × D matrix, equilibrated (P̃ = s P s with s = diag(P)^−½, so that covariates in
+  metres and in kilometres factorise alike) and factorised by the reversed Cholesky P̃ = R Rᵀ (R
+  upper-triangular, `_linalg.reversed_cholesky`). Then
+
+      log det P = 2 Σ_i log(R_ii / s_i),   P⁻¹ v = s ∘ R⁻ᵀ R⁻¹ (s ∘ v),   S = Cᵀ C,  C = R⁻¹ diag(s),
+
+  C upper-triangular (vijax's convention), and B S Bᵀ = (C Bᵀ)ᵀ (C Bᵀ) for a lower-triangular B (a prior's
+  Cholesky factor, mapping whitened coordinates back). O(D³).
+- `SiteForm`: the precision K⁻¹ + W, W = diag(w) ≥ 0, in the coordinates of N sites with prior covariance K
+  (a GP, H = I; or K = H Λ⁻¹ Hᵀ for a diagonal Λ and fewer sites than coordinates). With
+  B = I + W½ K W½ = L Lᵀ and V = L⁻¹ W½ K (Rasmussen & Williams §3.4.3, Alg. 3.2),
+
+      Σ = (K⁻¹ + W)⁻¹ = K − Vᵀ V,   log det(I + K W) = 2 Σ_i log L_ii,   (K + W⁻¹)⁻¹ u = W½ B⁻¹ W½ u,
+
+  so K is never inverted. O(N³).
+
+Both report `proper` (the factor is finite: P, or B, positive definite to working precision).
+Users: the shared Gaussian integral of EP and LVB (`methods._gaussian`), the natural-parameter G-KL
+(`methods._gkl_natural`), Laplace's curvature at the mode, and the start's Newton steps (`start`).
+"""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jax.scipy.linalg import cho_solve, solve_triangular
+
+from ._linalg import inverse_factor, reversed_cholesky
+
+__all__ = ["Primal", "SiteForm"]
+
+
+class Primal(eqx.Module):
+    """P = diag(s)⁻¹ R Rᵀ diag(s)⁻¹, equilibrated and factorised (module docstring); build with `Primal.of`."""
+
+    R: jax.Array  # (D, D) upper-triangular: the reversed Cholesky factor of s P s
+    scale: jax.Array  # (D,) s = diag(P)^−½
+
+    @staticmethod
+    def of(P) -> "Primal":
+        """The factorisation of a symmetric ``(D, D)`` matrix P (NaN where it is not positive definite)."""
+        P = 0.5 * (P + P.T)
+        scale = 1.0 / jnp.sqrt(jnp.diag(P))
+        return Primal(reversed_cholesky(scale[:, None] * P * scale[None, :]), scale)
+
+    @property
+    def proper(self):
+        """Whether P is positive definite: the factor is finite and no pivot is at the rounding of P's
+        unit diagonal (a rank-deficient sum, rounded, can still factorise)."""
+        d = self.R.shape[0]
+        pivots = jnp.diag(self.R) ** 2
+        return jnp.all(jnp.isfinite(self.R)) & jnp.all(pivots > d * jnp.finfo(self.R.dtype).eps)
+
+    def logdet(self):
+        """log det P."""
+        return 2 * jnp.sum(jnp.log(jnp.diag(self.R) / self.scale))
+
+    def half_solve(self, v):
+        """R⁻¹ (s ∘ v), so that vᵀ P⁻¹ v = ‖half_solve(v)‖² (``v`` of shape ``(D,)`` or ``(D, K)``)."""
+        return solve_triangular(self.R, _times(self.scale, v), lower=False)
+
+    def solve(self, v):
+        """P⁻¹ v for ``v`` of shape ``(D,)`` or ``(D, K)``."""
+        return _times(self.scale, solve_triangular(self.R, self.half_solve(v), lower=False, trans="T"))
+
+    def covariance_factor(self, basis=None):
+        """C, upper-triangular, with B P⁻¹ Bᵀ = Cᵀ C (``basis`` B lower-triangular, or None for B = I)."""
+        return inverse_factor(self.R, jnp.diag(self.scale) if basis is None else basis * self.scale[None, :])
+
+
+class SiteForm(eqx.Module):
+    """The precision K⁻¹ + diag(w) in site form (module docstring); build with `SiteForm.of`."""
+
+    K: jax.Array  # (N, N) the sites' prior covariance
+    root: jax.Array  # (N,) W½
+    L: jax.Array  # (N, N) lower-triangular, B = I + W½ K W½ = L Lᵀ
+
+    @staticmethod
+    def of(K, weights) -> "SiteForm":
+        """The site form of K⁻¹ + diag(``weights``), ``weights`` ≥ 0 (clipped at 0, so that an unselected branch
+        of a `lax.cond` stays finite)."""
+        root = jnp.sqrt(jnp.maximum(weights, 0.0))
+        B = jnp.eye(K.shape[0], dtype=K.dtype) + root[:, None] * K * root[None, :]
+        return SiteForm(K, root, jnp.linalg.cholesky(B))
+
+    @property
+    def proper(self):
+        return jnp.all(jnp.isfinite(self.L))
+
+    def logdet(self):
+        """log det(I + W½ K W½) = log det(I + K W)."""
+        return 2 * jnp.sum(jnp.log(jnp.diag(self.L)))
+
+    def cross(self):
+        """V = L⁻¹ W½ K, ``(N, N)``: Σ = K − Vᵀ V."""
+        return solve_triangular(self.L, self.root[:, None] * self.K, lower=True)
+
+    def variances(self):
+        """diag Σ, Σ = (K⁻¹ + W)⁻¹."""
+        return jnp.diag(self.K) - jnp.sum(self.cross() ** 2, axis=0)
+
+    def sites_solve(self, u):
+        """(K + W⁻¹)⁻¹ u = W½ B⁻¹ W½ u (``u`` of shape ``(N,)`` or ``(N, K)``)."""
+        return _times(self.root, cho_solve((self.L, True), _times(self.root, u)))
+
+    def solve(self, v):
+        """Σ v = K v − K (K + W⁻¹)⁻¹ K v."""
+        Kv = self.K @ v
+        return Kv - self.K @ self.sites_solve(Kv)
+
+
+def _times(d, v):
+    """diag(d) v for ``v`` of shape ``(N,)`` or ``(N, K)``."""
+    return d * v if v.ndim == 1 else d[:, None] * v
