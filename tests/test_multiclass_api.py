@@ -26,6 +26,7 @@ jax.monitoring.register_event_duration_secs_listener(_count)
 
 def programs(fn, *args):
     """``(result, the number of programs XLA built while computing it)`` (as in tests/test_execution.py)."""
+    jnp.asarray(0.5)  # JAX builds one program, once per process, to convert a Python float (traced settings)
     before = _BUILT[0]
     out = jax.block_until_ready(fn(*args))
     return out, _BUILT[0] - before

@@ -634,7 +634,7 @@ class EStep(AbstractMethod):
         test = vj.infer(vj.factor.observe(post.fitted, Y_test, observed), vj.factor.EStep())
         log_p = vj.factor.log_predictive(test, Y_test, key=key)
 
-    **Arguments:** `max_iter` (static; default 500) and `tol` (traced; default 1e-9): each point stops
+    **Arguments:** `max_iter` (static; default 1000) and `tol` (traced; default 1e-9): each point stops
     once q is within ``tol`` of its fixed point in units of its marginal standard deviations, or after
     ``max_iter`` steps (see `e_step`); `newton` (static): mean steps with the bound's own curvature.
 
@@ -645,7 +645,7 @@ class EStep(AbstractMethod):
     held at its final value once it stopped; entry 0 the start).
     """
 
-    max_iter: int = eqx.field(static=True, default=500)
+    max_iter: int = eqx.field(static=True, default=1000)
     tol: float = 1e-9
     newton: bool = eqx.field(static=True, default=False)
 
