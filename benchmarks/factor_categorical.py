@@ -6,7 +6,7 @@ K latents per dimension (W = I, w₀ = 0, μ* = 0), Σ*_ii = 20 var(X_:i) + 1 an
 with X = [I_K I_K] (thesis eq. 5.38, population moments over X's K rows), so both dimensions tend to
 take the same category; data from the multinomial-logit model. The thesis draws 10⁶ data vectors; here
 each of the C² possible vectors is one row with weight 10⁶ × its probability (from 10⁶ samples of the
-truth), i.e. the expected counts — `vj.factor.fit(weights=...)`.
+truth), i.e. the expected counts — `vj.factor.observe(model, Y, weights=...)`.
 Each method fits μ, Σ by variational EM (`vj.factor.graphical_model`) and is scored by
 KL(p_logit(y | θ*) ‖ p(y | θ̂)) over the C² vectors, p(y | θ̂) under the method's own likelihood
 (logit for Böhning and log, stick for stick-PW) from 10⁶ samples of N(μ̂, Σ̂). Thesis (figure only):
@@ -71,9 +71,9 @@ def main():
         weights = 1e6 * truth.ravel()
         kls, info = [], []
         for lik in (F.Multinomial(c, "bohning"), F.Multinomial(c, "log"), F.StickBreaking(c)):
-            fit, (elapsed,) = timed(lambda: F.fit(F.graphical_model(lik, num_columns=2), Y, weights=weights,
-                                                  max_iter=args.iters, tol=1e-9))
-            fitted = vector_probabilities(lik, np.asarray(fit.model.mean), np.asarray(fit.model.cov), c, seed=1)
+            data = F.observe(F.graphical_model(lik, num_columns=2), Y, weights=weights)
+            fit, (elapsed,) = timed(lambda: vj.infer(data, F.EM(max_iter=args.iters, tol=1e-9)))
+            fitted = vector_probabilities(lik, np.asarray(fit.fitted.mean), np.asarray(fit.fitted.cov), c, seed=1)
             kls.append(float(np.sum(truth * (np.log(truth) - np.log(fitted)))))
             info.append(f"{int(fit.diagnostics.iterations)}/{elapsed:.0f}")
         log(f"{c:>3} {kls[0]:>14.4f} {kls[1]:>10.4f} {kls[2]:>15.4f}   " + ", ".join(info))

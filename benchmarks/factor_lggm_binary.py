@@ -4,7 +4,7 @@ graphical model, Böhning and Jaakkola against piecewise bounds.
 The true model has μ* = 0 and a Σ* whose dimensions 1–3 are strongly positively and 4–5 strongly
 negatively correlated (the thesis shows Σ* only in a figure: here variances 4 and correlations ±0.9,
 the blocks independent). The "data" are the 32 binary patterns, each one row weighted by 20,000 ×
-p(y | θ*) (estimated from 2·10⁶ samples; `vj.factor.fit(weights=...)`). Each bound fits μ, Σ by
+p(y | θ*) (estimated from 2·10⁶ samples; `vj.factor.observe(model, Y, weights=...)`). Each bound fits μ, Σ by
 variational EM (`vj.factor.graphical_model`) to a relative change of 1e-10 or 20,000 iterations;
 the score is KL(p(y | θ*) ‖ p(y | θ̂)) over the 32 patterns, p(y | θ̂) from 2·10⁶ samples of N(μ̂, Σ̂).
 The thesis reports only a figure: piecewise bounds with enough pieces have far lower KL than B and J,
@@ -54,9 +54,9 @@ def main():
     log("5-D binary LGGM (thesis experiment 4): the 32 patterns weighted by 20,000 × their true probabilities",
         f"{'bound':<9} {'KL(true||fit)':>14} {'EM its':>7} {'time s':>7}  {'fitted variances':<34} fitted corr(1,2), corr(4,5)")
     for name, lik in bounds:
-        result, (elapsed,) = timed(lambda: vj.factor.fit(vj.factor.graphical_model(lik, num_columns=5), Y,
-                                                         weights=weights, max_iter=20_000, tol=1e-10))
-        m, s = np.asarray(result.model.mean), np.asarray(result.model.cov)
+        data = vj.factor.observe(vj.factor.graphical_model(lik, num_columns=5), Y, weights=weights)
+        result, (elapsed,) = timed(lambda: vj.infer(data, vj.factor.EM(max_iter=20_000, tol=1e-10)))
+        m, s = np.asarray(result.fitted.mean), np.asarray(result.fitted.cov)
         p_fit = pattern_probabilities(m, s)
         kl = float(np.sum(p_true * (np.log(p_true) - np.log(p_fit))))
         sd = np.sqrt(np.diag(s))

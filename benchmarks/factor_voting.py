@@ -20,7 +20,6 @@ import argparse
 import pathlib
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 jax.config.update("jax_enable_x64", True)
@@ -59,10 +58,9 @@ def held_out_mask(n, d, rng):
 def score(bound, Y_train, Y_test, test_mask, latent_dim, seed):
     lik = vj.factor.Bernoulli(*BOUNDS[bound])
     model = vj.factor.factor_analysis(lik, latent_dim, jax.random.PRNGKey(seed), num_columns=Y_train.shape[1])
-    fit, (elapsed,) = timed(lambda: vj.factor.fit(model, Y_train, max_iter=300, tol=1e-7))
-    q = vj.factor.e_step(fit.model, jnp.asarray(Y_test), jnp.asarray(test_mask),
-                         vj.factor.initial_posteriors(fit.model, len(Y_test)))
-    lp = np.asarray(vj.factor.log_predictive(fit.model, q, Y_test, key=jax.random.PRNGKey(0)))
+    fit, (elapsed,) = timed(lambda: vj.infer(vj.factor.observe(model, Y_train), vj.factor.EM(max_iter=300, tol=1e-7)))
+    test = vj.infer(vj.factor.observe(fit.fitted, Y_test, test_mask), vj.factor.EStep())
+    lp = np.asarray(vj.factor.log_predictive(test, Y_test, key=jax.random.PRNGKey(0)))
     return -float(lp[~test_mask].mean()), int(fit.diagnostics.iterations), elapsed
 
 

@@ -22,9 +22,10 @@ Methods (each grid point fitted from scratch):
   with 20-piece quadratic `PiecewiseLogistic` sites and ``vj.GKL()``: log Z is a lower bound on the
   stick-logistic model's evidence (the thesis's Stick-PW).
 - ``Stick-EP``: the same model with exact `Logistic` sites and ``vj.EP()``.
-- ``Nested-EP``: `vj.gp.multiclass.nested_ep` on the multinomial probit (initial damping 0.7, tol 1e-4: the energy is then accurate to ~1e-8),
+- ``Nested-EP``: ``vj.infer(vj.gp.multiclass.model(...), vj.gp.multiclass.NestedEP(tol=1e-4))`` on the multinomial
+  probit (initial damping 0.7, tol 1e-4: the energy is then accurate to ~1e-8),
   predictions by `predict_proba(result, X_test, rule="ep")`.
-- ``Softmax-Boh``, ``Softmax-log``, ``Softmax-tilted``: `vj.gp.softmax.fit`, the multinomial-logit
+- ``Softmax-Boh``, ``Softmax-log``, ``Softmax-tilted``: `vj.gp.softmax.SoftmaxBound` on the same model, the multinomial-logit
   (softmax) model with the Böhning, log or full-covariance tilted bound (the thesis's Logit-Boh and
   Logit-log; lower bounds on the logit model's evidence), predictions by Monte Carlo.
 
@@ -108,11 +109,11 @@ def fit(method, k, X, y, Xt):
     """(log Z, test probabilities (T, C), converged)."""
     C = len(CLASSES)
     if method == "Nested-EP":
-        r = mc.nested_ep(k, X, y, C, tol=1e-4, jitter=JITTER)
+        r = vj.infer(mc.model(k, X, y, C, jitter=JITTER), mc.NestedEP(tol=1e-4))
         return r.log_z, mc.predict_proba(r, Xt), r.diagnostics.converged
     if method in SOFTMAX_BOUNDS:
-        r = vj.gp.softmax.fit(k, X, y, C, SOFTMAX_BOUNDS[method], jitter=JITTER, tol=1e-9)
-        return r.log_z, vj.gp.softmax.predict_proba(r, Xt, key=jax.random.PRNGKey(0)), r.converged
+        r = vj.infer(mc.model(k, X, y, C, jitter=JITTER), vj.gp.softmax.SoftmaxBound(SOFTMAX_BOUNDS[method], tol=1e-9))
+        return r.log_z, vj.gp.softmax.predict_proba(r, Xt, key=jax.random.PRNGKey(0)), r.diagnostics.converged
     pieces, inference = (20, vj.GKL()) if method == "Stick-PW" else (None, vj.EP())
     post = vj.infer(mc.stick_breaking_model(k, X, y, C, pieces=pieces, jitter=JITTER), inference)
     return post.log_z, mc.stick_breaking_proba(post, Xt), post.diagnostics.converged

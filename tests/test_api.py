@@ -216,74 +216,43 @@ def factor_fit():
     Y = np.concatenate([(rng.uniform(size=(n, 2)) < 0.5).astype(float), rng.integers(0, 3, size=(n, 1)).astype(float)], 1)
     model = vj.factor.factor_analysis([((0, 1), vj.factor.Bernoulli("jaakkola")), (2, vj.factor.Multinomial(3, "log"))],
                                       1, jax.random.PRNGKey(0))
-    return model, Y, vj.factor.fit(model, Y, max_iter=4, e_step_max_iter=50)
+    with pytest.warns(vj.ConvergenceWarning, match="EM .* stopped after 4 iterations"):  # never silent
+        post = vj.infer(vj.factor.observe(model, Y), vj.factor.EM(max_iter=4, e_step_max_iter=50))
+    return model, Y, post
 
 
 def test_factor_fit_scalar_log_z_and_diagnostics(factor_fit):
     model, Y, fit = factor_fit
     d = fit.diagnostics
-    assert isinstance(d, vj.Diagnostics) and d.method == "variational EM"
+    assert isinstance(d, vj.Diagnostics) and d.method == "EM"
     trace = np.asarray(d.objective_trace)
-    assert np.ndim(fit.log_z) == 0 and float(fit.log_z) == trace[-1] and int(d.iterations) == len(trace) == 4
-    assert np.all(np.diff(trace) > 0) and fit.converged is False
+    assert trace.shape == (5,) and np.isnan(trace[0])  # entry 0: the bound the fit started from (none: cold)
+    assert np.ndim(fit.log_z) == 0 and float(fit.log_z) == trace[-1] and int(d.iterations) == 4
+    assert np.all(np.diff(trace[1:]) > 0) and not bool(d.converged)
     # The final bound is the E-step's bound of the returned posteriors under the model fitted before it.
     assert np.isclose(float(jnp.sum(fit.posteriors.bound)), trace[-1], rtol=1e-12)
     np.testing.assert_allclose(float(d.stationarity), abs(trace[-1] - trace[-2]) / (1 + abs(trace[-1])), rtol=1e-12)
-    with pytest.warns(DeprecationWarning, match="FactorFit.bound"):
-        np.testing.assert_array_equal(fit.bound, trace)
-
-
-def test_factor_old_iteration_keywords_warn_and_agree(factor_fit):
-    model, Y, fit = factor_fit
-    with pytest.warns(DeprecationWarning) as record:
-        old = vj.factor.fit(model, Y, num_iters=4, e_step_iters=50)
-    messages = " ".join(str(w.message) for w in record)
-    assert "`num_iters` is deprecated" in messages and "`e_step_iters` is deprecated" in messages
-    np.testing.assert_array_equal(old.diagnostics.objective_trace, fit.diagnostics.objective_trace)
 
 
 def test_factor_monte_carlo_takes_a_key_and_returns_jax_arrays(factor_fit):
     model, Y, fit = factor_fit
     key = jax.random.PRNGKey(5)
-    probs = vj.factor.probabilities(fit.model, fit.posteriors, 1, key=key, num_samples=500)
+    probs = vj.factor.probabilities(fit, 1, key=key, num_samples=500)
     assert isinstance(probs, jax.Array) and probs.shape == (30, 1, 3)
     np.testing.assert_allclose(probs.sum(-1), 1.0, atol=1e-12)
-    np.testing.assert_array_equal(probs, vj.factor.probabilities(fit.model, fit.posteriors, 1, key=key, num_samples=500))
-    assert not np.array_equal(probs, vj.factor.probabilities(fit.model, fit.posteriors, 1, key=jax.random.PRNGKey(6),
-                                                                num_samples=500))
+    np.testing.assert_array_equal(probs, vj.factor.probabilities(fit, block=1, key=key, num_samples=500))
+    assert not np.array_equal(probs, vj.factor.probabilities(fit, 1, key=jax.random.PRNGKey(6), num_samples=500))
     lp = vj.factor.log_predictive(fit, Y, key=key, num_samples=500)
     assert isinstance(lp, jax.Array) and np.all(np.asarray(lp) < 0)
-    # The fit carries what prediction needs; a model with other rows' posteriors is the same call.
-    np.testing.assert_array_equal(lp, vj.factor.log_predictive(fit.model, fit.posteriors, Y, key=key, num_samples=500))
-    np.testing.assert_array_equal(probs, vj.factor.probabilities(fit, block=1, key=key, num_samples=500))
-    with pytest.raises(TypeError, match="FactorFit"):
+    with pytest.raises(ValueError, match="FactorPosterior"):
         vj.factor.log_predictive(fit.posteriors, Y)
     filled = vj.factor.impute(fit, Y, np.ones_like(Y, bool), key=key)
     assert isinstance(filled, jax.Array)
     np.testing.assert_array_equal(filled, Y)
-    with pytest.warns(DeprecationWarning, match="pass `key="):
-        vj.factor.probabilities(fit.model, fit.posteriors, 1, num_samples=500)
+    with pytest.raises(ValueError, match="pass `key="):
+        vj.factor.probabilities(fit, 1, num_samples=500)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a Bernoulli block is integrated by quadrature: no key needed
-        vj.factor.probabilities(fit.model, fit.posteriors, 0)
+        vj.factor.probabilities(fit, 0)
 
 
-def test_softmax_fit_diagnostics_and_keyed_predictions():
-    rng = np.random.default_rng(1)
-    X, labels = rng.normal(size=(12, 2)), rng.integers(0, 3, 12)
-    k = K_.SquaredExponential(1.0, 2.0)
-    fit = vj.gp.softmax.fit(k, X, labels, 3, "log")
-    d = fit.diagnostics
-    assert isinstance(d, vj.Diagnostics) and np.ndim(fit.log_z) == 0
-    assert float(d.objective_trace[-1]) == float(fit.log_z)
-    assert bool(fit.converged) and int(fit.iterations) == int(d.iterations) > 0
-    probs = vj.gp.softmax.predict_proba(fit, X[:4], key=jax.random.PRNGKey(0))
-    assert isinstance(probs, jax.Array)
-    np.testing.assert_allclose(probs.sum(1), 1.0, atol=1e-12)
-    with pytest.warns(DeprecationWarning, match="pass `key="):
-        np.testing.assert_array_equal(vj.gp.softmax.predict_proba(fit, X[:4]), probs)
-    # The fit records its kernels and inputs; the old form (kernel, X again) warns, and refuses others.
-    with pytest.warns(DeprecationWarning, match="records its kernels"):
-        np.testing.assert_array_equal(vj.gp.softmax.predict_proba(fit, k, X, X[:4], key=jax.random.PRNGKey(0)), probs)
-    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="differ"):
-        vj.gp.softmax.predict(fit, K_.SquaredExponential(1.0, 3.0), X, X[:4])

@@ -1,7 +1,9 @@
 """Latent Gaussian factor models: bounds, E-steps, M-steps and EM (vj.factor)."""
 
 import itertools
+import warnings
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,6 +14,19 @@ import vijax as vj
 from vijax.factor import em as em_module
 
 F = vj.factor
+
+
+def _em(model, Y, mask=None, weights=None, **settings):
+    """EM to ``settings`` (a short run: not converging is not the point, so no ConvergenceWarning)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", vj.ConvergenceWarning)
+        return vj.infer(F.observe(model, Y, mask, weights), F.EM(**settings))
+
+
+def _run(post):
+    """The bounds of the EM iterations that ran (the trace without its start entry and NaN padding)."""
+    k = int(post.diagnostics.iterations)
+    return np.asarray(post.diagnostics.objective_trace)[1:k + 1]
 
 
 def _binary_data(rng, n=60, d=5, l=2):
@@ -211,11 +226,11 @@ def test_em_bound_never_decreases_on_mixed_data_with_missing_entries(rng):
     mask = rng.uniform(size=Y.shape) > 0.15
     likelihoods = [((0, 1), F.Bernoulli()), (2, F.PoissonColumn()), (3, F.Ordinal(3)), (4, F.StickBreaking(3)),
                    (5, F.GaussianColumn())]
-    result = F.fit(F.factor_analysis(likelihoods, l, jax.random.PRNGKey(0)), Y, mask, max_iter=15)
-    trace = np.asarray(result.diagnostics.objective_trace)
+    result = _em(F.factor_analysis(likelihoods, l, jax.random.PRNGKey(0)), Y, mask, max_iter=15)
+    trace = _run(result)
     assert np.all(np.diff(trace) >= -1e-9 * np.abs(trace[1:]))
     assert trace[-1] > trace[0] + 10
-    assert np.all(np.diff(np.asarray(result.model.blocks[2].likelihood.thresholds)) > 0)
+    assert np.all(np.diff(np.asarray(result.fitted.blocks[2].likelihood.thresholds)) > 0)
     # Held-out entries: the predictive densities are proper and beat a constant guess for the binary block.
     lp = np.asarray(F.log_predictive(result, Y, key=jax.random.PRNGKey(2)))
     assert np.all(np.isfinite(lp))
@@ -241,19 +256,19 @@ def test_row_weights_equal_repeated_rows(rng):
     likelihoods = [(0, F.Bernoulli("jaakkola")), (1, F.Ordinal(3)), (2, F.GaussianColumn())]
     fa = F.factor_analysis(likelihoods, l, jax.random.PRNGKey(1))
     model = F.FactorModel(fa.mean, fa.cov, fa.blocks, learn_prior=True, learn_loadings=True, penalty=0.05)
-    weighted = F.fit(model, Y, mask, weights=counts.astype(float), max_iter=6, tol=0.0)
+    weighted = _em(model, Y, mask, weights=counts.astype(float), max_iter=6, tol=0.0)
     rows = np.repeat(np.arange(n), counts)
-    repeated = F.fit(model, Y[rows], mask[rows], max_iter=6, tol=0.0)
+    repeated = _em(model, Y[rows], mask[rows], max_iter=6, tol=0.0)
     np.testing.assert_allclose(weighted.diagnostics.objective_trace, repeated.diagnostics.objective_trace, rtol=1e-8)
-    for a, b in zip(jax.tree.leaves(weighted.model), jax.tree.leaves(repeated.model)):
+    for a, b in zip(jax.tree.leaves(weighted.fitted), jax.tree.leaves(repeated.fitted)):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
 
 @pytest.mark.parametrize("bound", ["jaakkola"])  # piecewise: in the mixed-data test
 def test_em_bound_never_decreases_for_binary_factor_analysis(rng, bound):
     Y = _binary_data(rng, n=60)
-    result = F.fit(F.factor_analysis(F.Bernoulli(bound), 2, jax.random.PRNGKey(0), num_columns=5), Y, max_iter=25)
-    trace = np.asarray(result.diagnostics.objective_trace)
+    result = _em(F.factor_analysis(F.Bernoulli(bound), 2, jax.random.PRNGKey(0), num_columns=5), Y, max_iter=25)
+    trace = _run(result)
     assert np.all(np.diff(trace) >= -1e-9 * np.abs(trace[1:]))
     assert trace[-1] > trace[0]
 
@@ -270,31 +285,31 @@ def test_graphical_lasso_matches_scikit_learn(rng):
 
 def test_sparse_graphical_model_gives_a_sparser_precision(rng):
     Y = _binary_data(rng, n=80, d=4)
-    dense = F.fit(F.graphical_model(F.Bernoulli("jaakkola"), num_columns=4), Y, max_iter=20)
-    sparse = F.fit(F.graphical_model(F.Bernoulli("jaakkola"), num_columns=4, penalty=0.1), Y, max_iter=20)
-    off = lambda r: np.abs(np.linalg.inv(np.asarray(r.model.cov))[~np.eye(4, dtype=bool)]).sum()
+    dense = _em(F.graphical_model(F.Bernoulli("jaakkola"), num_columns=4), Y, max_iter=20)
+    sparse = _em(F.graphical_model(F.Bernoulli("jaakkola"), num_columns=4, penalty=0.1), Y, max_iter=20)
+    off = lambda r: np.abs(np.linalg.inv(np.asarray(r.fitted.cov))[~np.eye(4, dtype=bool)]).sum()
     assert off(sparse) < 0.5 * off(dense)
-    trace = np.asarray(sparse.diagnostics.objective_trace)
+    trace = _run(sparse)
     assert np.all(np.diff(trace) >= -1e-6 * np.abs(trace[1:]))
 
 
 def test_float32_fit_runs(rng):
     Y = _binary_data(rng, n=40)
     model = F.factor_analysis(F.Bernoulli("jaakkola"), 2, jax.random.PRNGKey(0), num_columns=5, dtype=jnp.float32)
-    result = F.fit(model, Y, max_iter=10)
-    assert result.posteriors.mean.dtype == jnp.float32
-    trace = np.asarray(result.diagnostics.objective_trace)
+    result = _em(model, Y, max_iter=10)
+    assert result.posteriors.mean.dtype == jnp.float32 and result.log_z.dtype == jnp.float32
+    trace = _run(result)
     assert np.all(np.isfinite(trace)) and trace[-1] > trace[0]
 
 
 def test_bad_input_is_rejected(rng):
     model = F.factor_analysis(F.Bernoulli(), 2, jax.random.PRNGKey(0), num_columns=3)
     with pytest.raises(ValueError, match="0 or 1"):
-        F.fit(model, np.full((4, 3), 2.0))
+        F.observe(model, np.full((4, 3), 2.0))
     with pytest.raises(ValueError, match="shape"):
-        F.fit(model, np.zeros((4, 2)))
+        F.observe(model, np.zeros((4, 2)))
     with pytest.raises(ValueError, match="mask"):
-        F.fit(model, np.where(np.eye(4, 3) > 0, np.nan, 0.0))
+        F.observe(model, np.where(np.eye(4, 3) > 0, np.nan, 0.0))
     with pytest.raises(ValueError, match="bound"):
         F.Bernoulli("exact")
     with pytest.raises(ValueError, match="num_classes"):
@@ -304,7 +319,114 @@ def test_bad_input_is_rejected(rng):
     with pytest.raises(ValueError, match="exactly once"):
         F.factor_analysis([((0, 1), F.Bernoulli()), ((1, 2), F.PoissonColumn())], 2, jax.random.PRNGKey(0))
     with pytest.raises(ValueError, match="classes 0"):
-        F.fit(F.factor_analysis([(0, F.StickBreaking(3))], 1, jax.random.PRNGKey(0)), np.array([[3.0]]))
+        F.observe(F.factor_analysis([(0, F.StickBreaking(3))], 1, jax.random.PRNGKey(0)), np.array([[3.0]]))
     for weights in ([1.0, 2.0], [1.0, -1.0, 1.0, 1.0], [0.0] * 4):
         with pytest.raises(ValueError, match="weights"):
-            F.fit(model, np.zeros((4, 3)), weights=weights)
+            F.observe(model, np.zeros((4, 3)), weights=weights)
+    with pytest.raises(ValueError, match="model"):
+        F.observe(np.zeros(3), np.zeros((4, 3)))
+    with pytest.raises(ValueError, match=r"vj.factor.observe\(model, Y, mask\)"):
+        vj.infer(model, F.EM())  # the model alone, without its data
+    with pytest.raises(ValueError, match="max_iter"):
+        F.EM(max_iter=0)
+    with pytest.raises(ValueError, match="tol"):
+        F.EM(tol=-1.0)
+
+
+# ----------------------------------------------------------------------------------------------
+# EM and the E-step as methods of vj.infer: programs, warm starts, warnings, held-out rows
+
+_BUILT = [0]
+
+
+def _count(event, duration, **_):
+    if event == "/jax/core/compile/backend_compile_duration":
+        _BUILT[0] += 1
+
+
+jax.monitoring.register_event_duration_secs_listener(_count)
+
+
+def programs(fn, *args):
+    """``(result, the number of programs XLA built while computing it)`` (as in tests/test_execution.py)."""
+    jnp.asarray(0.5)  # JAX builds one program, once per process, to convert a Python float (traced settings)
+    before = _BUILT[0]
+    out = jax.block_until_ready(fn(*args))
+    return out, _BUILT[0] - before
+
+
+def test_em_compiles_once_restarts_where_it_ended_and_warns_unconverged(rng):
+    # 11 rows × 3 columns, one latent: shapes no other test uses, so the counts start cold
+    model = F.factor_analysis(F.Bernoulli("jaakkola"), 1, jax.random.PRNGKey(4), num_columns=3)
+    data = F.observe(model, _binary_data(rng, n=11, d=3, l=1))
+    other = F.observe(model, _binary_data(rng, n=11, d=3, l=1))
+    method = F.EM(max_iter=200)
+    post, cold = programs(vj.infer, data, method)
+    assert cold <= 2, f"a cold EM fit built {cold} programs"
+    d = post.diagnostics
+    assert isinstance(post, F.FactorPosterior) and isinstance(post, vj.Posterior) and post.is_lower_bound
+    assert bool(d.converged) and d.method == "EM" and isinstance(d.info, F.FactorInfo)
+    k = int(d.iterations)
+    trace = np.asarray(d.objective_trace)
+    assert trace.shape == (201,) and np.isnan(trace[0]) and trace[k] == float(post.log_z)
+    assert np.all(np.isfinite(trace[1:k + 1])) and np.all(np.isnan(trace[k + 1:]))
+    assert float(d.stationarity) < 1e-6
+    np.testing.assert_allclose(float(post.log_z), float(post.diagnostics.objective_trace[k]))
+    np.testing.assert_allclose(float(jnp.sum(post.posteriors.bound)), float(post.log_z), rtol=1e-12)
+    # what EM learned is in the posterior and its state
+    assert isinstance(post.state, F.EMState)
+    np.testing.assert_array_equal(post.state.model.blocks[0].loadings, post.fitted.blocks[0].loadings)
+    assert not np.allclose(post.fitted.blocks[0].loadings, model.blocks[0].loadings)
+    _, new_data = programs(vj.infer, other, method)
+    again, warm = programs(lambda: vj.infer(data, method, init=post))
+    _, settings = programs(vj.infer, data, F.EM(max_iter=200, tol=1e-4, e_step_tol=1e-8))
+    assert (new_data, warm, settings) == (0, 0, 0), (new_data, warm, settings)
+    assert int(again.diagnostics.iterations) == 1
+    np.testing.assert_allclose(float(again.log_z), float(post.log_z), rtol=1e-10)
+    # a fit stopped by max_iter warns (a ConvergenceWarning from vj.infer), and a refit from it goes on
+    with pytest.warns(vj.ConvergenceWarning, match="EM .* stopped after 3 iterations"):
+        short = vj.infer(data, F.EM(max_iter=3))
+    assert not bool(short.diagnostics.converged) and int(short.diagnostics.iterations) == 3
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", vj.ConvergenceWarning)
+        resumed = vj.infer(data, method, init=short)
+    np.testing.assert_allclose(float(resumed.log_z), float(post.log_z), rtol=1e-6)
+    # the posterior reads as N Gaussians q(z_n)
+    assert post.mean.shape == (11, 1) and post.covariance.shape == (11, 1, 1) and post.std.shape == (11, 1)
+    means, variances = post.marginals(np.ones((2, 1)))
+    assert means.shape == variances.shape == (11, 2)
+    assert post.sample(jax.random.PRNGKey(0), 5).shape == (5, 11, 1)
+    assert "EM (E-step" in post.summary() and "converged" in post.summary()
+    with pytest.raises(ValueError, match="EM"):
+        vj.infer(data, method, init=jnp.zeros(3))
+
+
+def test_e_step_method_fits_held_out_rows_under_the_learned_model(rng):
+    Y = _binary_data(rng, n=11, d=3, l=1)
+    model = F.factor_analysis(F.Bernoulli("jaakkola"), 1, jax.random.PRNGKey(4), num_columns=3)
+    post = vj.infer(F.observe(model, Y), F.EM(max_iter=200))
+    # at the EM fixed point, the E-step under the learned model gives the same posteriors and bound
+    rows = vj.infer(F.observe(post.fitted, Y), F.EStep())
+    d = rows.diagnostics
+    assert bool(d.converged) and d.method == "EStep"
+    np.testing.assert_array_equal(rows.fitted.blocks[0].loadings, post.fitted.blocks[0].loadings)
+    np.testing.assert_allclose(float(rows.log_z), float(post.log_z), rtol=1e-8)
+    np.testing.assert_allclose(np.asarray(rows.mean), np.asarray(post.mean), atol=1e-5)
+    k = int(d.iterations)
+    trace = np.asarray(d.objective_trace)
+    assert trace[k] == float(rows.log_z) and np.all(np.diff(trace[:k + 1]) >= -1e-9 * np.abs(trace[1:k + 1]))
+    # held-out entries of new rows: their posteriors from the observed entries, then the predictive
+    held = np.ones(Y.shape, bool)
+    held[np.arange(11), np.arange(11) % 3] = False
+    test = vj.infer(F.observe(post.fitted, Y, held), F.EStep())
+    log_p = np.asarray(F.log_predictive(test, Y))  # Bernoulli columns: quadrature, no key needed
+    assert np.all(np.isfinite(log_p)) and np.all(log_p < 0)
+    again, warm = programs(lambda: vj.infer(F.observe(post.fitted, Y, held), F.EStep(), init=test))
+    assert warm == 0 and int(again.diagnostics.iterations) <= 2
+    # the piecewise bound's E-step settles at the bound's noise floor (its steps wander there without a
+    # measurable contraction): every point stops, converged, well before the iteration cap
+    piecewise = F.factor_analysis(F.Bernoulli(), 1, jax.random.PRNGKey(4), num_columns=3)
+    rows = vj.infer(F.observe(eqx.tree_at(lambda m: m.blocks[0].loadings, piecewise, post.fitted.blocks[0].loadings),
+                              Y, held), F.EStep())
+    assert bool(rows.diagnostics.converged) and int(rows.diagnostics.iterations) < 1000
+    assert int(rows.diagnostics.info.e_step_unconverged) == 0

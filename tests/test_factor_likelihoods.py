@@ -1,6 +1,5 @@
 """Factor-model column likelihoods built on the core: the LVB local bounds at their optimal ξ, the
-piecewise site and the Gaussian / Poisson potentials, against the closed forms of the Khan thesis;
-and the renamed columns."""
+piecewise site and the Gaussian / Poisson potentials, against the closed forms of the Khan thesis."""
 
 import warnings
 
@@ -12,7 +11,6 @@ from jax.scipy.special import gammaln
 
 import vijax as vj
 from vijax import _piecewise
-from vijax.factor import likelihoods as L
 
 RNG = np.random.default_rng(11)
 D = 40
@@ -67,14 +65,8 @@ def test_gaussian_and_poisson_columns_are_exact():
     np.testing.assert_allclose(g[:, 0, 0], -0.5 / noise, rtol=1e-12)
 
 
-def test_old_column_names_warn_and_are_the_same_classes():
-    with pytest.warns(DeprecationWarning, match="GaussianColumn"):
-        old = vj.factor.Gaussian
-    assert old is vj.factor.GaussianColumn
-    with pytest.warns(DeprecationWarning, match="PoissonColumn"):
-        old = vj.factor.Poisson
-    assert old is vj.factor.PoissonColumn
-    assert isinstance(vj.factor.GaussianColumn(2.0), L.Gaussian)  # the module-level alias, for old imports
+def test_column_names_and_checks():
+    assert not hasattr(vj.factor, "Gaussian") and not hasattr(vj.factor, "Poisson")  # vj.potentials has those
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         vj.factor.GaussianColumn(), vj.factor.PoissonColumn(), vj.factor.Bernoulli()

@@ -94,22 +94,24 @@ def test_nested_ep_with_two_classes_is_binary_probit_ep(rng):
     # per site the inner EP is exact, so nested EP and binary EP share fixed point and energy.
     X = rng.normal(size=(15, 2))
     y = (X[:, 0] + 0.5 * rng.normal(size=15) > 0).astype(int)
-    result = mc.nested_ep(KERNEL, X, y, 2)
+    result = vj.infer(mc.model(KERNEL, X, y, 2), mc.NestedEP())
     binary = vj.infer(vj.gp.model(KERNEL, X, vj.potentials.Probit(), labels=1 - y), vj.EP())
     assert bool(result.diagnostics.converged)
     np.testing.assert_allclose(float(result.log_z), float(binary.log_z), rtol=1e-8)
-    np.testing.assert_allclose(np.asarray(result.mean[0] - result.mean[1]) / np.sqrt(2), np.asarray(binary.mean),
-                               atol=1e-5)
+    f = result.class_means
+    np.testing.assert_allclose(np.asarray(f[0] - f[1]) / np.sqrt(2), np.asarray(binary.mean), atol=1e-5)
 
 
 def test_nested_ep_three_classes(rng):
     X, y = _three_class_data(rng, 24)
-    result = mc.nested_ep(KERNEL, X, y, 3)
-    assert bool(result.diagnostics.converged) and int(result.diagnostics.iterations) < 200 and int(result.skipped) == 0
-    assert np.isfinite(float(result.log_z)) and float(result.log_z) < 0
+    result = vj.infer(mc.model(KERNEL, X, y, 3), mc.NestedEP())
+    assert isinstance(result, mc.NestedEPPosterior) and isinstance(result, vj.Posterior)
+    d = result.diagnostics
+    assert bool(d.converged) and int(d.iterations) < 200 and int(d.info.skipped) == 0
+    assert np.isfinite(float(result.log_z)) and float(result.log_z) < 0 and not result.is_lower_bound
     # outer sites: T̃_i 1 = 0, PSD, rank C − 1
     onehot = np.eye(3)[y]
-    pi, S, _, h = mc.probit._site_terms(result.tau, result.nu, onehot)
+    pi, S, _, h = mc.probit._site_terms(result.state.tau, result.state.nu, onehot)
     T = jax.vmap(mc.probit._site_precision)(pi, S)
     np.testing.assert_allclose(np.asarray(T @ jnp.ones(3)), 0.0, atol=1e-12)
     np.testing.assert_allclose(np.asarray(h.sum(1)), 0.0, atol=1e-12)
@@ -120,15 +122,16 @@ def test_nested_ep_three_classes(rng):
     idx = np.arange(3)[None, :] * 24 + np.arange(24)[:, None]
     for i in range(24):
         W[np.ix_(idx[i], idx[i])] = T[i]
-    K = np.asarray(jax.scipy.linalg.block_diag(*result.prior_cov))
+    K = np.asarray(jax.scipy.linalg.block_diag(*result.factor.prior_cov))
     dense = np.linalg.inv(np.linalg.inv(K) + W)
-    np.testing.assert_allclose(np.asarray(mc.posterior_covariance(result)), dense, atol=1e-8)
+    np.testing.assert_allclose(np.asarray(result.covariance), dense, atol=1e-8)
+    np.testing.assert_allclose(np.asarray(result.std) ** 2, np.diag(dense), atol=1e-8)  # the structured diagonal
     np.testing.assert_allclose(np.asarray(result.site_cov[5]), dense[np.ix_(idx[5], idx[5])], atol=1e-8)
     h_full = np.asarray(h).T.reshape(-1)
-    np.testing.assert_allclose(np.asarray(result.mean).reshape(-1), dense @ h_full, atol=1e-8)
+    np.testing.assert_allclose(np.asarray(result.mean), dense @ h_full, atol=1e-8)
     # fixed point of *nested* EP: the full inner EP at a site's cavity reproduces q(f_i)
     i = 7
-    V, m = np.asarray(result.site_cov[i]), np.asarray(result.mean[:, i])
+    V, m = np.asarray(result.site_cov[i]), np.asarray(result.class_means[:, i])
     cav_prec = np.linalg.inv(V) - np.asarray(T[i])
     V_cav = np.linalg.inv(cav_prec)
     m_cav = V_cav @ (np.linalg.solve(V, m) - np.asarray(h[i]))
@@ -143,20 +146,17 @@ def test_nested_ep_three_classes(rng):
 
 
 def test_nested_ep_energy_gradient_is_total_derivative(rng):
-    # log_z is stationary in the sites at convergence: d/dℓ energy(frozen sites) = d log Z_EP / dℓ
+    # log_z is stationary in the sites at convergence: jax.grad of vj.infer(...).log_z in the kernel (the
+    # energy at the frozen final sites) is d log Z_EP / dℓ, the derivative of refits at ℓ ± ε.
     X, y = _three_class_data(rng, 24)
-    result = mc.nested_ep(KERNEL, X, y, 3, tol=1e-8)
-
-    def energy(log_ell):
-        k = vj.gp.kernels.SquaredExponential(lengthscale=jnp.exp(log_ell), variance=3.0)
-        K = jnp.stack([k(X) + 1e-6 * jnp.eye(24)] * 3)
-        return mc.nested_ep_log_z(K, y, result.tau, result.nu)
-
-    grad = float(jax.grad(energy)(0.0))
+    method = mc.NestedEP(tol=1e-8)
+    build = lambda log_ell: mc.model(vj.gp.kernels.SquaredExponential(lengthscale=jnp.exp(log_ell), variance=3.0),
+                                     X, y, 3)
+    result = vj.infer(build(0.0), method)
+    np.testing.assert_allclose(float(mc.energy(result.state, build(0.0))), float(result.log_z), rtol=1e-12)
+    grad = float(jax.grad(lambda s: vj.infer(build(s), method, init=result).log_z)(0.0))
     eps = 1e-3
-    refit = [float(mc.nested_ep(vj.gp.kernels.SquaredExponential(lengthscale=np.exp(s), variance=3.0), X, y, 3,
-                                tol=1e-8, init=result).log_z) for s in (eps, -eps)]
-    np.testing.assert_allclose(float(energy(0.0)), float(result.log_z), rtol=1e-12)
+    refit = [float(vj.infer(build(s), method, init=result).log_z) for s in (eps, -eps)]
     np.testing.assert_allclose(grad, (refit[0] - refit[1]) / (2 * eps), rtol=1e-4)
     assert abs(grad) > 1e-2
 
@@ -164,12 +164,12 @@ def test_nested_ep_energy_gradient_is_total_derivative(rng):
 def test_nested_ep_log_z_matches_importance_sampling():
     # N = 2, C = 3: a 6-D integral, importance sampled with a Student-t around the EP posterior.
     X, y = np.array([[0.0], [1.0]]), np.array([0, 2])
-    result = mc.nested_ep(KERNEL, X, y, 3)
-    mean, cov = np.asarray(result.mean).reshape(-1), np.asarray(mc.posterior_covariance(result))
+    result = vj.infer(mc.model(KERNEL, X, y, 3), mc.NestedEP())
+    mean, cov = np.asarray(result.mean), np.asarray(result.covariance)
     proposal = stats.multivariate_t(loc=mean, shape=1.5 * cov, df=5, seed=3)
     f = proposal.rvs(200_000)
     log_lik = jax.jit(jax.vmap(lambda g: _log_lik(g[:, 0], y[0]) + _log_lik(g[:, 1], y[1])))
-    K = np.asarray(jax.scipy.linalg.block_diag(*result.prior_cov))
+    K = np.asarray(jax.scipy.linalg.block_diag(*result.factor.prior_cov))
     log_w = (np.asarray(log_lik(f.reshape(-1, 3, 2))) + stats.multivariate_normal(np.zeros(6), K).logpdf(f)
              - proposal.logpdf(f))
     w = np.exp(log_w - log_w.max())
@@ -269,17 +269,21 @@ def test_stick_model_bounds_and_predictions(rng):
 def test_inputs_are_validated(rng):
     X, y = _three_class_data(rng, 6)
     with pytest.raises(ValueError, match="lie in 0"):
-        mc.nested_ep(KERNEL, X, y + 1, 3)
+        mc.model(KERNEL, X, y + 1, 3)
     with pytest.raises(ValueError, match="shape"):
-        mc.nested_ep(KERNEL, X, y[:4], 3)
+        mc.model(KERNEL, X, y[:4], 3)
     with pytest.raises(ValueError, match="num_classes"):
         mc.stick_breaking_model(KERNEL, X, y * 0, 1)
     with pytest.raises(ValueError, match="permutation"):
         mc.stick_breaking_model(KERNEL, X, y, 3, ordering=[0, 0, 1])
     with pytest.raises(ValueError, match="integer"):
-        mc.nested_ep(KERNEL, X, y + 0.5, 3)
+        mc.model(KERNEL, X, y + 0.5, 3)
+    with pytest.raises(ValueError, match="jitter"):
+        mc.model(KERNEL, X, y, 3, jitter=-1.0)
     with pytest.raises(ValueError, match="damping"):
-        mc.nested_ep(KERNEL, X, y, 3, damping=1.5)
+        mc.NestedEP(damping=1.5)
+    with pytest.raises(ValueError, match="bound"):
+        vj.gp.softmax.SoftmaxBound("exact")
     with pytest.raises(ValueError, match="rule"):
         mc.predict_proba(None, X, rule="mc")
 
@@ -292,10 +296,10 @@ def test_softmax_bounds_are_ordered_and_below_the_exact_gkl_bound():
     labels = (X[:, 0] + 0.3 * rng.normal(size=20) > 0).astype(int)
     exact = vj.infer(vj.gp.model(vj.gp.kernels.SquaredExponential(1.0, 4.0), X, vj.potentials.Logistic(),
                                  labels=labels), vj.GKL()).log_z
-    k = vj.gp.kernels.SquaredExponential(1.0, 2.0)
-    fits = {b: vj.gp.softmax.fit(k, X, labels, 2, b) for b in ("bohning", "log", "tilted", "pos")}
+    model = mc.model(vj.gp.kernels.SquaredExponential(1.0, 2.0), X, labels, 2)
+    fits = {b: vj.infer(model, vj.gp.softmax.SoftmaxBound(b)) for b in vj.gp.softmax.BOUNDS}
     for b, r in fits.items():
-        assert bool(r.converged), b
+        assert bool(r.diagnostics.converged) and r.is_lower_bound, b
         assert float(r.log_z) <= float(exact) + 1e-8, b
     assert float(fits["tilted"].log_z) >= float(fits["log"].log_z) - 1e-8
     assert float(exact) - float(fits["tilted"].log_z) < 1.0

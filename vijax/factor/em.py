@@ -15,7 +15,10 @@ deviations: accepted steps move m and diag V by Δ_k = max_i(|Δm_i|/√V_ii, |�
 distance still to go is extrapolated from the last two as Δ_k r/(1 − r), r = Δ_k/Δ_{k−1}
 (`vj.solvers.extrapolated_distance`: the plain steps converge linearly, slowly where the likelihood
 dominates the prior), or after ``max_iter`` steps. (A test on the change of L_n would stop with q
-only √tol from its optimum: L_n is stationary there.)
+only √tol from its optimum: L_n is stationary there.) A point also stops, converged, once it has
+*settled*: an accepted step that did not shrink did not change L_n beyond its rounding, so q is at its
+optimum to the accuracy with which the bound is evaluated (the piecewise bounds' derivatives carry
+noise of about 10⁻⁸, which leaves the steps wandering at that level without a measurable contraction).
 The step is written for one point and mapped over all of them with `jax.vmap` inside one `jax.jit`.
 When every likelihood has constant curvature (Gaussian, Böhning) and no entry is missing, P* is the
 same for every point: V is computed once and only the means iterate (the shared-covariance
@@ -29,23 +32,23 @@ bound never falls; then each likelihood's own parameters (`update`).
 
 from __future__ import annotations
 
-import time
-import warnings
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax.typing import ArrayLike
-from .._linalg import backtrack, select
-from .._keywords import renamed
-from ..posterior import Diagnostics
+from .. import _checks
+from .._linalg import backtrack, nan_trace, select
+from ..covariance import CholeskyFactor
+from ..methods import AbstractMethod
+from ..posterior import Diagnostics, Posterior
 from ..solvers import extrapolated_distance, iterate
-from .model import FactorModel, Prior, block_data, check_data, check_weights, neg_kl, site_terms
+from .model import FactorModel, ObservedModel, Prior, block_data, neg_kl, site_terms
 
-__all__ = ["Posteriors", "FactorFit", "e_step", "m_step", "fit", "initial_posteriors"]
+__all__ = ["EM", "EStep", "EMState", "FactorPosterior", "FactorInfo", "Posteriors", "e_step", "m_step", "initial_posteriors",
+           "penalty_term"]
 
 _HALVINGS = 30
 _ROUNDING = 10  # a step that lowers L_n by less than this many ulps is rounding, not a worse q
@@ -137,13 +140,16 @@ class _PointState(NamedTuple):
     change: jax.Array  # Δ of the last accepted step
     previous: jax.Array  # Δ of the one before
     done: jax.Array
+    settled: jax.Array  # the steps stopped shrinking without raising L_n beyond its rounding (see below)
+    trace: jax.Array | None  # L_n after each iteration (entry 0: at the start), with ``record``; else None
 
 
-def _point_e_step(model, prior, y, mask, mean, cov, precision, shared, max_iter, tol, newton):
+def _point_e_step(model, prior, y, mask, mean, cov, precision, shared, max_iter, tol, newton, record=False):
     """Monotone natural-gradient ascent of L_n for one point (``shared``: a fixed (V, P, log|V|) or None).
 
     Each iteration evaluates the sites once, with their gradient, at the proposed q: if the step is
-    accepted that gradient drives the next step, so rejected steps are the only wasted work.
+    accepted that gradient drives the next step, so rejected steps are the only wasted work. Returns
+    the final (mean, cov, precision, bound, iterations, converged) and a `_PointExtras`.
     """
     eye = jnp.eye(model.latent_dim, dtype=mean.dtype)
     floor = 1e3 * float(jnp.finfo(mean.dtype).eps)  # steps lost in rounding (float32's resolution in float32)
@@ -153,10 +159,12 @@ def _point_e_step(model, prior, y, mask, mean, cov, precision, shared, max_iter,
         cov, precision, logdet0 = shared
     parts = lambda m, v, ld: _point_step_parts(model, prior, y, mask, m, v, ld, newton)
     inf = jnp.asarray(jnp.inf, mean.dtype)
-    state = _PointState(mean, cov, precision, logdet0, *parts(mean, cov, logdet0),
-                        jnp.asarray(1.0, mean.dtype), inf, inf, jnp.asarray(False))
+    first = parts(mean, cov, logdet0)
+    trace = nan_trace(max_iter, mean.dtype, first[0]) if record else None
+    state = _PointState(mean, cov, precision, logdet0, *first, jnp.asarray(1.0, mean.dtype), inf, inf,
+                        jnp.asarray(False), jnp.asarray(False), trace)
 
-    def body(_, s: _PointState) -> _PointState:
+    def body(k, s: _PointState) -> _PointState:
         if shared is None:
             p_new = (1 - s.rho) * s.precision + s.rho * s.target
             chol = jnp.linalg.cholesky(p_new)
@@ -170,21 +178,36 @@ def _point_e_step(model, prior, y, mask, mean, cov, precision, shared, max_iter,
             m_new = s.mean + s.rho * (v_new @ s.grad)
         value, target, grad, hessian = parts(m_new, v_new, logdet)
         # A step that loses less than the rounding of L_n is not a worse q.
-        accept = jnp.isfinite(value) & (value >= s.bound - _ROUNDING * jnp.finfo(value.dtype).eps * jnp.abs(s.bound))
+        rounding = _ROUNDING * jnp.finfo(value.dtype).eps * jnp.abs(s.bound)
+        accept = jnp.isfinite(value) & (value >= s.bound - rounding)
         sd = jnp.sqrt(jnp.diagonal(s.cov))
         change = jnp.maximum(jnp.max(jnp.abs(m_new - s.mean) / sd), jnp.max(jnp.abs(jnp.diagonal(v_new - s.cov)) / sd**2))
         change, previous = jnp.where(accept, change, s.change), jnp.where(accept, s.change, s.previous)
-        converged = accept & (extrapolated_distance(change, previous, floor) <= tol)
+        # Settled: an accepted step that did not shrink and did not change L_n beyond its rounding. q is at its
+        # optimum to the accuracy of the bound's evaluation (a bound whose derivatives carry noise, such as the
+        # piecewise ones, leaves the steps wandering at that level, where no contraction can be measured).
+        settled = accept & (jnp.abs(value - s.bound) <= rounding) & (change >= previous)
+        converged = accept & (extrapolated_distance(change, previous, floor) <= tol) | settled
         stalled = (~accept) & (s.rho <= 2.0**-_HALVINGS)
         pick = lambda a, b: select(accept, a, b)  # (None for hessian)
+        bound = pick(value, s.bound)
+        trace = None if s.trace is None else s.trace.at[k + 1].set(bound)
         return _PointState(pick(m_new, s.mean), pick(v_new, s.cov), pick(p_new, s.precision), pick(logdet, s.logdet),
-                           pick(value, s.bound), pick(target, s.target), pick(grad, s.grad), pick(hessian, s.hessian),
+                           bound, pick(target, s.target), pick(grad, s.grad), pick(hessian, s.hessian),
                            jnp.where(accept, jnp.minimum(2 * s.rho, 1.0), 0.5 * s.rho), change, previous,
-                           converged | stalled)
+                           converged | stalled, settled, trace)
 
     out, iterations = iterate(body, state, max_iter, lambda _, s: s.done)
-    converged = extrapolated_distance(out.change, out.previous, floor) <= tol
-    return out.mean, out.cov, out.precision, out.bound, iterations, converged
+    # A settled point's accuracy is its last step (its extrapolated distance is not measurable).
+    distance = jnp.where(out.settled, out.change, extrapolated_distance(out.change, out.previous, floor))
+    extras = _PointExtras(distance, jnp.max(jnp.abs(out.grad)), out.trace)
+    return out.mean, out.cov, out.precision, out.bound, iterations, out.settled | (distance <= tol), extras
+
+
+class _PointExtras(NamedTuple):
+    distance: jax.Array  # the extrapolated distance of q from its fixed point (the convergence test's measure)
+    grad_norm: jax.Array  # max |∂L_n/∂m| at the returned q
+    trace: jax.Array | None  # L_n after each iteration, with ``record``
 
 
 def _shared_covariance(model: FactorModel, prior: Prior):
@@ -212,12 +235,21 @@ def e_step(model: FactorModel, Y, mask, q: Posteriors, max_iter: int = 500, tol:
     linearly, slowly where the likelihood dominates the prior, while Newton's converge quadratically.
     It costs one more L × L factorisation per step, so it pays for large latent spaces with few
     points (`vj.gp.softmax`), not for many small ones.
+
+    The building block of `EM` and `EStep` (the methods of `vj.infer` on an observed factor model).
     """
+    return e_step_run(model, Y, mask, q, max_iter, tol, complete, newton)[0]
+
+
+def e_step_run(model: FactorModel, Y, mask, q: Posteriors, max_iter, tol, complete: bool = False,
+               newton: bool = False, record: bool = False):
+    """`e_step` with what the methods report: ``(Posteriors, extras)``, extras a `_PointExtras` of arrays
+    over the points (``record``: each point's L_n after each of its iterations, ``(N, max_iter + 1)``)."""
     prior = Prior.of(model)
     shared = _shared_covariance(model, prior) if (complete and model.shared_covariance and not newton) else None
-    step = lambda y, mk, m, v, p: _point_e_step(model, prior, y, mk, m, v, p, shared, max_iter, tol, newton)
-    mean, cov, precision, bound, its, done = jax.vmap(step)(Y, mask, q.mean, q.cov, q.precision)
-    return Posteriors(mean, cov, precision, bound, its, done)
+    step = lambda y, mk, m, v, p: _point_e_step(model, prior, y, mk, m, v, p, shared, max_iter, tol, newton, record)
+    mean, cov, precision, bound, its, done, extras = jax.vmap(step)(Y, mask, q.mean, q.cov, q.precision)
+    return Posteriors(mean, cov, precision, bound, its, done), extras
 
 
 # ----------------------------------------------------------------------------------------------
@@ -352,88 +384,317 @@ def m_step(model: FactorModel, Y, mask, q: Posteriors, loading_steps: int = 1, w
 
 
 # ----------------------------------------------------------------------------------------------
-# The EM driver
+# The methods: variational EM, and the E-step alone
 
 
-class FactorFit(NamedTuple):
-    """Result of `fit`.
+class EMState(eqx.Module):
+    """The State of `EM`: where the EM loop stands.
 
-    - `model`: the learned `FactorModel`.
-    - `posteriors`: the per-point `Posteriors` after the last E-step.
-    - `log_z`: the final bound Σ_n w_n L_n (minus the ℓ1 penalty, if any), a scalar.
-    - `diagnostics`: a `vj.Diagnostics` of the EM loop: ``objective_trace`` the bound after each
-      E-step (never falling), ``iterations`` the E-steps run, ``converged`` whether the bound's
-      relative change fell below ``tol``, ``stationarity`` that last relative change,
-      ``num_value_evals`` the bounds evaluated (one per E-step); ``grad_norm`` is not computed (NaN).
+    - `model`: the `FactorModel` reached (after the last M-step);
+    - `posteriors`: every q(z_n) after the last E-step (`Posteriors`), where the next E-step starts;
+    - `bound`: the bound Σ_n w_n L_n of the last E-step (−inf before the first), which the next
+      iteration's relative change is measured from.
     """
 
     model: FactorModel
     posteriors: Posteriors
-    log_z: jax.Array
-    diagnostics: Diagnostics
-
-    @property
-    def converged(self) -> bool:
-        """Whether the bound's relative change fell below ``tol`` (``diagnostics.converged``)."""
-        return bool(self.diagnostics.converged)
-
-    @property
-    def bound(self) -> np.ndarray:
-        """Deprecated: the bound per EM iteration, now ``diagnostics.objective_trace``."""
-        warnings.warn("FactorFit.bound is deprecated: the final bound is `log_z` and the bound per EM iteration "
-                      "is `diagnostics.objective_trace`.", DeprecationWarning, stacklevel=2)
-        return np.asarray(self.diagnostics.objective_trace)
+    bound: jax.Array
 
 
-def _report(progress, it, value, change, elapsed):
-    line = f"EM {it:4d}   bound {value: .6e}   change {change:.2e}   {elapsed:7.2f} s"
-    if callable(progress):
-        progress(it, value)
-    else:
-        print(line, flush=True)
+class FactorInfo(eqx.Module):
+    """What `EM` and `EStep` report beyond the common `Diagnostics` (``post.diagnostics.info``).
 
-
-def fit(model: FactorModel, Y: ArrayLike, mask: ArrayLike | None = None, *, weights: ArrayLike | None = None,
-        max_iter: int = 100, tol: float = 1e-6,
-        e_step_max_iter: int = 100, loading_steps: int = 1, progress: bool | Callable = False,
-        num_iters: int | None = None, e_step_iters: int | None = None) -> FactorFit:
-    """Variational EM: alternate `e_step` (all q(z_n), vmapped, warm-started) and `m_step` until the
-    bound's relative change is below ``tol`` or ``max_iter`` iterations.
-
-    ``Y`` is (N, D) with the columns the model's blocks name (classes and levels as integers 0 … C−1);
-    ``mask`` (N, D) booleans mark the observed entries (default: all). ``weights`` (N,) are
-    non-negative row weights w_n, e.g. the counts of distinct rows: the bound is Σ_n w_n L_n, so
-    a row of weight 2 counts as that row twice (default: 1 each). ``e_step_max_iter`` caps each
-    E-step (`e_step`'s ``max_iter``). ``progress=True`` prints the bound at each iteration; a callable
-    is called as ``progress(iteration, bound)``. (``num_iters`` and ``e_step_iters`` are the deprecated
-    names of ``max_iter`` and ``e_step_max_iter``.)
+    - `e_step_iterations`: the most iterations a point's (last) E-step took; scalar int.
+    - `e_step_unconverged`: points whose (last) E-step stopped at its iteration cap before q reached
+      its fixed point to the E-step's tolerance; scalar int.
     """
-    owner = "vj.factor.fit"
-    max_iter = renamed(owner, "num_iters", "max_iter", num_iters, max_iter)
-    e_step_max_iter = renamed(owner, "e_step_iters", "e_step_max_iter", e_step_iters, e_step_max_iter)
-    for name, value in (("max_iter", max_iter), ("e_step_max_iter", e_step_max_iter)):
-        if not (isinstance(value, (int, np.integer)) and value >= 1):
-            raise ValueError(f"{owner}: `{name}` must be a positive integer, got {value!r}.")
-    Y, mask = check_data(model, Y, mask, owner)
-    weights = check_weights(weights, Y.shape[0], Y.dtype, owner)
-    complete = bool(np.all(np.asarray(mask)))
-    q = initial_posteriors(model, Y.shape[0])
-    trace, converged, change, start = [], False, np.inf, time.perf_counter()
-    for it in range(max_iter):
-        q = e_step(model, Y, mask, q, e_step_max_iter, complete=complete)
-        value = float(weights @ q.bound - penalty_term(model, jnp.sum(weights)))
-        change = abs(value - trace[-1]) / (1.0 + abs(value)) if trace else np.inf
-        trace.append(value)
-        if progress:
-            _report(progress, it, value, change, time.perf_counter() - start)
-        if change < tol:
-            converged = True
-            break
-        model = m_step(model, Y, mask, q, loading_steps, weights)
-    dtype = Y.dtype
-    diagnostics = Diagnostics(
-        iterations=jnp.asarray(len(trace)), converged=jnp.asarray(converged), stationarity=jnp.asarray(change, dtype),
-        grad_norm=jnp.asarray(jnp.nan, dtype), objective_trace=jnp.asarray(trace, dtype),
-        num_value_evals=jnp.asarray(len(trace)), num_grad_evals=jnp.asarray(0), num_hvp_evals=jnp.asarray(0),
-        method="variational EM", solver="E-step (natural gradient) / M-step")
-    return FactorFit(model, q, jnp.asarray(trace[-1], dtype), diagnostics)
+
+    e_step_iterations: jax.Array
+    e_step_unconverged: jax.Array
+
+    def __repr__(self):
+        if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(self)):
+            return super().__repr__()
+        return (f"FactorInfo(e_step_iterations={int(self.e_step_iterations)}, "
+                f"e_step_unconverged={int(self.e_step_unconverged)})")
+
+
+class FactorPosterior(Posterior):
+    """What `EM` and `EStep` return: the per-point posteriors q(z_n), the model they were fitted under,
+    and the bound.
+
+    A batch of N Gaussians, one per row: ``mean`` ``(N, L)``, ``covariance`` ``(N, L, L)``, ``std``
+    ``(N, L)``, ``marginals(H)`` (H of shape ``(K, L)``: means and variances ``(N, K)``), ``sample(key,
+    S)`` ``(S, N, L)``; ``factor`` holds the N Cholesky factors (a batched `vj.covariance.CholeskyFactor`,
+    as a posterior under `jax.vmap` has). Also:
+
+    - `log_z`: the bound Σ_n w_n L_n (minus the ℓ1 penalty of a sparse graphical model) of the last
+      E-step: a lower bound on log p(Y | fitted) (an M-step never lowers the bound at fixed q);
+    - `fitted`: the `FactorModel` EM learned (loadings, offsets, prior, likelihood parameters; for
+      `EStep`, the model as given): predict new rows with ``vj.infer(vj.factor.observe(post.fitted,
+      Y_new, mask_new), vj.factor.EStep())``;
+    - `posteriors`: the per-point `Posteriors` (mean, cov, precision, bound L_n, iterations, converged);
+    - `model`: the `ObservedModel` that was fitted; `state`: the method's State (`EMState` for `EM`,
+      `Posteriors` for `EStep`); `diagnostics`: a `vj.Diagnostics` with a `FactorInfo`.
+
+    `vj.factor.log_predictive`, `probabilities` and `impute` take it.
+    """
+
+    fitted: FactorModel
+    posteriors: Posteriors
+
+    def __init__(self, fitted, posteriors, log_z, diagnostics, model, state):
+        chol = jnp.swapaxes(jnp.linalg.cholesky(posteriors.cov), -1, -2)
+        super().__init__(posteriors.mean, CholeskyFactor(chol), log_z, diagnostics, model, bound_claim=True,
+                         state=state)
+        self.fitted = fitted
+        self.posteriors = posteriors
+
+    @property
+    def covariance(self):
+        """Every q(z_n)'s covariance, ``(N, L, L)``."""
+        return self.posteriors.cov
+
+    @property
+    def std(self):
+        """Every q(z_n)'s marginal standard deviations, ``(N, L)``."""
+        return jnp.sqrt(jnp.diagonal(self.posteriors.cov, axis1=-2, axis2=-1))
+
+    def marginals(self, H):
+        """Means and variances of ``H z_n`` under each q(z_n), H a dense ``(K, L)`` array: two ``(N, K)`` arrays."""
+        H = jnp.asarray(H)
+        if H.ndim != 2 or H.shape[1] != self.mean.shape[-1]:
+            raise ValueError(f"FactorPosterior.marginals: H must have shape (K, {self.mean.shape[-1]}), got {H.shape}.")
+        return self.mean @ H.T, jnp.einsum("kl,nlm,km->nk", H, self.posteriors.cov, H)
+
+    def sample(self, key, num_samples: int):
+        """``num_samples`` draws of every z_n from q(z_n): shape ``(num_samples, N, L)``."""
+        z = jax.random.normal(key, (num_samples,) + self.mean.shape, self.mean.dtype)
+        return self.mean + jnp.einsum("snl,nlm->snm", z, self.factor.matrix)
+
+    def summary(self, names=None, max_rows: int | None = None) -> str:
+        """The fit in a few lines: method, convergence, the bound, and the shape of the data and latents."""
+        d = self.diagnostics
+        status = "converged" if bool(np.all(d.converged)) else "NOT converged"
+        n, latent = np.shape(self.mean)
+        return "\n".join([f"{d.method} ({d.solver}): {status} after {int(d.iterations)} iterations",
+                          f"log Z ≥ {float(self.log_z):.6g} (the bound Σ_n w_n L_n: a lower bound on log p(Y))",
+                          f"{n} rows, {latent} latent dimensions, {self.fitted.num_columns} columns"])
+
+
+def _check_observed(method_name, model):
+    if isinstance(model, ObservedModel):
+        return
+    if isinstance(model, FactorModel):
+        raise ValueError(f"infer: vj.factor.{method_name} fits a factor model with its data: pass "
+                         f"vj.factor.observe(model, Y, mask), not the FactorModel alone.")
+    raise ValueError(f"infer: vj.factor.{method_name} fits a factor model with its data, "
+                     f"vj.factor.observe(model, Y, mask); got {type(model).__name__}.")
+
+
+def _state_of(method, model, init, accepted):
+    """``init`` as a State of ``method`` (a State, or a posterior whose ``state`` is one), else a ValueError."""
+    candidate = init.state if isinstance(init, Posterior) else init
+    if method.is_state(model, candidate):
+        return candidate
+    name = type(method).__name__
+    raise ValueError(f"{name}: `init` must be None, {accepted} for a model of these shapes (N = {model.num_points} "
+                     f"rows, L = {model.latent_dim} latents), or its post.state; got {type(init).__name__}.")
+
+
+def _no_conversion(name):
+    raise ValueError(f"{name}: a start from another method's Gaussian or from a point does not apply to a factor model "
+                     "(its latents are one z_n per row); start from None or from a fit of this method.")
+
+
+def _same_shapes(state, template) -> bool:
+    """Whether the pytree ``state`` has the structure of ``template`` and leaves of the same shapes."""
+    if jax.tree_util.tree_structure(state) != jax.tree_util.tree_structure(template):
+        return False
+    return all(np.shape(a) == np.shape(b) for a, b in zip(jax.tree_util.tree_leaves(state),
+                                                          jax.tree_util.tree_leaves(template)))
+
+
+def _cast_like(new, old):
+    """``new`` with the dtypes of ``old`` leaf by leaf (a loop's carry keeps its types)."""
+    return jax.tree_util.tree_map(lambda a, b: jax.lax.convert_element_type(a, jnp.result_type(b)), new, old)
+
+
+def _factor_info(q: Posteriors):
+    return FactorInfo(jnp.max(q.iterations), jnp.sum(~q.converged))
+
+
+class _EMLoop(NamedTuple):
+    model: FactorModel
+    q: Posteriors
+    value: jax.Array
+    change: jax.Array
+    converged: jax.Array
+    trace: jax.Array
+
+
+class EM(AbstractMethod):
+    """Variational EM for latent Gaussian factor models: alternate E-steps (every q(z_n), `jax.vmap`ped,
+    warm-started) and M-steps (the model's parameters) until the bound's relative change is below
+    ``tol`` or ``max_iter`` iterations.
+
+        model = vj.factor.factor_analysis(vj.factor.Bernoulli(), latent_dim=2, key=key, num_columns=D)
+        post = vj.infer(vj.factor.observe(model, Y, mask), vj.factor.EM(max_iter=100))
+        post.log_z, post.fitted, post.diagnostics.objective_trace
+
+    **Arguments:**
+
+    - `max_iter`: EM iterations at most (static: it sizes the trace); default 100.
+    - `tol`: converged when |B_k − B_{k−1}| / (1 + |B_k|) < ``tol`` for the bound B_k of the k-th E-step
+      (default 1e-6); traced, so a new value reuses the compiled fit.
+    - `e_step_max_iter`, `e_step_tol`: each E-step's iteration cap (static) and tolerance (traced; q
+      within ``e_step_tol`` of its fixed point in units of its marginal standard deviations, see `e_step`).
+
+    Returns a `FactorPosterior`: ``log_z`` the bound of the last E-step, ``fitted`` the learned
+    `FactorModel`, ``posteriors`` every q(z_n), ``state`` an `EMState` (so ``vj.infer(data, EM(),
+    init=post)`` continues where the fit ended), and ``diagnostics``: `iterations` (E-steps run),
+    `converged`, `stationarity` (the last relative change of the bound), `objective_trace` (entry 0 the
+    bound the fit started from, NaN for a cold start; entry k the bound after the k-th E-step, never
+    falling; NaN-padded to ``max_iter + 1``), method ``"EM"``, and a `FactorInfo`. A fit that stops at
+    ``max_iter`` before converging is reported by `vj.infer`'s `ConvergenceWarning`. When EM stops
+    unconverged, ``fitted`` is one M-step ahead of ``posteriors`` (the loop's state: the next iteration
+    starts with an E-step under it).
+
+    The whole loop is one compiled program (E-step and M-step inside a `jax.lax.while_loop`).
+    """
+
+    max_iter: int = eqx.field(static=True, default=100)
+    tol: float = 1e-6
+    e_step_max_iter: int = eqx.field(static=True, default=100)
+    e_step_tol: float = 1e-9
+
+    def __check_init__(self):
+        for name in ("max_iter", "e_step_max_iter"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 1):
+                raise ValueError(f"EM: `{name}` must be a positive integer, got {value!r}.")
+        for name in ("tol", "e_step_tol"):
+            value = getattr(self, name)
+            if _checks.is_concrete(value) and not value >= 0:
+                raise ValueError(f"EM: `{name}` must be a non-negative number, got {value!r}.")
+
+    def check_model(self, model) -> None:
+        _check_observed("EM", model)
+
+    def init_state(self, model: ObservedModel) -> EMState:
+        return EMState(model.model, initial_posteriors(model.model, model.num_points),
+                       jnp.asarray(-jnp.inf, model.dtype))
+
+    def from_gaussian(self, model, mean, factor):
+        _no_conversion("EM")
+
+    def from_expansion(self, model, expansion):
+        _no_conversion("EM")
+
+    def is_state(self, model, state) -> bool:
+        if not isinstance(state, EMState):
+            return False
+        return _same_shapes(state, eqx.filter_eval_shape(self.init_state, model))
+
+    def to_state(self, model, init):
+        return _state_of(self, model, init, "an EM posterior (post)")
+
+    def solve(self, model: ObservedModel, state: EMState) -> FactorPosterior:
+        data = jax.lax.stop_gradient(model)
+        Y, mask, weights = data.Y, data.mask, data.weights
+        state = jax.lax.stop_gradient(state)
+        dtype = model.dtype
+        total = jnp.sum(weights)
+        start = jnp.where(jnp.isfinite(state.bound), state.bound, jnp.nan)
+
+        def step(k, s: _EMLoop) -> _EMLoop:
+            q = _cast_like(e_step(s.model, Y, mask, s.q, self.e_step_max_iter, self.e_step_tol, complete=data.complete),
+                           s.q)
+            value = weights @ q.bound - penalty_term(s.model, total)
+            change = jnp.abs(value - s.value) / (1.0 + jnp.abs(value))
+            converged = change < self.tol
+            fm = jax.lax.cond(converged, lambda m: m, lambda m: _cast_like(m_step(m, Y, mask, q, 1, weights), m), s.model)
+            return _EMLoop(fm, q, value, change, converged, s.trace.at[k + 1].set(value))
+
+        init = _EMLoop(state.model, state.posteriors, state.bound.astype(dtype), jnp.asarray(jnp.inf, dtype),
+                       jnp.asarray(False), nan_trace(self.max_iter, dtype, start))
+        out, iterations = iterate(step, init, self.max_iter, lambda _, s: s.converged)
+        diagnostics = Diagnostics(
+            iterations=iterations, converged=out.converged, stationarity=out.change, objective_trace=out.trace,
+            num_value_evals=iterations, method="EM", solver="E-step (natural gradient) / M-step",
+            info=_factor_info(out.q))
+        return FactorPosterior(out.model, out.q, out.value, diagnostics, model, EMState(out.model, out.q, out.value))
+
+
+class EStep(AbstractMethod):
+    """The E-step alone: every q(z_n) under the factor model as given (no M-step), `jax.vmap`ped.
+
+    For rows a model was not fitted on: their posteriors under a fitted model, then predictions,
+
+        test = vj.infer(vj.factor.observe(post.fitted, Y_test, observed), vj.factor.EStep())
+        log_p = vj.factor.log_predictive(test, Y_test, key=key)
+
+    **Arguments:** `max_iter` (static; default 1000) and `tol` (traced; default 1e-9): each point stops
+    once q is within ``tol`` of its fixed point in units of its marginal standard deviations, or after
+    ``max_iter`` steps (see `e_step`); `newton` (static): mean steps with the bound's own curvature.
+
+    Returns a `FactorPosterior` (``fitted`` the model as given; ``state`` the `Posteriors`; ``log_z``
+    Σ_n w_n L_n minus any ℓ1 penalty) whose diagnostics report `iterations` (the most a point took),
+    `converged` (every point), `stationarity` (the largest extrapolated distance from a fixed point),
+    `grad_norm` (max |∂L_n/∂m|), and `objective_trace` (Σ_n w_n L_n after each iteration, each point
+    held at its final value once it stopped; entry 0 the start).
+    """
+
+    max_iter: int = eqx.field(static=True, default=1000)
+    tol: float = 1e-9
+    newton: bool = eqx.field(static=True, default=False)
+
+    def __check_init__(self):
+        if not (isinstance(self.max_iter, (int, np.integer)) and not isinstance(self.max_iter, bool)
+                and self.max_iter >= 1):
+            raise ValueError(f"EStep: `max_iter` must be a positive integer, got {self.max_iter!r}.")
+        if _checks.is_concrete(self.tol) and not self.tol >= 0:
+            raise ValueError(f"EStep: `tol` must be a non-negative number, got {self.tol!r}.")
+
+    def check_model(self, model) -> None:
+        _check_observed("EStep", model)
+
+    def init_state(self, model: ObservedModel) -> Posteriors:
+        return initial_posteriors(model.model, model.num_points)
+
+    def from_gaussian(self, model, mean, factor):
+        _no_conversion("EStep")
+
+    def from_expansion(self, model, expansion):
+        _no_conversion("EStep")
+
+    def is_state(self, model, state) -> bool:
+        return isinstance(state, Posteriors) and _same_shapes(state, eqx.filter_eval_shape(self.init_state, model))
+
+    def to_state(self, model, init):
+        return _state_of(self, model, init, "a FactorPosterior (post)")
+
+    def solve(self, model: ObservedModel, state: Posteriors) -> FactorPosterior:
+        data = jax.lax.stop_gradient(model)
+        fm = data.model
+        state = jax.lax.stop_gradient(state)
+        q, extras = e_step_run(fm, data.Y, data.mask, state, self.max_iter, self.tol, data.complete, self.newton,
+                               record=True)
+        q = _cast_like(q, state)  # the State keeps its types, so a warm start reuses the program
+        value = data.weights @ q.bound - penalty_term(fm, jnp.sum(data.weights))
+        trace = _total_trace(extras.trace, q.bound, q.iterations, data.weights) - penalty_term(fm, jnp.sum(data.weights))
+        iterations = jnp.max(q.iterations)
+        diagnostics = Diagnostics(
+            iterations=iterations, converged=jnp.all(q.converged), stationarity=jnp.max(extras.distance),
+            grad_norm=jnp.max(extras.grad_norm), objective_trace=trace, num_value_evals=jnp.sum(q.iterations) + q.mean.shape[0],
+            num_grad_evals=jnp.sum(q.iterations) + q.mean.shape[0], method="EStep",
+            solver="natural gradient (Newton)" if self.newton else "natural gradient", info=_factor_info(q))
+        return FactorPosterior(fm, q, value, diagnostics, model, q)
+
+
+def _total_trace(traces, bounds, iterations, weights):
+    """Σ_n w_n L_n after each iteration from the per-point traces ``(N, max_iter + 1)``: a point that has
+    stopped counts with its final bound; NaN after the last iteration of every point."""
+    k = jnp.arange(traces.shape[1])
+    held = jnp.where(k[None, :] <= iterations[:, None], traces, bounds[:, None])
+    return jnp.where(k <= jnp.max(iterations), weights @ held, jnp.nan)

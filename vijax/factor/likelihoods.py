@@ -28,9 +28,7 @@ llp(x) = log(1 + eˣ) = −log σ(−x), and take ``bound``, a lower bound on �
   curvature ¼, so the posterior covariance of every data point is the same (`constant_curvature`).
 
 The Gaussian and Poisson columns take their expectations from `vijax.potentials.Gaussian` and
-`vijax.potentials.Poisson`. (`GaussianColumn` and `PoissonColumn` were called `Gaussian` and `Poisson`,
-names that clashed with the potentials; `vj.factor.Gaussian` and `vj.factor.Poisson` still work, with a
-`DeprecationWarning`.)
+`vijax.potentials.Poisson`.
 """
 
 from __future__ import annotations
@@ -145,7 +143,7 @@ class GaussianColumn(AbstractLikelihood):
     """y ~ N(η, ψ) with per-column noise variance ψ (``noise``), learned in closed form by the M-step
     (ψ_d = mean over observed n of (y − m̃)² + ṽ) unless ``learn_noise=False``. The bound is exact:
     ⟨log N(y | η, ψ)⟩ = log N(y | m̃, ψ) − ṽ/(2ψ), the `vijax.potentials.Gaussian` site's expectation.
-    (Formerly ``vj.factor.Gaussian``.)"""
+    """
 
     noise: jax.Array
     learn_noise: bool = eqx.field(static=True, default=True)
@@ -220,7 +218,7 @@ class Bernoulli(AbstractLikelihood):
 
 class PoissonColumn(AbstractLikelihood):
     """Poisson counts with log link, p(y | η) = e^{yη − e^η}/y!: f̲ = y m̃ − e^{m̃ + ṽ/2} − log y! (exact),
-    the `vijax.potentials.Poisson` site's expectation. (Formerly ``vj.factor.Poisson``.)"""
+    the `vijax.potentials.Poisson` site's expectation."""
 
     def expected(self, y, mean, cov):
         return pot.Poisson(y).expected_log_phi(mean[:, 0], safe_sqrt(cov[:, 0, 0]))
@@ -489,9 +487,3 @@ def _pos_lse(mean, var, llp):
     # Every β gives a valid bound; keep the better of the Newton iterate and the start.
     beta = jax.lax.stop_gradient(jnp.where(bound(beta) <= bound(start), beta, start))
     return bound(beta)
-
-
-# Deprecated names (they clash with `vijax.potentials.Gaussian` and `vijax.potentials.Poisson`): plain
-# aliases here, so `isinstance` checks see one class; `vj.factor.Gaussian`/`Poisson` warn on access.
-Gaussian = GaussianColumn
-Poisson = PoissonColumn

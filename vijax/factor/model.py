@@ -17,7 +17,7 @@ import numpy as np
 from .. import _linalg
 from .likelihoods import AbstractLikelihood
 
-__all__ = ["Block", "FactorModel", "factor_analysis", "graphical_model", "elbo_point"]
+__all__ = ["Block", "FactorModel", "ObservedModel", "factor_analysis", "graphical_model", "observe", "elbo_point"]
 
 
 class Block(eqx.Module):
@@ -209,3 +209,53 @@ def check_weights(weights, num_points: int, dtype, owner: str):
         raise ValueError(f"{owner}: `weights` must be {num_points} finite non-negative numbers, one per row of `Y`, "
                          f"not all zero; got shape {w.shape}.")
     return jnp.asarray(w, dtype)
+
+
+class ObservedModel(eqx.Module):
+    """A factor model with its data: what `vj.factor.EM` and `vj.factor.EStep` fit through `vj.infer`.
+
+    Build it with `observe`. Fields: `model` (the `FactorModel`), `Y` ``(N, D)`` (unobserved entries
+    replaced by 0), `mask` ``(N, D)`` booleans (True = observed), `weights` ``(N,)`` (row weights w_n:
+    the bound is Σ_n w_n L_n) and the static `complete` (no entry missing: the E-step may then share
+    one covariance between the points).
+    """
+
+    model: FactorModel
+    Y: jax.Array
+    mask: jax.Array
+    weights: jax.Array
+    complete: bool = eqx.field(static=True)
+
+    @property
+    def num_points(self) -> int:
+        return self.Y.shape[0]
+
+    @property
+    def latent_dim(self) -> int:
+        return self.model.latent_dim
+
+    @property
+    def dtype(self):
+        return self.model.mean.dtype
+
+
+def observe(model: FactorModel, Y, mask=None, weights=None) -> ObservedModel:
+    """The factor model ``model`` with its observations, ready for ``vj.infer(..., vj.factor.EM())``.
+
+    ``Y`` is ``(N, D)`` with the columns the model's blocks name (classes and levels as integers
+    0 … C−1); ``mask`` ``(N, D)`` booleans mark the observed entries (default: all, and then ``Y`` must
+    be finite); ``weights`` ``(N,)`` are non-negative row weights w_n, e.g. the counts of distinct
+    rows: the bound is Σ_n w_n L_n, so a row of weight 2 counts as that row twice (default: 1 each).
+    Invalid data (wrong shape, values a column's likelihood does not take, a mask that is not boolean,
+    negative weights) raise a `ValueError`.
+    """
+    owner = "vj.factor.observe"
+    if not isinstance(model, FactorModel):
+        raise ValueError(f"{owner}: `model` must be a vj.factor model (factor_analysis, graphical_model or "
+                         f"FactorModel), got {type(model).__name__}.")
+    Y, mask = check_data(model, Y, mask, owner)
+    if Y.shape[0] < 1:
+        raise ValueError(f"{owner}: `Y` has no rows.")
+    weights = check_weights(weights, Y.shape[0], Y.dtype, owner)
+    complete = not isinstance(mask, jax.core.Tracer) and bool(np.all(np.asarray(mask)))
+    return ObservedModel(model, Y, jnp.asarray(mask), weights, complete)

@@ -1,21 +1,19 @@
 """Predictions from a fitted factor model: predictive densities of entries, class probabilities, imputation.
 
-Each function takes the `FactorFit` that `vj.factor.fit` returns, as `vj.glm` and `vj.gp` predictions
-take the fitted posterior: ``log_predictive(fit, Y)``, ``probabilities(fit)``, ``impute(fit, Y, mask)``.
-For rows the model was not fitted on, pass the model and their posteriors from `vj.factor.e_step`
-instead of the fit: ``log_predictive(model, q_test, Y_test)``.
+Each function takes the `FactorPosterior` of `vj.factor.EM` or `vj.factor.EStep`, as `vj.glm` and `vj.gp`
+predictions take the fitted posterior: ``log_predictive(post, Y)``, ``probabilities(post)``,
+``impute(post, Y, mask)``. For rows the model was not fitted on, fit their posteriors under the
+learned model first: ``test = vj.infer(vj.factor.observe(post.fitted, Y_test, mask_test),
+vj.factor.EStep())``, then ``log_predictive(test, Y_test)``.
 
 For an entry (n, d), p(y_dn | observed) ≈ ⟨p(y | η)⟩ under q's predictor N(m̃_dn, Ṽ_dn) (thesis eq. 3.26),
-with q(z_n) fitted on the point's observed entries. Scalar predictors are integrated by Gauss–Hermite
-quadrature (32 nodes); categorical ones (K > 1) by Monte Carlo with ``num_samples`` draws from ``key``,
-a `jax.random` key the caller passes (without one, a Monte Carlo estimate warns with a
-`DeprecationWarning` and uses ``jax.random.PRNGKey(0)``; a future version will raise). All three
-functions return JAX arrays.
+with q(z_n) fitted on the point's observed entries and the posterior's ``fitted`` model. Scalar
+predictors are integrated by Gauss–Hermite quadrature (32 nodes); categorical ones (K > 1) by Monte
+Carlo with ``num_samples`` draws from ``key``, a `jax.random` key the caller passes (required where a
+Monte Carlo estimate is made). All three functions return JAX arrays.
 """
 
 from __future__ import annotations
-
-import warnings
 
 import equinox as eqx
 import jax
@@ -25,8 +23,8 @@ from jax.scipy.special import logsumexp
 from jax.typing import ArrayLike
 
 from ..quadrature import GaussHermite
-from .em import FactorFit, Posteriors
-from .likelihoods import Gaussian
+from .em import FactorPosterior, Posteriors
+from .likelihoods import GaussianColumn
 from .model import FactorModel
 
 __all__ = ["log_predictive", "probabilities", "impute"]
@@ -40,7 +38,7 @@ def _block_predictors(block, q: Posteriors):
 
 def _log_expected_prob(lik, y, mean, cov, key, num_samples):
     """log⟨p(y | η)⟩ for one point's block: ``y`` (D_b,), ``mean`` (D_b, K), ``cov`` (D_b, K, K)."""
-    if isinstance(lik, Gaussian):  # exact: y ~ N(m̃, ṽ + ψ)
+    if isinstance(lik, GaussianColumn):  # exact: y ~ N(m̃, ṽ + ψ)
         var = cov[:, 0, 0] + lik.noise
         return -0.5 * (jnp.log(2 * jnp.pi * var) + (y - mean[:, 0]) ** 2 / var)
     if lik.num_predictors == 1:
@@ -53,39 +51,35 @@ def _log_expected_prob(lik, y, mean, cov, key, num_samples):
     return logsumexp(jax.vmap(lambda e: lik.log_prob(y, e))(eta), axis=0) - jnp.log(num_samples)
 
 
-def _fitted(owner, fit, args, names):
-    """(model, q, args): from ``fit`` (a `FactorFit`), or from ``(model, q, *args)`` (rows not fitted)."""
-    if isinstance(fit, FactorFit):
-        return fit.model, fit.posteriors, args
-    if isinstance(fit, FactorModel) and args and isinstance(args[0], Posteriors):
-        return fit, args[0], args[1:]
-    raise TypeError(f"{owner}: expects the `FactorFit` that vj.factor.fit returns, or a `FactorModel` and "
-                    f"`Posteriors` (from vj.factor.e_step), as {owner}(fit, {names}) or {owner}(model, q, {names}); "
-                    f"got {type(fit).__name__}.")
+def _fitted(owner, post):
+    """(model, q) of a `FactorPosterior`."""
+    if not isinstance(post, FactorPosterior):
+        raise ValueError(f"{owner}: expects the FactorPosterior of vj.infer(vj.factor.observe(model, Y, mask), "
+                         f"vj.factor.EM()) (or vj.factor.EStep()), got {type(post).__name__}.")
+    return post.fitted, post.posteriors
 
 
 def _monte_carlo_key(key, blocks, owner):
-    """``key``, or (deprecated) a fixed key where a Monte Carlo estimate needs one and none was given."""
+    """``key``; where a Monte Carlo estimate needs one and none was given, a ValueError."""
     if key is not None:
         return key
     if any(block.likelihood.num_predictors > 1 for block in blocks):
-        warnings.warn(f"{owner}: pass `key=jax.random.PRNGKey(...)`; categorical predictions are Monte Carlo "
-                      "estimates, and calling without a key (a fixed PRNGKey(0)) is deprecated and will raise.",
-                      DeprecationWarning, stacklevel=3)
-    return jax.random.PRNGKey(0)
+        raise ValueError(f"{owner}: pass `key=jax.random.PRNGKey(...)`: categorical predictions are Monte Carlo "
+                         "estimates.")
+    return jax.random.PRNGKey(0)  # unused: every block is integrated by quadrature
 
 
-def log_predictive(fit: FactorFit, Y: ArrayLike, *more, key: jax.Array | None = None,
+def log_predictive(post: FactorPosterior, Y: ArrayLike, *, key: jax.Array | None = None,
                    num_samples: int = 2000) -> jax.Array:
     """log p(y_dn | q(z_n)) for every entry of ``Y`` (N, D): score held-out entries with it.
 
-    ``fit``: the `FactorFit` of the data's rows (or a model and per-point posteriors: see the module
-    docstring). Entries of ``Y`` not to be scored may hold any valid
-    value (they are not used by q, which was fitted with its own mask). ``key`` (a `jax.random` key)
-    drives the Monte Carlo estimate for categorical blocks. Returns a JAX array of shape (N, D).
+    ``post``: the `FactorPosterior` of the data's rows. Entries of ``Y`` not to be scored may hold any
+    valid value (they are not used by q, which was fitted with its own mask). ``key`` (a `jax.random`
+    key) drives the Monte Carlo estimate for categorical blocks. Returns a JAX array of shape (N, D).
     """
-    model, q, (Y,) = _fitted("vj.factor.log_predictive", fit, (Y,) + more, "Y")
-    key = _monte_carlo_key(key, model.blocks, "vj.factor.log_predictive")
+    owner = "vj.factor.log_predictive"
+    model, q = _fitted(owner, post)
+    key = _monte_carlo_key(key, model.blocks, owner)
     return _log_predictive(model, q, Y, key, num_samples)
 
 
@@ -103,20 +97,19 @@ def _log_predictive(model: FactorModel, q: Posteriors, Y, key, num_samples: int)
     return out
 
 
-def probabilities(fit: FactorFit, *args, block: int = 0, key: jax.Array | None = None,
+def probabilities(post: FactorPosterior, block: int = 0, *, key: jax.Array | None = None,
                   num_samples: int = 2000) -> jax.Array:
     """Predictive probabilities of every outcome of discrete block ``block``: shape (N, D_b, C).
 
-    ``fit``: a `FactorFit` (or a model and per-point posteriors). ``key`` (a `jax.random` key) drives the Monte Carlo estimate for a
+    ``post``: a `FactorPosterior`. ``key`` (a `jax.random` key) drives the Monte Carlo estimate for a
     categorical block. Returns a JAX array."""
-    model, q, args = _fitted("vj.factor.probabilities", fit, args, "block=...")
-    if args:  # the block by position
-        (block,) = args
+    owner = "vj.factor.probabilities"
+    model, q = _fitted(owner, post)
     blk = model.blocks[block]
     if blk.likelihood.num_outcomes is None:
-        raise ValueError(f"probabilities: block {block} ({type(blk.likelihood).__name__}) is not discrete; "
+        raise ValueError(f"{owner}: block {block} ({type(blk.likelihood).__name__}) is not discrete; "
                          "use log_predictive or impute for continuous columns.")
-    key = _monte_carlo_key(key, (blk,), "vj.factor.probabilities")
+    key = _monte_carlo_key(key, (blk,), owner)
     return _probabilities(model, q, block, key, num_samples)
 
 
@@ -135,14 +128,14 @@ def _probabilities(model: FactorModel, q: Posteriors, block: int, key, num_sampl
     return jax.vmap(point)(mean, cov, keys)
 
 
-def impute(fit: FactorFit, Y: ArrayLike, mask: ArrayLike, *more, key: jax.Array | None = None,
+def impute(post: FactorPosterior, Y: ArrayLike, mask: ArrayLike, *, key: jax.Array | None = None,
            num_samples: int = 2000) -> jax.Array:
     """``Y`` with its unobserved entries (``mask`` False) set to the predictive mode (discrete columns)
-    or mean (Gaussian, Poisson): a JAX array of shape (N, D). ``fit``: a `FactorFit`; ``key`` as for
-    `probabilities`."""
-    model, q, (Y, mask) = _fitted("vj.factor.impute", fit, (Y, mask) + more, "Y, mask")
-    key = _monte_carlo_key(key, [b for b in model.blocks if b.likelihood.num_outcomes is not None],
-                           "vj.factor.impute")
+    or mean (Gaussian, Poisson): a JAX array of shape (N, D). ``post``: a `FactorPosterior`; ``key`` as
+    for `probabilities`."""
+    owner = "vj.factor.impute"
+    model, q = _fitted(owner, post)
+    key = _monte_carlo_key(key, [b for b in model.blocks if b.likelihood.num_outcomes is not None], owner)
     Y = np.array(Y, dtype=float)
     mask = np.asarray(mask, bool)
     for i, block in enumerate(model.blocks):

@@ -1,19 +1,24 @@
-"""The layout of a multi-class GP: integer labels, one kernel per class, and the class-wise prior.
+"""The multi-class GP model shared by nested EP and the softmax bounds, and its layout helpers.
 
-Shared by the multi-class models (`vj.gp.multiclass`: nested EP and stick-breaking; `vj.gp.softmax`).
-C classes over N inputs, one latent function per class, f_c ~ GP(0, K_c) independently.
+C classes over N inputs, one latent function per class, f_c ~ GP(0, K_c) independently, integer
+labels 0 … C − 1. `MulticlassModel` (built by `vj.gp.multiclass.model`) carries the kernels, inputs
+and labels; `vj.gp.multiclass.NestedEP` (multinomial probit) and `vj.gp.softmax.SoftmaxBound`
+(multinomial logit) both fit it through `vj.infer`. The stick-breaking model (`vj.gp.multiclass`)
+shares the label checks.
 """
 
 from __future__ import annotations
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._checks import is_concrete
+from .. import _checks
 from .kernels import AbstractKernel
+from .models import DEFAULT_JITTER
 
-__all__ = ["class_labels", "class_kernels", "class_prior_covariances", "same_arrays"]
+__all__ = ["MulticlassModel", "model", "class_labels", "class_kernels", "class_prior_covariances"]
 
 
 def class_labels(labels, n, num_classes, owner):
@@ -22,12 +27,12 @@ def class_labels(labels, n, num_classes, owner):
     Raises a ValueError naming ``owner`` for a ``num_classes`` below 2, a wrong shape, non-integer
     values or labels outside 0 … C − 1.
     """
-    if not (isinstance(num_classes, (int, np.integer)) and num_classes >= 2):
+    if not (isinstance(num_classes, (int, np.integer)) and not isinstance(num_classes, bool) and num_classes >= 2):
         raise ValueError(f"{owner}: `num_classes` must be an integer ≥ 2, got {num_classes!r}.")
     y = np.asarray(labels)
     if y.ndim != 1 or y.shape[0] != n:
         raise ValueError(f"{owner}: `labels` must have shape ({n},), one per row of X, got {y.shape}.")
-    if not (np.issubdtype(y.dtype, np.integer) or np.all(np.mod(y, 1) == 0)):
+    if not (np.issubdtype(y.dtype, np.integer) or (np.issubdtype(y.dtype, np.number) and np.all(np.mod(y, 1) == 0))):
         raise ValueError(f"{owner}: `labels` must be integer class indices in 0 … {num_classes - 1}.")
     y = y.astype(np.int64)
     if y.size and (y.min() < 0 or y.max() >= num_classes):
@@ -45,20 +50,102 @@ def class_kernels(kernel, num_classes, owner):
     return kernels
 
 
-def class_prior_covariances(kernel, X, num_classes, jitter, owner):
+def class_prior_covariances(kernels, X, jitter):
     """K_c(X) + jitter·I stacked over the classes: shape ``(C, N, N)`` for X of shape ``(N, d)``."""
-    kernels = class_kernels(kernel, num_classes, owner)
     eye = jnp.eye(X.shape[0], dtype=X.dtype)
     return jnp.stack([k(X) + jitter * eye for k in kernels])
 
 
-def same_arrays(a, b) -> bool:
-    """Whether two pytrees (kernels, inputs) have the same structure and equal leaves; True when either
-    holds tracers, which cannot be compared. Checks a deprecated prediction call form's kernel and X
-    against those a fit recorded."""
-    if jax.tree_util.tree_structure(a) != jax.tree_util.tree_structure(b):
-        return False
-    if not is_concrete(a, b):
-        return True
-    return all(np.shape(x) == np.shape(y) and np.array_equal(np.asarray(x), np.asarray(y))
-               for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)))
+class MulticlassModel(eqx.Module):
+    """A multi-class GP classifier's data and prior: C latent functions f_c ~ GP(0, K_c) over N inputs.
+
+    The latent vector is f = (f_1(x_1), …, f_1(x_N), …, f_C(x_N)), class-major, of dimension
+    ``dim`` = C·N. Fit it with `vj.infer` and `vj.gp.multiclass.NestedEP()` (multinomial probit) or
+    `vj.gp.softmax.SoftmaxBound(bound)` (multinomial logit); both posteriors are over f. Build it
+    with `vj.gp.multiclass.model`.
+
+    **Fields:** `kernels` (one `vj.gp.kernels` kernel per class; leaves, so ``jax.grad`` of a fit's
+    ``log_z`` differentiates through them), `X` ``(N, d)``, `labels` ``(N,)`` integers, `jitter`
+    (added to each K_c's diagonal) and the static `num_classes` C.
+    """
+
+    kernels: tuple[AbstractKernel, ...]
+    X: jax.Array
+    labels: jax.Array
+    jitter: jax.Array
+    num_classes: int = eqx.field(static=True)
+
+    @property
+    def num_inputs(self) -> int:
+        """N, the number of training inputs."""
+        return self.X.shape[0]
+
+    @property
+    def dim(self) -> int:
+        """C·N, the dimension of the latent vector f."""
+        return self.num_classes * self.X.shape[0]
+
+    @property
+    def dtype(self):
+        return self.X.dtype
+
+    def prior_covariances(self):
+        """K_c(X) + jitter·I for every class: ``(C, N, N)``."""
+        return class_prior_covariances(self.kernels, self.X, self.jitter)
+
+    def onehot(self):
+        """The labels one-hot, ``(N, C)`` in the working dtype."""
+        return jax.nn.one_hot(self.labels, self.num_classes, dtype=self.dtype)
+
+
+def _as_arrays(kernel, dtype):
+    """The kernel with its numeric parameters as arrays of the working dtype (Python numbers and weakly typed
+    scalars included), so that kernels with other hyperparameter values reuse a fit's program."""
+    def cast(x):
+        if isinstance(x, (float, int)) and not isinstance(x, bool):
+            return jnp.asarray(x, dtype)
+        if isinstance(x, (jax.Array, np.ndarray)) and jnp.issubdtype(x.dtype, jnp.floating):
+            return jnp.asarray(x, dtype)
+        return x
+
+    return jax.tree_util.tree_map(cast, kernel)
+
+
+def model(kernel, X, labels, num_classes: int, jitter: float = DEFAULT_JITTER) -> MulticlassModel:
+    """A multi-class GP classifier: C latent functions f_c ~ GP(0, K_c + jitter·I) over the inputs X.
+
+    **Arguments:**
+
+    - `kernel`: a `vj.gp.kernels` kernel shared by every class, or a sequence of ``num_classes``
+      kernels (one per class).
+    - `X`: inputs ``(N, d)`` or ``(N,)``; `labels`: integer classes in 0 … C − 1, shape ``(N,)``.
+    - `num_classes`: C ≥ 2 (classes without training points are allowed).
+    - `jitter`: added to the diagonal of each K_c.
+
+    Returns a `MulticlassModel`; fit it with ``vj.infer(model, vj.gp.multiclass.NestedEP())`` or
+    ``vj.infer(model, vj.gp.softmax.SoftmaxBound("log"))``. (The stick-breaking classifier, a
+    `vj.LatentLinearModel` for every method, is `vj.gp.multiclass.stick_breaking_model`, with the
+    same leading arguments.)
+    """
+    owner = "vj.gp.multiclass.model"
+    X = _checks.as_inputs(X, owner)
+    y = class_labels(labels, X.shape[0], num_classes, owner)
+    kernels = tuple(_as_arrays(k, X.dtype) for k in class_kernels(kernel, num_classes, owner))
+    jitter = _checks.as_float_array("jitter", jitter, owner)
+    if jitter.ndim != 0:
+        raise ValueError(f"{owner}: `jitter` must be a scalar, got shape {jitter.shape}.")
+    if _checks.is_concrete(jitter) and not (np.isfinite(float(jitter)) and float(jitter) >= 0):
+        raise ValueError(f"{owner}: `jitter` must be a finite number ≥ 0, got {float(jitter)!r}.")
+    return MulticlassModel(kernels, X, jnp.asarray(y), jitter.astype(X.dtype), int(num_classes))
+
+
+def check_model(method_name, model):
+    """Raise a `ValueError` unless ``model`` is a `MulticlassModel` (what ``method_name`` fits)."""
+    if isinstance(model, MulticlassModel):
+        return
+    hint = ""
+    if hasattr(model, "layout") and hasattr(model, "ordering"):
+        hint = (" A stick-breaking model is a vj.LatentLinearModel: fit it with vj.GKL(), vj.EP() or any "
+                "method of vj.infer.")
+    raise ValueError(f"infer: vj.{method_name} fits a multi-class GP model, built by "
+                     f"vj.gp.multiclass.model(kernel, X, labels, num_classes); got {type(model).__name__}.{hint}")

@@ -1,12 +1,19 @@
 """Multi-class GP classification with the softmax (multinomial-logit) likelihood and its local bounds.
 
-C classes, f_c ~ GP(0, K_c) independently, p(y_i = c | f_i) = softmax(f_i)_c. Only the differences
-η_ik = f_ik − f_i0 (k = 1 … C−1) enter the likelihood, which is `vj.factor.Multinomial` with η_0 = 0,
-so the model is a latent Gaussian model with one "data point": the latents are the whitened values
-f̃ with f_c = L_c f̃_c (K_c + εI = L_c L_cᵀ), prior N(0, I) (no K⁻¹ is ever formed), and column i's
-loadings map f̃ to (η_i1 … η_i,C−1). `fit` runs the factor model's E-step — monotone ascent of the
-bound, with the covariance by natural-gradient steps and the mean by Newton steps (``newton=True``:
-the bounds' own curvature in m̃, which their fixed-point curvature only majorises)
+C classes, f_c ~ GP(0, K_c) independently, p(y_i = c | f_i) = softmax(f_i)_c: the multi-class GP model
+of `vj.gp.multiclass.model`, fitted here by `SoftmaxBound` through `vj.infer`:
+
+    model = vj.gp.multiclass.model(kernel, X, labels, num_classes)
+    post = vj.infer(model, vj.gp.softmax.SoftmaxBound("log"))      # post.log_z: a lower bound
+    p = vj.gp.softmax.predict_proba(post, X_test, key=key)          # (T, C), Monte Carlo
+
+Only the differences η_ik = f_ik − f_i0 (k = 1 … C−1) enter the likelihood, which is
+`vj.factor.Multinomial` with η_0 = 0, so the model is a latent Gaussian model with one "data point":
+the latents are the whitened values f̃ with f_c = L_c f̃_c (K_c + εI = L_c L_cᵀ), prior N(0, I) (no K⁻¹
+is ever formed), and column i's loadings map f̃ to (η_i1 … η_i,C−1). The fit is the factor model's
+E-step — monotone ascent of the bound, with the covariance by natural-gradient steps and the mean by
+Newton steps (``newton=True``: the bounds' own curvature in m̃, which their fixed-point curvature only
+majorises)
 
     log Z ≥ −KL(q(f̃) ‖ N(0, I)) + Σ_i f̲(y_i, m̃_i, Ṽ_i)
 
@@ -16,47 +23,32 @@ and `predict_proba` averages the softmax over q's predictive at test inputs by M
 
 from __future__ import annotations
 
-import warnings
-
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jax.scipy.linalg import solve_triangular
+import numpy as np
+from jax.scipy.linalg import block_diag, cho_solve, solve_triangular
 
 from .. import _checks
-from ..posterior import Diagnostics
-from ..factor import Block, FactorModel, Multinomial, e_step, initial_posteriors
-from ._layout import class_kernels as _kernels, class_labels as _labels, class_prior_covariances as _prior_covariances
-from ._layout import same_arrays
-from .kernels import AbstractKernel
+from ..covariance import CholeskyFactor
+from ..factor import Block, FactorModel, Multinomial, elbo_point
+from ..factor.em import Posteriors, e_step_run
+from ..methods import AbstractMethod
+from ..posterior import Diagnostics, Posterior
+from ._layout import MulticlassModel, check_model as _check_model
 
-__all__ = ["SoftmaxFit", "fit", "predict", "predict_proba"]
+__all__ = ["SoftmaxBound", "SoftmaxState", "BOUNDS", "predict", "predict_proba"]
+
+BOUNDS = ("bohning", "log", "tilted", "pos")
 
 
-class SoftmaxFit(eqx.Module):
-    """q(f̃) = N(mean, cov) over the whitened latents (class-major, C·N), the bound ``log_z`` (a
-    scalar), the prior Cholesky factors ``chol`` (C, N, N), the E-step's ``diagnostics`` (a
-    `vj.Diagnostics`: ``iterations``, ``converged``; ``objective_trace`` holds the final bound only,
-    as the E-step keeps no trace; ``stationarity`` and ``grad_norm`` are not computed, NaN), and what
-    prediction needs: the C class ``kernels`` and the inputs ``X`` (N, d)."""
+class SoftmaxState(eqx.Module):
+    """The State of `SoftmaxBound`: q(f̃) = N(mean, cov) over the whitened latents f̃ (class-major, C·N),
+    with ``precision`` = cov⁻¹. The cold start is the prior, N(0, I)."""
 
     mean: jax.Array
     cov: jax.Array
-    chol: jax.Array
-    log_z: jax.Array
-    diagnostics: Diagnostics
-    kernels: tuple
-    X: jax.Array
-
-    @property
-    def iterations(self):
-        """E-step iterations (``diagnostics.iterations``)."""
-        return self.diagnostics.iterations
-
-    @property
-    def converged(self):
-        """Whether the E-step converged (``diagnostics.converged``)."""
-        return self.diagnostics.converged
+    precision: jax.Array
 
 
 def _loadings(chol, num_classes):
@@ -69,92 +61,162 @@ def _loadings(chol, num_classes):
     return blocks.reshape(n, c - 1, c * n)
 
 
-def fit(kernel, X, labels, num_classes: int, bound: str = "log", jitter: float = 1e-6, max_iter: int = 500,
-        tol: float = 1e-9) -> SoftmaxFit:
-    """Fit q(f) under the softmax likelihood with ``bound`` ("bohning", "log", "tilted" or "pos").
-
-    ``max_iter`` and ``tol`` are those of the E-step (`vj.factor.e_step`: q within ``tol`` of its
-    optimum in units of its marginal standard deviations).
-
-    ``kernel`` is one kernel shared by the classes or a sequence of C kernels; ``labels`` are integers
-    0 … C−1.
-    """
-    owner = "vj.gp.softmax.fit"
-    X = _checks.as_inputs(X, owner)
-    n = X.shape[0]
-    y = _labels(labels, n, num_classes, owner)
-    chol = jnp.linalg.cholesky(_prior_covariances(kernel, X, num_classes, jitter, owner))
-    mean, cov, log_z, diagnostics = _fit(chol, jnp.asarray(y, X.dtype), Multinomial(num_classes, bound), max_iter, tol)
-    return SoftmaxFit(mean, cov, chol, log_z, diagnostics, tuple(_kernels(kernel, num_classes, owner)), X)
-
-
-@eqx.filter_jit
-def _fit(chol, y, likelihood, max_iter, tol):
+def _factor_model(chol, likelihood):
+    """The one-point factor model over the whitened latents: prior N(0, I), one column per input."""
     num_classes, n = chol.shape[0], chol.shape[1]
     latent = num_classes * n
-    block = Block(tuple(range(n)), likelihood, _loadings(chol, num_classes), jnp.zeros((n, num_classes - 1), chol.dtype))
-    model = FactorModel(jnp.zeros(latent, chol.dtype), jnp.eye(latent, dtype=chol.dtype), (block,),
-                        learn_prior=False, learn_loadings=False)
-    q = e_step(model, y[None], jnp.ones((1, n), bool), initial_posteriors(model, 1), max_iter, tol, newton=True)
-    log_z, nan = q.bound[0], jnp.asarray(jnp.nan, chol.dtype)
-    diagnostics = Diagnostics(iterations=q.iterations[0], converged=q.converged[0], stationarity=nan, grad_norm=nan,
-                              objective_trace=log_z[None], num_value_evals=q.iterations[0],
-                              num_grad_evals=q.iterations[0], num_hvp_evals=jnp.zeros((), q.iterations.dtype),
-                              method="softmax", solver="E-step (Newton)")
-    return q.mean[0], q.cov[0], log_z, diagnostics
+    block = Block(tuple(range(n)), likelihood, _loadings(chol, num_classes),
+                  jnp.zeros((n, num_classes - 1), chol.dtype))
+    return FactorModel(jnp.zeros(latent, chol.dtype), jnp.eye(latent, dtype=chol.dtype), (block,),
+                       learn_prior=False, learn_loadings=False)
 
 
-def _legacy(result, args, owner, new_form):
-    """``(X_test, rest)`` from a call ``f(result, X_test, ...)`` or the deprecated ``f(result, kernel, X, X_test, ...)``."""
-    if not isinstance(args[0], AbstractKernel):
-        return args[0], args[1:]
-    warnings.warn(f"{owner}(result, kernel, X, X_test, ...) is deprecated: the fit records its kernels and inputs, "
-                  f"so call {new_form}.", DeprecationWarning, stacklevel=3)
-    kernels = tuple(_kernels(args[0], len(result.kernels), owner))
-    if not (same_arrays(kernels, result.kernels) and same_arrays(_checks.as_inputs(args[1], owner), result.X)):
-        raise ValueError(f"{owner}: `kernel` or `X` differ from those the fit recorded; call {new_form}.")
-    return args[2], args[3:]
+class SoftmaxBound(AbstractMethod):
+    """The softmax multi-class GP by a local bound on ⟨log softmax⟩ (Khan thesis ch. 5).
+
+    ``vj.infer(vj.gp.multiclass.model(kernel, X, labels, C), vj.gp.softmax.SoftmaxBound("log"))`` returns a
+    `vj.Posterior` over the class-major latent f (``(C·N,)``, a full `vj.covariance.CholeskyFactor`),
+    whose ``log_z`` is the bound −KL(q ‖ prior) + Σ_i f̲(y_i, q) at its optimum: a lower bound on the
+    softmax model's log p(y | X), differentiable in the kernels (envelope theorem). ``post.state`` is
+    the `SoftmaxState` (q over the whitened latents), so ``init=post`` restarts where the fit ended;
+    another method's posterior of the same model (e.g. `vj.gp.multiclass.NestedEP`'s) converts.
+
+    **Arguments:**
+
+    - `bound`: ``"bohning"``, ``"log"`` (default), ``"tilted"`` (full-covariance tilted) or ``"pos"``
+      (product of sigmoids); static.
+    - `tol`: q within ``tol`` of its optimum, in units of its marginal standard deviations (traced).
+    - `max_iter`: most E-step iterations (static).
+
+    **Diagnostics:** `iterations`, `converged`, `stationarity` (the extrapolated distance of q from the
+    optimum), `grad_norm` (max |∂bound/∂m̃| at the end), `objective_trace` (the bound at the start and
+    after each iteration, NaN-padded to ``max_iter + 1``), method ``"SoftmaxBound"``, solver
+    ``"E-step (Newton)"``.
+    """
+
+    bound: str = eqx.field(static=True, default="log")
+    tol: float = 1e-9
+    max_iter: int = eqx.field(static=True, default=500)
+
+    def __check_init__(self):
+        if self.bound not in BOUNDS:
+            raise ValueError(f"SoftmaxBound: `bound` must be one of {BOUNDS}, got {self.bound!r}.")
+        if _checks.is_concrete(self.tol) and not self.tol >= 0:
+            raise ValueError(f"SoftmaxBound: `tol` must be a non-negative number, got {self.tol!r}.")
+        if not (isinstance(self.max_iter, int) and not isinstance(self.max_iter, bool) and self.max_iter >= 1):
+            raise ValueError(f"SoftmaxBound: `max_iter` must be a positive integer, got {self.max_iter!r}.")
+
+    # ------------------------------------------------------------------------------ the state contract
+
+    def check_model(self, model) -> None:
+        _check_model("gp.softmax.SoftmaxBound", model)
+
+    def init_state(self, model: MulticlassModel) -> SoftmaxState:
+        eye = jnp.eye(model.dim, dtype=model.dtype)
+        return SoftmaxState(jnp.zeros(model.dim, model.dtype), eye, eye)
+
+    def from_gaussian(self, model: MulticlassModel, mean, factor) -> SoftmaxState:
+        """q over f = N(mean, S) in the whitened coordinates: m̃ = L⁻¹m, Ṽ = L⁻¹SL⁻ᵀ (L = blkdiag L_c)."""
+        chol = jnp.linalg.cholesky(jax.lax.stop_gradient(model.prior_covariances()))
+        L = block_diag(*chol)
+        mean_w = solve_triangular(L, mean, lower=True)
+        A = solve_triangular(L, factor.dense(), lower=True)
+        cov = solve_triangular(L, A.T, lower=True)
+        cov = 0.5 * (cov + cov.T)
+        precision = cho_solve((jnp.linalg.cholesky(cov), True), jnp.eye(cov.shape[0], dtype=cov.dtype))
+        return SoftmaxState(mean_w, cov, 0.5 * (precision + precision.T))
+
+    def from_expansion(self, model, expansion):
+        raise ValueError("SoftmaxBound: a start from a point w does not apply (the multi-class GP model has no site "
+                         "expansion); start from None, a posterior of this model (any method) or a SoftmaxState.")
+
+    def is_state(self, model, state) -> bool:
+        d = model.dim
+        return (isinstance(state, SoftmaxState) and jnp.shape(state.mean) == (d,) and jnp.shape(state.cov) == (d, d)
+                and jnp.shape(state.precision) == (d, d))
+
+    def to_state(self, model, init):
+        """``init`` as a State: a `SoftmaxState`, a `SoftmaxBound` posterior (its state), or another method's
+        posterior of a model of the same shapes (converted from its mean and covariance, `from_gaussian`)."""
+        if isinstance(init, (jax.Array, np.ndarray)):
+            raise ValueError("SoftmaxBound: an array `init` (a point w) does not apply to the multi-class GP model; "
+                             "start from None, a posterior of this model (any method) or a SoftmaxState.")
+        return super().to_state(model, init)
+
+    # ------------------------------------------------------------------------------ the fit
+
+    def solve(self, model: MulticlassModel, state: SoftmaxState) -> Posterior:
+        num_classes, n = model.num_classes, model.num_inputs
+        chol = jnp.linalg.cholesky(model.prior_covariances())  # live: the bound is differentiated through it
+        frozen = jax.lax.stop_gradient(chol)
+        likelihood = Multinomial(num_classes, self.bound)
+        y = jax.lax.stop_gradient(model.labels).astype(model.dtype)[None]
+        mask = jnp.ones((1, n), bool)
+        state = jax.lax.stop_gradient(state)
+        q0 = Posteriors(state.mean[None], state.cov[None], state.precision[None], jnp.full(1, -jnp.inf, model.dtype),
+                        jnp.zeros(1, jnp.int32), jnp.zeros(1, bool))
+        q, extras = e_step_run(_factor_model(frozen, likelihood), y, mask, q0, self.max_iter, self.tol, newton=True,
+                               record=True)
+        mean_w, cov_w = jax.lax.stop_gradient((q.mean[0], q.cov[0]))
+        # Envelope theorem: at q's optimum the bound's derivative in the kernels at fixed q is the total one.
+        log_z = elbo_point(_factor_model(chol, likelihood), y[0], mask[0], mean_w, cov_w)
+        iterations = q.iterations[0]
+        trace = extras.trace[0].at[iterations].set(jax.lax.stop_gradient(log_z))
+        diagnostics = Diagnostics(
+            iterations=iterations, converged=q.converged[0], stationarity=extras.distance[0],
+            grad_norm=extras.grad_norm[0], objective_trace=trace, num_value_evals=iterations + 1,
+            num_grad_evals=iterations + 1, num_hvp_evals=jnp.zeros((), iterations.dtype), method="SoftmaxBound",
+            solver="E-step (Newton)")
+        # q over f: f_c = L_c f̃_c, so m = L m̃ and S = L Ṽ Lᵀ = (C̃ Lᵀ)ᵀ(C̃ Lᵀ), C̃ upper with Ṽ = C̃ᵀC̃.
+        L = block_diag(*frozen)
+        upper = jnp.linalg.cholesky(cov_w).T @ L.T
+        factor = CholeskyFactor.from_matrix(upper).canonical()
+        return Posterior(L @ mean_w, factor, log_z, diagnostics, model, bound_claim=True,
+                         state=SoftmaxState(mean_w, cov_w, jax.lax.stop_gradient(q.precision[0])))
 
 
-def predict(result: SoftmaxFit, X_test, *legacy):
-    """Predictive latent means (M, C) and covariances (M, C, C) at ``X_test``, under the kernels and
-    inputs the fit records. (The form ``predict(result, kernel, X, X_test)`` is deprecated.)"""
+# ----------------------------------------------------------------------------------------------
+# Prediction
+
+
+def _fitted(post, owner):
+    if not (isinstance(post, Posterior) and isinstance(post.model, MulticlassModel)
+            and isinstance(post.state, SoftmaxState)):
+        raise ValueError(f"{owner}: `post` must be the posterior of vj.infer(vj.gp.multiclass.model(...), "
+                         f"vj.gp.softmax.SoftmaxBound(...)), got {type(post).__name__}"
+                         f"{' of ' + type(post.model).__name__ if isinstance(post, Posterior) else ''}.")
+    return post
+
+
+def predict(post: Posterior, X_test):
+    """Predictive latent means (T, C) and covariances (T, C, C) at ``X_test`` (T, d), under the kernels and
+    inputs of ``post.model``."""
     owner = "vj.gp.softmax.predict"
-    X_test, rest = _legacy(result, (X_test,) + legacy, owner, "vj.gp.softmax.predict(result, X_test)")
-    if rest:
-        raise ValueError(f"{owner}: takes (result, X_test).")
-    return _predict(result, _checks.as_inputs(X_test, owner))
+    return _predict(_fitted(post, owner), _checks.as_inputs(X_test, owner))
 
 
-def _predict(result, X_test):
-    kernels, X = result.kernels, result.X
-    num_classes, n = result.chol.shape[0], result.chol.shape[1]
+def _predict(post, X_test):
+    model, state = post.model, post.state
+    kernels, X = model.kernels, model.X
+    num_classes, n = model.num_classes, model.num_inputs
+    chol = jnp.linalg.cholesky(model.prior_covariances())
     # A_c = K_*c L_c⁻ᵀ maps the whitened f̃_c to the conditional mean of f_*c.
-    A = jnp.stack([solve_triangular(result.chol[c], k(X, X_test), lower=True).T for c, k in enumerate(kernels)])
-    m = result.mean.reshape(num_classes, n)
-    V = result.cov.reshape(num_classes, n, num_classes, n)
+    A = jnp.stack([solve_triangular(chol[c], k(X, X_test), lower=True).T for c, k in enumerate(kernels)])
+    m = state.mean.reshape(num_classes, n)
+    V = state.cov.reshape(num_classes, n, num_classes, n)
     mean = jnp.einsum("cmn,cn->mc", A, m)
     cov = jnp.einsum("cmn,cndo,dmo->mcd", A, V, A)
     prior_var = jnp.stack([k.diagonal(X_test) for k in kernels], -1) - jnp.sum(A**2, -1).T
     return mean, cov + jax.vmap(jnp.diag)(prior_var)
 
 
-def predict_proba(result: SoftmaxFit, X_test, *legacy, key=None, num_samples: int = 4000):
-    """Class probabilities (M, C), a JAX array: ⟨softmax(f_*)⟩ under the predictive Gaussian, by Monte
-    Carlo with ``num_samples`` draws from ``key`` (a `jax.random` key; calling without one is
-    deprecated: it warns and uses ``jax.random.PRNGKey(0)``). (The form ``predict_proba(result,
-    kernel, X, X_test)`` is deprecated.)"""
+def predict_proba(post: Posterior, X_test, *, key, num_samples: int = 4000):
+    """Class probabilities (T, C), a JAX array: ⟨softmax(f_*)⟩ under the predictive Gaussian, by Monte
+    Carlo with ``num_samples`` draws from ``key`` (a `jax.random` key; required)."""
     owner = "vj.gp.softmax.predict_proba"
-    X_test, rest = _legacy(result, (X_test,) + legacy, owner, "vj.gp.softmax.predict_proba(result, X_test, key=key)")
-    if len(rest) > 1:
-        raise ValueError(f"{owner}: takes (result, X_test, key=...).")
-    key = rest[0] if rest else key
     if key is None:
-        warnings.warn("vj.gp.softmax.predict_proba: pass `key=jax.random.PRNGKey(...)`; the probabilities are a "
-                      "Monte Carlo estimate, and calling without a key (a fixed PRNGKey(0)) is deprecated and "
-                      "will raise.", DeprecationWarning, stacklevel=2)
-        key = jax.random.PRNGKey(0)
-    mean, cov = _predict(result, _checks.as_inputs(X_test, owner))
+        raise ValueError(f"{owner}: pass `key=jax.random.PRNGKey(...)`: the probabilities are a Monte Carlo estimate.")
+    mean, cov = _predict(_fitted(post, owner), _checks.as_inputs(X_test, owner))
     chol = jnp.linalg.cholesky(cov + 1e-10 * jnp.eye(cov.shape[-1], dtype=cov.dtype))
     eps = jax.random.normal(key, (num_samples,) + mean.shape, mean.dtype)
     samples = mean + jnp.einsum("mcd,smd->smc", chol, eps)

@@ -1,29 +1,35 @@
-"""Multi-class GP classification: two models, C classes over N inputs, integer labels 0 … C − 1.
+"""Multi-class GP classification: C classes over N inputs, integer labels 0 … C − 1.
 
-- `probit`: the multinomial-probit likelihood by nested EP (Riihimäki, Jylänki & Vehtari 2013):
-  `nested_ep` → `NestedEPResult`, `predict`, `predict_proba` (``rule="ep"`` or ``"quadrature"``),
-  `tilted_moments`, `nested_ep_log_z`, `posterior_covariance`, `multinomial_probit_log_likelihood`.
-- `stick_breaking`: Khan's stick-breaking logistic likelihood as a `vj.LatentLinearModel` for every
-  method of `vj.infer`: `stick_breaking_model` → `StickBreakingModel`, `stick_breaking_predict`,
-  `stick_breaking_proba`, `stick_breaking_probabilities`.
+One model, several likelihoods and methods, all through `vj.infer`:
 
-Both record their layout (kernels, X, labels, C, the stick ordering), so predictions take
-``(fit, X_test)``:
+- `model(kernel, X, labels, num_classes)` → `MulticlassModel`: C latent functions f_c ~ GP(0, K_c),
+  the kernels, inputs and labels recorded. Fit it with `NestedEP()` (the multinomial probit by
+  nested EP, Riihimäki, Jylänki & Vehtari 2013: a `NestedEPPosterior`, `predict`, `predict_proba`
+  with ``rule="ep"`` or ``"quadrature"``) or with `vj.gp.softmax.SoftmaxBound(bound)` (the softmax
+  likelihood by local bounds; `vj.gp.softmax.predict_proba`).
+- `stick_breaking_model(kernel, X, labels, num_classes)` → `StickBreakingModel`: Khan's stick-breaking
+  logistic likelihood as a `vj.LatentLinearModel`, for every method of `vj.infer`;
+  `stick_breaking_predict`, `stick_breaking_proba`, `stick_breaking_probabilities`.
 
-    result = vj.gp.multiclass.nested_ep(kernel, X, labels, num_classes)
-    p = vj.gp.multiclass.predict_proba(result, X_test)                # (T, C)
+Every posterior records its model, so predictions take ``(post, X_test)``:
+
+    model = vj.gp.multiclass.model(kernel, X, labels, num_classes)
+    post = vj.infer(model, vj.gp.multiclass.NestedEP())
+    p = vj.gp.multiclass.predict_proba(post, X_test)                  # (T, C)
 
     post = vj.infer(vj.gp.multiclass.stick_breaking_model(kernel, X, labels, num_classes), vj.GKL())
     p = vj.gp.multiclass.stick_breaking_proba(post, X_test)           # (T, C)
 
-The softmax likelihood is `vj.gp.softmax`.
+Also: `tilted_moments` (the inner EP for one cavity), `energy` (nested EP's log Z at given sites, a
+pure function of the model), `multinomial_probit_log_likelihood`.
 """
 
 from . import probit, stick_breaking
+from .._layout import MulticlassModel, model
 from .probit import *  # noqa: F403 (the public names of each model, listed in its __all__)
 from .stick_breaking import *  # noqa: F403
 
-__all__ = ["probit", "stick_breaking", *probit.__all__, *stick_breaking.__all__]
+__all__ = ["model", "MulticlassModel", "probit", "stick_breaking", *probit.__all__, *stick_breaking.__all__]
 
 
 def __dir__():

@@ -36,19 +36,27 @@ approximation's f-marginal *is* q(f_i), and u_i | f_i is Gaussian with precision
 cavity is ever formed). Its fixed points are those of nested EP with converged inner EPs, and
 `log_z` is the EP energy (Jylänki eqs. 2.42/2.45) of the augmented model, which equals the nested
 energy there; it is stationary in the sites, so ``jax.grad`` of `log_z` in the kernel
-hyperparameters is the total derivative (`nested_ep_log_z`). `tilted_moments` runs one full
+hyperparameters is the total derivative (`energy`). `tilted_moments` runs one full
 inner EP (sequential over the C − 1 factors) for a given cavity; `predict_proba` uses it at each
 test input with the predictive N(μ_*, Σ_*) as the cavity (the EP estimate of the orthant
 probability), or a 1-D Gauss–Hermite rule (``rule=``).
 
 The inner sites are updated by the EP maths of `vijax.methods.ep` (`cavity`, `site_step`, `moment_residual`,
-`log_normaliser`), as in `vj.EP`. `NestedEPResult` records the layout of the fit (the kernels, X,
-the labels and C), so predictions take ``(result, X_test)``.
+`log_normaliser`), as in `vj.EP`.
+
+**Use:** nested EP is a method of `vj.infer` on the multi-class GP model, which carries the kernels,
+inputs and labels; predictions take the posterior and the test inputs:
+
+    model = vj.gp.multiclass.model(kernel, X, labels, num_classes)
+    post = vj.infer(model, vj.gp.multiclass.NestedEP())          # a NestedEPPosterior over f
+    p = vj.gp.multiclass.predict_proba(post, X_test)             # (T, C)
+
+``post.state`` holds the inner sites (`NestedEPState`), so ``vj.infer(other_model, NestedEP(),
+init=post)`` starts a model of the same shapes (e.g. at neighbouring kernel hyperparameters) from them.
 """
 
 from __future__ import annotations
 
-import warnings
 from typing import NamedTuple
 
 import equinox as eqx
@@ -57,26 +65,27 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.linalg import block_diag, cho_solve, solve_triangular
 
+from ... import _checks
+from ...covariance import AbstractFactor
+from ...methods import AbstractMethod
 from ...methods.ep import cavity, log_normaliser, moment_residual, site_step
-from ...posterior import Diagnostics
-from ...solvers import iterate
+from ...posterior import Diagnostics, Posterior
 from ...potentials import Probit
 from ...quadrature import GaussHermite
-from .._layout import class_kernels, class_labels, class_prior_covariances, same_arrays
-from ... import _checks
-from ..._keywords import renamed
-from ..kernels import AbstractKernel
-from ..models import DEFAULT_JITTER
+from ...solvers import iterate
+from .._layout import MulticlassModel, check_model as _check_model
 
 __all__ = [
-    "NestedEPResult",
-    "nested_ep",
-    "nested_ep_log_z",
+    "NestedEP",
+    "NestedEPState",
+    "NestedEPPosterior",
+    "NestedEPInfo",
+    "NestedEPFactor",
+    "energy",
     "tilted_moments",
     "multinomial_probit_log_likelihood",
     "predict",
     "predict_proba",
-    "posterior_covariance",
     "RULES",
 ]
 
@@ -215,7 +224,7 @@ def _inner_ep(m0, V0, onehot, max_iter, tol, tau=None, nu=None):
     return _inner_energy(m0, V0, tau, nu, onehot, m, V), m, V, residual <= tol
 
 
-def tilted_moments(cavity_mean, cavity_cov, label, max_iter=100, tol=1e-10, *, max_sweeps=None):
+def tilted_moments(cavity_mean, cavity_cov, label, max_iter=100, tol=1e-10):
     """Normaliser and moments of p̂(f) ∝ N(f | m, V) p(y = label | f) by the inner EP of nested EP.
 
     **Arguments:**
@@ -223,15 +232,13 @@ def tilted_moments(cavity_mean, cavity_cov, label, max_iter=100, tol=1e-10, *, m
     - `cavity_mean`, `cavity_cov`: m, shape ``(C,)``, and V, shape ``(C, C)`` (positive definite).
     - `label`: the class y, an integer in 0 … C − 1.
     - `max_iter`, `tol`: at most ``max_iter`` sequential sweeps over the C − 1 probit factors, until
-      every factor's moment-matching residual is ≤ ``tol``. (`max_sweeps` is the deprecated name
-      of `max_iter`.)
+      every factor's moment-matching residual is ≤ ``tol``.
 
     **Returns:** ``(log_z, mean, cov, converged)``: the EP estimates of log Ẑ = log ∫ N(f | m, V)
     p(y | f) df (an orthant probability of a (C − 1)-dimensional Gaussian, which inner EP does not
     compute exactly), of the tilted mean ``(C,)`` and covariance ``(C, C)``. Cost O(C⁴) per sweep
     (C ≲ 20 is the intended range). Pure: ``jax.vmap`` it over sites.
     """
-    max_iter = renamed("vj.gp.multiclass.tilted_moments", "max_sweeps", "max_iter", max_sweeps, max_iter)
     m0 = jnp.asarray(cavity_mean)
     V0 = jnp.asarray(cavity_cov, m0.dtype)
     onehot = jax.nn.one_hot(label, m0.shape[0], dtype=m0.dtype)
@@ -299,68 +306,106 @@ def _evaluate(K, tau, nu, onehot):
 # Outer loop
 
 
-class NestedEPResult(eqx.Module):
-    """A nested-EP fit of a multinomial-probit GP classifier, with the layout it was fitted on.
+class NestedEPState(eqx.Module):
+    """The State of `NestedEP`: the inner sites exp(−½ τ_ij z² + ν_ij z) of every probit factor.
 
-    **Fields:**
+    ``tau`` and ``nu`` have shape ``(N, C)``; the entry of each input's own class is 0 (it is u itself,
+    in no factor). Zero sites are the cold start (q = the prior)."""
 
-    - `mean`: posterior latent means, shape ``(C, N)`` (class-major).
-    - `site_cov`: the C × C posterior covariance of f_i at each input, ``(N, C, C)``.
-    - `alpha`: K⁻¹ mean, ``(C, N)`` (predictive means are K(X_*, X) α per class).
-    - `E`, `chol_m`: E_c ``(C, N, N)`` and the Cholesky factor of M = Σ_c E_c ``(N, N)``
-      (predictive covariances, R&W Alg. 3.4).
-    - `prior_cov`: K_c + jitter·I, ``(C, N, N)``.
-    - `tau`, `nu`: the inner sites, ``(N, C)`` (0 at each input's own class); pass as ``init``.
-    - `log_z`: the EP energy, a scalar approximation of log p(y | X).
-    - `diagnostics`: a `vj.Diagnostics`: `iterations` (outer), `converged`, `stationarity` (the
-      largest moment-matching residual |m̂ − m|/√v + |log(v̂/v)| over the probit factors at the
-      returned sites), `grad_norm` (max |∂ log_z / ∂(τ, ν)| there: 0 at an EP fixed point, up to
-      O(tol)), `objective_trace` (the energy after each outer iteration, NaN-padded to
-      ``max_iter + 1``), `num_value_evals`, `num_grad_evals`, `num_hvp_evals`; method
-      ``"NestedEP"``, solver ``"parallel"``.
-    - `damping`: δ at the end; `skipped`: factor updates left out in the last iteration (improper
-      cavity or non-finite moments).
-    - The layout: `kernels` (one per class), `X` ``(N, d)``, `labels` ``(N,)`` and `num_classes` C,
-      so that `predict` and `predict_proba` need only the test inputs.
-
-    ``result.iterations``, ``.converged`` and ``.residual`` are deprecated names for
-    ``result.diagnostics.iterations``, ``.converged`` and ``.stationarity``.
-    """
-
-    mean: jax.Array
-    site_cov: jax.Array
-    alpha: jax.Array
-    E: jax.Array
-    chol_m: jax.Array
-    prior_cov: jax.Array
     tau: jax.Array
     nu: jax.Array
-    log_z: jax.Array
-    diagnostics: Diagnostics
+
+
+class NestedEPInfo(eqx.Module):
+    """What `NestedEP` reports beyond the common `Diagnostics` (``post.diagnostics.info``).
+
+    - `damping`: δ at the end (halved from the method's ``damping`` whenever the residual rose); scalar.
+    - `skipped`: factor updates left out in the last iteration (improper cavity or non-finite moments);
+      scalar int.
+    """
+
     damping: jax.Array
     skipped: jax.Array
-    kernels: tuple[AbstractKernel, ...]
-    X: jax.Array
-    labels: jax.Array
-    num_classes: int = eqx.field(static=True)
 
-    def _deprecated(self, old, new):
-        # stacklevel: this method, the property, two frames of equinox's __getattribute__, the caller
-        warnings.warn(f"NestedEPResult.{old} is deprecated; use result.diagnostics.{new}.", DeprecationWarning,
-                      stacklevel=5)
-        return getattr(self.diagnostics, new)
+    def __repr__(self):
+        if not _checks.is_concrete(self):
+            return super().__repr__()
+        return f"NestedEPInfo(damping={float(self.damping):.6g}, skipped={int(self.skipped)})"
+
+
+class NestedEPFactor(AbstractFactor):
+    """The covariance of nested EP's q(f) in its structured form (C·N × C·N, class-major, never stored):
+
+        Σ = K − KEK + KER M⁻¹ RᵀEK,     K = blkdiag(K_c), E = blkdiag(E_c), M = Σ_c E_c = L_M L_Mᵀ
+
+    (R&W Alg. 3.3). ``variances()`` costs O(C N²); ``dense()``, ``cholesky()``, ``logdet()``,
+    ``projected_variances`` and ``sample`` form Σ (small N·C only). Fields: ``prior_cov`` K_c
+    ``(C, N, N)``, ``E`` ``(C, N, N)`` and ``chol_m`` L_M ``(N, N)``.
+    """
+
+    prior_cov: jax.Array
+    E: jax.Array
+    chol_m: jax.Array
 
     @property
-    def iterations(self):
-        return self._deprecated("iterations", "iterations")
+    def dim(self) -> int:
+        return self.E.shape[0] * self.E.shape[1]
+
+    def _cross(self):
+        """G = L_M⁻¹ [E_1K_1 … E_CK_C] ``(N, C·N)``, so that the low-rank term is GᵀG."""
+        return solve_triangular(self.chol_m, _side_by_side(self.E @ self.prior_cov), lower=True)
+
+    def dense(self):
+        C = self.E.shape[0]
+        K = self.prior_cov
+        KEK = K @ self.E @ K
+        own = block_diag(*[K[c] - KEK[c] for c in range(C)])
+        G = self._cross()
+        return own + G.T @ G
+
+    def variances(self):
+        K = self.prior_cov
+        own = jnp.diagonal(K, axis1=-2, axis2=-1) - jnp.sum(K * (self.E @ K), axis=-2)  # diag(K − KEK), (C, N)
+        return own.reshape(-1) + jnp.sum(self._cross() ** 2, axis=0)
+
+    def projected_variances(self, projection):
+        return jnp.sum(projection.mv(self.cholesky().T) ** 2, axis=-1)
+
+    def logdet(self):
+        return 2 * jnp.sum(jnp.log(jnp.diag(self.cholesky())))
+
+    def canonical(self):
+        return self
+
+    def preconditioner(self, curvature):
+        raise ValueError("NestedEPFactor: nested EP's covariance is not a family a solver optimises.")
+
+
+class NestedEPPosterior(Posterior):
+    """A `vj.Posterior` of nested EP: q(f) = N(mean, Σ) over the class-major latent f, ``(C·N,)``.
+
+    Beyond the `Posterior` fields (``mean``; ``factor`` a `NestedEPFactor`, so ``covariance``,
+    ``std``, ``marginals``, ``sample`` work; ``log_z`` the EP energy, an approximation of
+    log p(y | X), not a bound; ``diagnostics``; ``model`` the `MulticlassModel`; ``state`` the
+    `NestedEPState`):
+
+    - `site_cov`: the C × C block of Σ at each input, ``(N, C, C)``;
+    - `alpha`: K⁻¹ mean, ``(C, N)`` (predictive means, R&W Alg. 3.4);
+    - `class_means` (a property): the mean as ``(C, N)``.
+    """
+
+    site_cov: jax.Array
+    alpha: jax.Array
+
+    def __init__(self, mean, factor, log_z, diagnostics, model, state, site_cov, alpha):
+        super().__init__(mean, factor, log_z, diagnostics, model, bound_claim=False, state=state)
+        self.site_cov = site_cov
+        self.alpha = alpha
 
     @property
-    def converged(self):
-        return self._deprecated("converged", "converged")
-
-    @property
-    def residual(self):
-        return self._deprecated("residual", "stationarity")
+    def class_means(self):
+        """The posterior mean of f as ``(C, N)``: row c is f_c at the training inputs."""
+        return self.mean.reshape(self.alpha.shape)
 
 
 class _Loop(NamedTuple):
@@ -371,167 +416,164 @@ class _Loop(NamedTuple):
     trace: jax.Array
 
 
-class _Fit(NamedTuple):
-    post: _Posterior
-    log_z: jax.Array
-    diagnostics: Diagnostics
-    tau: jax.Array
-    nu: jax.Array
-    damping: jax.Array
-    skipped: jax.Array
+_MIN_DAMPING = 0.05  # δ is halved when the residual rises, down to this (or the method's δ, if smaller)
 
 
-@eqx.filter_jit
-def _fit(K, onehot, tau, nu, damping, min_damping, tol, trace):
-    """Parallel incremental nested EP from sites (τ, ν), then the posterior and energy at the final sites.
+def energy(state: NestedEPState, model: MulticlassModel):
+    """The EP energy at the sites ``state`` (a pure, differentiable scalar function of the model).
 
-    δ halves (down to ``min_damping``) whenever the largest moment-matching residual rises, the
-    standard cure for oscillating parallel EP. The loop runs on stop_gradient(K); the energy is then
-    evaluated with the live K at the frozen sites, so its gradient is the total derivative. ``trace``
-    (NaN, shape ``(max_iter + 1,)``) receives the energy after each iteration.
+    At an EP fixed point the energy is stationary in the sites, so with the sites held fixed (e.g.
+    ``post.state`` of a converged fit), ``jax.grad`` in the model's kernels is d log Z_EP / dθ.
+    ``vj.infer(model, vj.gp.multiclass.NestedEP()).log_z`` is this at its final sites.
     """
-    frozen = jax.lax.stop_gradient(K)
-    max_iter = trace.shape[0] - 1
-
-    def step(k, state):
-        _, update, energy = _evaluate(frozen, state.tau, state.nu, onehot)
-        residual = jnp.max(update.residual)
-        delta = jnp.where(residual > state.residual, jnp.maximum(0.5 * state.damping, min_damping), state.damping)
-        tau = state.tau + delta * (update.tau - state.tau)
-        nu = state.nu + delta * (update.nu - state.nu)
-        return _Loop(tau, nu, residual, delta, state.trace.at[k].set(energy))
-
-    init = _Loop(tau, nu, jnp.asarray(jnp.inf, K.dtype), damping, trace)
-    loop, iterations = iterate(step, init, max_iter, lambda _, s: ~(s.residual > tol))  # NaN stops
-    sites = jax.lax.stop_gradient((loop.tau, loop.nu))
-    post, update, energy = _evaluate(K, *sites, onehot)
-    # The energy's gradient in the active sites (the own-class entries are no parameters): ~0 at a fixed point.
-    gradient = jax.grad(lambda t, n: _evaluate(frozen, t, n, onehot)[2], argnums=(0, 1))(*sites)
-    grad_norm = jnp.max(jnp.abs(jnp.where(onehot == 0, jnp.stack(gradient), 0.0)))
-    diagnostics = Diagnostics(
-        iterations=iterations, converged=loop.residual <= tol, stationarity=jnp.max(update.residual),
-        grad_norm=grad_norm, objective_trace=loop.trace.at[iterations].set(jax.lax.stop_gradient(energy)),
-        num_value_evals=iterations + 1, num_grad_evals=jnp.asarray(1), num_hvp_evals=jnp.asarray(0),
-        method="NestedEP", solver="parallel")
-    return _Fit(post, energy, diagnostics, loop.tau, loop.nu, loop.damping, update.skipped)
+    onehot = model.onehot()
+    return _evaluate(model.prior_covariances(), state.tau * (1 - onehot), state.nu * (1 - onehot), onehot)[2]
 
 
-def nested_ep_log_z(K, labels, tau, nu):
-    """The EP energy at sites (τ, ν) ``(N, C)`` as a function of the prior covariances K ``(C, N, N)``.
+class NestedEP(AbstractMethod):
+    """Nested EP for the multinomial-probit multi-class GP (Riihimäki, Jylänki & Vehtari 2013).
 
-    At an EP fixed point the energy is stationary in the sites, so with ``tau``, ``nu`` held fixed
-    (e.g. those of a `NestedEPResult`), ``jax.grad`` of this through K(θ) is d log Z_EP / dθ.
-    """
-    onehot = jax.nn.one_hot(labels, K.shape[0], dtype=K.dtype)
-    return _evaluate(K, tau, nu, onehot)[2]
-
-
-def nested_ep(kernel, X, labels, num_classes, damping=0.7, min_damping=0.05, tol=1e-8, max_iter=500,
-              jitter=DEFAULT_JITTER, init=None) -> NestedEPResult:
-    """Nested EP for multi-class GP classification with the multinomial-probit likelihood.
+    ``vj.infer(vj.gp.multiclass.model(kernel, X, labels, C), vj.gp.multiclass.NestedEP())`` returns a
+    `NestedEPPosterior`: q(f) over the class-major latent f, ``log_z`` the EP energy (an approximation
+    of log p(y | X) whose gradient in the kernels is the total derivative), a `vj.Diagnostics` and the
+    inner sites as ``post.state`` (`NestedEPState`; the cold start is zero sites).
 
     **Arguments:**
 
-    - `kernel`: a `vj.gp.kernels` kernel shared by every class (the paper's setting), or a sequence
-      of ``num_classes`` kernels.
-    - `X`: inputs ``(N, d)``; `labels`: integer classes in 0 … C − 1, shape ``(N,)``.
-    - `num_classes`: C ≥ 2 (classes without training points are allowed).
-    - `damping`: the initial δ ∈ (0, 1] of the parallel site updates; halved, down to `min_damping`,
-      whenever the largest moment-matching residual rises.
+    - `damping`: the initial δ ∈ (0, 1] of the parallel site updates; halved (down to 0.05, or δ if
+      smaller) whenever the largest moment-matching residual rises.
     - `tol`: converged when max_ij |m̂_ij − m_ij|/√v_ij + |log(v̂_ij/v_ij)| ≤ ``tol`` over the probit
-      factors (the energy's error is of order tol²); `max_iter`: most outer iterations (a new value
-      compiles the loop anew; new `tol` or `damping` values do not).
-    - `jitter`: added to each K_c's diagonal; `init`: a previous `NestedEPResult` (same N, C) to
-      warm-start from, e.g. at a neighbouring grid point of hyperparameters.
+      factors (the energy's error is of order tol²).
+    - `max_iter`: most outer iterations (static: it sizes the objective trace).
 
-    **Returns:** a `NestedEPResult`, which records the kernels, X and labels for `predict` and
-    `predict_proba`. One outer iteration costs O(C N³) (C Cholesky factorisations of N × N matrices
-    and one more of M) plus O(C² N²) for the per-input C × C covariances.
+    ``damping`` and ``tol`` are traced: new values reuse the compiled fit. One outer iteration costs
+    O(C N³) (C Cholesky factorisations of N × N matrices and one more of M) plus O(C² N²) for the
+    per-input C × C covariances.
+
+    **Diagnostics:** `iterations` (outer), `converged`, `stationarity` (the largest moment-matching
+    residual over the probit factors at the returned sites), `grad_norm` (max |∂ log_z / ∂(τ, ν)|
+    there: 0 at an EP fixed point, up to O(tol)), `objective_trace` (the energy at the start of each
+    outer iteration and at the end, NaN-padded to ``max_iter + 1``), evaluation counts, method
+    ``"NestedEP"``, solver ``"parallel"``, and `info` a `NestedEPInfo` (final δ, skipped updates).
     """
-    owner = "vj.gp.multiclass.nested_ep"
-    X = _checks.as_inputs(X, owner)
-    y = class_labels(labels, X.shape[0], num_classes, owner)
-    if not (0 < float(damping) <= 1 and 0 < float(min_damping) <= float(damping)):
-        raise ValueError(f"{owner}: need 0 < min_damping ≤ damping ≤ 1, got damping={damping}, "
-                         f"min_damping={min_damping}.")
-    if not (isinstance(max_iter, (int, np.integer)) and max_iter >= 1):
-        raise ValueError(f"{owner}: `max_iter` must be a positive integer, got {max_iter!r}.")
-    kernels = class_kernels(kernel, num_classes, owner)
-    K = class_prior_covariances(kernels, X, num_classes, jitter, owner)
-    onehot = jax.nn.one_hot(jnp.asarray(y), num_classes, dtype=K.dtype)
-    if init is None:
-        tau = nu = jnp.zeros_like(onehot)
-    else:
-        if init.tau.shape != onehot.shape:
-            raise ValueError(f"{owner}: `init` has sites of shape {init.tau.shape}, expected {onehot.shape}.")
-        tau, nu = init.tau * (1 - onehot), init.nu * (1 - onehot)
-    # Numbers as arrays, not static: fits with other tolerances or damping reuse the compiled loop.
-    settings = (jnp.asarray(float(v), K.dtype) for v in (damping, min_damping, tol))
-    fit = _fit(K, onehot, tau, nu, *settings, jnp.full((int(max_iter) + 1,), jnp.nan, K.dtype))
-    post = fit.post
-    return NestedEPResult(mean=post.mean, site_cov=post.site_cov, alpha=post.alpha, E=post.E, chol_m=post.chol_m,
-                          prior_cov=K, tau=fit.tau, nu=fit.nu, log_z=fit.log_z, diagnostics=fit.diagnostics,
-                          damping=fit.damping, skipped=fit.skipped, kernels=kernels, X=X, labels=jnp.asarray(y),
-                          num_classes=int(num_classes))
 
+    damping: float = 0.7
+    tol: float = 1e-8
+    max_iter: int = eqx.field(static=True, default=500)
 
-def posterior_covariance(result: NestedEPResult):
-    """The full posterior covariance Σ = K − KEK + KER M⁻¹ RᵀEK, ``(C·N, C·N)`` class-major (small N only)."""
-    C, n, _ = result.E.shape
-    K = result.prior_cov
-    KEK = K @ result.E @ K
-    own = block_diag(*[K[c] - KEK[c] for c in range(C)])
-    G = solve_triangular(result.chol_m, _side_by_side(result.E @ K), lower=True)
-    return own + G.T @ G
+    def __check_init__(self):
+        if _checks.is_concrete(self.damping) and not (0 < self.damping <= 1):
+            raise ValueError(f"NestedEP: `damping` must lie in (0, 1], got {self.damping!r}.")
+        if _checks.is_concrete(self.tol) and not self.tol > 0:
+            raise ValueError(f"NestedEP: `tol` must be positive, got {self.tol!r}.")
+        if not (isinstance(self.max_iter, (int, np.integer)) and not isinstance(self.max_iter, bool)
+                and self.max_iter >= 1):
+            raise ValueError(f"NestedEP: `max_iter` must be a positive integer, got {self.max_iter!r}.")
+
+    # ------------------------------------------------------------------------------ the state contract
+
+    def check_model(self, model) -> None:
+        _check_model("gp.multiclass.NestedEP", model)
+
+    def init_state(self, model: MulticlassModel) -> NestedEPState:
+        zeros = jnp.zeros((model.num_inputs, model.num_classes), model.dtype)
+        return NestedEPState(zeros, zeros)
+
+    def from_gaussian(self, model, mean, factor):
+        raise ValueError("NestedEP: its sites are not a function of another method's Gaussian; start from None "
+                         "(zero sites), a NestedEP posterior of a model of the same shapes, or its post.state.")
+
+    def from_expansion(self, model, expansion):
+        raise ValueError("NestedEP: a start from a point w does not apply (the multi-class GP model has no site "
+                         "expansion); start from None, a NestedEP posterior or its post.state.")
+
+    def is_state(self, model, state) -> bool:
+        shape = (model.num_inputs, model.num_classes)
+        return (isinstance(state, NestedEPState) and jnp.shape(state.tau) == shape
+                and jnp.shape(state.nu) == shape)
+
+    def to_state(self, model, init):
+        """``init`` as a State: a `NestedEPState` of these shapes, or a `NestedEPPosterior` (its state)."""
+        candidate = init.state if isinstance(init, Posterior) else init
+        if self.is_state(model, candidate):
+            return candidate
+        shape = (model.num_inputs, model.num_classes)
+        raise ValueError(f"NestedEP: `init` must be None, a NestedEP posterior of a model with N = {shape[0]} inputs "
+                         f"and C = {shape[1]} classes, or its post.state (a NestedEPState of shape {shape}); got "
+                         f"{type(init).__name__}.")
+
+    # ------------------------------------------------------------------------------ the fit
+
+    def solve(self, model: MulticlassModel, state: NestedEPState) -> NestedEPPosterior:
+        """Parallel incremental nested EP from the sites, then the posterior and energy at the final sites.
+
+        The loop runs on stop_gradient(K); the energy is then evaluated with the live K at the frozen
+        sites, so its gradient is the total derivative."""
+        K = model.prior_covariances()
+        frozen = jax.lax.stop_gradient(K)
+        onehot = jax.lax.stop_gradient(model.onehot())
+        active = 1 - onehot
+        tau, nu = jax.lax.stop_gradient((state.tau * active, state.nu * active))
+        floor = jnp.minimum(_MIN_DAMPING, self.damping)
+        trace = jnp.full((self.max_iter + 1,), jnp.nan, K.dtype)
+
+        def step(k, s: _Loop) -> _Loop:
+            _, update, value = _evaluate(frozen, s.tau, s.nu, onehot)
+            residual = jnp.max(update.residual)
+            delta = jnp.where(residual > s.residual, jnp.maximum(0.5 * s.damping, floor), s.damping)
+            tau = s.tau + delta * (update.tau - s.tau)
+            nu = s.nu + delta * (update.nu - s.nu)
+            return _Loop(tau, nu, residual, delta, s.trace.at[k].set(value))
+
+        init = _Loop(tau, nu, jnp.asarray(jnp.inf, K.dtype), jnp.asarray(self.damping, K.dtype), trace)
+        loop, iterations = iterate(step, init, self.max_iter, lambda _, s: ~(s.residual > self.tol))  # NaN stops
+        sites = jax.lax.stop_gradient((loop.tau, loop.nu))
+        post, update, log_z = _evaluate(K, *sites, onehot)
+        post = jax.lax.stop_gradient(post)
+        # The energy's gradient in the active sites (the own-class entries are no parameters): ~0 at a fixed point.
+        gradient = jax.grad(lambda t, n: _evaluate(frozen, t, n, onehot)[2], argnums=(0, 1))(*sites)
+        grad_norm = jnp.max(jnp.abs(jnp.where(onehot == 0, jnp.stack(gradient), 0.0)))
+        diagnostics = Diagnostics(
+            iterations=iterations, converged=loop.residual <= self.tol, stationarity=jnp.max(update.residual),
+            grad_norm=grad_norm, objective_trace=loop.trace.at[iterations].set(jax.lax.stop_gradient(log_z)),
+            num_value_evals=iterations + 1, num_grad_evals=jnp.asarray(1), num_hvp_evals=jnp.asarray(0),
+            method="NestedEP", solver="parallel", info=NestedEPInfo(loop.damping, update.skipped))
+        factor = NestedEPFactor(frozen, post.E, post.chol_m)
+        return NestedEPPosterior(post.mean.reshape(-1), factor, log_z, diagnostics, model, NestedEPState(*sites),
+                                 post.site_cov, post.alpha)
 
 
 # ----------------------------------------------------------------------------------------------
 # Prediction
 
 
-def _recorded(result, legacy, owner, form):
-    """The kernels, X and X_test of a prediction: ``legacy`` is empty (new form, the fit's layout) or
-    ``(kernel, X, X_test)`` of the deprecated form, which must agree with what the fit recorded."""
-    if not isinstance(result, NestedEPResult):
-        raise ValueError(f"{owner}: `result` must be the NestedEPResult of vj.gp.multiclass.nested_ep, "
-                         f"got {type(result).__name__}.")
-    if len(legacy) == 1:
-        return result.kernels, result.X, legacy[0]
-    if len(legacy) != 3:
-        raise ValueError(f"{owner}: call {owner.rsplit('.', 1)[-1]}(result, X_test); got {len(legacy) + 1} "
-                         "positional arguments.")
-    kernel, X, X_test = legacy
-    warnings.warn(f"{owner}({form}) is deprecated: the result records its kernels and X; "
-                  f"call {owner.rsplit('.', 1)[-1]}(result, X_test).", DeprecationWarning, stacklevel=3)
-    kernels, X = class_kernels(kernel, result.num_classes, owner), _checks.as_inputs(X, owner)
-    if not (same_arrays(kernels, result.kernels) and same_arrays(X, result.X)):
-        raise ValueError(f"{owner}: the kernel or X given differ from those `result` was fitted with, so the "
-                         f"prediction would be wrong; call {owner.rsplit('.', 1)[-1]}(result, X_test).")
-    return kernels, X, X_test
+def _fitted(post, owner):
+    if not isinstance(post, NestedEPPosterior):
+        raise ValueError(f"{owner}: `post` must be the NestedEPPosterior of vj.infer(vj.gp.multiclass.model(...), "
+                         f"vj.gp.multiclass.NestedEP()), got {type(post).__name__}.")
+    return post
 
 
-def predict(result: NestedEPResult, X_test, *legacy):
+def predict(post: NestedEPPosterior, X_test):
     """Predictive latent means ``(T, C)`` and covariances ``(T, C, C)`` at ``X_test`` ``(T, d)`` (R&W Alg. 3.4).
 
     μ_*c = k_c*ᵀ α_c and Σ_* = diag_c(k_c** − k_c*ᵀ E_c k_c*) + (E k_*)ᵀ M⁻¹ (E k_*), with the kernels
-    and X recorded in ``result``. (The form ``predict(result, kernel, X, X_test)`` is deprecated.)
+    and X of ``post.model``.
     """
     owner = "vj.gp.multiclass.predict"
-    kernels, X, X_test = _recorded(result, (X_test, *legacy), owner, "result, kernel, X, X_test")
-    return _predict(result, kernels, X, X_test, owner)
+    post = _fitted(post, owner)
+    return _predict(post, _checks.as_inputs(X_test, owner))
 
 
-def _predict(result, kernels, X, X_test, owner):
-    C, n, _ = result.E.shape
-    X, X_test = _checks.as_inputs(X, owner), _checks.as_inputs(X_test, owner)
-    if X.shape[0] != n:
-        raise ValueError(f"{owner}: X has {X.shape[0]} rows but the fit has {n} inputs.")
-    cross = jnp.stack([k(X, X_test) for k in kernels])  # (C, N, T)
-    diag = jnp.stack([k.diagonal(X_test) for k in kernels])  # (C, T)
-    mean = jnp.einsum("cnt,cn->tc", cross, result.alpha)
-    b = result.E @ cross  # E_c k_c*, (C, N, T)
+def _predict(post, X_test):
+    model, factor = post.model, post.factor
+    C, n, _ = factor.E.shape
+    cross = jnp.stack([k(model.X, X_test) for k in model.kernels])  # (C, N, T)
+    diag = jnp.stack([k.diagonal(X_test) for k in model.kernels])  # (C, T)
+    mean = jnp.einsum("cnt,cn->tc", cross, post.alpha)
+    b = factor.E @ cross  # E_c k_c*, (C, N, T)
     t = cross.shape[-1]
-    g = solve_triangular(result.chol_m, _side_by_side(b), lower=True).reshape(n, C, t)
+    g = solve_triangular(factor.chol_m, _side_by_side(b), lower=True).reshape(n, C, t)
     own = diag - jnp.sum(cross * b, axis=1)  # (C, T)
     cov = jax.vmap(jnp.diag)(own.T) + jnp.einsum("kct,kdt->tcd", g, g)
     return mean, cov
@@ -562,7 +604,7 @@ def _gauss_hermite_proba(mean, cov, quadrature):
     return jax.vmap(one_class)(jnp.arange(C))
 
 
-def predict_proba(result: NestedEPResult, X_test, *legacy, rule="ep", quadrature=GaussHermite(64), method=None):
+def predict_proba(post: NestedEPPosterior, X_test, rule="ep", quadrature=GaussHermite(64)):
     """Class probabilities p(y_* = c | x_*, data) at ``X_test`` ``(T, d)``: shape ``(T, C)``, rows summing to one.
 
     The predictive latent f_* ~ N(μ_*, Σ_*) (`predict`) is integrated against the likelihood:
@@ -575,24 +617,13 @@ def predict_proba(result: NestedEPResult, X_test, *legacy, rule="ep", quadrature
       (the u of the likelihood shifted by f_c), each f_j replaced by its Gaussian conditional given
       g_c; exact for a class-diagonal Σ_* (far from the data) and an approximation otherwise;
       renormalised.
-
-    Deprecated forms: ``predict_proba(result, kernel, X, X_test, method=…)`` (``method`` is the old
-    name of ``rule``).
     """
     owner = "vj.gp.multiclass.predict_proba"
-    if len(legacy) > 2:  # the old positional (result, kernel, X, X_test, method, quadrature)
-        method, *rest = legacy[2:]
-        quadrature = rest[0] if rest else quadrature
-        legacy = legacy[:2]
-    if method is not None:
-        warnings.warn(f"{owner}: `method` is deprecated; use `rule` (same values: {RULES}).", DeprecationWarning,
-                      stacklevel=2)
-        rule = method
     if rule not in RULES:
         raise ValueError(f"{owner}: `rule` must be 'ep' (inner EP on the predictive) or 'quadrature' "
                          f"(a 1-D rule), got {rule!r}.")
-    kernels, X, X_test = _recorded(result, (X_test, *legacy), owner, "result, kernel, X, X_test")
-    mean, cov = _predict(result, kernels, X, X_test, owner)
+    post = _fitted(post, owner)
+    mean, cov = _predict(post, _checks.as_inputs(X_test, owner))
     log_p = _log_proba_ep(mean, cov) if rule == "ep" else _log_proba_quadrature(mean, cov, quadrature)
     return jax.nn.softmax(log_p, axis=-1)
 

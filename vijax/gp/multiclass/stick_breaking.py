@@ -20,7 +20,6 @@ paths of G-KL and EP) applies, and whose posterior factorises over sticks. Predi
 
 from __future__ import annotations
 
-import warnings
 from typing import NamedTuple
 
 import equinox as eqx
@@ -32,7 +31,7 @@ from jax.scipy.linalg import block_diag
 from ...model import DenseGaussian, GaussianFactor, LatentLinearModel, ScaledIdentity, Sites
 from ...potentials import Logistic, PiecewiseLogistic
 from ...quadrature import GaussHermite, safe_sqrt
-from .._layout import class_labels, same_arrays
+from .._layout import class_labels
 from ... import _checks
 from ..kernels import AbstractKernel
 from ..models import DEFAULT_JITTER, conditional_marginals
@@ -148,48 +147,23 @@ def stick_breaking_probabilities(eta):
     return jnp.concatenate([jnp.exp(jax.nn.log_sigmoid(eta) + before), jnp.exp(log_keep[..., -1:])], axis=-1)
 
 
-def _fitted_layout(post, X_test, legacy, keywords, owner):
-    """(kernel, X, layout, X_test) of a prediction: recorded on ``post.model`` (new form), or given
-    by the deprecated form (kernel, X, X_test, labels, num_classes[, ordering]), which must then
-    agree with what the model recorded."""
-    name = owner.rsplit(".", 1)[-1]
+def _fitted_layout(post, owner):
+    """(kernel, X, layout) recorded on ``post.model``, a `StickBreakingModel`."""
     model = getattr(post, "model", None)
-    if not legacy and not keywords:
-        if not isinstance(model, StickBreakingModel):
-            raise ValueError(f"{owner}: `post` must be a fit of vj.gp.multiclass.stick_breaking_model (its "
-                             f"model records the layout), got a fit of {type(model).__name__}.")
-        return model.kernel, model.X, model.layout, X_test
-    unknown = sorted(set(keywords) - {"ordering"})
-    if unknown:
-        raise TypeError(f"{name}() got unexpected keyword arguments {unknown}.")
-    if not isinstance(X_test, AbstractKernel) or len(legacy) not in (4, 5) or (len(legacy) == 5 and keywords):
-        raise ValueError(f"{owner}: call {name}(post, X_test); the model records the kernel, X and labels.")
-    kernel, (X, X_test, labels, num_classes), ordering = X_test, legacy[:4], keywords.get("ordering")
-    if len(legacy) == 5:
-        ordering = legacy[4]
-    warnings.warn(f"{owner}(post, kernel, X, X_test, labels, num_classes, ordering) is deprecated: the model "
-                  f"records its layout; call {name}(post, X_test).", DeprecationWarning, stacklevel=3)
-    X = _checks.as_inputs(X, owner)
-    layout = _layout(labels, X.shape[0], num_classes, ordering, owner)
-    if isinstance(model, StickBreakingModel):
-        given = (tuple(layout.ordering[layout.rank].tolist()), int(num_classes), tuple(layout.ordering.tolist()))
-        if not (given == (model.labels, model.num_classes, model.ordering) and same_arrays(kernel, model.kernel)
-                and same_arrays(X, model.X)):
-            raise ValueError(f"{owner}: the kernel, X, labels, num_classes or ordering given differ from those the "
-                             f"model was built with, so the prediction would be wrong; call {name}(post, X_test).")
-    return kernel, X, layout, X_test
+    if not isinstance(model, StickBreakingModel):
+        raise ValueError(f"{owner}: `post` must be a fit of vj.gp.multiclass.stick_breaking_model (its model records "
+                         f"the layout), got {'a fit of ' + type(model).__name__ if model is not None else type(post).__name__}.")
+    return model.kernel, model.X, model.layout
 
 
-def stick_breaking_predict(post, X_test, *legacy, **deprecated):
+def stick_breaking_predict(post, X_test):
     """Predictive means and variances of the stick functions at ``X_test`` ``(T, d)``: two arrays ``(T, C − 1)``.
 
     ``post`` is any fit of a `stick_breaking_model`, whose kernel, X and layout it uses; per stick j,
     B_j = (K_j + εI)⁻¹ K(X_j, X_*) and q(η_j*) = N(B_jᵀ m_j, k_** − diag(K_*j B_j) + diag(B_jᵀ S B_j)).
-    (The form ``stick_breaking_predict(post, kernel, X, X_test, labels, num_classes, ordering=None)``
-    is deprecated.)
     """
     owner = "vj.gp.multiclass.stick_breaking_predict"
-    kernel, X, layout, X_test = _fitted_layout(post, X_test, legacy, deprecated, owner)
+    kernel, X, layout = _fitted_layout(post, owner)
     return _predict(post, kernel, X, layout, X_test, owner)
 
 
@@ -210,7 +184,7 @@ def _predict(post, kernel, X, layout, X_test, owner):
     return jnp.stack(means, -1), jnp.stack(variances, -1)
 
 
-def stick_breaking_proba(post, X_test, *legacy, quadrature=GaussHermite(64), **deprecated):
+def stick_breaking_proba(post, X_test, quadrature=GaussHermite(64)):
     """Class probabilities ``(T, C)`` (columns in class order, rows summing to one) at ``X_test`` ``(T, d)``.
 
     p(y_* = k) = ⟨σ(η_k)⟩ ∏_{j<k} ⟨1 − σ(η_j)⟩ with each ⟨·⟩ a 1-D ``quadrature`` expectation under
@@ -219,13 +193,10 @@ def stick_breaking_proba(post, X_test, *legacy, quadrature=GaussHermite(64), **d
     block-diagonal and every site touches one stick) and for EP, Laplace and the optimal full-
     covariance G-KL q (all block-diagonal at their optimum); for a q with cross-stick covariance
     it uses only the per-stick marginals. Since ⟨σ(−η)⟩ = 1 − ⟨σ(η)⟩ under the same rule, the
-    probabilities sum to one. (The form ``stick_breaking_proba(post, kernel, X, X_test, labels,
-    num_classes, ordering=None, quadrature=…)`` is deprecated.)
+    probabilities sum to one.
     """
     owner = "vj.gp.multiclass.stick_breaking_proba"
-    if len(legacy) == 6:  # the old positional (…, num_classes, ordering, quadrature)
-        legacy, quadrature = legacy[:5], legacy[5]
-    kernel, X, layout, X_test = _fitted_layout(post, X_test, legacy, deprecated, owner)
+    kernel, X, layout = _fitted_layout(post, owner)
     mean, var = _predict(post, kernel, X, layout, X_test, owner)
     a = quadrature.expect(jax.nn.sigmoid, mean, safe_sqrt(var))  # ⟨σ(η_j)⟩, (T, K)
     log_keep = jnp.cumsum(jnp.log1p(-a), axis=-1)
