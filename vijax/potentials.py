@@ -220,11 +220,11 @@ def _expected_log1p_exp_neg_abs_derivatives(mu, sigma, num_nodes: int = 32) -> E
 
 def _node_sums(terms, nodes, weights, like):
     """Σ_k terms(nodes[k], weights[k]) for a function returning a tuple of arrays shaped like ``like``: a loop
-    over the nodes (four to an iteration), so each node's exponentials are computed once for all its terms
-    and no (sites × nodes) array is formed."""
+    over the nodes (two to an iteration; more cost compile time and save little), so each node's
+    exponentials are computed once for all its terms and no (sites × nodes) array is formed."""
     zeros = tuple(jnp.zeros_like(like) for _ in range(5))
     add = lambda total, node: (tuple(a + b for a, b in zip(total, terms(*node))), None)
-    return jax.lax.scan(add, zeros, (nodes, weights), unroll=4)[0]
+    return jax.lax.scan(add, zeros, (nodes, weights), unroll=2)[0]
 
 
 _LOG1P_SERIES = tuple(2.0 / (2 * k + 1) for k in range(17))
