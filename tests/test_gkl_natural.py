@@ -12,6 +12,7 @@ from jax.experimental import sparse
 import vijax as vj
 from vijax import potentials as P
 from vijax.methods import _gkl_natural
+from vijax.projections import ScaledIdentity
 from vijax.quadrature import GaussHermite
 
 from helpers import gaussian_posterior
@@ -142,3 +143,18 @@ def test_tol_may_be_traced(rng):
             out = fit(model, jnp.asarray(tol))
             assert bool(out.diagnostics.converged) and out.diagnostics.solver == f"natural-parameter ascent ({form})"
             np.testing.assert_allclose(out.value, ref.log_z, rtol=1e-12 if tol < 1e-6 else 1e-6)
+
+
+def test_float32_dual_form_on_a_gp(rng):
+    """A GP classifier in float32 (dense prior, H = diag(labels); dual form): its bound used to be float64
+    there, which made the fit stop at once with log Z = 0."""
+    x = np.linspace(-3, 3, 30)
+    K = np.exp(-0.5 * (x[:, None] - x[None]) ** 2) + 1e-6 * np.eye(30)
+    labels = np.where(np.sin(2 * x) + 0.3 * rng.normal(size=30) > 0, 1.0, -1.0)
+    fits = [vj.infer(vj.LatentLinearModel(vj.GaussianFactor.dense(np.zeros(30, dt), K.astype(dt)),
+                                          vj.Sites(ScaledIdentity(labels.astype(dt)), P.Logistic())),
+                     vj.GKL()) for dt in (np.float32, np.float64)]  # float32 first: it failed only so
+    assert fits[0].mean.dtype == jnp.float32 and fits[0].diagnostics.solver == "natural-parameter ascent (dual)"
+    assert bool(fits[0].diagnostics.converged) and int(fits[0].diagnostics.iterations) > 0
+    np.testing.assert_allclose(fits[0].log_z, fits[1].log_z, rtol=1e-5)
+    np.testing.assert_allclose(fits[0].mean, fits[1].mean, rtol=0, atol=1e-3)

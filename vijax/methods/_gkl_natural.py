@@ -256,8 +256,11 @@ class _Dual(_Linear):
         super().__init__(model)
         self.K = K  # K̃, (N, N), all groups stacked
 
+    def _precision(self):
+        return self.model.prior.precision_diagonal().astype(self.K.dtype)  # in the model's dtype (x64 or not)
+
     def _inverse_precision(self):
-        return 1.0 / self.model.prior.precision_diagonal().astype(self.K.dtype)
+        return 1.0 / self._precision()
 
     def _cholesky_b(self, root):
         return jnp.linalg.cholesky(jnp.eye(root.shape[0], dtype=self.K.dtype) + root[:, None] * self.K * root[None, :])
@@ -266,7 +269,7 @@ class _Dual(_Linear):
         root = jnp.sqrt(lam)
         L = self._cholesky_b(root)
         V = solve_triangular(L, root[:, None] * self.K, lower=True)  # L_B⁻¹ Λ_λ½ K̃
-        logdet = 2 * jnp.sum(jnp.log(jnp.diag(L))) + jnp.sum(jnp.log(self.model.prior.precision_diagonal()))
+        logdet = 2 * jnp.sum(jnp.log(jnp.diag(L))) + jnp.sum(jnp.log(self._precision()))
         return _Factor(logdet, jnp.diag(self.K) - jnp.sum(V**2, axis=0), L, root, V)
 
     def _woodbury(self, L, root, g):
@@ -509,7 +512,8 @@ def fit(model: LatentLinearModel, work: LatentLinearModel, mean, lam, quadrature
     mean = mean.astype(dtype)
     # Before the first point, a placeholder of its shape (value −∞, so that any finite point replaces it).
     shapes = jax.eval_shape(lambda: point(mean, lam, lin.factor(lam), False, jnp.ones((), dtype)))
-    nothing = jax.tree_util.tree_map(lambda a: jnp.full(a.shape, -jnp.inf if a.dtype == dtype else 0, a.dtype), shapes)
+    nothing = jax.tree_util.tree_map(
+        lambda a: jnp.full(a.shape, -jnp.inf if jnp.issubdtype(a.dtype, jnp.floating) else 0, a.dtype), shapes)
     trace = nan_trace(max_iter, dtype)
     one, false = jnp.ones((), dtype), jnp.array(False)
     state = _State(nothing, mean, lam, one, false, jnp.array(jnp.inf, dtype), jnp.zeros((), dtype), jnp.array(0),
