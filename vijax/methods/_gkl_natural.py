@@ -415,12 +415,12 @@ def _corrected_newton_step(lin: _Primal, fac, lam, grad, site, spread, last) -> 
     def body(s):
         # x = (Δm, Δλ); δ the last correction added to it (the first: x₀) and its size; Σ A δλ over the
         # corrections before δ; x's estimated relative error; x₀'s (the relative size of the first correction).
-        k, mean, lam_step, d_lam, last, coupled, _, spread = s
+        k, mean, lam_step, d_lam, previous, coupled, _, measured = s
         product = _coupling_mv(T, Tt, d_lam)
         off = product - a * d_lam  # (A − diag a)δλ
         c_mean, c_lam = precondition(0.5 * lin.project_t(e * off), -c * off)
         c_size = size(c_mean, c_lam)
-        contraction = c_size / last
+        contraction = c_size / previous
         new_mean, new_lam = mean + c_mean, lam_step + c_lam
         new_size = size(new_mean, new_lam)
         # A correction not well below the last (after the first, which measures x₀'s error): the iteration
@@ -429,7 +429,7 @@ def _corrected_newton_step(lin: _Primal, fac, lam, grad, site, spread, last) -> 
         return (jnp.where(converging, k + 1, _MAX_PRODUCTS), jnp.where(converging, new_mean, mean),
                 jnp.where(converging, new_lam, lam_step), jnp.where(converging, c_lam, 0.0), c_size,
                 coupled + product, jnp.where(converging, contraction * c_size / new_size, jnp.inf),
-                jnp.where(k == 0, c_size / new_size, spread))
+                jnp.where(k == 0, c_size / new_size, measured))
 
     state = (jnp.array(0), mean, lam_step, lam_step, size(mean, lam_step), jnp.zeros_like(lam),
              _SPREAD_SAFETY * spread, spread)
