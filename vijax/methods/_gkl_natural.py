@@ -53,9 +53,10 @@ site derivatives are each potential's `expected_log_phi_derivatives` (closed for
 sigmoid).
 
 **Stopping.** On the decrement ∇Bᵀ(Δm, Δλ) (≈ twice the gain left, invariant to the units of the
-covariates): after a Newton step, at ``tol`` or B's rounding; otherwise at ``tol²`` (it is computed
-from gradients, so it resolves far below B's rounding), or where it stops falling below ``tol``. That
-last step is taken, and no step is computed from the point it reaches.
+covariates): after a Newton step (in the primal form, one whose corrections reached their target), at
+``tol`` or B's rounding; otherwise at ``tol²`` (it is computed from gradients, so it resolves far below
+B's rounding), or where it stops falling below ``tol``. That last step is taken, and no step is computed
+from the point it reaches.
 
 **Linear algebra** (never an inverse of an ill-conditioned matrix). A dense Gaussian factor N(μ, LLᵀ)
 (a GP prior) is whitened first (w = μ + Lw̃: Λ = I); otherwise Λ is the factor's own precision (diagonal,
