@@ -11,7 +11,7 @@ Run (one core, idle machine)::
     XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1" \\
         taskset -c 0 python benchmarks/small_problems.py
 
-Writes ``benchmarks/results/small_problems.txt``.
+Writes ``benchmarks/results/small_problems.txt`` (``small_problems_<tag>.txt`` with ``--tag``).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def cpu_ms(fn, repeats):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dims", default="6,16,31,32")
+    parser.add_argument("--dims", default="6,16,31,32,33")
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--tag", default="")

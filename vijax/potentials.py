@@ -197,18 +197,48 @@ def _expected_log1p_exp_neg_abs_derivatives(mu, sigma, num_nodes: int = 32) -> E
     Only the densities depend on (μ, v): ∂ᵏN(x | μ, v)/∂μᵏ = N Heₖ(u)/σᵏ with u = (x − μ)/σ and Heₖ the
     probabilists' Hermite polynomials, and ∂/∂v = ½ ∂²/∂μ² (the heat equation); N(−x | μ, v) = N(x | −μ, v)
     changes sign with odd k. These are the derivatives of the rule itself, as autodiff would give them.
+    Summed node by node (`_node_sums`), each node's terms from the two exponentials of its densities.
     """
-    weights, (u_plus, plus), (u_minus, minus) = _laguerre_half_lines(mu, sigma, num_nodes)
+    x, w = _laguerre_rule(num_nodes)
+    big = x > 30  # e^x log1p(e^-x) -> 1 - e^-x / 2
+    ratio = np.where(big, 1 - 0.5 * np.exp(-x), np.exp(np.where(big, 0.0, x)) * np.log1p(np.exp(-x)))
+    dtype = jnp.result_type(mu, sigma)
+    inv = 1.0 / sigma
 
-    def hermite(u):  # He₁ … He₄
-        u2 = u * u
-        return u, u2 - 1, u * (u2 - 3), u2 * (u2 - 6) + 3
+    def terms(node, weight):
+        u_plus, u_minus = (node - mu) * inv, (node + mu) * inv
+        plus, minus = weight * jnp.exp(-0.5 * u_plus**2), weight * jnp.exp(-0.5 * u_minus**2)
+        p2, m2 = u_plus**2, u_minus**2
+        return (plus + minus, plus * u_plus - minus * u_minus, plus * (p2 - 1) + minus * (m2 - 1),
+                plus * u_plus * (p2 - 3) - minus * u_minus * (m2 - 3),
+                plus * (p2 * (p2 - 6) + 3) + minus * (m2 * (m2 - 6) + 3))
 
-    h_plus, h_minus = hermite(u_plus), hermite(u_minus)
-    total = lambda k, sign: jnp.sum(weights * (plus * h_plus[k] + sign * minus * h_minus[k]), axis=-1)
-    return ExpectationDerivatives(jnp.sum(weights * (plus + minus), axis=-1), total(0, -1) / sigma,
-                                  0.5 * total(1, 1) / sigma**2, 0.5 * total(2, -1) / sigma**3,
-                                  0.25 * total(3, 1) / sigma**4)
+    total = _node_sums(terms, jnp.asarray(x, dtype), jnp.asarray(w * ratio / _SQRT_2PI, dtype), mu)
+    return ExpectationDerivatives(total[0] * inv, total[1] * inv**2, 0.5 * total[2] * inv**3,
+                                  0.5 * total[3] * inv**4, 0.25 * total[4] * inv**5)
+
+
+def _node_sums(terms, nodes, weights, like):
+    """Σ_k terms(nodes[k], weights[k]) for a function returning a tuple of arrays shaped like ``like``: a loop
+    over the nodes (two to an iteration; more cost compile time and save little), so each node's
+    exponentials are computed once for all its terms and no (sites × nodes) array is formed."""
+    zeros = tuple(jnp.zeros_like(like) for _ in range(5))
+    add = lambda total, node: (tuple(a + b for a, b in zip(total, terms(*node))), None)
+    return jax.lax.scan(add, zeros, (nodes, weights), unroll=2)[0]
+
+
+_LOG1P_SERIES = tuple(2.0 / (2 * k + 1) for k in range(17))
+
+
+def _log1p_unit(e):
+    """log(1 + e) for 0 ≤ e ≤ 1: 2 atanh(s) with s = e/(2 + e) ≤ 1/3, by 17 terms of its series (within
+    3 ulps in float64) — a polynomial, where XLA's log1p on the CPU costs several times as much."""
+    s = e / (2.0 + e)
+    t = s * s
+    total = _LOG1P_SERIES[-1]
+    for coefficient in _LOG1P_SERIES[-2::-1]:
+        total = total * t + coefficient
+    return s * total
 
 
 @functools.lru_cache(maxsize=None)
@@ -291,12 +321,20 @@ class Logistic(AbstractPotential):
         sigma = safe_sqrt(var)
         wide = sigma >= _WIDE_LOG_SIGMOID
         z, w = quadrature.rule(jnp.result_type(mu, var))
-        x = mu[..., None] + jnp.where(wide, 0.0, sigma)[..., None] * z
-        p, q = jax.nn.sigmoid(x), jax.nn.sigmoid(-x)  # each to full relative precision
-        pq = p * q
-        rule = lambda f: jnp.sum(w * f, axis=-1)
-        narrow = ExpectationDerivatives(rule(jax.nn.log_sigmoid(x)), rule(q), -0.5 * rule(pq),
-                                        -0.5 * rule(pq * (q - p)), -0.25 * rule(pq * (1 - 6 * pq)))
+        narrow_sigma = jnp.where(wide, 0.0, sigma)
+
+        def terms(node, weight):  # with e = e^{−|x|} and r = 1/(1 + e): p, q = r, er (x ≥ 0) or er, r
+            x = mu + narrow_sigma * node
+            e = jnp.exp(-jnp.abs(x))
+            r = 1.0 / (1.0 + e)
+            er = e * r
+            p, q = jnp.where(x >= 0, r, er), jnp.where(x >= 0, er, r)  # each to full relative precision
+            pq = er * r
+            return tuple(weight * f for f in (jnp.minimum(x, 0.0) - _log1p_unit(e), q, pq, pq * (q - p),
+                                              pq * (1 - 6 * pq)))
+
+        total = _node_sums(terms, z, w, mu)
+        narrow = ExpectationDerivatives(total[0], total[1], -0.5 * total[2], -0.5 * total[3], -0.25 * total[4])
         s = jnp.where(wide, sigma, _WIDE_LOG_SIGMOID)
         a = mu / s
         pdf = jnp.exp(-0.5 * a**2) / _SQRT_2PI

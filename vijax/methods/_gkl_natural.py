@@ -33,29 +33,38 @@ rounding), so B rises every iteration:
 - *natural gradient*: Δm = P*⁻¹g and Δλ = d, the fixed-point update of λ (thesis eq. 3.61) with a
   Newton step in m: exact in one step when every site is Gaussian, but linear in general, at rate ½
   where q is wide (λ* ∝ 1/σ there) and slower where λ* moves with μ;
-- *Newton*: eliminating Δλ = G⁻¹(d + EHΔm), G = I + CA, leaves (Λ + HᵀWH)Δm = g + ½HᵀEAG⁻¹d with
-  W = diag(λ*) − ½EAG⁻¹E. With A in full this converges quadratically; the primal form (below) keeps
-  A's diagonal, σ⁴, for O(N) work beside its D × D factorisation, and converges superlinearly.
+- *Newton*: K(Δm, Δλ) = (g, d), i.e. P*Δm − ½HᵀEAΔλ = g and GΔλ − EHΔm = d with G = I + CA. The dual
+  form (below) solves it with A in full. The primal form never forms A: M, the same system with A by its
+  diagonal a = σ⁴, takes O(N) work beside one D × D factorisation (Δλ = (r_λ + EHΔm)/(1 + Ca) and
+  (Λ + HᵀWH)Δm = r_m + ½HᵀEa r_λ/(1 + Ca), W = λ* − ½E²a/(1 + Ca)), and M⁻¹(g, d) is Newton's step but
+  for the coupling of distinct sites. Richardson's iteration x ← x + M⁻¹((g, d) − Kx) corrects it, each
+  correction one product Av = diag(T (Tᵀdiag(v)T) Tᵀ), T = HCᵀ (O(ND²); A is never formed), until its
+  estimated relative error (in M's curvature) is below √decrement: the decrement after the step is
+  then about the square of this one's, quadratic convergence as with A in full (Eisenstat & Walker);
+  the step the fit ends with is taken to 100 ulps/√decrement. x₀ = M⁻¹(g, d)'s relative error is
+  carried from point to point, so no product is spent where x₀ is good enough (far from the optimum, or
+  where q is so narrow that sites barely couple).
 
 The dual form starts with natural-gradient steps, about a sixth of the cost of a Newton step there, and
 takes Newton's once they contract by less than 10× a step; the primal form always takes its Newton
 step. The natural-gradient step stands in wherever Newton's is no ascent direction or would make some
-λ negative (in the primal form at D ≤ 32 it is Newton's computation with E = C = 0, so the program holds one
-copy: where Newton's step fails, the point is taken again with that step). For log-concave sites λ* ≥ 0, so
-every λ(t) is non-negative and S(t) positive definite. The site derivatives are each potential's
-`expected_log_phi_derivatives` (closed forms for the logistic sigmoid).
+λ negative. For log-concave sites λ* ≥ 0, so every λ(t) is non-negative and S(t) positive definite. The
+site derivatives are each potential's `expected_log_phi_derivatives` (closed forms for the logistic
+sigmoid).
 
 **Stopping.** On the decrement ∇Bᵀ(Δm, Δλ) (≈ twice the gain left, invariant to the units of the
-covariates; A by its diagonal in the primal form): after a quadratically convergent step, at ``tol``
-or B's rounding; otherwise at ``tol²`` (it is computed from gradients, so it resolves far below B's
-rounding), or where it stops falling below ``tol``. That last step is taken.
+covariates): after a Newton step (in the primal form, one whose corrections reached their target), at
+``tol`` or B's rounding; otherwise at ``tol²`` (it is computed from gradients, so it resolves far below
+B's rounding), or where it stops falling below ``tol``. That last step is taken, and no step is computed
+from the point it reaches.
 
 **Linear algebra** (never an inverse of an ill-conditioned matrix). A dense Gaussian factor N(μ, LLᵀ)
 (a GP prior) is whitened first (w = μ + Lw̃: Λ = I); otherwise Λ is the factor's own precision (diagonal,
 dense or singular, or zero without a Gaussian term). Then, with N sites in all:
 
 - *primal* (N > D, or a Λ that is not diagonal): the D × D matrix S⁻¹, scaled to unit diagonal before
-  its Cholesky factorisation; σ² from C = R⁻¹ (S = CᵀC); O(N D² + D³) a step;
+  its Cholesky factorisation; σ² = rowsums of T∘T with T = HCᵀ, C = R⁻¹ (S = CᵀC); O(N D² + D³) a point,
+  O(N D²) a product with A;
 - *dual* (N ≤ D and Λ = diag(p), e.g. GP models, where H = I): the N × N matrix
   B = I + Λ_λ½ K̃ Λ_λ½ with K̃ = HΛ⁻¹Hᵀ formed once, S = Λ⁻¹ − Λ⁻¹HᵀΛ_λ½B⁻¹Λ_λ½HΛ⁻¹ by Woodbury,
   σ² = diag K̃ − ‖L_B⁻¹Λ_λ½K̃‖² by columns; O(N³ + ND) a step. With H = I this is the GP site form of
@@ -72,7 +81,6 @@ import jax
 import jax.numpy as jnp
 from jax.scipy.linalg import cho_solve, lu_factor, lu_solve, solve_triangular
 
-from ..covariance import CholeskyFactor
 from .._linalg import inverse_factor, nan_trace, reversed_cholesky, select
 from ..model import LatentLinearModel
 from ..posterior import Diagnostics
@@ -85,7 +93,6 @@ _ROUNDING = 4  # B is known to a few ulps: a fall within that is no evidence aga
 _SLOW = 0.1  # a decrement ratio above this: natural-gradient steps are slow, Newton's take over (dual)
 _STALLED = 0.9  # ... and above this, below B's rounding: progress is lost in rounding
 _MAX_EVALS_PER_ITER = 5  # a cap on the points evaluated, whatever the steps
-_LOW_RANK_MAX_DIM = 32  # the primal form's Newton step has Σ∘Σ exactly up to this D (K = D(D+1)/2 = 528)
 _DISTRUST = 4  # halvings after which a Newton step (its slope estimated) gives way to the natural gradient
 
 
@@ -163,13 +170,13 @@ def covariance_from_lambda(work: LatentLinearModel, lam):
 
 
 class _Factor(NamedTuple):
-    """S(λ) factorised: log det S⁻¹, the site variances σ² (all sites) and what the backend's `solve` needs."""
+    """S(λ) factorised: log det S⁻¹, the site variances σ² (all sites) and what the backend's steps need."""
 
     logdet: jax.Array
     variances: jax.Array
     core: jax.Array  # primal: C with S = CᵀC (upper-triangular); dual: the Cholesky factor of B
     root: jax.Array  # dual: √λ; primal: unused
-    cross: jax.Array  # dual: L_B⁻¹ Λ_λ½ K̃, so that Σ = HSHᵀ = K̃ − crossᵀcross; primal: unused
+    cross: jax.Array  # primal: T = HCᵀ, so that Σ = HSHᵀ = TTᵀ; dual: L_B⁻¹ Λ_λ½ K̃, Σ = K̃ − crossᵀcross
 
 
 class _Linear:
@@ -187,63 +194,58 @@ class _Linear:
         return sum(g.projection.rmv(y_g) for g, y_g in zip(self.model.sites, _split(y, _sizes(self.model))))
 
 
+def _scaled_cholesky(P):
+    """``(L, scale)``: the lower Cholesky factor L of P scaled to unit diagonal, diag(scale) P diag(scale) = LLᵀ
+    (covariates in metres and in kilometres factorise alike); NaN where P is not positive definite."""
+    scale = 1.0 / jnp.sqrt(jnp.diag(P))
+    return jnp.linalg.cholesky(scale[:, None] * P * scale[None, :]), scale
+
+
 class _Primal(_Linear):
-    """S⁻¹ = Λ + Hᵀdiag(λ)H as a D × D matrix; A = Σ∘Σ by its diagonal σ⁴."""
+    """S⁻¹ = Λ + Hᵀdiag(λ)H as a D × D matrix; A = Σ∘Σ applied matrix-free through T = HCᵀ."""
 
     dense_coupling = False
 
+    def __init__(self, model: LatentLinearModel):
+        super().__init__(model)
+        prior, d = model.prior, model.dim
+        self.prior_precision = (prior.precision_matrix().astype(model.dtype) if prior is not None
+                                else jnp.zeros((d, d), model.dtype))
+
     def precision_plus(self, weights):
         """Λ + Hᵀdiag(weights)H, dense and symmetric."""
-        prior, d = self.model.prior, self.model.dim
-        P = prior.precision_matrix().astype(weights.dtype) if prior is not None else jnp.zeros((d, d), weights.dtype)
+        P = self.prior_precision.astype(weights.dtype)
         for group, w in zip(self.model.sites, _split(weights, _sizes(self.model))):
             P = P + group.projection.gram(w)
         return 0.5 * (P + P.T)
 
-    def _cholesky(self, weights):
-        """``(C, log det P)`` with P⁻¹ = CᵀC, P = Λ + Hᵀdiag(weights)H scaled to unit diagonal before its
-        Cholesky factorisation (covariates in metres and in kilometres factorise alike); NaN where P is
-        not positive definite."""
-        P = self.precision_plus(weights)
+    def factor(self, lam) -> _Factor:
+        """S = CᵀC by one reversed Cholesky factorisation of S⁻¹ scaled to unit diagonal; T = HCᵀ and
+        σ² = rowsums of T∘T."""
+        P = self.precision_plus(lam)
         scale = 1.0 / jnp.sqrt(jnp.diag(P))
         R = reversed_cholesky(scale[:, None] * P * scale[None, :])  # = RRᵀ, R upper
-        return inverse_factor(R, jnp.diag(scale)), 2 * jnp.sum(jnp.log(jnp.diag(R) / scale))
-
-    def factor(self, lam) -> _Factor:
-        C, logdet = self._cholesky(lam)
-        factor = CholeskyFactor(C)
-        variances = jnp.concatenate([factor.projected_variances(g.projection) for g in self.model.sites])
+        C = inverse_factor(R, jnp.diag(scale))
+        T = self.project(C.T)
         empty = jnp.zeros((0,), C.dtype)
-        return _Factor(logdet, variances, C, empty, empty)
-
-    def solve(self, fac: _Factor, g):
-        """S g."""
-        return fac.core.T @ (fac.core @ g)
+        return _Factor(2 * jnp.sum(jnp.log(jnp.diag(R) / scale)), jnp.sum(T**2, axis=1), C, empty, T)
 
     def solve_weighted(self, weights, r):
-        """(Λ + Hᵀdiag(weights)H)⁻¹ r (``weights`` an (N,) vector: the diagonal W of Newton's step)."""
-        C, _ = self._cholesky(weights)
-        return C.T @ (C @ r)
+        """(Λ + Hᵀdiag(weights)H)⁻¹ r (NaN unless the matrix is positive definite)."""
+        L, scale = _scaled_cholesky(self.precision_plus(weights))
+        return scale * cho_solve((L, True), scale * r)
 
-    def coupling(self, fac: _Factor, slope):
-        """Σ∘Σ exactly (low rank) for D ≤ 32, else by its diagonal."""
-        d = self.model.dim
-        if d > _LOW_RANK_MAX_DIM:
-            return _DiagonalCoupling(fac.variances**2, slope)
-        T = self.project(fac.core.T)  # Σ = TTᵀ
-        i, j = jnp.triu_indices(d)
-        weight = jnp.where(i == j, 1.0, jnp.sqrt(2.0)).astype(T.dtype)
-        return _LowRankCoupling(T[:, i] * T[:, j] * weight, slope)
-
-    def solve_matrix(self, P, r):
-        """P⁻¹ r for a symmetric D × D matrix P (scaled to unit diagonal first; NaN unless positive definite)."""
-        scale = 1.0 / jnp.sqrt(jnp.diag(P))
-        R = reversed_cholesky(scale[:, None] * P * scale[None, :])
-        z = solve_triangular(R, scale * r, lower=False)
-        return scale * solve_triangular(R, z, lower=False, trans="T")
+    def newton_step(self, fac: _Factor, lam, grad, site, spread, last):
+        return _corrected_newton_step(self, fac, lam, grad, site, spread, last)
 
     def cholesky(self, fac: _Factor, lam):
         return fac.core
+
+
+def _coupling_mv(T, Tt, v):
+    """(Σ∘Σ) v = diag(T (Tᵀdiag(v)T) Tᵀ) for Σ = TTᵀ (``Tt`` = Tᵀ, formed once): two N × D × D products, Σ
+    never formed."""
+    return jnp.sum((T @ (Tt @ (v[:, None] * T))) * T, axis=1)
 
 
 class _Dual(_Linear):
@@ -255,8 +257,11 @@ class _Dual(_Linear):
         super().__init__(model)
         self.K = K  # K̃, (N, N), all groups stacked
 
+    def _precision(self):
+        return self.model.prior.precision_diagonal().astype(self.K.dtype)  # in the model's dtype (x64 or not)
+
     def _inverse_precision(self):
-        return 1.0 / self.model.prior.precision_diagonal().astype(self.K.dtype)
+        return 1.0 / self._precision()
 
     def _cholesky_b(self, root):
         return jnp.linalg.cholesky(jnp.eye(root.shape[0], dtype=self.K.dtype) + root[:, None] * self.K * root[None, :])
@@ -265,11 +270,8 @@ class _Dual(_Linear):
         root = jnp.sqrt(lam)
         L = self._cholesky_b(root)
         V = solve_triangular(L, root[:, None] * self.K, lower=True)  # L_B⁻¹ Λ_λ½ K̃
-        logdet = 2 * jnp.sum(jnp.log(jnp.diag(L))) + jnp.sum(jnp.log(self.model.prior.precision_diagonal()))
+        logdet = 2 * jnp.sum(jnp.log(jnp.diag(L))) + jnp.sum(jnp.log(self._precision()))
         return _Factor(logdet, jnp.diag(self.K) - jnp.sum(V**2, axis=0), L, root, V)
-
-    def solve(self, fac: _Factor, g):
-        return self._woodbury(fac.core, fac.root, g)
 
     def _woodbury(self, L, root, g):
         """(Λ + Hᵀdiag(root²)H)⁻¹g = Λ⁻¹(g − Hᵀ diag(root) B⁻¹ diag(root) H Λ⁻¹ g), B = LLᵀ."""
@@ -287,8 +289,8 @@ class _Dual(_Linear):
         T = lu_factor(jnp.eye(self.K.shape[0], dtype=self.K.dtype) + self.K @ weights)
         return inv_p * (r - self.project_t(weights @ lu_solve(T, self.project(inv_p * r))))
 
-    def coupling(self, fac: _Factor, slope):
-        return _DenseCoupling((self.K - fac.cross.T @ fac.cross) ** 2, slope)
+    def newton_step(self, fac: _Factor, lam, grad, site, spread, last):
+        return _dense_newton_step(self, fac, lam, grad, site, spread)
 
     def cholesky(self, fac: _Factor, lam):
         return _Primal(self.model).factor(lam)[2]
@@ -321,118 +323,123 @@ class _Direction(NamedTuple):
     mean: jax.Array  # Δm
     lam: jax.Array  # Δλ
     decrement: jax.Array  # ∇Bᵀ(Δm, Δλ)
-    quadratic: jax.Array  # Newton's step with A in full (its decrement after the step is about its square)
-    usable: jax.Array  # False: Newton's step failed here, and the point is to be taken again with the natural step
+    quadratic: jax.Array  # as good as Newton's step: the decrement after it about the square of its own
+    spread: jax.Array  # the primal form's estimate of the relative error of Newton's step with A by its diagonal
 
 
-def _natural_step(lin, fac, lam, grad, site) -> _Direction:
-    """Δm = P*⁻¹g, Δλ = d; the decrement with A by its diagonal σ⁴ (A in full costs what this step does)."""
+def _natural_step(lin, fac, lam, grad, site, spread) -> _Direction:
+    """Δm = P*⁻¹g, Δλ = d; the decrement with A by its diagonal σ⁴ (A in full costs more than this step)."""
     mean = lin.solve_weighted(jnp.maximum(site.target, 0.0), grad)
     gap = site.target - lam
-    true = jnp.array(True)
-    return _Direction(mean, gap, grad @ mean + 0.5 * jnp.sum((gap * fac.variances) ** 2), ~true, true)
+    return _Direction(mean, gap, grad @ mean + 0.5 * jnp.sum((gap * fac.variances) ** 2), jnp.array(False), spread)
 
 
-def _step(newton, lin, fac, lam, grad, site) -> _Direction:
-    """Newton's step where ``newton``, else the natural-gradient step, each once in the program.
-
-    Primal form with Σ∘Σ in low rank (D ≤ 32, where compilation costs more than the run): the
-    natural-gradient step is Newton's with ∂λ*/∂μ and ∂λ*/∂σ² set to 0 (G = I, W = diag(λ*)), so one
-    computation serves both; where Newton's step fails, the direction is marked unusable and the loop
-    takes the point again with ``newton`` False. Otherwise (a failed Newton step is common with Σ∘Σ by its
-    diagonal, and an evaluation costs what a step does) the natural-gradient step stands in at once."""
-    newton = jnp.asarray(newton)
-    if not lin.dense_coupling and lin.model.dim <= _LOW_RANK_MAX_DIM:
-        direction, ok = _newton_step(lin, fac, lam, grad, site, natural=~newton)
-        return direction._replace(usable=ok | ~newton)
+def _step(newton, wanted, lin, fac, lam, grad, site, spread, last) -> _Direction:
+    """Newton's step where ``newton`` and usable, else the natural-gradient step, each once in the program;
+    none (zeros) unless ``wanted`` (the point is the last). ``spread`` is carried from the last point's step
+    (`_corrected_newton_step`)."""
 
     def attempt():
-        return _newton_step(lin, fac, lam, grad, site)
+        return lin.newton_step(fac, lam, grad, site, spread, last)
 
     def skip():
-        zero, false = jnp.zeros((), grad.dtype), jnp.array(False)
-        return _Direction(jnp.zeros_like(grad), jnp.zeros_like(lam), zero, false, false), false
+        zero = jnp.zeros((), grad.dtype)
+        return _Direction(jnp.zeros_like(grad), jnp.zeros_like(lam), zero, jnp.array(False), spread), jnp.array(False)
 
-    direction, ok = jax.lax.cond(newton, attempt, skip)
-    return jax.lax.cond(ok, lambda: direction, lambda: _natural_step(lin, fac, lam, grad, site))
-
-
-def _newton_step(lin, fac, lam, grad, site, natural=False) -> tuple[_Direction, jax.Array]:
-    """Newton's step (see the module docstring) and whether it is usable (else the natural step is taken);
-    with ``natural`` (traced), the natural-gradient step by the same computation (∂λ*/∂μ = ∂λ*/∂σ² = 0)."""
-    gap = site.target - lam
-    e = jnp.where(natural, 0.0, site.target_mean)
-    target = jnp.where(natural, jnp.maximum(site.target, 0.0), site.target)
-    coupling = lin.coupling(fac, jnp.where(natural, 0.0, site.target_var))
-    mean = coupling.solve_mean(lin, target, e, grad + 0.5 * lin.project_t(e * coupling.apply(coupling.solve_g(gap))))
-    lam_step = coupling.solve_g(gap + e * lin.project(mean))
-    decrement = grad @ mean + 0.5 * gap @ coupling.apply(lam_step)
-    ok = coupling.proper & jnp.all(jnp.isfinite(lam_step)) & jnp.all(jnp.isfinite(mean)) & (decrement > 0) \
-        & jnp.all(lam + lam_step >= 0)
-    return _Direction(mean, lam_step, decrement, jnp.array(coupling.exact), jnp.array(True)), ok
+    direction, ok = jax.lax.cond(jnp.asarray(newton) & wanted, attempt, skip)
+    return jax.lax.cond(ok | ~wanted, lambda: direction, lambda: _natural_step(lin, fac, lam, grad, site, spread))
 
 
-class _DenseCoupling:
-    """A = Σ∘Σ as an N × N matrix (the dual form): G = I + CA by LU, W = diag(λ*) − ½EAG⁻¹E in full."""
-
-    exact = True
-    proper = jnp.array(True)
-
-    def __init__(self, A, slope):
-        self.A = A
-        self.G = lu_factor(jnp.eye(A.shape[0], dtype=A.dtype) + slope[:, None] * A)
-
-    def solve_g(self, b):
-        return lu_solve(self.G, b)
-
-    def apply(self, x):
-        return self.A @ x
-
-    def solve_mean(self, lin, target, e, r):
-        return lin.solve_weighted(jnp.diag(target) - 0.5 * e[:, None] * (self.A @ self.solve_g(jnp.diag(e))), r)
+def _usable(lam, mean, lam_step, decrement):
+    """A Newton step is taken where it is finite, an ascent direction and keeps every λ non-negative."""
+    return jnp.all(jnp.isfinite(lam_step)) & jnp.all(jnp.isfinite(mean)) & (decrement > 0) & jnp.all(lam + lam_step >= 0)
 
 
-class _LowRankCoupling:
-    """A = UUᵀ exactly, U (N × K) the rows t_n ⊗ t_n of Σ = TTᵀ in symmetric (vech) form, K = D(D+1)/2: for
-    small D (the primal form). G⁻¹ = I − CUQ⁻¹Uᵀ and AG⁻¹ = UQ⁻¹Uᵀ with Q = I + UᵀCU (K × K), so the m
-    system is the D × D matrix Λ + Hᵀdiag(λ*)H − ½ZQ⁻¹Zᵀ, Z = HᵀEU."""
-
-    exact = True
-    proper = jnp.array(True)
-
-    def __init__(self, U, slope):
-        self.U, self.slope = U, slope
-        self.Q = lu_factor(jnp.eye(U.shape[1], dtype=U.dtype) + U.T @ (slope[:, None] * U))
-
-    def solve_g(self, b):
-        return b - self.slope * (self.U @ lu_solve(self.Q, self.U.T @ b))
-
-    def apply(self, x):
-        return self.U @ (self.U.T @ x)
-
-    def solve_mean(self, lin, target, e, r):
-        Z = lin.project_t(e[:, None] * self.U)
-        P = lin.precision_plus(target) - 0.5 * Z @ lu_solve(self.Q, Z.T)
-        return lin.solve_matrix(0.5 * (P + P.T), r)
+def _dense_newton_step(lin, fac, lam, grad, site, spread) -> tuple[_Direction, jax.Array]:
+    """Newton's step with A = Σ∘Σ as an N × N matrix (the dual form): G = I + CA by LU, and the m system
+    with W = diag(λ*) − ½EAG⁻¹E in full."""
+    gap, e = site.target - lam, site.target_mean
+    A = (lin.K - fac.cross.T @ fac.cross) ** 2
+    G = lu_factor(jnp.eye(A.shape[0], dtype=A.dtype) + site.target_var[:, None] * A)
+    W = jnp.diag(site.target) - 0.5 * e[:, None] * (A @ lu_solve(G, jnp.diag(e)))
+    mean = lin.solve_weighted(W, grad + 0.5 * lin.project_t(e * (A @ lu_solve(G, gap))))
+    lam_step = lu_solve(G, gap + e * lin.project(mean))
+    decrement = grad @ mean + 0.5 * gap @ (A @ lam_step)
+    return _Direction(mean, lam_step, decrement, jnp.array(True), spread), _usable(lam, mean, lam_step, decrement)
 
 
-class _DiagonalCoupling:
-    """A = Σ∘Σ by its diagonal σ⁴ (the primal form, large D): Newton's step in λ site by site."""
+_MAX_PRODUCTS = 6  # Richardson corrections (products with A) of the primal Newton step, at most
+_CONTRACTION = 0.5  # a correction above this share of the last one: the iteration does not converge there
+_SPREAD_START = 1.0  # the spread assumed at the first point (its step is corrected, and M's error measured)
+_SPREAD_SAFETY = 2.0  # the last point's spread, times this, estimates the error of the next M⁻¹b
+_FLOOR = 100  # the last step leaves an error of this many ulps (in units of q's spread), whatever Newton's would
 
-    exact = False
 
-    def __init__(self, a, slope):
-        self.a, self.G = a, 1.0 + slope * a
-        self.proper = jnp.all(self.G > 0)
+def _corrected_newton_step(lin: _Primal, fac, lam, grad, site, spread, last) -> tuple[_Direction, jax.Array]:
+    """Newton's step in the primal form (module docstring).
 
-    def solve_g(self, b):
-        return b / self.G
+    K x = b is Newton's system in x = (Δm, Δλ); M, the same system with A by its diagonal a = σ⁴, costs
+    O(N) beside one D × D factorisation, and x₀ = M⁻¹b starts. Where x's estimated relative error is above
+    what Newton's convergence needs (`allowed`), Richardson's iteration x ← x + M⁻¹(b − Kx) corrects it:
+    b − Kx = (M − K)δ for δ the last correction, and (M − K)δ involves only (A − diag a)δλ, one product
+    with A applied matrix-free (`_coupling_mv`). Errors are measured in M's own curvature. ``spread``:
+    x₀'s relative error measured at the last point (`_SPREAD_START` at the first), so that no product is
+    spent where x₀ is good enough; ``last``: the decrement below which the fit stops after this step,
+    which then leaves an error of `_FLOOR` ulps."""
+    T, a = fac.cross, fac.variances**2
+    Tt = T.T  # once, not in every product
+    gap, e, c, target = site.target - lam, site.target_mean, site.target_var, site.target
+    G = 1.0 + c * a
+    L, scale = _scaled_cholesky(lin.precision_plus(target - 0.5 * e**2 * a / G))  # M's system in m
+    floor = _FLOOR * jnp.finfo(a.dtype).eps
 
-    def apply(self, x):
-        return self.a * x
+    def precondition(r_mean, r_lam):
+        """M⁻¹(r_m, r_λ): (Λ + HᵀWH)Δm = r_m + ½HᵀEa r_λ/G with W = λ* − ½E²a/G, then Δλ = (r_λ + EHΔm)/G."""
+        mean = scale * cho_solve((L, True), scale * (r_mean + 0.5 * lin.project_t(e * a * r_lam / G)))
+        return mean, (r_lam + e * lin.project(mean)) / G
 
-    def solve_mean(self, lin, target, e, r):
-        return lin.solve_weighted(target - 0.5 * e**2 * self.a / self.G, r)
+    def size(mean, lam_step):
+        """‖(Δm, Δλ)‖ in M's curvature: Δmᵀ(Λ + HᵀWH)Δm + ½Σ a Δλ², then the square root."""
+        z = L.T @ (mean / scale)
+        return jnp.sqrt(z @ z + 0.5 * a @ lam_step**2)
+
+    def allowed(decrement):
+        """The relative error at which a step is as good as Newton's: √decrement (the decrement after it
+        is then about the square of this one's), or what leaves an error of ``floor``."""
+        root = jnp.sqrt(jnp.maximum(decrement, 0.0))
+        return jnp.maximum(root, floor / root)
+
+    mean, lam_step = precondition(grad, gap)
+    first = grad @ mean + 0.5 * gap @ (a * lam_step)  # the decrement with A by its diagonal
+    wanted = jnp.where(first <= last, floor / jnp.sqrt(jnp.maximum(first, 0.0)), allowed(first))
+
+    def body(s):
+        # x = (Δm, Δλ); δ the last correction added to it (the first: x₀) and its size; Σ A δλ over the
+        # corrections before δ; x's estimated relative error; x₀'s (the relative size of the first correction).
+        k, mean, lam_step, d_lam, previous, coupled, _, measured = s
+        product = _coupling_mv(T, Tt, d_lam)
+        off = product - a * d_lam  # (A − diag a)δλ
+        c_mean, c_lam = precondition(0.5 * lin.project_t(e * off), -c * off)
+        c_size = size(c_mean, c_lam)
+        contraction = c_size / previous
+        new_mean, new_lam = mean + c_mean, lam_step + c_lam
+        new_size = size(new_mean, new_lam)
+        # A correction not well below the last (after the first, which measures x₀'s error): the iteration
+        # does not converge here, and stops where it is.
+        converging = (k == 0) | (contraction <= _CONTRACTION)
+        return (jnp.where(converging, k + 1, _MAX_PRODUCTS), jnp.where(converging, new_mean, mean),
+                jnp.where(converging, new_lam, lam_step), jnp.where(converging, c_lam, 0.0), c_size,
+                coupled + product, jnp.where(converging, contraction * c_size / new_size, jnp.inf),
+                jnp.where(k == 0, c_size / new_size, measured))
+
+    state = (jnp.array(0), mean, lam_step, lam_step, size(mean, lam_step), jnp.zeros_like(lam),
+             _SPREAD_SAFETY * spread, spread)
+    _, mean, lam_step, d_lam, _, coupled, error, spread = jax.lax.while_loop(
+        lambda s: (s[0] < _MAX_PRODUCTS) & (s[6] > wanted), body, state)
+    # A Δλ: the products computed, and the last correction's (not multiplied) by its diagonal.
+    decrement = grad @ mean + 0.5 * gap @ (coupled + a * d_lam)
+    ok = _usable(lam, mean, lam_step, decrement) & jnp.all(G > 0)
+    return _Direction(mean, lam_step, decrement, error <= allowed(decrement), spread), ok
 
 
 # ---------------------------------------------------------------------------------------- ascent
@@ -487,23 +494,27 @@ def fit(model: LatentLinearModel, work: LatentLinearModel, mean, lam, quadrature
     sizes = _sizes(work)
     dtype, d = work.dtype, work.dim
     eps = jnp.finfo(dtype).eps
+    tol = jnp.asarray(tol, dtype)  # may be traced
     prior = work.prior
 
-    def point(m, lam, fac, newton) -> _Point:
+    def point(m, lam, fac, newton, spread, wanted=True) -> _Point:
         means = _split(lin.project(m), sizes)
         means = tuple(mu + jnp.broadcast_to(g.offset, mu.shape) for mu, g in zip(means, work.sites))
         site = _site_derivatives(work, quadrature, means, _split(fac.variances, sizes))
         log_f, grad_f = jax.value_and_grad(prior.log_density)(m) if prior is not None else (0.0, 0.0)
         value = site_bound(fac.logdet, lam, fac.variances, log_f, d, site.value)
         grad = grad_f + lin.project_t(site.mean)
-        step = _step(newton, lin, fac, lam, grad, site)
+        # A step with its decrement below `loose` is the last (see `body`).
+        loose = jnp.maximum(tol, _ROUNDING * eps * jnp.abs(value))
+        step = _step(newton, jnp.asarray(wanted), lin, fac, lam, grad, site, spread, loose)
         return _Point(m, lam, fac, value, grad, site.target - lam, step, newton)
 
     lam = jnp.maximum(jnp.concatenate(lam), 0.0).astype(dtype)
     mean = mean.astype(dtype)
     # Before the first point, a placeholder of its shape (value −∞, so that any finite point replaces it).
-    shapes = jax.eval_shape(lambda: point(mean, lam, lin.factor(lam), False))
-    nothing = jax.tree_util.tree_map(lambda a: jnp.full(a.shape, -jnp.inf if a.dtype == dtype else 0, a.dtype), shapes)
+    shapes = jax.eval_shape(lambda: point(mean, lam, lin.factor(lam), False, jnp.ones((), dtype)))
+    nothing = jax.tree_util.tree_map(
+        lambda a: jnp.full(a.shape, -jnp.inf if jnp.issubdtype(a.dtype, jnp.floating) else 0, a.dtype), shapes)
     trace = nan_trace(max_iter, dtype)
     one, false = jnp.ones((), dtype), jnp.array(False)
     state = _State(nothing, mean, lam, one, false, jnp.array(jnp.inf, dtype), jnp.zeros((), dtype), jnp.array(0),
@@ -518,13 +529,15 @@ def fit(model: LatentLinearModel, work: LatentLinearModel, mean, lam, quadrature
         # Newton's step: in the primal form always (it costs what a natural-gradient step does there), in
         # the dual once natural-gradient steps are seen to converge slowly, and from then on.
         newton = (p.newton | (s.rate > _SLOW) | (not lin.dense_coupling)) & ~s.retry
-        new = point(s.trial_mean, s.trial_lam, lin.factor(s.trial_lam), newton)
         full = started & (s.t == 1) & ~s.retry
         rate = jnp.where(full, p.step.decrement / s.decrement, s.rate)
         decrement = jnp.where(full, p.step.decrement, s.decrement)
         loose = jnp.maximum(tol, _ROUNDING * eps * jnp.abs(p.value))
         strict = jnp.where(p.step.quadratic, loose, tol**2)
         last = full & ((decrement <= strict) | ((decrement <= loose) & (rate > _STALLED)))
+        # The trial after the last step is the answer: no step is computed from it.
+        new = point(s.trial_mean, s.trial_lam, lin.factor(s.trial_lam), newton,
+                    jnp.where(started, p.step.spread, _SPREAD_START), ~last)
         # B may not fall beyond its rounding; once the gain left is below what B resolves, its
         # differences are noise, and a step that lowers it by up to `loose` is taken.
         noise = jnp.where(decrement <= loose, loose, _ROUNDING * eps * jnp.abs(p.value))
@@ -535,7 +548,7 @@ def fit(model: LatentLinearModel, work: LatentLinearModel, mean, lam, quadrature
         t = jnp.where(ok, one, 0.5 * s.t)
         # A Newton step whose slope was only estimated (A by its diagonal) may not rise at all: after a
         # few halvings, the point is evaluated again with the natural-gradient step, an ascent direction.
-        retry = (~ok & p.newton & ~p.step.quadratic & (halvings == _DISTRUST)) | (ok & ~p.step.usable)
+        retry = ~ok & p.newton & ~p.step.quadratic & (halvings == _DISTRUST)
         t = jnp.where(retry, one, t)
         v = new.fac.variances
         raised = 4.0 * s.trial_lam + 3.0 / jnp.where(jnp.isfinite(v) & (v > 0), v, 1.0)
