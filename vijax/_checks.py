@@ -107,6 +107,16 @@ def cast_floating(tree, dtype):
     return jax.tree_util.tree_map(lambda x: jnp.asarray(x, dtype=dtype) if needs_cast(x) else x, tree)
 
 
+def strongly_typed(tree):
+    """``tree`` with every weakly typed array leaf made strongly typed, of the same dtype: for state
+    that an optimiser's ``init`` builds from Python numbers (optax.lbfgs's counters and step sizes),
+    which its first update returns strongly typed."""
+    def strong(x):
+        return jnp.asarray(x, dtype=x.dtype) if getattr(x, "weak_type", False) else x
+
+    return jax.tree_util.tree_map(strong, tree)
+
+
 def data_dtype(tree):
     """The promoted floating dtype of ``tree``'s array leaves, or None when it has none."""
     dtypes = [jax.dtypes.canonicalize_dtype(x.dtype) for x in jax.tree_util.tree_leaves(tree)
