@@ -58,14 +58,11 @@ __all__ = [
 
 
 def _format(value):
-    """A parameter's value for `repr`: numbers for concrete arrays, the shape for traced ones."""
-    if isinstance(value, jax.core.Tracer):
-        return f"<traced {jnp.shape(value)}>"
-    a = np.asarray(value)
-    if a.ndim == 0:
-        text = f"{float(a):.6g}"
-        return text if any(c in text for c in ".ein") else text + ".0"
-    return np.array2string(a, precision=6, separator=", ")
+    """A parameter's value for `repr`: numbers for concrete arrays (ARD lengthscales too), dtype and
+    shape for traced ones (`vijax._checks.format_param`)."""
+    if isinstance(value, jax.core.Tracer) or np.ndim(value) == 0:
+        return _checks.format_param(value)
+    return np.array2string(np.asarray(value), precision=6, separator=", ")
 
 
 def _log_positive(name, value, owner, dtype):
