@@ -26,11 +26,14 @@ P = vj.potentials
 # (conftest.py), which skips the backend compile. Listeners cannot be unregistered in every JAX version,
 # so one pair is registered here and the tests read differences.
 _PROGRAMS = [0]
+_TRACED = []  # the names of the functions traced for jit, in order
 
 
 def _on_duration(event, duration, **kwargs):
     if event == "/jax/core/compile/backend_compile_duration":
         _PROGRAMS[0] += 1
+    elif event == "/jax/core/compile/jaxpr_trace_duration":
+        _TRACED.append(kwargs.get("fun_name"))
 
 
 def _on_event(event, **kwargs):
@@ -126,6 +129,18 @@ def test_optax_loop_through_vj_infer_compiles_once(data):
     counts, final = _run(step, params, optimizer.init(params), X, y)
     assert counts[0] >= 1 and counts[1:] == [0, 0], counts
     _assert_typed(final, jnp.float64, "after three steps")
+
+
+def test_fit_hyperparameters_traces_its_step_once(data):
+    """vj.gp.fit_hyperparameters with optax.lbfgs (the default), whose initial state holds weakly
+    typed scalars: its jitted step is traced once over several steps (before: twice, then three times
+    with weakly typed kernel parameters)."""
+    X, y = data
+    start = len(_TRACED)
+    fit = vj.gp.fit_hyperparameters(K_.SquaredExponential(lengthscale=1.0, variance=1.0), X,
+                                    P.Gaussian(loc=y, scale=0.3), vj.Laplace(), max_iter=3, tol=0.0)
+    assert int(fit.diagnostics.num_grad_evals) == 3
+    assert _TRACED[start:].count("_step") == 1, _TRACED[start:]
 
 
 # ------------------------------------------------------------- every parameter, from Python floats
