@@ -18,11 +18,12 @@ Each row runs in a fresh child process (this script with ``--worker NAME``), so 
 call" is the first ML-II call after ``import vijax``: JAX traces and compiles every program it
 needs. Then the same call again (the "second call": the same shapes, so the compiled programs are
 reused). scikit-learn's fit is timed five times per process (it compiles nothing; its first call pays
-only Python's and NumPy's warm-up), with its default threads and with OpenBLAS / OpenMP on one
-thread ("sklearn 1 thread": on a shared 2-core machine two BLAS threads spin against the other load
-and the fits vary 1–20×). ``--rounds`` rounds (default 3) run every row once each, in turn, and the
-medians are reported. "× sklearn" is relative to scikit-learn's fit: the median of its warm fits in
-its faster setting. Reported per row: wall seconds of the first and second call, the final log Z and
+only Python's and NumPy's warm-up). Every child is pinned to one core (``--cpu``, default 1; ``-1``
+runs them unpinned with default threads) with BLAS / OpenMP on one thread: on a shared 2-core machine
+thread pools of two (OpenBLAS's, XLA's) wait on threads that the other load has descheduled, and both
+libraries' times then move 1–50× between runs. ``--rounds`` rounds (default 3) run every row once
+each, in turn, and the medians are reported; "× sklearn" is relative to scikit-learn's fit (the median
+of its warm fits). Reported per row: wall seconds of the first and second call, the final log Z and
 hyperparameters, the outer steps, and for vijax's calls where the time went, from JAX's monitoring
 events: the number of XLA programs compiled, the seconds in XLA's backend compile, and the seconds in
 tracing and lowering to MLIR (nested traces may be counted twice, so that column is an upper bound);
@@ -32,7 +33,8 @@ The issue's goal: vijax Laplace's first call ≤ 5× scikit-learn's fit.
 
 Run (2 CPU cores here; the machine is shared, so the load is printed with the table)::
 
-    python benchmarks/mlii_first_call.py          # writes benchmarks/results/mlii_first_call.txt
+    python benchmarks/mlii_first_call.py             # writes benchmarks/results/mlii_first_call.txt
+    python benchmarks/mlii_first_call.py --cpu -1    # unpinned, default threads
 """
 
 from __future__ import annotations
@@ -47,10 +49,11 @@ import time
 
 from _common import Tee
 
-WORKERS = ("sklearn", "sklearn 1 thread", "vijax Laplace", "vijax EP")
-# The child's environment: "sklearn 1 thread" runs OpenBLAS / OpenMP on one thread. On a shared
-# 2-core machine the default (2 threads) spins against the other load and its fits vary 1–20×.
-ENV = {"sklearn 1 thread": {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}}
+WORKERS = ("sklearn", "vijax Laplace", "vijax EP")
+# Every child runs on one core (`--cpu`), BLAS / OpenMP on one thread: on this shared 2-core machine,
+# thread pools of two (OpenBLAS's, XLA's) wait on threads descheduled by the other load, and a step
+# that takes 0.03 s alone then takes 2 s (both libraries' times moved 1–50× between runs).
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 DATA = dict(n_samples=300, noise=0.2, random_state=0)
 
 
@@ -117,7 +120,7 @@ def run_vijax(method_name):
 
 
 def worker(name):
-    record = run_sklearn() if name.startswith("sklearn") else run_vijax(name)
+    record = run_sklearn() if name == "sklearn" else run_vijax(name)
     print("RESULT " + json.dumps(record), flush=True)
 
 
@@ -129,9 +132,13 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--worker", choices=WORKERS)
     parser.add_argument("--rounds", type=int, default=3, help="fresh child processes per row (medians reported)")
+    parser.add_argument("--cpu", type=int, default=1, help="the core every child is pinned to; -1: no pinning, "
+                        "default threads")
     parser.add_argument("--name", default="mlii_first_call", help="results file name (without .txt)")
     args = parser.parse_args()
     if args.worker:
+        if args.cpu >= 0:  # before NumPy or JAX start their thread pools
+            os.sched_setaffinity(0, {args.cpu})
         worker(args.worker)
         return
 
@@ -140,8 +147,9 @@ def main():
     runs = {name: [] for name in WORKERS}
     for _ in range(args.rounds):  # each round runs every row once, in turn, so a slow spell hits all rows
         for name in WORKERS:
-            env = {**os.environ, **ENV.get(name, {})}
-            out = subprocess.run([sys.executable, __file__, "--worker", name], capture_output=True, text=True, env=env)
+            env = {**os.environ, **(ONE_THREAD if args.cpu >= 0 else {})}
+            out = subprocess.run([sys.executable, __file__, "--worker", name, "--cpu", str(args.cpu)],
+                                 capture_output=True, text=True, env=env)
             lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
             if out.returncode != 0 or not lines:
                 log(f"{name}: failed (exit {out.returncode})\n{out.stderr[-2000:]}")
@@ -150,31 +158,32 @@ def main():
         loads.append(os.getloadavg())
     records = {name: r for name, r in runs.items() if r}
 
-    # scikit-learn's fit: the median of its repeated (warm) fits, in its faster thread setting.
-    sk = [median([t for r in records[n] for t in r["later"]]) for n in ("sklearn", "sklearn 1 thread") if n in records]
-    base = min(sk) if sk else float("nan")
+    # scikit-learn's fit: the median of its repeated (warm) fits.
+    base = median([t for r in records["sklearn"] for t in r["later"]]) if "sklearn" in records else float("nan")
     log(f"ML-II on make_moons(n_samples={DATA['n_samples']}, noise={DATA['noise']}, random_state="
         f"{DATA['random_state']}), SE kernel from v = ℓ = 1, logistic likelihood; float64")
     if "vijax Laplace" in records:
         log(f"vijax from {records['vijax Laplace'][0]['vijax']}")
     log("load average (1, 5, 15 min) before and after each round: "
         + "; ".join(" ".join(f"{x:.2f}" for x in load) for load in loads) + f"; {os.cpu_count()} CPUs")
-    log(f"{args.rounds} round(s), each row a fresh process; medians over the rounds (all values in brackets).",
-        f"× sklearn: relative to scikit-learn's fit, {base:.3f} s (the median of its warm fits, faster thread setting).")
+    log(f"{args.rounds} round(s), each row a fresh process"
+        + (f" pinned to CPU {args.cpu}, BLAS on one thread" if args.cpu >= 0 else ", not pinned, default threads")
+        + "; medians over the rounds (all first calls in brackets).",
+        f"× sklearn: relative to scikit-learn's fit, {base:.3f} s (the median of its warm fits).")
     log("")
     header = (f"{'method':17s} {'1st call s':>10s} {'× sklearn':>9s} {'2nd call s':>10s} {'× sklearn':>9s} "
               f"{'steps':>5s} {'log Z':>9s} {'variance':>8s} {'ℓ':>6s}  all 1st calls")
     log(header, "-" * len(header))
     for name, rs in records.items():
         first, second = median([r["first"] for r in rs]), median([r["second"] for r in rs])
-        if name.startswith("sklearn"):
+        if name == "sklearn":
             second = median([t for r in rs for t in r["later"]])
         r = rs[-1]
         steps = "" if r["steps"] is None else str(r["steps"])
         log(f"{name:17s} {first:10.2f} {first / base:9.1f} {second:10.2f} {second / base:9.1f} "
             f"{steps:>5s} {r['log_z']:9.3f} {r['variance']:8.3f} {r['lengthscale']:6.3f}  "
             "[" + ", ".join(f"{x['first']:.2f}" for x in rs) + "]")
-    log("(sklearn rows: '2nd call' is the median of fits 2–5 of each process)")
+    log("(sklearn: '2nd call' is the median of fits 2–5 of each process)")
     log("")
     header = (f"{'vijax call (median)':22s} {'wall s':>7s} {'programs':>8s} {'XLA compile s':>13s} "
               f"{'trace+lower s':>13s} {'rest (run) s':>12s}")
