@@ -1,7 +1,24 @@
-"""Input validation used where data enters vijax (constructors and builders).
+"""Input validation used where data enters vijax (constructors and builders), and the one rule
+for the type of stored parameters.
 
 Checks run only on concrete arrays: inside `jax.jit`, `jax.vmap` or `jax.grad`
 the values are tracers and are validated by whoever built them outside.
+
+**Parameters are strongly typed arrays of one floating dtype** (`as_param`, `float_dtype`). A
+kernel's, potential's, Gaussian factor's or builder's parameter given as a Python number (``1.0``),
+a list, or an array is stored as a JAX array with ``weak_type=False``, so an optimiser's update (optax
+returns strongly typed arrays) never changes its type and a jitted training step compiles once. Its
+dtype is
+
+- the dtype of the data the parameter goes with, where there is data (a builder's ``X``, the ``H`` of
+  a `Sites` group, a GP's inputs);
+- otherwise the promoted floating dtype of the arrays the user passed for that object (`float_dtype`:
+  ``StudentT(df=3.0, loc=y, scale=0.1)`` takes ``y``'s dtype for all three), so an array keeps its
+  floating dtype (an integer array becomes floating);
+- otherwise ``jnp.result_type(float)`` at construction time: float64 where the user enabled x64,
+  float32 otherwise.
+
+Tracers keep their dtype unless another is asked for (a weakly typed tracer is made strong).
 """
 
 from __future__ import annotations
@@ -9,6 +26,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+import equinox as eqx
 
 
 def is_concrete(*xs) -> bool:
@@ -33,6 +52,100 @@ def as_float_array(name: str, x, owner: str, ndim: int | None = None):
     if ndim is not None and arr.ndim != ndim:
         raise ValueError(f"{owner}: `{name}` must have {ndim} dimension(s), got shape {arr.shape}.")
     return arr
+
+
+def _floating_dtype_of(x):
+    """The floating dtype ``x`` asks for: that of a strongly typed floating array (or NumPy scalar);
+    None for Python numbers, lists, weakly typed arrays and non-floating arrays."""
+    if isinstance(x, (jax.Array, np.ndarray, np.generic)) and not getattr(x, "weak_type", False):
+        if jnp.issubdtype(x.dtype, jnp.floating):
+            return jax.dtypes.canonicalize_dtype(x.dtype)
+    return None
+
+
+def float_dtype(*values):
+    """The one floating dtype of parameters that go together (see the module docstring).
+
+    The promoted dtype of the strongly typed floating arrays among ``values`` (leaves of pytrees
+    included); ``jnp.result_type(float)`` when there are none (Python numbers, lists, weakly typed or
+    integer arrays only).
+    """
+    dtypes = [d for d in map(_floating_dtype_of, jax.tree_util.tree_leaves(values)) if d is not None]
+    if not dtypes:
+        return jnp.result_type(float)
+    dtype = dtypes[0]
+    for d in dtypes[1:]:
+        dtype = jnp.promote_types(dtype, d)
+    return jax.dtypes.canonicalize_dtype(dtype)
+
+
+def as_param(name: str, x, owner: str, dtype=None, ndim: int | None = None):
+    """A parameter as a strongly typed floating array of ``dtype`` (default ``float_dtype(x)``).
+
+    Rejects non-numeric input and (optionally) wrong ranks, as `as_float_array`. Under tracing a
+    tracer of the right dtype is returned as it is (cast only when needed).
+    """
+    arr = as_float_array(name, x, owner, ndim)
+    dtype = float_dtype(x) if dtype is None else jax.dtypes.canonicalize_dtype(dtype)
+    if arr.dtype == dtype and not arr.weak_type:
+        return arr
+    return jnp.asarray(arr, dtype=dtype)
+
+
+def cast_floating(tree, dtype):
+    """``tree`` with every floating array leaf a strongly typed array of ``dtype`` (other leaves, such
+    as integer indices and boolean masks, as they are): how a builder gives a kernel or potential the
+    dtype of its data. Leaves already of that type are kept, so nothing is copied when it has it."""
+    dtype = jax.dtypes.canonicalize_dtype(dtype)
+
+    def needs_cast(x):
+        return (isinstance(x, (jax.Array, np.ndarray)) and jnp.issubdtype(x.dtype, jnp.floating)
+                and (x.dtype != dtype or getattr(x, "weak_type", False)))
+
+    if not any(map(needs_cast, jax.tree_util.tree_leaves(tree))):
+        return tree  # the same object: a model records the kernel it was given
+    return jax.tree_util.tree_map(lambda x: jnp.asarray(x, dtype=dtype) if needs_cast(x) else x, tree)
+
+
+def strongly_typed(tree):
+    """``tree`` with every weakly typed array leaf made strongly typed, of the same dtype: for state
+    that an optimiser's ``init`` builds from Python numbers (optax.lbfgs's counters and step sizes),
+    which its first update returns strongly typed."""
+    def strong(x):
+        return jnp.asarray(x, dtype=x.dtype) if getattr(x, "weak_type", False) else x
+
+    return jax.tree_util.tree_map(strong, tree)
+
+
+def data_dtype(tree):
+    """The promoted floating dtype of ``tree``'s array leaves, or None when it has none."""
+    dtypes = [jax.dtypes.canonicalize_dtype(x.dtype) for x in jax.tree_util.tree_leaves(tree)
+              if isinstance(x, (jax.Array, np.ndarray)) and jnp.issubdtype(x.dtype, jnp.floating)]
+    if not dtypes:
+        return None
+    dtype = dtypes[0]
+    for d in dtypes[1:]:
+        dtype = jnp.promote_types(dtype, d)
+    return dtype
+
+
+def format_param(x) -> str:
+    """A parameter for `repr`: a concrete scalar as its value (``3.0``), an array or tracer as dtype
+    and shape (``f64[100]``), a module by its own repr."""
+    if isinstance(x, (jax.Array, np.ndarray, np.generic)):
+        if np.ndim(x) == 0 and not isinstance(x, jax.core.Tracer):
+            value = np.asarray(x).item()
+            if isinstance(value, float):
+                text = f"{value:.6g}"
+                return text if any(c in text for c in ".ein") else text + ".0"
+            return repr(value)
+        dtype = np.dtype(x.dtype)
+        short = {"f": "f", "i": "i", "u": "u", "c": "c"}.get(dtype.kind)
+        name = f"{short}{8 * dtype.itemsize}" if short and dtype.name != "bfloat16" else dtype.name
+        return f"{name}[{','.join(map(str, np.shape(x)))}]"
+    if callable(x) and not isinstance(x, eqx.Module):
+        return getattr(x, "__name__", type(x).__name__)
+    return repr(x)
 
 
 def check_finite(name: str, x, owner: str) -> None:
@@ -65,8 +178,8 @@ def check_broadcastable(name: str, x, num_sites: int, owner: str) -> None:
 
 
 def as_inputs(X, owner: str):
-    """GP inputs as a finite float ``(N, d)`` array (a vector is ``(N, 1)``)."""
-    X = as_float_array("X", X, owner)
+    """GP inputs as a finite, strongly typed float ``(N, d)`` array (a vector is ``(N, 1)``)."""
+    X = as_param("X", X, owner)
     if X.ndim == 1:
         X = X[:, None]
     if X.ndim != 2:

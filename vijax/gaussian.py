@@ -3,6 +3,12 @@
 `GaussianFactor` is the abstract base and the home of the constructors (``isotropic``, ``diagonal``,
 ``dense``, ``precision``, ``linear_gaussian``); each returns the concrete form whose algebra is
 cheapest: `IsotropicGaussian`, `DiagonalGaussian`, `DenseGaussian` or `NaturalGaussian`.
+
+The constructors store their parameters as strongly typed arrays of one floating dtype: the promoted
+dtype of the arrays passed (``dense(mean, cov)`` with a float32 ``cov`` is float32), else
+``jnp.result_type(float)`` (``isotropic(dim, variance=1.0)``: float64 where x64 is enabled), so an
+optimiser's update of a prior variance never changes its type. A `vj.LatentLinearModel` gives its
+Gaussian factor the dtype of its site projections.
 """
 
 from __future__ import annotations
@@ -91,8 +97,9 @@ class GaussianFactor(eqx.Module):
     @staticmethod
     def precision(mean, prec) -> "NaturalGaussian":
         owner = "GaussianFactor.precision"
-        mean = _checks.as_float_array("mean", mean, owner, ndim=1)
-        prec = _checks.as_float_array("prec", prec, owner, ndim=2)
+        dtype = _checks.float_dtype(mean, prec)
+        mean = _checks.as_param("mean", mean, owner, dtype, ndim=1)
+        prec = _checks.as_param("prec", prec, owner, dtype, ndim=2)
         _check_square(prec, mean.shape[0], "prec", owner)
         _check_positive_definite(prec, "prec", owner)
         L = jnp.linalg.cholesky(prec)
@@ -104,8 +111,9 @@ class GaussianFactor(eqx.Module):
     @staticmethod
     def linear_gaussian(M, y, noise_variance) -> "NaturalGaussian":
         owner = "GaussianFactor.linear_gaussian"
-        M = _checks.as_float_array("M", M, owner, ndim=2)
-        y = _checks.as_float_array("y", y, owner, ndim=1)
+        dtype = _checks.float_dtype(M, y)
+        M = _checks.as_param("M", M, owner, dtype, ndim=2)
+        y = _checks.as_param("y", y, owner, dtype, ndim=1)
         if M.shape[0] != y.shape[0]:
             raise ValueError(f"{owner}: M has {M.shape[0]} rows but y has {y.shape[0]} entries.")
         _checks.check_finite("M", M, owner)
@@ -148,9 +156,10 @@ class IsotropicGaussian(GaussianFactor):
     def __init__(self, dim, variance=1.0, mean=0.0):
         owner = "GaussianFactor.isotropic"
         self.num_dims = dim
-        self.variance = _checks.as_float_array("variance", variance, owner, ndim=0)
+        dtype = _checks.float_dtype(variance, mean)
+        self.variance = _checks.as_param("variance", variance, owner, dtype, ndim=0)
         _checks.check_positive("variance", self.variance, owner)
-        self.mean = jnp.broadcast_to(_checks.as_float_array("mean", mean, owner), (dim,))
+        self.mean = jnp.broadcast_to(_checks.as_param("mean", mean, owner, dtype), (dim,))
         _checks.check_finite("mean", self.mean, owner)
 
     @property
@@ -184,9 +193,10 @@ class DiagonalGaussian(GaussianFactor):
 
     def __init__(self, variance, mean=0.0):
         owner = "GaussianFactor.diagonal"
-        self.variance = _checks.as_float_array("variance", variance, owner, ndim=1)
+        dtype = _checks.float_dtype(variance, mean)
+        self.variance = _checks.as_param("variance", variance, owner, dtype, ndim=1)
         _checks.check_positive("variance", self.variance, owner)
-        self.mean = jnp.broadcast_to(_checks.as_float_array("mean", mean, owner), self.variance.shape)
+        self.mean = jnp.broadcast_to(_checks.as_param("mean", mean, owner, dtype), self.variance.shape)
         _checks.check_finite("mean", self.mean, owner)
 
     @property
@@ -223,11 +233,12 @@ class DenseGaussian(GaussianFactor):
 
     def __init__(self, mean, cov, jitter=0.0):
         owner = "GaussianFactor.dense"
-        self.mean = _checks.as_float_array("mean", mean, owner, ndim=1)
+        dtype = _checks.float_dtype(mean, cov)
+        self.mean = _checks.as_param("mean", mean, owner, dtype, ndim=1)
         _checks.check_finite("mean", self.mean, owner)
-        cov = _checks.as_float_array("cov", cov, owner, ndim=2)
+        cov = _checks.as_param("cov", cov, owner, dtype, ndim=2)
         _check_square(cov, self.mean.shape[0], "cov", owner)
-        self.jitter = jnp.asarray(jitter, cov.dtype)
+        self.jitter = _checks.as_param("jitter", jitter, owner, dtype)
         self.cov = cov + self.jitter * jnp.eye(cov.shape[0], dtype=cov.dtype)
         _check_positive_definite(self.cov, "cov", owner)
         self.chol = jnp.linalg.cholesky(self.cov)

@@ -71,8 +71,11 @@ class HierarchicalModel(eqx.Module):
         if len(hyper_index) != len(sites):
             raise ValueError(f"{owner}: {len(sites)} site groups but {len(hyper_index)} entries in `hyper_index`; "
                              "give one index array per group.")
-        hyper_mean = _checks.as_float_array("hyper_mean", hyper_mean, owner, ndim=1)
-        hyper_var = _checks.as_float_array("hyper_var", hyper_var, owner, ndim=1)
+        # The hyperprior takes the dtype of the sites' data (that of a model of these groups).
+        dtype = _checks.data_dtype([group.projection for group in sites])
+        dtype = _checks.float_dtype(hyper_mean, hyper_var) if dtype is None else dtype
+        hyper_mean = _checks.as_param("hyper_mean", hyper_mean, owner, dtype, ndim=1)
+        hyper_var = _checks.as_param("hyper_var", hyper_var, owner, dtype, ndim=1)
         _checks.check_finite("hyper_mean", hyper_mean, owner)
         _checks.check_positive("hyper_var", hyper_var, owner)
         if hyper_mean.shape != hyper_var.shape:

@@ -46,6 +46,9 @@ class Sites(eqx.Module):
     - `H`: projections, shape ``(N, D)``: a dense array, a `BCOO` matrix, or `Identity(D)`.
     - `potential`: an `AbstractPotential` whose per-site parameters broadcast to ``(N,)``.
     - `offset`: b, a scalar or shape ``(N,)`` (default 0).
+
+    The potential's parameters and the offset take the floating dtype of ``H`` (strongly typed; with
+    `Identity`, which has none, the potential's own dtype).
     """
 
     projection: AbstractProjection
@@ -56,8 +59,13 @@ class Sites(eqx.Module):
         if not isinstance(potential, AbstractPotential):
             raise ValueError(f"Sites: `potential` must be a vj.potentials potential, got {type(potential).__name__}.")
         self.projection = as_projection(H)
+        dtype = _checks.data_dtype(self.projection)
+        if dtype is not None:
+            potential = _checks.cast_floating(potential, dtype)
+        else:
+            dtype = _checks.float_dtype(offset, potential)
         self.potential = potential
-        self.offset = _checks.as_float_array("offset", offset, "Sites")
+        self.offset = _checks.as_param("offset", offset, "Sites", dtype)
         _checks.check_finite("offset", self.offset, "Sites")
         n = self.num_sites
         _checks.check_broadcastable("offset", self.offset, n, "Sites")
@@ -91,6 +99,9 @@ class LatentLinearModel(eqx.Module):
     - `prior`: a `GaussianFactor`, or None for a target with no Gaussian term.
     - `sites`: a `Sites` group or a tuple of them (e.g. likelihood sites and
       Laplace-prior sites with H = I).
+
+    The model has one floating dtype, ``dtype`` (that of its projections, else of its prior): the
+    Gaussian factor's and the site groups' parameters are stored in it.
     """
 
     prior: GaussianFactor | None
@@ -111,6 +122,10 @@ class LatentLinearModel(eqx.Module):
                              "every H must have one column per latent coordinate.")
         self.prior = prior
         self.sites = sites
+        dtype = _checks.data_dtype(self._dtype_leaves())
+        if dtype is not None:
+            self.prior = _checks.cast_floating(prior, dtype)
+            self.sites = _checks.cast_floating(sites, dtype)
 
     def replace(self, *, prior=_KEEP, sites=_KEEP) -> "LatentLinearModel":
         """This model, of its own type (a GP model keeps its kernel and inputs), with another ``prior``
@@ -131,10 +146,12 @@ class LatentLinearModel(eqx.Module):
     @property
     def dtype(self):
         """The floating dtype of the model's data (that of its projections, else of its prior)."""
-        leaves = [s.projection for s in self.sites if not isinstance(s.projection, Identity)] or [self.prior]
         # Only floating leaves: a sparse projection also holds integer column indices.
-        floats = [x.dtype for x in jax.tree_util.tree_leaves(leaves) if jnp.issubdtype(x.dtype, jnp.floating)]
+        floats = [x.dtype for x in jax.tree_util.tree_leaves(self._dtype_leaves()) if jnp.issubdtype(x.dtype, jnp.floating)]
         return jnp.result_type(*floats)
+
+    def _dtype_leaves(self):
+        return [s.projection for s in self.sites if not isinstance(s.projection, Identity)] or [self.prior]
 
     def initial_moments(self):
         """A starting mean and per-coordinate scale: the Gaussian factor's, or (0, 1) without one."""

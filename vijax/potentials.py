@@ -26,6 +26,12 @@ Every potential gives
   what the G-KL algorithms need; implied by ``log_concave``) and ``super_gaussian`` (local variational
   bounds exist).
 
+Parameters are stored as strongly typed arrays of one floating dtype: the promoted dtype of the
+arrays passed (``StudentT(df=3.0, loc=y, scale=0.1)`` has ``y``'s dtype throughout), else
+``jnp.result_type(float)``; a `vj.Sites` group gives its potential the dtype of its ``H``. So an
+optimiser's update never changes their type (a jitted training step compiles once). ``repr`` shows
+scalars by value and arrays as dtype and shape: ``StudentT(df=3.0, loc=f64[100], scale=0.1)``.
+
 Conventions: data-carrying potentials take the observation as ``loc`` (or
 ``counts``); `Logistic`, `Probit` and `Heaviside` act on ``y_n x_n^T w`` with the
 label folded into ``h_n`` (``labels_in_projection = True``), as the GLM builders do.
@@ -34,6 +40,7 @@ label folded into ``h_n`` (``labels_in_projection = True``), as the GLM builders
 from __future__ import annotations
 
 import abc
+import dataclasses
 import functools
 from typing import Callable, ClassVar
 
@@ -145,6 +152,11 @@ class AbstractPotential(eqx.Module):
         for name, value in _array_fields(self):
             _checks.check_broadcastable(name, value, num_sites, type(self).__name__)
 
+    def __repr__(self):
+        """Scalar parameters by value, arrays as dtype and shape: ``StudentT(df=3.0, loc=f64[100], scale=0.1)``."""
+        return f"{type(self).__name__}(" + ", ".join(
+            f"{f.name}={_checks.format_param(getattr(self, f.name))}" for f in dataclasses.fields(self)) + ")"
+
 
 def _array_fields(module):
     for name in getattr(module, "__dataclass_fields__", {}):
@@ -153,8 +165,10 @@ def _array_fields(module):
             yield name, value
 
 
-def _param(name, value, owner, positive=False):
-    arr = _checks.as_float_array(name, value, owner)
+def _param(name, value, owner, dtype, positive=False):
+    """A parameter as a strongly typed array of ``dtype`` (`vijax._checks.as_param`), checked finite
+    (and positive)."""
+    arr = _checks.as_param(name, value, owner, dtype)
     (_checks.check_positive if positive else _checks.check_finite)(name, arr, owner)
     return arr
 
@@ -529,11 +543,11 @@ class Heaviside(AbstractPotential):
     Closed form: ⟨log φ⟩ = log(1 − ε) + Φ(−μ/σ)·log(ε / (1 − ε)).
     """
 
-    eps: jax.Array = 0.05
+    eps: jax.Array
     labels_in_projection: ClassVar[bool] = True
 
     def __init__(self, eps=0.05):
-        self.eps = _param("eps", eps, "Heaviside")
+        self.eps = _param("eps", eps, "Heaviside", _checks.float_dtype(eps))
         _checks.check_in_open_interval("eps", self.eps, 0.0, 0.5, "Heaviside")
 
     def log_phi(self, x):
@@ -568,8 +582,9 @@ class Gaussian(AbstractPotential):
     super_gaussian: ClassVar[bool] = True
 
     def __init__(self, loc=0.0, scale=1.0):
-        self.loc = _param("loc", loc, "Gaussian")
-        self.scale = _param("scale", scale, "Gaussian", positive=True)
+        dtype = _checks.float_dtype(loc, scale)
+        self.loc = _param("loc", loc, "Gaussian", dtype)
+        self.scale = _param("scale", scale, "Gaussian", dtype, positive=True)
 
     def log_phi(self, x):
         return -0.5 * (LOG_2PI + 2 * jnp.log(self.scale) + ((self.loc - x) / self.scale) ** 2)
@@ -639,8 +654,9 @@ class Laplace(AbstractPotential):
     super_gaussian: ClassVar[bool] = True
 
     def __init__(self, loc=0.0, scale=1.0):
-        self.loc = _param("loc", loc, "Laplace")
-        self.scale = _param("scale", scale, "Laplace", positive=True)
+        dtype = _checks.float_dtype(loc, scale)
+        self.loc = _param("loc", loc, "Laplace", dtype)
+        self.scale = _param("scale", scale, "Laplace", dtype, positive=True)
 
     def log_phi(self, x):
         return -jnp.log(2 * self.scale) - jnp.abs(self.loc - x) / self.scale
@@ -711,9 +727,10 @@ class StudentT(AbstractPotential):
     super_gaussian: ClassVar[bool] = True
 
     def __init__(self, df=3.0, loc=0.0, scale=1.0):
-        self.df = _param("df", df, "StudentT", positive=True)
-        self.loc = _param("loc", loc, "StudentT")
-        self.scale = _param("scale", scale, "StudentT", positive=True)
+        dtype = _checks.float_dtype(df, loc, scale)
+        self.df = _param("df", df, "StudentT", dtype, positive=True)
+        self.loc = _param("loc", loc, "StudentT", dtype)
+        self.scale = _param("scale", scale, "StudentT", dtype, positive=True)
 
     def log_phi(self, x):
         nu = self.df
@@ -745,8 +762,9 @@ class Cauchy(AbstractPotential):
     super_gaussian: ClassVar[bool] = True
 
     def __init__(self, loc=0.0, scale=1.0):
-        self.loc = _param("loc", loc, "Cauchy")
-        self.scale = _param("scale", scale, "Cauchy", positive=True)
+        dtype = _checks.float_dtype(loc, scale)
+        self.loc = _param("loc", loc, "Cauchy", dtype)
+        self.scale = _param("scale", scale, "Cauchy", dtype, positive=True)
 
     def log_phi(self, x):
         r = (self.loc - x) / self.scale
@@ -775,7 +793,7 @@ class Poisson(AbstractPotential):
     log_concave: ClassVar[bool] = True
 
     def __init__(self, counts):
-        self.counts = _param("counts", counts, "Poisson")
+        self.counts = _param("counts", counts, "Poisson", _checks.float_dtype(counts))
         if _checks.is_concrete(self.counts):
             c = np.asarray(self.counts)
             if np.any(c < 0) or np.any(c != np.round(c)):

@@ -13,7 +13,9 @@ E- and M-steps need.
 
 Every method is written for the D_b columns of a block at once: ``y`` has shape ``(D_b,)``,
 ``mean`` ``(D_b, K)``, ``cov`` ``(D_b, K, K)``; per-column parameters (Gaussian noise, ordinal
-thresholds) carry a leading axis of length D_b (`for_columns` broadcasts scalars to it).
+thresholds) carry a leading axis of length D_b (`for_columns` broadcasts scalars to it). They are
+strongly typed floating arrays (`vijax._checks.as_param`), of the model's dtype once a builder
+(`factor_analysis`, `graphical_model`) has placed them in a block.
 
 Binary, ordinal and stick-breaking likelihoods are written through the logistic log-partition
 llp(x) = log(1 + eˣ) = −log σ(−x), and take ``bound``, a lower bound on ⟨log σ⟩ from the core library
@@ -150,7 +152,7 @@ class GaussianColumn(AbstractLikelihood):
     constant_curvature: ClassVar[bool] = True
 
     def __init__(self, noise=1.0, learn_noise: bool = True):
-        noise = jnp.asarray(noise, dtype=jnp.result_type(float))
+        noise = _checks.as_param("noise", noise, type(self).__name__)
         if _checks.is_concrete(noise) and not bool(jnp.all(noise > 0)):
             raise ValueError(f"{type(self).__name__}: `noise` (a variance) must be positive; got {noise}.")
         self.noise, self.learn_noise = noise, bool(learn_noise)
@@ -262,7 +264,7 @@ class Ordinal(AbstractLikelihood):
         if thresholds is None:  # logistic quantiles of equally likely levels
             p = np.arange(1, num_levels) / num_levels
             thresholds = np.log(p / (1 - p))
-        t = jnp.asarray(thresholds, dtype=jnp.result_type(float))
+        t = _checks.as_param("thresholds", thresholds, "Ordinal")
         if t.shape[-1] != num_levels - 1 or (not isinstance(t, jax.core.Tracer) and not bool(jnp.all(jnp.diff(t) > 0))):
             raise ValueError(f"Ordinal: `thresholds` must be {num_levels - 1} increasing values.")
         self.first, self.log_gaps = t[..., 0], jnp.log(jnp.diff(t, axis=-1))

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import _linalg
+from .. import _checks, _linalg
 from .likelihoods import AbstractLikelihood
 
 __all__ = ["Block", "FactorModel", "ObservedModel", "factor_analysis", "graphical_model", "observe", "elbo_point"]
@@ -103,7 +103,8 @@ def factor_analysis(likelihoods, latent_dim: int, key, num_columns: int | None =
     for i, (cols, lik) in enumerate(_as_blocks(likelihoods, num_columns, owner)):
         k = lik.num_predictors
         w = scale * jax.random.normal(jax.random.fold_in(key, i), (len(cols), k, latent_dim), dtype)
-        blocks.append(Block(cols, lik.for_columns(len(cols)), w, jnp.zeros((len(cols), k), dtype)))
+        blocks.append(Block(cols, _checks.cast_floating(lik.for_columns(len(cols)), dtype), w,
+                            jnp.zeros((len(cols), k), dtype)))
     return FactorModel(jnp.zeros(latent_dim, dtype), jnp.eye(latent_dim, dtype=dtype), tuple(blocks),
                        learn_prior=False, learn_loadings=True)
 
@@ -124,7 +125,8 @@ def graphical_model(likelihoods, num_columns: int | None = None, penalty: float 
     for cols, lik in pairs:
         k = lik.num_predictors
         w = jnp.eye(latent, dtype=dtype)[start:start + len(cols) * k].reshape(len(cols), k, latent)
-        blocks.append(Block(cols, lik.for_columns(len(cols)), w, jnp.zeros((len(cols), k), dtype)))
+        blocks.append(Block(cols, _checks.cast_floating(lik.for_columns(len(cols)), dtype), w,
+                            jnp.zeros((len(cols), k), dtype)))
         start += len(cols) * k
     return FactorModel(jnp.zeros(latent, dtype), jnp.eye(latent, dtype=dtype), tuple(blocks),
                        learn_prior=True, learn_loadings=False, penalty=float(penalty))

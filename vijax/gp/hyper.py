@@ -18,6 +18,7 @@ import numpy as np
 import optax
 from jax.typing import ArrayLike
 
+from .. import _checks
 from .._keywords import renamed
 from ..posterior import Diagnostics, Posterior
 from .kernels import AbstractKernel
@@ -92,7 +93,9 @@ def fit_hyperparameters(kernel: AbstractKernel, X: ArrayLike, likelihood: Abstra
     data = (X, likelihood, labels, mean, jitter)
     params = (kernel, {name: jnp.log(jnp.asarray(getattr(likelihood, name))) for name in train_likelihood})
     state = method.start(_build(params, data)[0])
-    opt_state = optimizer.init(params)
+    # optax.lbfgs's state holds weakly typed scalars, which its update returns strongly typed: made strong
+    # here, so the step compiles once rather than once more at its second call.
+    opt_state = _checks.strongly_typed(optimizer.init(params))
     trace, converged, change, grad_norm, steps = [], False, np.inf, np.nan, 0
     post, stale = None, False  # the fit at `params`; whether `params` moved past it
     for it in range(max_iter):

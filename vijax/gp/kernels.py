@@ -8,7 +8,10 @@ A kernel is called on inputs of shape ``(N, d)`` (a 1-D array is read as ``(N, 1
 
 Positive parameters are stored as logarithms (``log_variance``, ``log_lengthscale``, …), so any
 gradient step keeps them positive; the properties ``variance``, ``lengthscale``, … give the
-values. Constructors take the positive values and raise `ValueError` on anything else.
+values. Constructors take the positive values and raise `ValueError` on anything else. The logarithms
+are strongly typed arrays of one floating dtype: that of the arrays passed (``lengthscale=jnp.ones(d)``),
+else ``jnp.result_type(float)`` (float64 with x64 enabled), so an optax update never changes their type
+and a jitted training step compiles once; `vj.gp.model` gives the kernel its inputs' dtype.
 
 Stationary kernels use the scaled distance r² = Σ_j (x_j − x'_j)² / ℓ_j² (one ℓ per input
 dimension for ARD, or a scalar):
@@ -55,18 +58,16 @@ __all__ = [
 
 
 def _format(value):
-    """A parameter's value for `repr`: numbers for concrete arrays, the shape for traced ones."""
-    if isinstance(value, jax.core.Tracer):
-        return f"<traced {jnp.shape(value)}>"
-    a = np.asarray(value)
-    if a.ndim == 0:
-        text = f"{float(a):.6g}"
-        return text if any(c in text for c in ".ein") else text + ".0"
-    return np.array2string(a, precision=6, separator=", ")
+    """A parameter's value for `repr`: numbers for concrete arrays (ARD lengthscales too), dtype and
+    shape for traced ones (`vijax._checks.format_param`)."""
+    if isinstance(value, jax.core.Tracer) or np.ndim(value) == 0:
+        return _checks.format_param(value)
+    return np.array2string(np.asarray(value), precision=6, separator=", ")
 
 
-def _log_positive(name, value, owner):
-    value = _checks.as_float_array(name, value, owner)
+def _log_positive(name, value, owner, dtype):
+    """log of a positive parameter, a strongly typed array of ``dtype`` (`vijax._checks.as_param`)."""
+    value = _checks.as_param(name, value, owner, dtype)
     _checks.check_positive(name, value, owner)
     return jnp.log(value)
 
@@ -151,8 +152,9 @@ class _Stationary(AbstractKernel):
 
     def __init__(self, lengthscale=1.0, variance=1.0):
         owner = type(self).__name__
-        self.log_lengthscale = _log_positive("lengthscale", lengthscale, owner)
-        self.log_variance = _log_positive("variance", variance, owner)
+        dtype = _checks.float_dtype(lengthscale, variance)
+        self.log_lengthscale = _log_positive("lengthscale", lengthscale, owner, dtype)
+        self.log_variance = _log_positive("variance", variance, owner, dtype)
         if self.log_lengthscale.ndim > 1:
             raise ValueError(f"{owner}: `lengthscale` must be a scalar or one value per input dimension.")
 
@@ -227,9 +229,10 @@ class Periodic(AbstractKernel):
     log_variance: jnp.ndarray
 
     def __init__(self, lengthscale=1.0, period=1.0, variance=1.0):
-        self.log_lengthscale = _log_positive("lengthscale", lengthscale, "Periodic")
-        self.log_period = _log_positive("period", period, "Periodic")
-        self.log_variance = _log_positive("variance", variance, "Periodic")
+        dtype = _checks.float_dtype(lengthscale, period, variance)
+        self.log_lengthscale = _log_positive("lengthscale", lengthscale, "Periodic", dtype)
+        self.log_period = _log_positive("period", period, "Periodic", dtype)
+        self.log_variance = _log_positive("variance", variance, "Periodic", dtype)
 
     @property
     def lengthscale(self):
@@ -258,7 +261,7 @@ class Linear(AbstractKernel):
     log_variance: jnp.ndarray
 
     def __init__(self, variance=1.0):
-        self.log_variance = _log_positive("variance", variance, "Linear")
+        self.log_variance = _log_positive("variance", variance, "Linear", _checks.float_dtype(variance))
 
     @property
     def variance(self):
@@ -277,7 +280,7 @@ class White(AbstractKernel):
     log_variance: jnp.ndarray
 
     def __init__(self, variance=1.0):
-        self.log_variance = _log_positive("variance", variance, "White")
+        self.log_variance = _log_positive("variance", variance, "White", _checks.float_dtype(variance))
 
     @property
     def variance(self):

@@ -85,7 +85,9 @@ def model(kernel: AbstractKernel, X: ArrayLike, likelihood: AbstractPotential, l
     - `jitter`: added to the diagonal of K before factorising (reported on the prior as ``.jitter``).
 
     Returns a `GPModel`, a `LatentLinearModel` that records ``kernel`` and ``X`` for
-    `vj.gp.predict`, `predict_proba` and `log_predictive`.
+    `vj.gp.predict`, `predict_proba` and `log_predictive`. The model has X's floating dtype: the
+    kernel's and the likelihood's parameters, the mean and the jitter are stored in it, as strongly
+    typed arrays (a float32 X gives a float32 model even with x64 enabled).
     """
     owner = "vj.gp.model"
     if not isinstance(kernel, AbstractKernel):
@@ -93,7 +95,9 @@ def model(kernel: AbstractKernel, X: ArrayLike, likelihood: AbstractPotential, l
     if not isinstance(likelihood, AbstractPotential):
         raise ValueError(f"{owner}: `likelihood` must be a vj.potentials potential, got {type(likelihood).__name__}.")
     X = _checks.as_inputs(X, owner)
-    mean = _checks.as_float_array("mean", mean, owner)
+    kernel = _checks.cast_floating(kernel, X.dtype)
+    likelihood = _checks.cast_floating(likelihood, X.dtype)
+    mean = _checks.as_param("mean", mean, owner, X.dtype)
     if mean.ndim != 0:
         raise ValueError(f"{owner}: `mean` must be a scalar (a constant mean function), got shape {mean.shape}.")
     _checks.check_finite("mean", mean, owner)
