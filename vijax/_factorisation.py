@@ -66,6 +66,10 @@ class Primal(eqx.Module):
         """R⁻¹ (s ∘ v), so that vᵀ P⁻¹ v = ‖half_solve(v)‖² (``v`` of shape ``(D,)`` or ``(D, K)``)."""
         return solve_triangular(self.R, _times(self.scale, v), lower=False)
 
+    def half_multiply(self, v):
+        """Rᵀ (v / s), so that vᵀ P v = ‖half_multiply(v)‖² (``v`` of shape ``(D,)`` or ``(D, K)``)."""
+        return self.R.T @ _times(1.0 / self.scale, v)
+
     def solve(self, v):
         """P⁻¹ v for ``v`` of shape ``(D,)`` or ``(D, K)``."""
         return _times(self.scale, solve_triangular(self.R, self.half_solve(v), lower=False, trans="T"))

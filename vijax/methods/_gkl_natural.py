@@ -79,9 +79,10 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jax.scipy.linalg import cho_solve, lu_factor, lu_solve, solve_triangular
+from jax.scipy.linalg import lu_factor, lu_solve
 
-from .._linalg import inverse_factor, nan_trace, reversed_cholesky, select
+from .._factorisation import Primal, SiteForm
+from .._linalg import nan_trace, select
 from ..model import LatentLinearModel
 from ..posterior import Diagnostics
 from ._gaussian import diagonal_form
@@ -174,8 +175,7 @@ class _Factor(NamedTuple):
 
     logdet: jax.Array
     variances: jax.Array
-    core: jax.Array  # primal: C with S = CᵀC (upper-triangular); dual: the Cholesky factor of B
-    root: jax.Array  # dual: √λ; primal: unused
+    core: jax.Array  # primal: C with S = CᵀC (upper-triangular); dual: unused
     cross: jax.Array  # primal: T = HCᵀ, so that Σ = HSHᵀ = TTᵀ; dual: L_B⁻¹ Λ_λ½ K̃, Σ = K̃ − crossᵀcross
 
 
@@ -192,13 +192,6 @@ class _Linear:
 
     def project_t(self, y):
         return sum(g.projection.rmv(y_g) for g, y_g in zip(self.model.sites, _split(y, _sizes(self.model))))
-
-
-def _scaled_cholesky(P):
-    """``(L, scale)``: the lower Cholesky factor L of P scaled to unit diagonal, diag(scale) P diag(scale) = LLᵀ
-    (covariates in metres and in kilometres factorise alike); NaN where P is not positive definite."""
-    scale = 1.0 / jnp.sqrt(jnp.diag(P))
-    return jnp.linalg.cholesky(scale[:, None] * P * scale[None, :]), scale
 
 
 class _Primal(_Linear):
@@ -220,20 +213,15 @@ class _Primal(_Linear):
         return 0.5 * (P + P.T)
 
     def factor(self, lam) -> _Factor:
-        """S = CᵀC by one reversed Cholesky factorisation of S⁻¹ scaled to unit diagonal; T = HCᵀ and
-        σ² = rowsums of T∘T."""
-        P = self.precision_plus(lam)
-        scale = 1.0 / jnp.sqrt(jnp.diag(P))
-        R = reversed_cholesky(scale[:, None] * P * scale[None, :])  # = RRᵀ, R upper
-        C = inverse_factor(R, jnp.diag(scale))
+        """S = CᵀC from the equilibrated factorisation of S⁻¹ (`Primal`); T = HCᵀ and σ² = rowsums of T∘T."""
+        precision = Primal.of(self.precision_plus(lam))
+        C = precision.covariance_factor()
         T = self.project(C.T)
-        empty = jnp.zeros((0,), C.dtype)
-        return _Factor(2 * jnp.sum(jnp.log(jnp.diag(R) / scale)), jnp.sum(T**2, axis=1), C, empty, T)
+        return _Factor(precision.logdet(), jnp.sum(T**2, axis=1), C, T)
 
     def solve_weighted(self, weights, r):
         """(Λ + Hᵀdiag(weights)H)⁻¹ r (NaN unless the matrix is positive definite)."""
-        L, scale = _scaled_cholesky(self.precision_plus(weights))
-        return scale * cho_solve((L, True), scale * r)
+        return Primal.of(self.precision_plus(weights)).solve(r)
 
     def newton_step(self, fac: _Factor, lam, grad, site, spread, last):
         return _corrected_newton_step(self, fac, lam, grad, site, spread, last)
@@ -263,29 +251,19 @@ class _Dual(_Linear):
     def _inverse_precision(self):
         return 1.0 / self._precision()
 
-    def _cholesky_b(self, root):
-        return jnp.linalg.cholesky(jnp.eye(root.shape[0], dtype=self.K.dtype) + root[:, None] * self.K * root[None, :])
-
     def factor(self, lam) -> _Factor:
-        root = jnp.sqrt(lam)
-        L = self._cholesky_b(root)
-        V = solve_triangular(L, root[:, None] * self.K, lower=True)  # L_B⁻¹ Λ_λ½ K̃
-        logdet = 2 * jnp.sum(jnp.log(jnp.diag(L))) + jnp.sum(jnp.log(self._precision()))
-        return _Factor(logdet, jnp.diag(self.K) - jnp.sum(V**2, axis=0), L, root, V)
-
-    def _woodbury(self, L, root, g):
-        """(Λ + Hᵀdiag(root²)H)⁻¹g = Λ⁻¹(g − Hᵀ diag(root) B⁻¹ diag(root) H Λ⁻¹ g), B = LLᵀ."""
-        inv_p = self._inverse_precision()
-        y = root * cho_solve((L, True), root * self.project(inv_p * g))
-        return inv_p * (g - self.project_t(y))
+        """The site form of S (`SiteForm`: B = I + Λ_λ½ K̃ Λ_λ½); σ² = diag K̃ − colsums of V∘V."""
+        sites = SiteForm.of(self.K, lam)
+        V = sites.cross()  # L_B⁻¹ Λ_λ½ K̃
+        logdet = sites.logdet() + jnp.sum(jnp.log(self._precision()))
+        return _Factor(logdet, jnp.diag(self.K) - jnp.sum(V**2, axis=0), jnp.zeros((0,), V.dtype), V)
 
     def solve_weighted(self, weights, r):
-        """(Λ + HᵀWH)⁻¹ r: ``weights`` W an (N,) vector (≥ 0: by B's Cholesky factor) or an (N, N) matrix
-        (Newton's, possibly indefinite: Λ⁻¹r − Λ⁻¹HᵀW(I + K̃W)⁻¹HΛ⁻¹r, by LU)."""
-        if weights.ndim == 1:
-            root = jnp.sqrt(jnp.maximum(weights, 0.0))
-            return self._woodbury(self._cholesky_b(root), root, r)
+        """(Λ + HᵀWH)⁻¹ r: ``weights`` W an (N,) vector (≥ 0: Λ⁻¹(r − Hᵀ(K̃ + W⁻¹)⁻¹HΛ⁻¹r), by the site form)
+        or an (N, N) matrix (Newton's, possibly indefinite: Λ⁻¹r − Λ⁻¹HᵀW(I + K̃W)⁻¹HΛ⁻¹r, by LU)."""
         inv_p = self._inverse_precision()
+        if weights.ndim == 1:
+            return inv_p * (r - self.project_t(SiteForm.of(self.K, weights).sites_solve(self.project(inv_p * r))))
         T = lu_factor(jnp.eye(self.K.shape[0], dtype=self.K.dtype) + self.K @ weights)
         return inv_p * (r - self.project_t(weights @ lu_solve(T, self.project(inv_p * r))))
 
@@ -390,17 +368,17 @@ def _corrected_newton_step(lin: _Primal, fac, lam, grad, site, spread, last) -> 
     Tt = T.T  # once, not in every product
     gap, e, c, target = site.target - lam, site.target_mean, site.target_var, site.target
     G = 1.0 + c * a
-    L, scale = _scaled_cholesky(lin.precision_plus(target - 0.5 * e**2 * a / G))  # M's system in m
+    system = Primal.of(lin.precision_plus(target - 0.5 * e**2 * a / G))  # M's system in m
     floor = _FLOOR * jnp.finfo(a.dtype).eps
 
     def precondition(r_mean, r_lam):
         """M⁻¹(r_m, r_λ): (Λ + HᵀWH)Δm = r_m + ½HᵀEa r_λ/G with W = λ* − ½E²a/G, then Δλ = (r_λ + EHΔm)/G."""
-        mean = scale * cho_solve((L, True), scale * (r_mean + 0.5 * lin.project_t(e * a * r_lam / G)))
+        mean = system.solve(r_mean + 0.5 * lin.project_t(e * a * r_lam / G))
         return mean, (r_lam + e * lin.project(mean)) / G
 
     def size(mean, lam_step):
         """‖(Δm, Δλ)‖ in M's curvature: Δmᵀ(Λ + HᵀWH)Δm + ½Σ a Δλ², then the square root."""
-        z = L.T @ (mean / scale)
+        z = system.half_multiply(mean)
         return jnp.sqrt(z @ z + 0.5 * a @ lam_step**2)
 
     def allowed(decrement):

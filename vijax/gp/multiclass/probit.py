@@ -63,9 +63,10 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.scipy.linalg import block_diag, cho_solve, solve_triangular
+from jax.scipy.linalg import block_diag
 
 from ... import _checks
+from ..._factorisation import Primal, SiteForm
 from ...covariance import AbstractFactor
 from ...methods import AbstractMethod
 from ...methods.ep import cavity, log_normaliser, moment_residual, site_step
@@ -254,7 +255,7 @@ class _Posterior(NamedTuple):
     alpha: jax.Array  # K⁻¹ mean, (C, N)
     site_cov: jax.Array  # (N, C, C): the C × C block of Σ at each input
     E: jax.Array  # (C, N, N)
-    chol_m: jax.Array  # (N, N), M = Σ_c E_c = L Lᵀ
+    m_factor: Primal  # M = Σ_c E_c, (N, N), factorised
     logdet: jax.Array  # log det(I + K W) + Σ_i log S_i = Σ_c log det B_c + log det M
 
 
@@ -264,30 +265,28 @@ def _side_by_side(P):
 
 
 def _class_factors(Kc, pic):
-    """For one class: the Cholesky factor L of B = I + D½KD½, E = D½B⁻¹D½ and E K."""
-    eye = jnp.eye(Kc.shape[0], dtype=Kc.dtype)
-    d = jnp.sqrt(pic)
-    L = jnp.linalg.cholesky(eye + d[:, None] * Kc * d[None, :])
-    Q = solve_triangular(L, eye, lower=True) * d[None, :]  # L⁻¹D½
-    E = Q.T @ Q
-    return L, E, E @ Kc
+    """For one class: log det B with B = I + D½KD½ (the `SiteForm` of K⁻¹ + D), E = D½B⁻¹D½ = (K + D⁻¹)⁻¹
+    and E K."""
+    sites = SiteForm.of(Kc, pic)
+    E = sites.sites_solve(jnp.eye(Kc.shape[0], dtype=Kc.dtype))
+    E = 0.5 * (E + E.T)
+    return sites.logdet(), E, E @ Kc
 
 
 def _posterior(K, pi, h):
     """q(f) = N(Σh, Σ), Σ = (K⁻¹ + D − D R S⁻¹ RᵀD)⁻¹, from K ``(C, N, N)``, π and h ``(C, N)``."""
     n = K.shape[-1]
     # One class at a time: XLA's batched CPU Cholesky and triangular solves are slower than a loop.
-    L, E, P = (jnp.stack(x) for x in zip(*[_class_factors(K[c], pi[c]) for c in range(K.shape[0])]))
-    L_m = jnp.linalg.cholesky(jnp.sum(E, 0))
+    logdet_b, E, P = (jnp.stack(x) for x in zip(*[_class_factors(K[c], pi[c]) for c in range(K.shape[0])]))
+    M = Primal.of(jnp.sum(E, 0))
     e = jnp.einsum("cnm,cm->cn", E, jnp.einsum("cnm,cm->cn", K, h))
-    g = cho_solve((L_m, True), jnp.sum(e, 0))
+    g = M.solve(jnp.sum(e, 0))
     alpha = h - e + E @ g
     mean = jnp.einsum("cnm,cm->cn", K, alpha)
-    G = solve_triangular(L_m, _side_by_side(P), lower=True).reshape(n, -1, n)  # L_M⁻¹ E_c K_c, (N, C, N)
+    G = M.half_solve(_side_by_side(P)).reshape(n, -1, n)  # GᵀG = [E_c K_c]ᵀ M⁻¹ [E_c K_c], (N, C, N)
     own = jnp.diagonal(K, axis1=-2, axis2=-1) - jnp.sum(K * P, axis=-2)  # diag(K − KEK), (C, N)
     site_cov = jax.vmap(jnp.diag)(own.T) + jnp.einsum("kcn,kdn->ncd", G, G)
-    logdet = 2 * jnp.sum(jnp.log(jnp.diagonal(L, axis1=-2, axis2=-1))) + 2 * jnp.sum(jnp.log(jnp.diag(L_m)))
-    return _Posterior(mean, alpha, site_cov, E, L_m, logdet)
+    return _Posterior(mean, alpha, site_cov, E, M, jnp.sum(logdet_b) + M.logdet())
 
 
 def _evaluate(K, tau, nu, onehot):
@@ -336,24 +335,24 @@ class NestedEPInfo(eqx.Module):
 class NestedEPFactor(AbstractFactor):
     """The covariance of nested EP's q(f) in its structured form (C·N × C·N, class-major, never stored):
 
-        Σ = K − KEK + KER M⁻¹ RᵀEK,     K = blkdiag(K_c), E = blkdiag(E_c), M = Σ_c E_c = L_M L_Mᵀ
+        Σ = K − KEK + KER M⁻¹ RᵀEK,     K = blkdiag(K_c), E = blkdiag(E_c), M = Σ_c E_c
 
     (R&W Alg. 3.3). ``variances()`` costs O(C N²); ``dense()``, ``cholesky()``, ``logdet()``,
     ``projected_variances`` and ``sample`` form Σ (small N·C only). Fields: ``prior_cov`` K_c
-    ``(C, N, N)``, ``E`` ``(C, N, N)`` and ``chol_m`` L_M ``(N, N)``.
+    ``(C, N, N)``, ``E`` ``(C, N, N)`` and ``m_factor``, M factorised (a `Primal`, ``(N, N)``).
     """
 
     prior_cov: jax.Array
     E: jax.Array
-    chol_m: jax.Array
+    m_factor: Primal
 
     @property
     def dim(self) -> int:
         return self.E.shape[0] * self.E.shape[1]
 
     def _cross(self):
-        """G = L_M⁻¹ [E_1K_1 … E_CK_C] ``(N, C·N)``, so that the low-rank term is GᵀG."""
-        return solve_triangular(self.chol_m, _side_by_side(self.E @ self.prior_cov), lower=True)
+        """G ``(N, C·N)`` with GᵀG = [E_1K_1 … E_CK_C]ᵀ M⁻¹ [E_1K_1 … E_CK_C], the low-rank term."""
+        return self.m_factor.half_solve(_side_by_side(self.E @ self.prior_cov))
 
     def dense(self):
         C = self.E.shape[0]
@@ -538,7 +537,7 @@ class NestedEP(AbstractMethod):
             grad_norm=grad_norm, objective_trace=loop.trace.at[iterations].set(jax.lax.stop_gradient(log_z)),
             num_value_evals=iterations + 1, num_grad_evals=jnp.asarray(1), num_hvp_evals=jnp.asarray(0),
             method="NestedEP", solver="parallel", info=NestedEPInfo(loop.damping, update.skipped))
-        factor = NestedEPFactor(frozen, post.E, post.chol_m)
+        factor = NestedEPFactor(frozen, post.E, post.m_factor)
         return NestedEPPosterior(post.mean.reshape(-1), factor, log_z, diagnostics, model, NestedEPState(*sites),
                                  post.site_cov, post.alpha)
 
@@ -573,7 +572,7 @@ def _predict(post, X_test):
     mean = jnp.einsum("cnt,cn->tc", cross, post.alpha)
     b = factor.E @ cross  # E_c k_c*, (C, N, T)
     t = cross.shape[-1]
-    g = solve_triangular(factor.chol_m, _side_by_side(b), lower=True).reshape(n, C, t)
+    g = factor.m_factor.half_solve(_side_by_side(b)).reshape(n, C, t)
     own = diag - jnp.sum(cross * b, axis=1)  # (C, T)
     cov = jax.vmap(jnp.diag)(own.T) + jnp.einsum("kct,kdt->tcd", g, g)
     return mean, cov
