@@ -92,7 +92,7 @@ def fit_hyperparameters(kernel: AbstractKernel, X: ArrayLike, likelihood: Abstra
     # is carried as the method's State: each step starts from the last step's fit.
     data = (X, likelihood, labels, mean, jitter)
     params = (kernel, {name: jnp.log(jnp.asarray(getattr(likelihood, name))) for name in train_likelihood})
-    state = method.start(_build(params, data)[0])
+    state = _start(params, data, method)
     # optax.lbfgs's state holds weakly typed scalars, which its update returns strongly typed: made strong
     # here, so the step compiles once rather than once more at its second call.
     opt_state = _checks.strongly_typed(optimizer.init(params))
@@ -128,18 +128,30 @@ def fit_hyperparameters(kernel: AbstractKernel, X: ArrayLike, likelihood: Abstra
         grad_norm=jnp.asarray(grad_norm, dtype), objective_trace=jnp.asarray(trace, dtype),
         num_value_evals=jnp.asarray(steps + stale), num_grad_evals=jnp.asarray(steps), num_hvp_evals=jnp.asarray(0),
         method=post.diagnostics.method, solver="ML-II (optax)")
-    return HyperparameterFit(params[0], _build(params, data)[1], post, post.log_z, diagnostics)
+    return HyperparameterFit(params[0], _likelihood(params, data), post, post.log_z, diagnostics)
 
 
 _LBFGS = optax.lbfgs()  # one instance, so the default optimizer hashes equal across calls
 
 
-def _build(params, data):
-    kern, logs = params
-    X, lik, labels, mean, jitter = data
-    for name, value in logs.items():
+def _likelihood(params, data):
+    lik = data[1]
+    for name, value in params[1].items():
         lik = eqx.tree_at(lambda p, name=name: getattr(p, name), lik, jnp.exp(value))
-    return model(kern, X, lik, labels=labels, mean=mean, jitter=jitter), lik
+    return lik
+
+
+def _build(params, data):
+    X, _, labels, mean, jitter = data
+    lik = _likelihood(params, data)
+    return model(params[0], X, lik, labels=labels, mean=mean, jitter=jitter), lik
+
+
+@eqx.filter_jit
+def _start(params, data, method):
+    """The inner method's start at ``params``, the model built inside the program (its kernel matrix and
+    Cholesky factor are not computed op by op)."""
+    return method.start(_build(params, data)[0])
 
 
 def _negative_log_z(params, data, method, state):
