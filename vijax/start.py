@@ -12,9 +12,10 @@ $$
 (ν_n = 0 where τ_n = 0: a site without curvature at the mode says where the mode is, not how wide
 the site is). The Gaussian f ∏_n exp(ν_n x_n − ½τ_n x_n²) is the Laplace approximation: it is where
 the data put the posterior however wide, flat or singular f, so no site expectation overflows there
-(a Poisson site's ⟨eˣ⟩ = e^{m + v/2} under a prior of variance 10⁶). G-KL, EP, LVB, Laplace, MAP and
-mean field all start from it (`expand_at_mode`); `shared` is its compiled program, one per model
-shape, which the methods whose state is the expansion itself use as their `start`.
+(a Poisson site's ⟨eˣ⟩ = e^{m + v/2} under a prior of variance 10⁶). G-KL, EP, LVB and mean field
+start from it (`expand_at_mode`); `shared` is its compiled program, one per model shape, which the
+methods whose state is the expansion itself (EP, the default G-KL, free-form mean field) use as their
+`start`. Laplace and MAP run the same mode search (`mode_search`) as their fit, from the prior mean.
 
 **The mode search** (`mode_search`) maximises ℓ by Newton steps with the Gauss–Newton curvature
 P = Λ + Σ_g H_gᵀ diag(ω⁺_g) H_g (`Curvature`, ω⁺ = max(−(log φ)'', 0)), which is −∇²ℓ wherever the
@@ -193,7 +194,7 @@ def _shared(model, dense):
 
 def shared(model: LatentLinearModel, dense: bool | None = None) -> SiteExpansion:
     """`expand_at_mode` compiled: one program per model structure and shape and ``dense``, whichever
-    method asks (EP, G-KL with its full covariance, Laplace, MAP and mean field start from it)."""
+    method asks (EP, G-KL with its full covariance and free-form mean field start from it)."""
     return _shared(model, not matrix_free(model) if dense is None else bool(dense))
 
 

@@ -44,7 +44,7 @@ from ..posterior import Diagnostics, LaplaceInfo, Posterior
 from ..solvers import AbstractSolver, GaussNewton, NewtonCG, Solution
 from ._base import AbstractMethod
 from ._envelope import computed
-from ..start import expand_at_mode, mode_search, whitened
+from ..start import mode_search, whitened
 
 __all__ = ["Laplace", "mode_solver", "log_joint", "site_curvatures", "negative_hessian", "evidence"]
 
@@ -182,15 +182,14 @@ class Laplace(AbstractMethod):
 
     solver: AbstractSolver | None = None
 
-    # The State is a point w, shape (D,): where the mode search starts (the fit's state, the mode).
-    def shares_start(self, model):
-        return True
-
+    # The State is a point w, shape (D,): where the mode search starts (the fit's state, the mode). The
+    # cold start is the Gaussian factor's mean: the fit's own mode search needs no other start, and a
+    # second mode search in a start program would double what Laplace compiles.
     def from_expansion(self, model, expansion):
         return expansion.mode
 
     def init_state(self, model):
-        return expand_at_mode(model).mode
+        return jax.lax.stop_gradient(model.initial_moments()[0])
 
     def from_gaussian(self, model, mean, factor):
         return mean

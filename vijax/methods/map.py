@@ -16,7 +16,6 @@ from ..model import LatentLinearModel
 from ..posterior import Diagnostics, Posterior
 from ..solvers import AbstractSolver
 from ._base import AbstractMethod
-from ..start import expand_at_mode
 from .laplace import fit_mode, is_point, log_joint, mode_solver
 
 __all__ = ["MAP"]
@@ -40,15 +39,12 @@ class MAP(AbstractMethod):
 
     solver: AbstractSolver | None = None
 
-    # The State is a point w, shape (D,), as `vj.Laplace`'s.
-    def shares_start(self, model):
-        return True
-
+    # The State is a point w, shape (D,), as `vj.Laplace`'s (cold: the Gaussian factor's mean).
     def from_expansion(self, model, expansion):
         return expansion.mode
 
     def init_state(self, model):
-        return expand_at_mode(model).mode
+        return jax.lax.stop_gradient(model.initial_moments()[0])
 
     def from_gaussian(self, model, mean, factor):
         return mean
