@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jax.scipy.linalg import solve_triangular
@@ -156,7 +157,28 @@ def differentiable_mode(fit: ModeFit, model: LatentLinearModel):
     return fit.mode + (step - jax.lax.stop_gradient(step))
 
 
-class Laplace(AbstractMethod):
+class AbstractModeMethod(AbstractMethod):
+    """What `Laplace` and `MAP` share: their State is a point w, shape ``(D,)``, where the mode search
+    starts (the fit's final State is the mode). The cold start is the Gaussian factor's mean: the fit's
+    own mode search needs no other start (a second one in a start program would double what they
+    compile); another posterior starts from its mean, an expansion at a point from that point."""
+
+    solver: eqx.AbstractVar[AbstractSolver | None]
+
+    def from_expansion(self, model, expansion):
+        return expansion.mode
+
+    def init_state(self, model):
+        return jax.lax.stop_gradient(model.initial_moments()[0])
+
+    def from_gaussian(self, model, mean, factor):
+        return mean
+
+    def is_state(self, model, state):
+        return is_point(model, state)
+
+
+class Laplace(AbstractModeMethod):
     """The Laplace approximation q(w) = N(w*, (−∇²ℓ(w*))⁻¹) and its evidence estimate.
 
     **Arguments:**
@@ -181,21 +203,6 @@ class Laplace(AbstractMethod):
     """
 
     solver: AbstractSolver | None = None
-
-    # The State is a point w, shape (D,): where the mode search starts (the fit's state, the mode). The
-    # cold start is the Gaussian factor's mean: the fit's own mode search needs no other start, and a
-    # second mode search in a start program would double what Laplace compiles.
-    def from_expansion(self, model, expansion):
-        return expansion.mode
-
-    def init_state(self, model):
-        return jax.lax.stop_gradient(model.initial_moments()[0])
-
-    def from_gaussian(self, model, mean, factor):
-        return mean
-
-    def is_state(self, model, state):
-        return is_point(model, state)
 
     def solve(self, model: LatentLinearModel, state) -> Posterior:
         solver = mode_solver(model, self.solver)

@@ -15,13 +15,12 @@ import jax
 from ..model import LatentLinearModel
 from ..posterior import Diagnostics, Posterior
 from ..solvers import AbstractSolver
-from ._base import AbstractMethod
-from .laplace import fit_mode, is_point, log_joint, mode_solver
+from .laplace import AbstractModeMethod, fit_mode, log_joint, mode_solver
 
 __all__ = ["MAP"]
 
 
-class MAP(AbstractMethod):
+class MAP(AbstractModeMethod):
     """The posterior mode, with the Laplace covariance around it.
 
     **Arguments:**
@@ -38,19 +37,6 @@ class MAP(AbstractMethod):
     """
 
     solver: AbstractSolver | None = None
-
-    # The State is a point w, shape (D,), as `vj.Laplace`'s (cold: the Gaussian factor's mean).
-    def from_expansion(self, model, expansion):
-        return expansion.mode
-
-    def init_state(self, model):
-        return jax.lax.stop_gradient(model.initial_moments()[0])
-
-    def from_gaussian(self, model, mean, factor):
-        return mean
-
-    def is_state(self, model, state):
-        return is_point(model, state)
 
     def solve(self, model: LatentLinearModel, state) -> Posterior:
         solver = mode_solver(model, self.solver)
