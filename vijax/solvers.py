@@ -149,7 +149,7 @@ def fixed_point(evaluate, update, change, x0, *, tol, max_evals, floor):
 
         x' = x₀ − 2αr + α²v,   α = −‖r‖/‖v‖ ≤ −1,
 
-    accepted where value(x') ≥ value(x₁), else the run goes on from x₂: the accepted iterates never
+    accepted where value(x') ≥ value(x₁) (to rounding), else the run goes on from x₂: the accepted iterates never
     lower the objective, and where the extrapolation fails the run is plain EM. The run stops when the
     two plain steps' extrapolated distance (`extrapolated_distance`) is at most ``tol``, returning x₂.
 
@@ -171,7 +171,10 @@ def fixed_point(evaluate, update, change, x0, *, tol, max_evals, floor):
 
     def body(s):
         fx = update(s["point"], s["aux"])
-        accept = (s["phase"] == 0) | ((s["phase"] == 2) & (s["value"] >= s["v1"]))
+        # x' is accepted unless it is below x₁ by more than rounding (once the objective is flat, a
+        # comparison of equal values would otherwise turn on the last bits).
+        slack = 16 * jnp.finfo(s["v1"].dtype).eps * jnp.abs(s["v1"])
+        accept = (s["phase"] == 0) | ((s["phase"] == 2) & (s["value"] >= s["v1"] - slack))
         # An accepted point starts a cycle: x₀ = point, next x₁ = F(x₀).
         accepted = s["accepted"] + accept
         trace = jnp.where(accept, s["trace"].at[accepted].set(s["value"]), s["trace"])

@@ -138,8 +138,9 @@ class SmoothedLaplace(potentials.AbstractPotential):
     super_gaussian: ClassVar[bool] = True
 
     def __init__(self, scale=1.0, smoothing=1e-2):
-        self.scale = potentials._param("scale", scale, "smoothed_laplace", positive=True)
-        self.smoothing = potentials._param("smoothing", smoothing, "smoothed_laplace", positive=True)
+        dtype = _checks.float_dtype(scale, smoothing)
+        self.scale = potentials._param("scale", scale, "smoothed_laplace", dtype, positive=True)
+        self.smoothing = potentials._param("smoothing", smoothing, "smoothed_laplace", dtype, positive=True)
 
     def log_phi(self, x):
         eps = self.smoothing * self.scale

@@ -524,9 +524,11 @@ def fit(model: LatentLinearModel, work: LatentLinearModel, mean, lam, quadrature
         k = s.k + (ok & started & ~s.retry)
         halvings = jnp.where(ok, 0, s.halvings + 1)
         t = jnp.where(ok, one, 0.5 * s.t)
-        # A Newton step whose slope was only estimated (A by its diagonal) may not rise at all: after a
-        # few halvings, the point is evaluated again with the natural-gradient step, an ascent direction.
-        retry = ~ok & p.newton & ~p.step.quadratic & (halvings == _DISTRUST)
+        # A Newton step whose slope was only estimated (the primal form's, whose last correction has A by
+        # its diagonal, however well the corrections converged) may not rise at all: after a few halvings,
+        # the point is evaluated again with the natural-gradient step, an ascent direction.
+        estimated = ~p.step.quadratic | (not lin.dense_coupling)
+        retry = ~ok & p.newton & estimated & (halvings == _DISTRUST)
         t = jnp.where(retry, one, t)
         v = new.fac.variances
         raised = 4.0 * s.trial_lam + 3.0 / jnp.where(jnp.isfinite(v) & (v > 0), v, 1.0)
