@@ -21,11 +21,16 @@ marginal variances it implies. Two backends compute them (tinygp's `Solver` is t
   so K is never inverted. O(N³).
 
 Both report `proper` (the factor is finite: P, or B, positive definite to working precision).
+`conditional` is the third piece a Gaussian process needs: f* | f for test values f* under the prior,
+from the Cholesky factor of the prior covariance at the training inputs.
 Users: the shared Gaussian integral of EP and LVB (`methods._gaussian`), the natural-parameter G-KL
-(`methods._gkl_natural`), Laplace's curvature at the mode, and the start's Newton steps (`start`).
+(`methods._gkl_natural`), Laplace's curvature at the mode, and the start's Newton steps (`start`);
+`conditional`: every GP predictive (`gp.models`, `gp.sparse`, `gp.softmax`, the multi-class models).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import equinox as eqx
 import jax
@@ -34,7 +39,7 @@ from jax.scipy.linalg import cho_solve, solve_triangular
 
 from ._linalg import inverse_factor, reversed_cholesky
 
-__all__ = ["Primal", "SiteForm"]
+__all__ = ["Conditional", "Primal", "SiteForm", "conditional"]
 
 
 class Primal(eqx.Module):
@@ -118,6 +123,24 @@ class SiteForm(eqx.Module):
         """Σ v = K v − K (K + W⁻¹)⁻¹ K v."""
         Kv = self.K @ v
         return Kv - self.K @ self.sites_solve(Kv)
+
+
+class Conditional(NamedTuple):
+    """f* | f for jointly Gaussian (f, f*) with means (μ, μ*): see `conditional`."""
+
+    whitened: jax.Array  # (N, T) A = L⁻¹K*: E[f* | f] = μ* + Aᵀ f̃ in the whitened f̃ = L⁻¹(f − μ)
+    weights: jax.Array  # (N, T) B = K⁻¹K* = L⁻ᵀA: E[f* | f] = μ* + Bᵀ(f − μ)
+    variances: jax.Array  # (T,) Var[f* | f] = k** − colsums(A∘A)
+
+
+def conditional(chol, cross, prior_diag) -> Conditional:
+    """f* | f ~ N(μ* + Bᵀ(f − μ), diag(k** − ‖L⁻¹K*‖²)), B = K⁻¹K*, for Cov f = K = LLᵀ (``chol`` L, ``(N, N)``
+    lower-triangular), Cov(f, f*) = K* (``cross``, ``(N, T)``) and Var f* = k** (``prior_diag``, ``(T,)``).
+
+    Under any q(f) = N(m, S) the predictive marginals are then E f* = μ* + Bᵀ(m − μ) and
+    Var f* = k** − ‖L⁻¹K*‖² + diag(BᵀSB). O(N²T); K is never inverted."""
+    A = solve_triangular(chol, cross, lower=True)
+    return Conditional(A, solve_triangular(chol, A, lower=True, trans="T"), prior_diag - jnp.sum(A**2, axis=0))
 
 
 def _times(d, v):

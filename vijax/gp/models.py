@@ -23,10 +23,10 @@ import warnings
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.scipy.linalg import solve_triangular
 from jax.typing import ArrayLike
 
 from .. import _checks
+from .._factorisation import conditional
 from ..glm import signed_labels
 from ..model import DenseGaussian, GaussianFactor, Identity, LatentLinearModel, ScaledIdentity, Sites
 from ..potentials import AbstractPotential
@@ -207,11 +207,11 @@ def conditional_marginals(post, chol, cross, prior_diag, columns=None):
     Bᵀ(m − μ) and the variance gains diag(BᵀSB). ``prior_diag``: k(x*, x*), shape (T,). Returns the
     centred mean and the variance, each (T,).
     """
-    A = solve_triangular(chol, cross, lower=True)
-    B = solve_triangular(chol.T, A, lower=False)
+    cond = conditional(chol, cross, prior_diag)
+    B = cond.weights
     H = B.T if columns is None else jnp.zeros((B.shape[1], post.mean.shape[0]), B.dtype).at[:, columns].set(B.T)
     _, var = post.marginals(H)
-    return H @ (post.mean - post.model.prior.mean), jnp.maximum(prior_diag - jnp.sum(A**2, axis=0) + var, 0.0)
+    return H @ (post.mean - post.model.prior.mean), jnp.maximum(cond.variances + var, 0.0)
 
 
 def predict(post: Posterior, X_test: ArrayLike, *legacy) -> tuple[jax.Array, jax.Array]:

@@ -30,6 +30,7 @@ import numpy as np
 from jax.scipy.linalg import block_diag, cho_solve, solve_triangular
 
 from .. import _checks
+from .._factorisation import conditional
 from ..covariance import CholeskyFactor
 from ..factor import Block, FactorModel, Multinomial, elbo_point
 from ..factor.em import Posteriors, e_step_run
@@ -201,12 +202,13 @@ def _predict(post, X_test):
     num_classes, n = model.num_classes, model.num_inputs
     chol = jnp.linalg.cholesky(model.prior_covariances())
     # A_c = K_*c L_c⁻ᵀ maps the whitened f̃_c to the conditional mean of f_*c.
-    A = jnp.stack([solve_triangular(chol[c], k(X, X_test), lower=True).T for c, k in enumerate(kernels)])
+    conds = [conditional(chol[c], k(X, X_test), k.diagonal(X_test)) for c, k in enumerate(kernels)]
+    A = jnp.stack([cond.whitened.T for cond in conds])
     m = state.mean.reshape(num_classes, n)
     V = state.cov.reshape(num_classes, n, num_classes, n)
     mean = jnp.einsum("cmn,cn->mc", A, m)
     cov = jnp.einsum("cmn,cndo,dmo->mcd", A, V, A)
-    prior_var = jnp.stack([k.diagonal(X_test) for k in kernels], -1) - jnp.sum(A**2, -1).T
+    prior_var = jnp.stack([cond.variances for cond in conds], -1)
     return mean, cov + jax.vmap(jnp.diag)(prior_var)
 
 

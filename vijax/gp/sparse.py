@@ -20,6 +20,7 @@ from jax.scipy.linalg import solve_triangular
 from jax.typing import ArrayLike
 
 from .. import _checks
+from .._factorisation import conditional
 from .._linalg import LOG_2PI as _LOG_2PI, neg_kl
 from ..quadrature import safe_sqrt
 from .kernels import AbstractKernel
@@ -136,15 +137,14 @@ def optimal_inducing_posterior(kernel: AbstractKernel, X: ArrayLike, y: ArrayLik
 
 def _marginals(kernel, Z, L, mean_u, chol_or_cov, X, is_chol):
     r"""Means and variances of :math:`q(f_n) = \int p(f_n \mid u) q(u)\,du` at the rows of ``X``."""
-    A = solve_triangular(L, kernel(Z, X), lower=True)        # L^{-1} K_ZX
-    P = solve_triangular(L, A, lower=True, trans="T")         # K_ZZ^{-1} K_ZX: columns a_n
+    cond = conditional(L, kernel(Z, X), kernel.diagonal(X))
+    P = cond.weights                                          # K_ZZ^{-1} K_ZX: columns a_n
     mean = P.T @ mean_u
     if is_chol:
         extra = jnp.sum((chol_or_cov.T @ P) ** 2, axis=0)     # a_n^T R R^T a_n
     else:
         extra = jnp.sum(P * (chol_or_cov @ P), axis=0)        # a_n^T S a_n
-    var = kernel.diagonal(X) - jnp.sum(A**2, axis=0) + extra
-    return mean, var
+    return mean, cond.variances + extra
 
 
 def predict_sparse(kernel: AbstractKernel, inducing: ArrayLike, mean_u: ArrayLike, cov_u: ArrayLike, X_test: ArrayLike,
@@ -241,12 +241,12 @@ def svgp_natural_step(mean_u, chol_u, kernel, inducing, X, likelihood, num_data=
     signs = label_signs(likelihood, labels, N, "svgp_natural_step")
     L = _chol_kzz(kernel, Z, jitter)
     eye = jnp.eye(M, dtype=L.dtype)
-    A = solve_triangular(L, kernel(Z, X), lower=True)                 # columns ã_n
+    cond = conditional(L, kernel(Z, X), kernel.diagonal(X))
+    A, prior_var = cond.whitened, cond.variances                       # columns ã_n
     m_w = solve_triangular(L, mean_u, lower=True)
     R_w = solve_triangular(L, jnp.tril(R), lower=True)                 # S̃ = R̃ R̃ᵀ
     R_w_inv = solve_triangular(R_w, eye, lower=True)
     precision = R_w_inv.T @ R_w_inv
-    prior_var = kernel.diagonal(X) - jnp.sum(A**2, axis=0)
 
     def expected(f_mean, f_var):
         if signs is not None:
