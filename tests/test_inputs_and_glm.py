@@ -48,12 +48,26 @@ def data(rng):
         (lambda X, y: vj.potentials.Heaviside(eps=0.7), r"\(0.0, 0.5\)"),
         (lambda X, y: vj.potentials.StudentT(df=0.0), "positive"),
         (lambda X, y: vj.quadrature.GaussHermite(0), "positive integer"),
+        (lambda X, y: vj.glm.logistic_regression(X[:0], y[:0]), "no rows"),
+        (lambda X, y: vj.glm.poisson_regression(X[:0], y[:0]), "no rows"),
+        (lambda X, y: vj.glm.linear_regression(X[:0], y[:0]), "no rows"),
+        (lambda X, y: vj.glm.logistic_regression(X[:, :0], y), "no columns"),
+        (lambda X, y: vj.gp.model(vj.gp.kernels.SquaredExponential(), X[:0], vj.potentials.Logistic(), y[:0]),
+         "no rows"),
     ],
 )
 def test_bad_input_raises_value_error(data, build, match):
     X, y = data
     with pytest.raises(ValueError, match=match):
         build(X, y)
+
+
+def test_warnings_name_the_callers_line(data):
+    """A warning raised under vj.infer is attributed to the line that called it, not to vijax."""
+    X, y = data
+    with pytest.warns(vj.ConvergenceWarning, match="stopped after 1 iterations") as record:
+        vj.infer(vj.glm.logistic_regression(X, y), vj.EP(max_iter=1))
+    assert [w.filename for w in record] == [__file__]
 
 
 def test_infer_rejects_non_models(data):

@@ -177,6 +177,15 @@ def check_broadcastable(name: str, x, num_sites: int, owner: str) -> None:
                          f"or have one entry per site, shape ({num_sites},).")
 
 
+def check_data_shape(X, owner: str, name: str = "X"):
+    """A model's data ``(N, d)``: at least one row (observation) and one column."""
+    if X.shape[0] == 0:
+        raise ValueError(f"{owner}: `{name}` has no rows (N = 0); a model needs at least one observation.")
+    if X.shape[1] == 0:
+        raise ValueError(f"{owner}: `{name}` has no columns; give at least one covariate (e.g. an intercept "
+                         "column of ones).")
+
+
 def as_inputs(X, owner: str):
     """GP inputs as a finite, strongly typed float ``(N, d)`` array (a vector is ``(N, 1)``)."""
     X = as_param("X", X, owner)

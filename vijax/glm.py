@@ -51,9 +51,12 @@ __all__ = [
 ]
 
 
-def _design(X, owner):
+def _design(X, owner, data=True):
+    """X as a finite float ``(N, D)`` array; a model's data (``data``) needs N ≥ 1 and D ≥ 1."""
     X = _checks.as_param("X", X, owner, ndim=2)
     _checks.check_finite("X", X, owner)
+    if data:
+        _checks.check_data_shape(X, owner)
     return X
 
 
@@ -273,7 +276,7 @@ def hierarchical_predict(post, X_test, y_test=None, quadrature=GaussHermite()):
     Student-t: quadrature in x too; `vj.methods.ep_hyper.scale_tilted_moments`). The variance is
     x_*ᵀSx_* + E_q[e^{φ_0}] (times ν/(ν − 2) for a Student-t, infinite for ν ≤ 2)."""
     owner = "hierarchical_predict"
-    X_test = _design(X_test, owner)
+    X_test = _design(X_test, owner, data=False)
     mean, var = post.weights.marginals(X_test)
     phi_mean, phi_var = post.hyper_mean[0], post.hyper_var[0]
     likelihood = post.weights.model.sites[0].potential
@@ -316,7 +319,7 @@ def predict_proba(post: Posterior, X_test: ArrayLike, quadrature: GaussHermite =
     potential = _site_potential(_single_group(post, owner))
     if not potential.labels_in_projection:
         raise ValueError(f"{owner}: needs a binary classification posterior, got a {type(potential).__name__} likelihood.")
-    X_test = _design(X_test, owner)
+    X_test = _design(X_test, owner, data=False)
     mean, var = post.marginals(X_test)
     return jnp.exp(potential.log_expected_phi(mean, safe_sqrt(var), quadrature))
 
@@ -336,7 +339,7 @@ def log_predictive(post: Posterior, X_test: ArrayLike, y_test: ArrayLike,
     """
     owner = "log_predictive"
     potential = _site_potential(_single_group(post, owner))
-    X_test = _design(X_test, owner)
+    X_test = _design(X_test, owner, data=False)
     y_test = _targets(y_test, X_test, owner, "y_test")
     if potential.labels_in_projection:
         X_test = signed_labels(y_test, owner)[:, None] * X_test

@@ -95,6 +95,7 @@ def model(kernel: AbstractKernel, X: ArrayLike, likelihood: AbstractPotential, l
     if not isinstance(likelihood, AbstractPotential):
         raise ValueError(f"{owner}: `likelihood` must be a vj.potentials potential, got {type(likelihood).__name__}.")
     X = _checks.as_inputs(X, owner)
+    _checks.check_data_shape(X, owner)
     kernel = _checks.cast_floating(kernel, X.dtype)
     likelihood = _checks.cast_floating(likelihood, X.dtype)
     mean = _checks.as_param("mean", mean, owner, X.dtype)

@@ -58,8 +58,8 @@ By default a run that has not converged (the residual stopped improving for ``pa
 or ``max_iter`` was reached) is continued from its best sites by the next, more robust schedule
 (``diagnostics.info.fallback``): parallel by sequential sweeps (many sites sharing few directions, where
 parallel steps overshoot together, are where sequential EP is at its best, and a sweep costs about
-what a parallel iteration does there), sequential by the double loop. Each gets ``max_iter``
-iterations, so a fit ends in bounded time.
+what a parallel iteration does there), sequential by the double loop, with the iterations left of ``max_iter``: the cap is on the
+iterations of all schedules together.
 """
 
 from __future__ import annotations
@@ -314,7 +314,7 @@ class EP(AbstractMethod):
       moment-matching residual; that step is undone and δ = ½ from then on.
     - `power`: η ∈ (0, 1]; η < 1 is power (fractional) EP, which leaves part of each site in its
       cavity and is more stable on non-log-concave sites.
-    - `max_iter`: the most iterations (sweeps) of the schedule, and again of each fallback.
+    - `max_iter`: the most iterations (sweeps) in all, the schedule's and its fallbacks' together.
     - `tol`: converged when every site's tilted moments match q's marginal:
       max_n |m̂_n − m_n|/√V_n + |log(V̂_n/V_n)| ≤ ``tol`` (the energy's error is of order tol²), or
       ≤ 1000ε when that is larger (the rounding of the moments: 1.2e-4 in float32); the double loop
@@ -631,8 +631,8 @@ class EP(AbstractMethod):
         # A run that has not converged continues with the next, more robust schedule from its best sites.
         flags = (jnp.array(False), jnp.array(False))  # (used a fallback, oscillated)
         for schedule in self._chain[1:]:
-            unconverged, flags = self._unconverged(run, flags)
-            run = jax.lax.cond(unconverged, lambda run, schedule=schedule: self._rescue(model, run, schedule),
+            rescue, flags = self._unconverged(run, flags)
+            run = jax.lax.cond(rescue, lambda run, schedule=schedule: self._rescue(model, run, schedule),
                                lambda run, schedule=schedule: self._prepared(run, schedule), run)
         return self._finish(model, run, *flags)
 
@@ -645,7 +645,7 @@ class EP(AbstractMethod):
         frozen = jax.lax.stop_gradient(model)
         sites = jax.lax.stop_gradient(sites)
         work = working_model(frozen)
-        length = (self.max_iter + 1) * len(self._chain)
+        length = self.max_iter + len(self._chain)
         trace = jnp.full((length,), jnp.nan, frozen.dtype)
         if self.schedule == "parallel":
             # The parallel schedule's first iteration evaluates the start (so `_evaluate` appears in the
@@ -665,18 +665,20 @@ class EP(AbstractMethod):
         return {"parallel": self._parallel_step, "sequential": self._sequential_step, "double_loop": self._double_loop}
 
     def _unconverged(self, run: _Run, flags):
-        unconverged = run.residual > run.tol
+        """Whether the next schedule takes over (the run has not converged and iterations are left), and the
+        flags (a fallback ran, a run oscillated) updated."""
+        rescue = (run.residual > run.tol) & (run.k < self.max_iter)
         used_fallback, oscillated = flags
-        return unconverged, (used_fallback | unconverged, oscillated | (run.since_best >= self.patience))
+        return rescue, (used_fallback | rescue, oscillated | (run.since_best >= self.patience))
 
     def _rescue(self, model, run: _Run, schedule: str) -> _Run:
         """Continue with ``schedule`` from the best sites so far (a diverging run may end far from any
-        fixed point), with a fresh patience budget."""
+        fixed point), with a fresh patience budget and the iterations left of ``max_iter``."""
         frozen = jax.lax.stop_gradient(model)
         fresh = run._replace(sites=run.best_sites, ev=run.best_ev, residual=_residual(run.best_ev),
                              since_best=jnp.array(0), stuck=jnp.array(False))
         return self._loop(self._prepared(fresh, schedule), self._schedules[schedule](frozen, working_model(frozen)),
-                          run.k + self.max_iter)
+                          self.max_iter)
 
     def _finish(self, model, run: _Run, used_fallback, oscillated) -> Posterior:
         frozen = jax.lax.stop_gradient(model)
