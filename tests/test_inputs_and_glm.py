@@ -117,6 +117,30 @@ def test_regression_predictive_densities(rng):
         vj.glm.predict_proba(post, Xt)
 
 
+def test_predict_mean(rng):
+    """The predicted mean of a new observation: the mean count ⟨e^η⟩ of Poisson regression (by quadrature
+    under q's marginal), x_*ᵀm for linear regression, p(y = 1) for a classifier."""
+    X = 0.5 * rng.normal(size=(40, 2))
+    counts = rng.poisson(np.exp(X @ np.array([0.7, -0.4]) + 0.5)).astype(float)
+    post = vj.infer(vj.glm.poisson_regression(X, counts, offset=0.5), vj.Laplace())
+    Xt, exposure = rng.normal(size=(4, 2)), np.log(rng.uniform(1.0, 3.0, size=4))
+    mean, var = (np.asarray(a) for a in post.marginals(Xt))
+    expected = [integrate.quad(lambda t: stats.norm.pdf(t) * np.exp(mean[i] + exposure[i] + np.sqrt(var[i]) * t),
+                               -12, 12, epsabs=1e-13)[0] for i in range(4)]
+    np.testing.assert_allclose(vj.glm.predict_mean(post, Xt, offset=exposure), expected, rtol=1e-9)
+    y = X @ np.array([0.5, -1.0]) + 0.3 * rng.normal(size=40)
+    linear = vj.infer(vj.glm.linear_regression(X, y, noise_scale=0.3), vj.Laplace())
+    np.testing.assert_allclose(vj.glm.predict_mean(linear, Xt), Xt @ np.asarray(linear.mean), rtol=1e-12)
+    labels = (y > 0).astype(float)
+    clf = vj.infer(vj.glm.logistic_regression(X, labels), vj.Laplace())
+    np.testing.assert_array_equal(vj.glm.predict_mean(clf, Xt), vj.glm.predict_proba(clf, Xt))
+    heavy = vj.infer(vj.glm.robust_regression(X, y, df=1.0), vj.Laplace())  # Cauchy noise
+    with pytest.raises(ValueError, match="no mean"):
+        vj.glm.predict_mean(heavy, Xt)
+    with pytest.raises(ValueError, match="one entry per test point"):
+        vj.glm.predict_mean(post, Xt, offset=np.zeros(3))
+
+
 @pytest.mark.parametrize("kind", ["student_t", "laplace", "poisson"])
 def test_other_glms_fit_and_converge(rng, kind):
     X = rng.normal(size=(60, 3)) * 0.5

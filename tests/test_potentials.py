@@ -9,6 +9,7 @@ per-site parameter arrays of shape (N,) (N = number of grid points) per class.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 import functools
 import math
 
@@ -575,3 +576,19 @@ def test_expectation_derivatives_match_finite_differences(name):
     grad_var = lambda m, v: potential.expected_log_phi_derivatives(m, v).var
     np.testing.assert_allclose(d.mean_var, central(lambda h: grad_var(mu + h, var), h_mu) / h_mu, rtol=1e-5, atol=1e-8)
     np.testing.assert_allclose(d.var_var, central(lambda h: grad_var(mu, var + h), h_var) / h_var, rtol=1e-5, atol=1e-8)
+
+
+def test_custom_from_a_potentials_method_traces_its_parameters():
+    """`Custom(Gaussian(loc, scale).log_phi)`: the bound method's arrays are leaves, not static (no
+    equinox warning), so a jitted function of the potential sees new values without compiling again."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        potential = Custom(Gaussian(0.5, 2.0).log_phi)
+    x = jnp.array([0.1, 1.0, -3.0])
+    np.testing.assert_array_equal(potential.log_phi(x), Gaussian(0.5, 2.0).log_phi(x))
+    assert repr(potential) == "Custom(log_phi=Gaussian.log_phi, log_concave=False, super_gaussian=False)"
+    f = jax.jit(lambda p: p.log_phi(x))
+    other = Custom(Gaussian(-1.0, 0.5).log_phi)
+    np.testing.assert_allclose(f(other), Gaussian(-1.0, 0.5).log_phi(x), rtol=1e-14)
+    f(potential)
+    assert f._cache_size() == 1

@@ -158,7 +158,7 @@ def check_finite(name: str, x, owner: str) -> None:
 def check_positive(name: str, x, owner: str) -> None:
     check_finite(name, x, owner)
     if is_concrete(x) and not bool(np.all(np.asarray(x) > 0)):
-        raise ValueError(f"{owner}: `{name}` must be strictly positive, got minimum {np.min(np.asarray(x))!r}.")
+        raise ValueError(f"{owner}: `{name}` must be strictly positive, got minimum {np.min(np.asarray(x)).item()!r}.")
 
 
 def check_in_open_interval(name: str, x, lo: float, hi: float, owner: str) -> None:
@@ -167,7 +167,7 @@ def check_in_open_interval(name: str, x, lo: float, hi: float, owner: str) -> No
         a = np.asarray(x)
         if not bool(np.all((a > lo) & (a < hi))):
             raise ValueError(f"{owner}: `{name}` must lie in ({lo}, {hi}), got values in "
-                             f"[{a.min()!r}, {a.max()!r}].")
+                             f"[{a.min().item()!r}, {a.max().item()!r}].")
 
 
 def check_broadcastable(name: str, x, num_sites: int, owner: str) -> None:

@@ -47,6 +47,7 @@ __all__ = [
     "hierarchical_predict",
     "signed_labels",
     "predict_proba",
+    "predict_mean",
     "log_predictive",
 ]
 
@@ -322,6 +323,43 @@ def predict_proba(post: Posterior, X_test: ArrayLike, quadrature: GaussHermite =
     X_test = _design(X_test, owner, data=False)
     mean, var = post.marginals(X_test)
     return jnp.exp(potential.log_expected_phi(mean, safe_sqrt(var), quadrature))
+
+
+def predict_mean(post: Posterior, X_test: ArrayLike, offset: ArrayLike = 0.0) -> jax.Array:
+    """E[y_* | x_*, data] = ⟨E[y | η_*]⟩_q, η_* = x_*ᵀw + ``offset``: the predicted mean of a new observation.
+
+    Poisson (log link): ⟨e^η⟩ = exp(m_* + v_*/2), the mean count (pass the test points' log exposure as
+    ``offset``); binary GLMs: p(y = 1 | x_*) (`predict_proba`); Gaussian, Laplace and Student-t (ν > 1)
+    regression: m_*, the mean of η_* (a Cauchy likelihood has no mean). m_*, v_*: q's marginal of x_*ᵀw.
+
+    Args:
+        post: a posterior of a GLM built by this module.
+        X_test: test covariates, shape ``(T, D)``.
+        offset: a scalar or ``(T,)`` offset added to the linear predictor.
+
+    Returns:
+        Predicted means, shape ``(T,)``.
+    """
+    owner = "predict_mean"
+    potential = _site_potential(_single_group(post, owner))
+    if potential.labels_in_projection:
+        return predict_proba(post, X_test)
+    X_test = _design(X_test, owner, data=False)
+    offset = _checks.as_param("offset", offset, owner, X_test.dtype)
+    _checks.check_finite("offset", offset, owner)
+    if jnp.ndim(offset) != 0 and jnp.shape(offset) != (X_test.shape[0],):
+        raise ValueError(f"{owner}: `offset` must be a scalar or have one entry per test point, shape "
+                         f"({X_test.shape[0]},); got shape {jnp.shape(offset)}.")
+    mean, var = post.marginals(X_test)
+    if isinstance(potential, potentials.Poisson):
+        return jnp.exp(mean + offset + 0.5 * var)
+    if isinstance(potential, potentials.StudentT) and _checks.is_concrete(potential.df) \
+            and not bool(jnp.all(potential.df > 1)):
+        raise ValueError(f"{owner}: a Student-t likelihood with ν ≤ 1 has no mean.")
+    if isinstance(potential, (potentials.Gaussian, potentials.Laplace, potentials.StudentT)):
+        return mean + offset
+    raise ValueError(f"{owner}: no predicted mean for a {type(potential).__name__} likelihood (a Cauchy "
+                     "likelihood has none); use log_predictive for predictive densities.")
 
 
 def log_predictive(post: Posterior, X_test: ArrayLike, y_test: ArrayLike,

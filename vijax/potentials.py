@@ -821,18 +821,33 @@ class Custom(AbstractPotential):
       solvers and to report guarantees).
     """
 
-    fn: Callable = eqx.field(static=True)
-    expectation: Callable | None = eqx.field(static=True)
+    # The callables split into their arrays (leaves, e.g. of a bound method of another potential) and the
+    # rest (static), so that a function holding parameters is traced, not frozen into the program.
+    arrays: tuple
+    functions: tuple = eqx.field(static=True)
     concave: bool = eqx.field(static=True)
     super_gauss: bool = eqx.field(static=True)
 
     def __init__(self, log_phi, expected_log_phi=None, log_concave=False, super_gaussian=False):
         if not callable(log_phi):
             raise ValueError("Custom: `log_phi` must be a callable mapping projections to log φ.")
-        self.fn = log_phi
-        self.expectation = expected_log_phi
+        if expected_log_phi is not None and not callable(expected_log_phi):
+            raise ValueError("Custom: `expected_log_phi` must be None or a callable (mu, sigma) -> ⟨log φ⟩.")
+        self.arrays, self.functions = eqx.partition((log_phi, expected_log_phi), eqx.is_array)
         self.concave = bool(log_concave)
         self.super_gauss = bool(super_gaussian)
+
+    def __repr__(self):
+        name = getattr(self.fn, "__qualname__", type(self.fn).__name__)
+        return f"Custom(log_phi={name}, log_concave={self.concave}, super_gaussian={self.super_gauss})"
+
+    @property
+    def fn(self):
+        return eqx.combine(self.arrays, self.functions)[0]
+
+    @property
+    def expectation(self):
+        return eqx.combine(self.arrays, self.functions)[1]
 
     @property
     def log_concave(self):  # type: ignore[override]
