@@ -27,6 +27,8 @@ from .kernels import AbstractKernel
 from .models import label_signs
 from ..potentials import AbstractPotential
 
+_MAX_HALVINGS = 30  # of a natural-gradient step that would leave S̃⁻¹ indefinite
+
 __all__ = ["collapsed_elbo", "optimal_inducing_posterior", "predict_sparse", "svgp_elbo", "svgp_natural_step"]
 
 
@@ -231,7 +233,8 @@ def svgp_natural_step(mean_u, chol_u, kernel, inducing, X, likelihood, num_data=
     With ρ = ``learning_rate`` = 1 and a Gaussian likelihood on the full data, one step lands on
     `optimal_inducing_posterior`. Minibatches pass ``num_data`` (and classification ``labels``) as
     in `svgp_elbo`; use ρ < 1 then.
-    Likelihoods that are not log-concave can make S̃⁻¹ indefinite for large ρ (the result is NaN).
+    Likelihoods that are not log-concave (Student-t) can make S̃⁻¹ indefinite for large ρ: ρ is then
+    halved until it is positive definite, so a step never leaves q improper.
 
     Returns the new ``(mean_u, chol_u)`` (unwhitened, ``chol_u`` lower-triangular).
     """
@@ -258,10 +261,19 @@ def svgp_natural_step(mean_u, chol_u, kernel, inducing, X, likelihood, num_data=
     scale = 1.0 if num_data is None else num_data / N
     g_m, g_v = (scale * g for g in jax.grad(expected, argnums=(0, 1))(f_mean, f_var))
     curvature = -2 * (A * g_v) @ A.T
-    rho = learning_rate
-    new_precision = (1 - rho) * precision + rho * (eye + curvature)
+
+    def factor(rho):
+        return jnp.linalg.cholesky((1 - rho) * precision + rho * (eye + curvature))
+
+    # ρ is halved until S̃⁻¹ stays positive definite (it is, for ρ small enough: S̃⁻¹ is); none of
+    # _MAX_HALVINGS halvings keeps it so: q is left as it is.
+    rho = jnp.asarray(learning_rate, L.dtype)
+    rho, P = jax.lax.while_loop(lambda s: ~jnp.all(jnp.isfinite(s[1])) & (s[0] > learning_rate * 2.0**-_MAX_HALVINGS),
+                                lambda s: (0.5 * s[0], factor(0.5 * s[0])), (rho, factor(rho)))
+    proper = jnp.all(jnp.isfinite(P))
+    rho = jnp.where(proper, rho, 0.0)
+    P = jnp.where(proper, P, factor(0.0))
     new_shift = (1 - rho) * precision @ m_w + rho * (A @ g_m + curvature @ m_w)
-    P = jnp.linalg.cholesky(new_precision)
     new_mean = jax.scipy.linalg.cho_solve((P, True), new_shift)
     new_chol = jnp.linalg.cholesky(jax.scipy.linalg.cho_solve((P, True), eye))
     return L @ new_mean, L @ new_chol
