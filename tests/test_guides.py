@@ -5,6 +5,7 @@ Slow (each page compiles its own fits). A page whose blocks are fragments says s
 """
 
 import pathlib
+import re
 
 import pytest
 
@@ -32,3 +33,34 @@ def test_guide_code_blocks_run(page, monkeypatch, tmp_path):
             exec(compile(block, f"{page.name} python block {i + 1}", "exec"), namespace)
         except Exception as err:
             raise AssertionError(f"{page.relative_to(DOCS)} python block {i + 1} failed:\n{block}") from err
+
+
+ALL_PAGES = sorted(DOCS.rglob("*.md"))
+_ABBREVIATIONS = ("e.g.", "i.e.", "etc.", "vs.", "cf.")
+
+
+def _prose_lines(text):
+    """The page's lines outside fenced code blocks, with their line numbers."""
+    fenced = False
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.strip().startswith("```"):
+            fenced = not fenced
+        elif not fenced:
+            yield number, line
+
+
+@pytest.mark.parametrize("page", ALL_PAGES, ids=lambda p: str(p.relative_to(DOCS)))
+def test_pages_render_as_written(page):
+    """Two kinds of breakage the site shows and the Markdown hides: a sentence cut in two (a line that goes on
+    in lower case after a full stop, e.g. the tail of a sentence left behind when its head moved to another
+    page), and ``\\|`` inside a code span in a table (rendered literally: the escape is not processed there)."""
+    problems, previous = [], ""
+    for number, line in _prose_lines(page.read_text()):
+        stripped = previous.rstrip()
+        if (stripped.endswith(".") and not stripped.endswith(_ABBREVIATIONS) and not stripped.lstrip().startswith("|")
+                and re.match(r"\s+[a-z]", line)):
+            problems.append(f"line {number}: a sentence goes on after a full stop: {line.strip()[:60]!r}")
+        if line.lstrip().startswith("|"):
+            problems += [f"line {number}: a literal \\| in {span}" for span in re.findall(r"`[^`]*`", line) if "\\|" in span]
+        previous = line
+    assert not problems, problems

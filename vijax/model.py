@@ -92,7 +92,11 @@ _KEEP = object()
 
 
 class LatentLinearModel(eqx.Module):
-    """p(w) ∝ f(w) · ∏_g ∏_n φ_{gn}(h_{gn}ᵀ w + b_{gn}).
+    r"""A latent linear model: a Gaussian factor f and groups g of sites n,
+
+    $$
+    p(w) \propto f(w) \prod_g \prod_n \phi_{gn}(h_{gn}^\top w + b_{gn}).
+    $$
 
     **Arguments:**
 
