@@ -45,7 +45,8 @@ def data(rng):
         (lambda X, y: vj.Sites(X, "logistic"), "potential"),
         (lambda X, y: vj.Sites(X, vj.potentials.Logistic(), offset=np.ones(4)), "per-site"),
         (lambda X, y: vj.Sites(None, vj.potentials.Logistic()), "Identity"),
-        (lambda X, y: vj.potentials.Heaviside(eps=0.7), r"\(0.0, 0.5\)"),
+        (lambda X, y: vj.potentials.Heaviside(eps=0.7), r"\(0.0, 0.5\), got values in \[0.7, 0.7\]\.$"),
+        (lambda X, y: vj.potentials.Gaussian(0.0, -1.0), r"got minimum -1\.0\.$"),  # a number, not np.float64(-1.0)
         (lambda X, y: vj.potentials.StudentT(df=0.0), "positive"),
         (lambda X, y: vj.quadrature.GaussHermite(0), "positive integer"),
         (lambda X, y: vj.glm.logistic_regression(X[:0], y[:0]), "no rows"),
