@@ -149,8 +149,8 @@ def fixed_point(evaluate, update, change, x0, *, tol, max_evals, floor):
 
         x' = x₀ − 2αr + α²v,   α = −‖r‖/‖v‖ ≤ −1,
 
-    accepted where value(x') ≥ value(x₁) (to rounding), else the run goes on from x₂: the accepted iterates never
-    lower the objective, and where the extrapolation fails the run is plain EM. The run stops when the
+    accepted where value(x') ≥ value(x₁) (to 16 ulps), else the run goes on from x₂: the accepted iterates never
+    lower the objective beyond its rounding, and where the extrapolation fails the run is plain EM. The run stops when the
     two plain steps' extrapolated distance (`extrapolated_distance`) is at most ``tol``, returning x₂.
 
     One loop iteration evaluates one point, so ``evaluate`` appears once in the compiled program.

@@ -58,8 +58,8 @@ By default a run that has not converged (the residual stopped improving for ``pa
 or ``max_iter`` was reached) is continued from its best sites by the next, more robust schedule
 (``diagnostics.info.fallback``): parallel by sequential sweeps (many sites sharing few directions, where
 parallel steps overshoot together, are where sequential EP is at its best, and a sweep costs about
-what a parallel iteration does there), sequential by the double loop, with the iterations left of ``max_iter``: the cap is on the
-iterations of all schedules together.
+what a parallel iteration does there), sequential by the double loop. ``max_iter`` caps the
+iterations of all schedules together: a fallback gets the iterations left.
 """
 
 from __future__ import annotations
@@ -631,7 +631,7 @@ class EP(AbstractMethod):
         # A run that has not converged continues with the next, more robust schedule from its best sites.
         flags = (jnp.array(False), jnp.array(False))  # (used a fallback, oscillated)
         for schedule in self._chain[1:]:
-            rescue, flags = self._unconverged(run, flags)
+            rescue, flags = self._hands_over(run, flags)
             run = jax.lax.cond(rescue, lambda run, schedule=schedule: self._rescue(model, run, schedule),
                                lambda run, schedule=schedule: self._prepared(run, schedule), run)
         return self._finish(model, run, *flags)
@@ -664,7 +664,7 @@ class EP(AbstractMethod):
     def _schedules(self):
         return {"parallel": self._parallel_step, "sequential": self._sequential_step, "double_loop": self._double_loop}
 
-    def _unconverged(self, run: _Run, flags):
+    def _hands_over(self, run: _Run, flags):
         """Whether the next schedule takes over (the run has not converged and iterations are left), and the
         flags (a fallback ran, a run oscillated) updated."""
         rescue = (run.residual > run.tol) & (run.k < self.max_iter)
