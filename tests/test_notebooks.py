@@ -2,7 +2,7 @@
 
 Each notebook runs in a fresh kernel with the notebooks folder as its working directory (the tutorials on
 UCI data look for ``shared/data/uci`` or ``data/uci`` in that folder's parents). Run with
-``python -m pytest -p no:xdist -m slow tests/test_notebooks.py``; the notebooks take 1-3 minutes each
+``python -m pytest -p no:xdist -m slow tests/test_notebooks.py``; the notebooks take 20–50 s each
 on two CPU cores.
 """
 
