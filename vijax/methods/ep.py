@@ -59,7 +59,8 @@ or ``max_iter`` was reached) is continued from its best sites by the next, more 
 (``diagnostics.info.fallback``): parallel by sequential sweeps (many sites sharing few directions, where
 parallel steps overshoot together, are where sequential EP is at its best, and a sweep costs about
 what a parallel iteration does there), sequential by the double loop. ``max_iter`` caps the
-iterations of all schedules together: a fallback gets the iterations left.
+iterations of all schedules together: a fallback gets the iterations left. A run that ends unconverged
+returns its best sites (the smallest residual seen), with a `vj.ConvergenceWarning`.
 """
 
 from __future__ import annotations
@@ -683,15 +684,20 @@ class EP(AbstractMethod):
     def _finish(self, model, run: _Run, used_fallback, oscillated) -> Posterior:
         frozen = jax.lax.stop_gradient(model)
         work = working_model(frozen)
-        sites = jax.lax.stop_gradient(run.sites)
-        log_z = computed(run.ev.value, lambda s, m: energy(s, m, self._eta), sites, model)  # = energy at sites
+        # A run that has not converged ends at its best sites (the smallest residual seen), not its last:
+        # an oscillating run's last sites can be far from any fixed point.
+        converged = run.residual <= run.tol
+        use_best = ~converged & (run.best < run.residual)
+        sites, ev, residual = select(use_best, (run.best_sites, run.best_ev, run.best), (run.sites, run.ev, run.residual))
+        sites = jax.lax.stop_gradient(sites)
+        log_z = computed(ev.value, lambda s, m: energy(s, m, self._eta), sites, model)  # = energy at sites
         _, mean, C = integrate(frozen, _quadratics(sites), *work)
-        grad = _energy_gradient(run.ev, frozen, C, self._eta)
+        grad = _energy_gradient(ev, frozen, C, self._eta)
         grad_norm = jnp.max(jnp.stack([jnp.max(jnp.abs(g), initial=0.0) for g in jax.tree_util.tree_leaves(grad)]))
         info = EPInfo(max_change=run.change, oscillating=oscillated | (run.since_best >= self.patience),
                       skipped=run.skipped, shrunk=run.shrunk, fallback=used_fallback)
         diagnostics = Diagnostics(
-            iterations=run.k, converged=run.residual <= run.tol, stationarity=run.residual, grad_norm=grad_norm,
+            iterations=run.k, converged=converged, stationarity=residual, grad_norm=grad_norm,
             objective_trace=run.trace, num_value_evals=run.evals, num_grad_evals=1, num_hvp_evals=0, method="EP",
             solver=self.schedule, info=info)
         factor = CholeskyFactor.from_matrix(C).canonical()
