@@ -1,5 +1,7 @@
-"""Oracles shared by the tests: closed-form answers computed with NumPy/SciPy only."""
+"""Shared by the tests: closed-form answers computed with NumPy/SciPy only, and a counter of compiled programs."""
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 
@@ -167,3 +169,25 @@ def sparse_logistic_rows(dim, num, nnz, seed=0):
     activation = np.bincount(rows, weights=values * rng.normal(size=dim)[cols], minlength=num)
     y = np.where(rng.random(num) < 1 / (1 + np.exp(-3.0 * activation)), 1.0, -1.0)
     return values, np.stack([rows, cols], axis=1), y
+
+
+# ----------------------------------------------------------------------------------------------
+# Counting the programs XLA builds (compiled or loaded from the persistent cache)
+
+_BUILT = [0]
+
+
+def _count(event, duration, **_):
+    if event == "/jax/core/compile/backend_compile_duration":
+        _BUILT[0] += 1
+
+
+jax.monitoring.register_event_duration_secs_listener(_count)
+
+
+def programs(fn, *args):
+    """``(result, the number of programs XLA built while computing it)``."""
+    jnp.asarray(0.5)  # JAX builds one program, once per process, to convert a Python float (traced settings)
+    before = _BUILT[0]
+    out = jax.block_until_ready(fn(*args))
+    return out, _BUILT[0] - before

@@ -19,22 +19,7 @@ import vijax as vj
 from vijax.methods.ep_hyper import (HierarchicalEP, HierarchicalPosterior, HierarchicalState, log_variance_tilted_moments,
                                     scale_tilted_moments)
 
-_BUILT = [0]
-
-
-def _count(event, duration, **_):
-    if event == "/jax/core/compile/backend_compile_duration":
-        _BUILT[0] += 1
-
-
-jax.monitoring.register_event_duration_secs_listener(_count)
-
-
-def programs(fn, *args):
-    """``(result, the number of programs built while computing it)``."""
-    before = _BUILT[0]
-    out = jax.block_until_ready(fn(*args))
-    return out, _BUILT[0] - before
+from helpers import programs  # noqa: E402
 
 
 def _FIT(model):

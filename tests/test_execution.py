@@ -24,22 +24,7 @@ from jax.experimental import sparse as jsparse
 import vijax as vj
 from helpers import logistic_data, sparse_logistic_rows
 
-_BUILT = [0]
-
-
-def _count(event, duration, **_):
-    if event == "/jax/core/compile/backend_compile_duration":
-        _BUILT[0] += 1
-
-
-jax.monitoring.register_event_duration_secs_listener(_count)
-
-
-def programs(fn, *args):
-    """``(result, the number of programs built while computing it)``."""
-    before = _BUILT[0]
-    out = jax.block_until_ready(fn(*args))
-    return out, _BUILT[0] - before
+from helpers import programs  # noqa: E402
 
 
 def _model(seed):

@@ -336,23 +336,7 @@ def test_bad_input_is_rejected(rng):
 # ----------------------------------------------------------------------------------------------
 # EM and the E-step as methods of vj.infer: programs, warm starts, warnings, held-out rows
 
-_BUILT = [0]
-
-
-def _count(event, duration, **_):
-    if event == "/jax/core/compile/backend_compile_duration":
-        _BUILT[0] += 1
-
-
-jax.monitoring.register_event_duration_secs_listener(_count)
-
-
-def programs(fn, *args):
-    """``(result, the number of programs XLA built while computing it)`` (as in tests/test_execution.py)."""
-    jnp.asarray(0.5)  # JAX builds one program, once per process, to convert a Python float (traced settings)
-    before = _BUILT[0]
-    out = jax.block_until_ready(fn(*args))
-    return out, _BUILT[0] - before
+from helpers import programs  # noqa: E402
 
 
 def test_em_compiles_once_restarts_where_it_ended_and_warns_unconverged(rng):

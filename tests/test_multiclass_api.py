@@ -13,23 +13,7 @@ from vijax.methods import ep as ep_module
 mc = vj.gp.multiclass
 KERNEL = vj.gp.kernels.SquaredExponential(lengthscale=1.0, variance=3.0)
 
-_BUILT = [0]
-
-
-def _count(event, duration, **_):
-    if event == "/jax/core/compile/backend_compile_duration":
-        _BUILT[0] += 1
-
-
-jax.monitoring.register_event_duration_secs_listener(_count)
-
-
-def programs(fn, *args):
-    """``(result, the number of programs XLA built while computing it)`` (as in tests/test_execution.py)."""
-    jnp.asarray(0.5)  # JAX builds one program, once per process, to convert a Python float (traced settings)
-    before = _BUILT[0]
-    out = jax.block_until_ready(fn(*args))
-    return out, _BUILT[0] - before
+from helpers import programs  # noqa: E402
 
 
 def _three_class_data(rng, n):

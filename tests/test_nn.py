@@ -13,22 +13,7 @@ import pytest
 import vijax as vj
 from vijax.nn import network as nn_module
 
-_BUILT = [0]
-
-
-def _count(event, duration, **_):
-    if event == "/jax/core/compile/backend_compile_duration":
-        _BUILT[0] += 1
-
-
-jax.monitoring.register_event_duration_secs_listener(_count)
-
-
-def programs(fn, *args):
-    """``(result, the number of programs built while computing it)``."""
-    before = _BUILT[0]
-    out = jax.block_until_ready(fn(*args))
-    return out, _BUILT[0] - before
+from helpers import programs  # noqa: E402
 
 
 
