@@ -1,5 +1,6 @@
 """Covariance families: every structured quantity equals the dense computation on the same S."""
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -37,11 +38,7 @@ def _random_factor(family, rng):
     if isinstance(factor, cov.SubspaceFactor):
         basis = np.linalg.qr(rng.normal(size=(D, factor.rank)))[0]
         factor = cov.SubspaceFactor(jnp.asarray(basis), factor.chol, factor.scale)
-    free, fixed = jax.tree_util.tree_map(lambda _: None, factor), factor
-    spec = factor.trainable()
-    import equinox as eqx
-
-    free, fixed = eqx.partition(factor, spec)
+    free, fixed = eqx.partition(factor, factor.trainable())
     flat, unravel = ravel_pytree(free)
     flat = flat + 0.3 * rng.normal(size=flat.shape)
     return eqx.combine(unravel(flat), fixed)
@@ -114,19 +111,32 @@ def _logistic_model(rng, n=30, prior=None):
 
 
 def _flat_objective(factor, model, m):
-    import equinox as eqx
-
     free, fixed = eqx.partition(GaussianParams(jnp.asarray(m), factor), GaussianParams(True, factor.trainable()))
     x, unravel = ravel_pytree(free)
     return x, lambda x: vj.gkl.bound(eqx.combine(unravel(x), fixed), model)
 
 
+# Compiled as one program per family (the draws share its structure), not op by op.
+@eqx.filter_jit
+def _flat_bound(factor, model, m, x):
+    """The bound at the flattened (m, trainable factor leaves) ``x``, the rest of ``factor`` fixed."""
+    return _flat_objective(factor, model, m)[1](x)
+
+
+@eqx.filter_jit
+def _flat_derivatives(factor, model, m):
+    """``(x, ∇B(x), ∇²B(x))`` at the flattened (m, trainable factor leaves) of ``(m, factor)``."""
+    x, f = _flat_objective(factor, model, m)
+    return x, jax.grad(f)(x), jax.hessian(f)(x)
+
+
 @pytest.mark.parametrize("name", FAMILIES)
 def test_gradient_matches_finite_differences(rng, name):
     factor = _random_factor(_families(rng)[name], rng)
-    x, f = _flat_objective(factor, _logistic_model(rng), rng.normal(size=D))
-    g = jax.grad(f)(x)
+    model, m = _logistic_model(rng), rng.normal(size=D)
+    x, g, _ = _flat_derivatives(factor, model, m)
     eps = 1e-6
+    f = lambda x: _flat_bound(factor, model, m, x)
     fd = np.array([(f(x.at[i].add(eps)) - f(x.at[i].add(-eps))) / (2 * eps) for i in range(x.size)])
     np.testing.assert_allclose(g, fd, rtol=1e-6, atol=1e-7)
 
@@ -136,8 +146,7 @@ def test_concave_for_log_concave_sites(rng, name):
     """Hessian negative semi-definite in (m, trainable factor) — Subspace with its basis fixed."""
     for _ in range(3):
         factor = _random_factor(_families(rng)[name], rng)
-        x, f = _flat_objective(factor, _logistic_model(rng), rng.normal(size=D))
-        eig = np.linalg.eigvalsh(jax.hessian(f)(x))
+        eig = np.linalg.eigvalsh(_flat_derivatives(factor, _logistic_model(rng), rng.normal(size=D))[2])
         assert eig.max() <= 1e-8 * np.abs(eig).max(), eig.max()
 
 
@@ -146,8 +155,8 @@ def test_factor_analysis_is_not_concave(rng):
     worst = -np.inf
     for _ in range(10):
         factor = _random_factor(cov.FactorAnalysis(2), rng)
-        x, f = _flat_objective(factor, _logistic_model(rng), rng.normal(size=D))
-        worst = max(worst, np.linalg.eigvalsh(jax.hessian(f)(x)).max())
+        hessian = _flat_derivatives(factor, _logistic_model(rng), rng.normal(size=D))[2]
+        worst = max(worst, np.linalg.eigvalsh(hessian).max())
     assert worst > 1e-6
 
 
