@@ -13,6 +13,7 @@ import warnings
 import functools
 import math
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -281,6 +282,7 @@ def test_per_site_parameters_equal_one_potential_per_site():
 # Finite values, gradients and Hessian-vector products over the whole range, float64 and float32
 
 
+@eqx.filter_jit  # one program per potential and shape, not op by op
 def _value_grad_hvp(potential, mu, sigma, direction):
     f = lambda ms: jnp.sum(potential.expected_log_phi(ms[0], ms[1]))
     x = jnp.stack([mu, sigma])
@@ -310,9 +312,9 @@ def test_hvp_matches_finite_differences_of_the_gradient(name):
     m, s = np.meshgrid([-3.0, -0.3, 0.4, 2.0], [0.2, 1.0, 2.5, 7.0])
     mu, sigma = jnp.asarray(m.ravel()), jnp.asarray(s.ravel())
     direction = jnp.asarray(np.random.default_rng(1).normal(size=(2, mu.size)))
-    grad = jax.grad(lambda x: jnp.sum(potential.expected_log_phi(x[0], x[1])))
+    grad = jax.jit(jax.grad(lambda x: jnp.sum(potential.expected_log_phi(x[0], x[1]))))
     x = jnp.stack([mu, sigma])
-    hvp = jax.jvp(grad, (x,), (direction,))[1]
+    hvp = jax.jit(lambda x, v: jax.jvp(grad, (x,), (v,))[1])(x, direction)
     h = 1e-5
     fd = (grad(x + h * direction) - grad(x - h * direction)) / (2 * h)
     np.testing.assert_allclose(hvp, fd, rtol=1e-6, atol=1e-6, err_msg=name)
@@ -564,8 +566,9 @@ def test_logistic_expectation_derivatives_in_closed_form_match_quad():
 def test_expectation_derivatives_match_finite_differences(name):
     potential = SPECS[name].cls(**SPECS[name].scalar)
     mu, var = jnp.array([-2.0, -0.5, 0.0, 0.7, 3.0]), jnp.array([0.3, 1.0, 2.0, 5.0, 0.8]) ** 2
-    d = potential.expected_log_phi_derivatives(mu, var)
-    value = lambda m, v: potential.expected_log_phi(m, jnp.sqrt(v))
+    derivatives = jax.jit(lambda m, v: potential.expected_log_phi_derivatives(m, v))  # one program, not op by op
+    d = derivatives(mu, var)
+    value = jax.jit(lambda m, v: potential.expected_log_phi(m, jnp.sqrt(v)))
     np.testing.assert_allclose(d.value, value(mu, var), rtol=1e-13)
     h_mu, h_var = 1e-5 * (1 + jnp.abs(mu)), 1e-5 * var
     central = lambda f, h: (f(h) - f(-h)) / 2
@@ -573,7 +576,7 @@ def test_expectation_derivatives_match_finite_differences(name):
     fd_var = central(lambda h: value(mu, var + h), h_var) / h_var
     np.testing.assert_allclose(d.mean, fd_mu, rtol=1e-6, atol=1e-9)
     np.testing.assert_allclose(d.var, fd_var, rtol=1e-6, atol=1e-9)
-    grad_var = lambda m, v: potential.expected_log_phi_derivatives(m, v).var
+    grad_var = lambda m, v: derivatives(m, v).var
     np.testing.assert_allclose(d.mean_var, central(lambda h: grad_var(mu + h, var), h_mu) / h_mu, rtol=1e-5, atol=1e-8)
     np.testing.assert_allclose(d.var_var, central(lambda h: grad_var(mu, var + h), h_var) / h_var, rtol=1e-5, atol=1e-8)
 
