@@ -212,12 +212,13 @@ def test_closed_form_second_derivatives_with_the_mean_on_a_breakpoint():
     k = len(t) // 2
     assert t[k] == 0.0
     c, b, _ = coef.T
+    hessian = jax.jit(jax.hessian(lambda a, s: pw.expected("quadratic", 8, a, s), argnums=(0, 1)))
+    reference = jax.jit(jax.hessian(lambda a, s: _reference_expected("quadratic", 8, a, s), argnums=(0, 1)))
     for sd in (1e-6, 1e-3):
-        h = jax.hessian(lambda a, s: pw.expected("quadratic", 8, a, s), argnums=(0, 1))(0.0, sd)
+        h = hessian(jnp.float64(0.0), jnp.float64(sd))
         want = (b[k + 1] - b[k]) / (sd * np.sqrt(2 * np.pi)) + c[k] + c[k + 1]
         np.testing.assert_allclose(h[0][0], want, rtol=1e-6)
-        old = jax.hessian(lambda a, s: _reference_expected("quadratic", 8, a, s), argnums=(0, 1))(
-            jnp.float64(0.0), jnp.float64(sd))
+        old = reference(jnp.float64(0.0), jnp.float64(sd))
         np.testing.assert_allclose(h[0][0], old[0][0], rtol=1e-8)
 
 
