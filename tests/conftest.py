@@ -1,8 +1,10 @@
 """Tests run in float64; float32 behaviour is checked explicitly where it matters."""
 
+import json
 import os
 import shutil
 import tempfile
+import time
 
 import jax
 import numpy as np
@@ -41,3 +43,33 @@ def _release_compiled_code():
     """Drop each module's compiled executables when it ends: keeps the suite's memory flat."""
     yield
     jax.clear_caches()
+
+
+# VIJAX_TEST_PROGRAMS=<prefix>: write, per pytest process, ``<prefix>.<worker>.json`` with every test's
+# wall time, the programs XLA built during it (compiled or loaded from the cache) and their compile
+# seconds; `python tests/programs.py <prefix>` sums them by file (see tests/README.md).
+_PROGRAMS = os.environ.get("VIJAX_TEST_PROGRAMS")
+_built = {"programs": 0, "seconds": 0.0}
+_rows = []
+
+
+def _on_compile(event, duration, **_):
+    if event == "/jax/core/compile/backend_compile_duration":
+        _built["programs"] += 1
+        _built["seconds"] += duration
+
+
+if _PROGRAMS:
+    jax.monitoring.register_event_duration_secs_listener(_on_compile)
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(item, nextitem):
+        programs, seconds, start = _built["programs"], _built["seconds"], time.perf_counter()
+        yield
+        _rows.append({"test": item.nodeid, "wall": time.perf_counter() - start,
+                      "programs": _built["programs"] - programs, "compile": _built["seconds"] - seconds})
+
+    def pytest_sessionfinish(session):
+        if _rows:
+            with open(f"{_PROGRAMS}.{os.environ.get('PYTEST_XDIST_WORKER', 'main')}.json", "w") as f:
+                json.dump(_rows, f)
