@@ -8,8 +8,8 @@ writes it) and the logistic likelihood, as the GP-classification guide does it::
     k = vj.gp.kernels.SquaredExponential(lengthscale=1.0, variance=1.0)
     fit = vj.gp.fit_hyperparameters(k, X, vj.potentials.Logistic(), method, labels=y)
 
-with ``method`` ``vj.Laplace()`` or ``vj.EP()`` and every other setting at its default (optax
-L-BFGS, ``max_iter=100``, ``tol=1e-6``, jitter 1e-6). float64 (x64 switched on by this script, as in
+with ``method`` ``vj.Laplace()`` or ``vj.EP()`` and every other setting at its default (L-BFGS with
+a backtracking line search, ``max_iter=100``, ``tol=1e-6``, jitter 1e-6). float64 (x64 switched on by this script, as in
 the guide). Against ``GaussianProcessClassifier(ConstantKernel(1.0) * RBF(1.0)).fit(X, y)``: the
 same model (Laplace approximation, logistic link) with its default optimiser (``fmin_l_bfgs_b``, no
 restarts).

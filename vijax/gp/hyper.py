@@ -40,10 +40,10 @@ class HyperparameterFit(eqx.Module):
     - `diagnostics`: a `vj.Diagnostics` of the outer (ML-II) loop: ``objective_trace`` holds log Ẑ
       per outer step (the first entry at the start, the last at the returned point), ``iterations`` the
       parameter updates kept (one less than the trace's length), ``converged`` whether the change of
-      log Ẑ fell below ``tol`` before ``max_iter`` (a step whose log Ẑ is not finite stops the run at
-      the last finite point, not converged), ``stationarity`` that last relative change, ``grad_norm``
-      max |∂ log Ẑ/∂θ| at the last step (θ: the log-parameters), ``num_value_evals`` and
-      ``num_grad_evals`` the fits and gradients outside the optimizer's line search.
+      log Ẑ fell below ``tol`` before ``max_iter`` (a step whose log Ẑ is not finite, or a line search
+      that finds no rise, stops the run at the last point, not converged), ``stationarity`` that last relative change, ``grad_norm``
+      max |∂ log Ẑ/∂θ| at the returned point (θ: the log-parameters), ``num_value_evals`` and
+      ``num_grad_evals`` the fits (each with its gradient) of the run, line-search trials included.
     """
 
     kernel: AbstractKernel
@@ -71,8 +71,12 @@ def fit_hyperparameters(kernel: AbstractKernel, X: ArrayLike, likelihood: Abstra
     - `method`: any vijax method (`vj.GKL()`, `vj.EP()`, `vj.Laplace()`, `vj.LVB()`, …).
     - `train_likelihood`: names of positive likelihood parameters to learn; default ``("scale",)``
       when the likelihood has a scale, else none. ``()`` keeps the likelihood fixed.
-    - `optimizer`: an optax transformation minimising −log Ẑ; default ``optax.lbfgs()`` (its line
-      search re-runs the warm-started inner fit).
+    - `optimizer`: None (default) for L-BFGS: directions from ``optax.scale_by_lbfgs`` (the first one
+      of length at most 1 in the log-parameters), step lengths by backtracking from 1 until log Ẑ
+      rises by the Armijo fraction 10⁻⁴ of the predicted gain. Each trial is one warm-started fit and
+      its envelope gradient, one compiled program, so an accepted full step costs one fit. Or an optax
+      transformation minimising −log Ẑ, whose updates are all taken (it receives ``value``,
+      ``grad`` and ``value_fn``, so optax's own line searches work too).
     - `max_iter`, `tol`: at most ``max_iter`` outer steps; stop when log Ẑ changes by less than
       ``tol·(1 + |log Ẑ|)``. (``num_steps`` is the deprecated name of ``max_iter``.)
     - `progress`: print log Ẑ after every step.
@@ -86,52 +90,67 @@ def fit_hyperparameters(kernel: AbstractKernel, X: ArrayLike, likelihood: Abstra
             raise ValueError(f"{owner}: the {type(likelihood).__name__} likelihood has no parameter `{name}`.")
     if not (isinstance(max_iter, int) and max_iter >= 1):
         raise ValueError(f"{owner}: `max_iter` must be a positive integer, got {max_iter!r}.")
-    optimizer = _LBFGS if optimizer is None else optimizer
     # Everything the jitted functions need travels as arguments (arrays traced, the rest static), so
-    # a second call with data of the same shapes reuses the compiled start, step and fit. The inner fit
-    # is carried as the method's State: each step starts from the last step's fit.
+    # a second call with data of the same shapes reuses the compiled start, evaluation and direction. The
+    # inner fit is carried as the method's State: each fit starts from the last accepted one.
     data = (X, likelihood, labels, mean, jitter)
     params = (kernel, {name: jnp.log(jnp.asarray(getattr(likelihood, name))) for name in train_likelihood})
-    state = _start(params, data, method)
-    # optax.lbfgs's state holds weakly typed scalars, which its update returns strongly typed: made strong
-    # here, so the step compiles once rather than once more at its second call.
-    opt_state = _checks.strongly_typed(optimizer.init(params))
-    trace, converged, change, grad_norm, steps = [], False, np.inf, np.nan, 0
-    post, stale = None, False  # the fit at `params`; whether `params` moved past it
-    for it in range(max_iter):
-        new_params, opt_state, fitted, step_grad_norm = _step(params, opt_state, state, data, method, optimizer)
-        steps += 1
-        value = float(fitted.log_z)
-        if progress:
-            print(f"{owner}: step {it:4d}  log Z = {value:.6f}", flush=True)
-        if not np.isfinite(value):  # stop at the last finite point (or report the failed first fit)
-            if post is None:
-                post, post_params = fitted, params
-            params, stale = post_params, False
-            break
-        post, post_params, stale = fitted, params, False
-        grad_norm = float(step_grad_norm)
-        trace.append(value)
-        if it > 0:
-            change = abs(trace[-1] - trace[-2]) / (1 + abs(value))
-            if change <= tol:
-                converged = True
+    transform = _LBFGS if optimizer is None else optimizer
+    # Optimizer states hold weakly typed scalars, which their updates return strongly typed: made strong
+    # here, so that the direction (or update) compiles once rather than once more at its second call.
+    opt_state = _checks.strongly_typed(transform.init(params))
+    (value, post), grad = _value_and_grad(params, data, method, _start(params, data, method))
+    trace, evals, converged, change = [-float(value)], 1, False, np.inf
+    if progress:
+        print(f"{owner}: step    0  log Z = {trace[0]:.6f}", flush=True)
+    for it in range(1, max_iter + 1) if np.isfinite(trace[0]) else ():
+        if optimizer is None:
+            direction, new_state, predicted = _lbfgs_direction(grad, opt_state, params)
+            predicted = float(predicted)  # −log Ẑ falls by about α·predicted along −direction
+            alpha, accepted = 1.0, False
+            for _ in range(_MAX_HALVINGS):
+                trial = _along(params, direction, jnp.asarray(alpha))
+                (t_value, t_post), t_grad = _value_and_grad(trial, data, method, post.state)
+                evals += 1
+                limit = float(value) - _ARMIJO * alpha * predicted + _ROUNDING * (1 + abs(float(value)))
+                if np.isfinite(float(t_value)) and float(t_value) <= limit:
+                    accepted = True
+                    break
+                alpha *= 0.5
+            if not accepted:  # no step raises log Ẑ: stop at the last point
                 break
-        params, state, stale = new_params, post.state, True
-    if stale:  # out of steps: the fit at the last parameters (a converged run's last fit is already there)
-        post = _fit(params, data, method, state)
-        trace.append(float(post.log_z))
+        else:
+            trial, new_state = _update(grad, opt_state, params, value, data, method, post.state, transform)
+            (t_value, t_post), t_grad = _value_and_grad(trial, data, method, post.state)
+            evals += 1
+            if not np.isfinite(float(t_value)):  # stop at the last finite point
+                break
+        params, opt_state, value, post, grad = trial, new_state, t_value, t_post, t_grad
+        trace.append(-float(value))
+        if progress:
+            print(f"{owner}: step {it:4d}  log Z = {trace[-1]:.6f}", flush=True)
+        change = abs(trace[-1] - trace[-2]) / (1 + abs(trace[-1]))
+        if change <= tol:
+            converged = True
+            break
+    leaves = [jnp.max(jnp.abs(g)) for g in jax.tree_util.tree_leaves(grad)]
     dtype = jnp.result_type(post.log_z)
     diagnostics = Diagnostics(
         iterations=jnp.asarray(len(trace) - 1), converged=jnp.asarray(converged),
         stationarity=jnp.asarray(change, dtype),
-        grad_norm=jnp.asarray(grad_norm, dtype), objective_trace=jnp.asarray(trace, dtype),
-        num_value_evals=jnp.asarray(steps + stale), num_grad_evals=jnp.asarray(steps), num_hvp_evals=jnp.asarray(0),
-        method=post.diagnostics.method, solver="ML-II (optax)")
+        grad_norm=jnp.max(jnp.stack(leaves)).astype(dtype) if leaves else jnp.zeros((), dtype),
+        objective_trace=jnp.asarray(trace, dtype), num_value_evals=jnp.asarray(evals),
+        num_grad_evals=jnp.asarray(evals), num_hvp_evals=jnp.asarray(0),
+        method=post.diagnostics.method, solver="ML-II (L-BFGS)" if optimizer is None else "ML-II (optax)")
     return HyperparameterFit(params[0], _likelihood(params, data), post, post.log_z, diagnostics)
 
 
-_LBFGS = optax.lbfgs()  # one instance, so the default optimizer hashes equal across calls
+_LBFGS = optax.scale_by_lbfgs()  # one instance, so the default hashes equal across calls
+_ARMIJO = 1e-4
+_MAX_HALVINGS = 30
+# A trial may lower log Ẑ by this much relative to |log Ẑ|: the inner fits' rounding, which decides
+# nothing once the gain is that small (the change test then stops the run).
+_ROUNDING = 1e-12
 
 
 def _likelihood(params, data):
@@ -160,16 +179,29 @@ def _negative_log_z(params, data, method, state):
 
 
 @eqx.filter_jit
-def _fit(params, data, method, state):
-    return method.fit(_build(params, data)[0], state)
+def _value_and_grad(params, data, method, state):
+    """``((−log Ẑ, the fit), ∂(−log Ẑ)/∂params)`` at ``params``, the fit warm-started from ``state``:
+    the one program that holds the inner fit."""
+    return eqx.filter_value_and_grad(_negative_log_z, has_aux=True)(params, data, method, state)
 
 
 @eqx.filter_jit
-def _step(params, opt_state, state, data, method, optimizer):
-    """One optimizer step on −log Ẑ; ``state`` (the fit at the previous point) warm-starts the fits."""
-    (value, post), grad = eqx.filter_value_and_grad(_negative_log_z, has_aux=True)(params, data, method, state)
+def _lbfgs_direction(grad, opt_state, params):
+    """L-BFGS's direction d = H·∇ at ``params`` (its memory updated with this point), the new state and
+    ∇ᵀd, the first-order fall of −log Ẑ along −d."""
+    direction, opt_state = _LBFGS.update(grad, opt_state, params)
+    return direction, opt_state, optax.tree.vdot(grad, direction)
+
+
+@eqx.filter_jit
+def _along(params, direction, alpha):
+    """params − α·direction."""
+    return jax.tree_util.tree_map(lambda p, d: p - alpha.astype(p.dtype) * d, params, direction)
+
+
+@eqx.filter_jit
+def _update(grad, opt_state, params, value, data, method, state, optimizer):
+    """A given optax optimizer's step from ``params``."""
     updates, opt_state = optimizer.update(grad, opt_state, params, value=value, grad=grad,
                                           value_fn=lambda p: _negative_log_z(p, data, method, state)[0])
-    leaves = [jnp.max(jnp.abs(g)) for g in jax.tree_util.tree_leaves(grad)]
-    grad_norm = jnp.max(jnp.stack(leaves)) if leaves else jnp.zeros(())
-    return optax.apply_updates(params, updates), opt_state, post, grad_norm
+    return optax.apply_updates(params, updates), opt_state
