@@ -41,9 +41,10 @@ class HyperparameterFit(eqx.Module):
       per outer step (the first entry at the start, the last at the returned point), ``iterations`` the
       parameter updates kept (one less than the trace's length), ``converged`` whether the change of
       log Ẑ fell below ``tol`` before ``max_iter`` (a step whose log Ẑ is not finite, or a line search
-      that finds no rise, stops the run at the last point, not converged), ``stationarity`` that last relative change, ``grad_norm``
-      max |∂ log Ẑ/∂θ| at the returned point (θ: the log-parameters), ``num_value_evals`` and
-      ``num_grad_evals`` the fits (each with its gradient) of the run, line-search trials included.
+      that finds no rise, stops the run at the last point, not converged), ``stationarity`` that last
+      relative change, ``grad_norm`` max |∂ log Ẑ/∂θ| at the returned point (θ: the log-parameters),
+      ``num_value_evals`` and ``num_grad_evals`` the fits (each with its gradient) of the run,
+      line-search trials included.
     """
 
     kernel: AbstractKernel
