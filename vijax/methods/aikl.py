@@ -291,7 +291,7 @@ class GeneralisedNormal(AbstractBase):
                              f"non-differentiable), got {self.eta!r}; use e.g. eta=1.5 for heavy tails.")
 
     def init_theta(self, dim, dtype):
-        return jnp.full((dim,), math.log(float(self.eta) - 1.0), dtype)
+        return jnp.full((dim,), jnp.log(jnp.asarray(self.eta, dtype) - 1.0), dtype)  # η may be traced (a setting)
 
     def _eta(self, theta):
         return 1.0 + jnp.exp(theta)
