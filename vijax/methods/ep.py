@@ -290,8 +290,10 @@ class _Run(NamedTuple):
     alpha: jax.Array  # the parallel schedule's step, halved until q and every cavity are proper
     halvings: jax.Array
     tol: jax.Array  # the residual at which the running schedule stops (`EP._prepared`)
-    started: jax.Array  # whether ``ev`` is the evaluation of ``sites`` (False: a placeholder, see `fit`)
-    outer: tuple = ()  # the double loop's (anchor, its inner optimum Φ, extrapolation factor ω)
+    started: jax.Array  # whether ``ev`` is the evaluation of ``sites`` (False: a placeholder, see `_first_run`)
+    outer: tuple  # the double loop's (anchor, its inner optimum Φ, extrapolation factor ω)
+    phase: jax.Array  # the index of the running schedule in `EP._chain` (> 0: a fallback took over)
+    oscillated: jax.Array  # a schedule handed over for want of progress (``patience`` iterations)
 
 
 def _largest_proper_fraction(conditions):
@@ -382,16 +384,19 @@ class EP(AbstractMethod):
         """η for the site maths: the Python 1.0 of standard EP (closed-form tilted moments), else `power`."""
         return 1.0 if self.unit_power else self.power
 
-    # ------------------------------------------------------------------------------------------
-    # Shared loop machinery
+    # Shared loop machinery. One `while_loop` runs the schedule and its fallbacks: each iteration
+    # proposes new sites by the running schedule (`lax.switch` on ``run.phase``), evaluates them, and
+    # lets the schedule accept or reject, so `_evaluate` (the tilted integrals, a Cholesky) is traced
+    # into the program once, whatever the chain. A schedule that stops unconverged hands over to the
+    # next one in the same loop.
 
-    def _start(self, sites, ev, k, trace) -> _Run:
+    def _start(self, sites, ev, run: _Run) -> _Run:
         residual = _residual(ev)
         zero = jnp.array(0)
-        return _Run(sites, ev, residual, k, trace.at[k].set(ev.value), residual, zero, zero + 1, zero, zero,
-                    jnp.array(jnp.nan, ev.value.dtype), jnp.array(False), sites, ev,
-                    jnp.asarray(self.step_fraction, ev.value.dtype), jnp.ones((), ev.value.dtype), zero,
-                    jnp.asarray(self.tol, ev.value.dtype), jnp.array(True))
+        return run._replace(sites=sites, ev=ev, residual=residual, trace=run.trace.at[run.k].set(ev.value),
+                            best=residual, since_best=zero, evals=run.evals + 1, best_sites=sites, best_ev=ev,
+                            damping=jnp.asarray(self.step_fraction, ev.value.dtype), alpha=jnp.ones((), ev.value.dtype),
+                            halvings=zero, started=jnp.array(True))
 
     def _record(self, run: _Run, sites, ev, evals, skipped, shrunk, change, stuck) -> _Run:
         residual = _residual(ev)
@@ -403,8 +408,8 @@ class EP(AbstractMethod):
                             evals=run.evals + evals, skipped=run.skipped + skipped, shrunk=run.shrunk + shrunk,
                             change=change, stuck=stuck, best_sites=best_sites, best_ev=best_ev)
 
-    def _prepared(self, run: _Run, schedule: str) -> _Run:
-        """``run`` ready for ``schedule``: its stopping residual, and the double loop's outer state
+    def _prepared(self, run: _Run) -> _Run:
+        """``run`` ready for its schedule: its stopping residual, and the double loop's outer state
         (anchors at q's marginals, Φ unknown, ω = 1), carried by every schedule so that any of them can
         hand over to the double loop.
 
@@ -416,29 +421,72 @@ class EP(AbstractMethod):
         # Moments matched in working precision carry rounding of a few hundred ε (quadrature, Cholesky):
         # a residual below 1000ε is noise (1.2e-4 in float32; far below any tol in float64).
         tol = jnp.maximum(jnp.asarray(self.tol, dtype), _MOMENT_ROUNDING * jnp.finfo(dtype).eps)
-        if schedule == "double_loop":
+        if "double_loop" in self._chain:
             rounding = jnp.sqrt(_ROUNDING * jnp.finfo(dtype).eps * jnp.abs(run.ev.value))
-            tol = jnp.maximum(tol, jnp.where(jnp.isfinite(rounding), rounding, 0.0))
+            floor = jnp.maximum(tol, jnp.where(jnp.isfinite(rounding), rounding, 0.0))
+            tol = jnp.where(jnp.asarray([s == "double_loop" for s in self._chain])[run.phase], floor, tol)
         return run._replace(outer=(anchor, jnp.array(-jnp.inf, dtype), jnp.array(1.0, dtype)), tol=tol)
 
-    def _loop(self, run: _Run, body, limit) -> _Run:
-        def cond(r):
-            return (r.k < limit) & (r.residual > r.tol) & (r.since_best < self.patience) & ~r.stuck
+    def _running(self, run: _Run):
+        """Whether the running schedule goes on: not converged, not out of iterations or patience, not stuck."""
+        return (run.k < self.max_iter) & (run.residual > run.tol) & (run.since_best < self.patience) & ~run.stuck
 
-        return jax.lax.while_loop(cond, body, run)
+    def _hands_over(self, run: _Run):
+        """Whether the next schedule takes over: the running one stopped unconverged with iterations left."""
+        return ~self._running(run) & (run.phase < len(self._chain) - 1) & (run.residual > run.tol) & (
+            run.k < self.max_iter)
+
+    def _hand_over(self, run: _Run) -> _Run:
+        """The next schedule, from the best sites so far (a diverging run may end far from any fixed
+        point), with a fresh patience budget and the iterations left of ``max_iter``."""
+        fresh = run._replace(sites=run.best_sites, ev=run.best_ev, residual=_residual(run.best_ev),
+                             since_best=jnp.array(0), stuck=jnp.array(False), phase=run.phase + 1,
+                             oscillated=run.oscillated | (run.since_best >= self.patience))
+        return self._prepared(fresh)
+
+    def _iteration(self, model, work):
+        """The loop body: propose, evaluate, accept; then hand over if the running schedule has stopped."""
+        schedules = [self._schedules[name](model, work) for name in self._chain]
+
+        def body(run: _Run) -> _Run:
+            def propose(run):
+                if len(schedules) == 1:
+                    return schedules[0][0](run)
+                return jax.lax.switch(run.phase, [propose for propose, _ in schedules], run)
+
+            # The first iteration evaluates the start (the sites as they are), so `_evaluate` appears once.
+            sites, proposed = jax.lax.cond(run.started, propose, lambda run: (run.sites, run), run)
+            ev = _evaluate(sites, model, self._eta, work)
+
+            def accept(run):
+                if len(schedules) == 1:
+                    return schedules[0][1](run, proposed, sites, ev)
+                return jax.lax.switch(run.phase, [lambda run, accept=accept: accept(run, proposed, sites, ev)
+                                                  for _, accept in schedules], run)
+
+            run = jax.lax.cond(run.started, accept, lambda run: self._prepared(self._start(sites, ev, run)), run)
+            if len(schedules) > 1:
+                run = jax.lax.cond(self._hands_over(run), lambda run: self._hand_over(run), lambda run: run, run)
+            return run
+
+        return body
 
     # ------------------------------------------------------------------------------------------
-    # Schedules
+    # Schedules: each a (propose, accept) pair. ``propose(run) -> (sites, run)`` gives the sites to
+    # evaluate and the run with any per-iteration bookkeeping; ``accept(run, proposed, sites, ev)``
+    # returns the next run from the run before the proposal, the proposal and the sites' evaluation.
 
     def _parallel_step(self, model, work):
-        def body(run: _Run) -> _Run:
-            # One evaluation per iteration of the loop (so the tilted integrals are traced once): a step
-            # that leaves q or a cavity improper is halved, in the next iteration, up to _MAX_HALVINGS times.
-            step = _direction(run.ev, run.sites, self._eta).scale(jnp.where(run.started, run.damping * run.alpha, 0.0))
-            ev = _evaluate(run.sites + step, model, self._eta, work)
-            # The first iteration of a run that starts here evaluates its sites (step 0).
-            first = self._prepared(self._start(run.sites, ev, run.k, run.trace), "parallel")
-            ok = accept = ev.proper
+        def step(run: _Run) -> SiteParams:
+            return _direction(run.ev, run.sites, self._eta).scale(run.damping * run.alpha)
+
+        def propose(run: _Run):
+            return run.sites + step(run), run
+
+        def accept(run: _Run, proposed, sites, ev) -> _Run:
+            # A step that leaves q or a cavity improper is halved, in the next iteration, up to
+            # _MAX_HALVINGS times (so the tilted integrals are traced once).
+            ok = accepted = ev.proper
             halve = ~ok & (run.halvings < _MAX_HALVINGS)
             damping = run.damping
             if self.damping is None:
@@ -447,17 +495,17 @@ class EP(AbstractMethod):
                 # from then on, whatever the residual does (damped EP's residual need not fall
                 # monotonically on its way to convergence, so it is no guide to smaller steps).
                 rose = _residual(ev) > run.residual
-                accept = ok & ~(rose & (run.damping > _SAFE_DAMPING))
+                accepted = ok & ~(rose & (run.damping > _SAFE_DAMPING))
                 damping = jnp.where(ok & rose, jnp.minimum(run.damping, _SAFE_DAMPING), run.damping)
-            keep = lambda new, old: select(accept, new, old)
+            keep = lambda new, old: select(accepted, new, old)
             done = self._record(run._replace(damping=damping, alpha=jnp.ones_like(run.alpha), halvings=jnp.array(0)),
-                                keep(run.sites + step, run.sites), keep(ev, run.ev), jnp.array(1),
-                                _num_invalid(run.ev), (run.halvings > 0).astype(int), _change(step.scale(accept), run.ev),
-                                ~ok)
+                                keep(sites, run.sites), keep(ev, run.ev), jnp.array(1),
+                                _num_invalid(run.ev), (run.halvings > 0).astype(int),
+                                _change(step(run).scale(accepted), run.ev), ~ok)
             halved = run._replace(alpha=0.5 * run.alpha, halvings=run.halvings + 1, evals=run.evals + 1)
-            return select(run.started, select(halve, halved, done), first)
+            return select(halve, halved, done)
 
-        return body
+        return propose, accept
 
     def _sequential_step(self, model, work):
         power, delta = self._eta, self.step_fraction
@@ -497,7 +545,7 @@ class EP(AbstractMethod):
                                sites.shift[:k] + (nu,) + sites.shift[k + 1:])
             return S, mean, sites, skipped
 
-        def body(run: _Run) -> _Run:
+        def propose(run: _Run):
             # Rank-one updates in the working (whitened) coordinates, where S is well conditioned even
             # for a GP prior; q is recomputed from the sites after every sweep, as the updates drift.
             _, mean, C = integrate(model, _quadratics(run.sites), working_sites, whitening, map_back=False)
@@ -505,15 +553,17 @@ class EP(AbstractMethod):
             for k, group in enumerate(working_sites):
                 carry = sweep_group(carry, group, k)
             _, _, sites, skipped = carry
-            ev = _evaluate(sites, model, self._eta, work)
+            return sites, run._replace(skipped=run.skipped + skipped)
+
+        def accept(run: _Run, proposed, sites, ev) -> _Run:
             change = _change(jax.tree_util.tree_map(jnp.subtract, sites, run.sites), run.ev)
             # Rounding can still leave q improper (a rank-one downdate of a nearly singular S): keep the
             # last proper state and stop (the fallback takes over from the best one).
             keep = lambda new, old: select(ev.proper, new, old)
-            return self._record(run, keep(sites, run.sites), keep(ev, run.ev), jnp.array(1), skipped, jnp.array(0),
-                                change, ~ev.proper)
+            return self._record(proposed, keep(sites, run.sites), keep(ev, run.ev), jnp.array(1), jnp.array(0),
+                                jnp.array(0), change, ~ev.proper)
 
-        return body
+        return propose, accept
 
     def _double_loop(self, model, work):
         power, tol = self._eta, self.tol
@@ -566,7 +616,7 @@ class EP(AbstractMethod):
         def moments(lam):
             return tuple(h / p for h, p in lam), tuple(1.0 / p for _, p in lam)
 
-        def body(run: _Run) -> _Run:
+        def propose(run: _Run):
             # Outer step: move the anchors to q's marginals (the CCCP step, which never lowers
             # Φ(anchor) = min G), or ω times as far when that raises Φ more (ω doubles while it
             # does, and drops back to 1 when it does not): the linear convergence of the plain
@@ -581,7 +631,7 @@ class EP(AbstractMethod):
             target = jnp.maximum(0.1 * tol, 0.1 * run.residual)
             sites_t, phi_t, evals_t = inner(run.sites, trial, target)
             extrapolated = omega > 1
-            accept = ~extrapolated | (proper & (phi_t >= phi))
+            accepted = ~extrapolated | (proper & (phi_t >= phi))
 
             def plain(_):
                 anchor_q = moments(lam_q)
@@ -589,18 +639,20 @@ class EP(AbstractMethod):
                 return sites, value, anchor_q, evals
 
             sites, phi_new, anchor_new, evals = jax.lax.cond(
-                accept, lambda _: (sites_t, phi_t, trial, jnp.array(0)), plain, None)
-            omega = jnp.where(accept & extrapolated, jnp.minimum(2 * omega, _MAX_EXTRAPOLATION),
-                              jnp.where(accept, 2.0, 1.0))
-            ev = _evaluate(sites, model, power, work)
+                accepted, lambda _: (sites_t, phi_t, trial, jnp.array(0)), plain, None)
+            omega = jnp.where(accepted & extrapolated, jnp.minimum(2 * omega, _MAX_EXTRAPOLATION),
+                              jnp.where(accepted, 2.0, 1.0))
+            return sites, run._replace(outer=(anchor_new, phi_new, omega), evals=run.evals + evals_t + evals)
+
+        def accept(run: _Run, proposed, sites, ev) -> _Run:
             change = _change(jax.tree_util.tree_map(jnp.subtract, sites, run.sites), run.ev)
             stuck = ~ev.proper | (change == 0)
             keep = lambda new, old: select(ev.proper, new, old)
-            sites, ev = keep(sites, run.sites), keep(ev, run.ev)
-            run = run._replace(outer=keep((anchor_new, phi_new, omega), run.outer))
-            return self._record(run, sites, ev, evals_t + evals + 1, _num_invalid(run.ev), jnp.array(0), change, stuck)
+            proposed = proposed._replace(outer=keep(proposed.outer, run.outer))
+            return self._record(proposed, keep(sites, run.sites), keep(ev, run.ev), jnp.array(1),
+                                _num_invalid(run.ev), jnp.array(0), change, stuck)
 
-        return body
+        return propose, accept
 
     # ------------------------------------------------------------------------------------------
 
@@ -628,60 +680,35 @@ class EP(AbstractMethod):
         return isinstance(state, SiteParams) and same_shapes(state, template)
 
     def solve(self, model: LatentLinearModel, state: SiteParams) -> Posterior:
-        run = self._first_run(model, state)
-        # A run that has not converged continues with the next, more robust schedule from its best sites.
-        flags = (jnp.array(False), jnp.array(False))  # (used a fallback, oscillated)
-        for schedule in self._chain[1:]:
-            rescue, flags = self._hands_over(run, flags)
-            run = jax.lax.cond(rescue, lambda run, schedule=schedule: self._rescue(model, run, schedule),
-                               lambda run, schedule=schedule: self._prepared(run, schedule), run)
-        return self._finish(model, run, *flags)
+        frozen = jax.lax.stop_gradient(model)
+        sites = jax.lax.stop_gradient(state)
+        work = working_model(frozen)
+        dtype = frozen.dtype
+        # The loop's first iteration evaluates the start; until then the evaluation is a placeholder
+        # of the right shape (``started`` False).
+        shape = jax.eval_shape(lambda: _evaluate(sites, frozen, self._eta, work))
+        ev = jax.tree_util.tree_map(lambda a: jnp.full(a.shape, jnp.nan if a.dtype != bool else False, a.dtype), shape)
+        zero, nan, false = jnp.array(0), jnp.array(jnp.nan, dtype), jnp.array(False)
+        inf = jnp.array(jnp.inf, dtype)
+        run = _Run(sites=sites, ev=ev, residual=inf, k=zero,
+                   trace=jnp.full((self.max_iter + len(self._chain),), jnp.nan, dtype), best=inf, since_best=zero,
+                   evals=zero, skipped=zero, shrunk=zero, change=nan, stuck=false, best_sites=sites, best_ev=ev,
+                   damping=jnp.asarray(self.step_fraction, dtype), alpha=jnp.ones((), dtype), halvings=zero,
+                   tol=jnp.asarray(self.tol, dtype), started=false,
+                   outer=((ev.marginal_mean, ev.marginal_var), nan, jnp.ones((), dtype)), phase=zero,
+                   oscillated=false)
+        cond = lambda run: ~run.started | self._running(run)
+        return self._finish(model, jax.lax.while_loop(cond, self._iteration(frozen, work), run))
 
     @property
     def _chain(self):
         return (self.schedule,) + (_FALLBACK[self.schedule] if self.fallback else ())
 
-    def _first_run(self, model, sites) -> _Run:
-        """From the start ``sites`` to the end of the first schedule's run."""
-        frozen = jax.lax.stop_gradient(model)
-        sites = jax.lax.stop_gradient(sites)
-        work = working_model(frozen)
-        length = self.max_iter + len(self._chain)
-        trace = jnp.full((length,), jnp.nan, frozen.dtype)
-        if self.schedule == "parallel":
-            # The parallel schedule's first iteration evaluates the start (so `_evaluate` appears in the
-            # program once for it); until then the evaluation is a placeholder of the right shape.
-            shape = jax.eval_shape(lambda: _evaluate(sites, frozen, self._eta, work))
-            ev = jax.tree_util.tree_map(lambda a: jnp.full(a.shape, jnp.nan if a.dtype != bool else False, a.dtype),
-                                        shape)
-            run = self._start(sites, ev, jnp.array(0), trace)._replace(started=jnp.array(False))
-            run = run._replace(residual=jnp.array(jnp.inf, trace.dtype), best=jnp.array(jnp.inf, trace.dtype))
-        else:
-            run = self._start(sites, _evaluate(sites, frozen, self._eta, work), jnp.array(0), trace)
-        schedule = self._chain[0]
-        return self._loop(self._prepared(run, schedule), self._schedules[schedule](frozen, work), self.max_iter)
-
     @property
     def _schedules(self):
         return {"parallel": self._parallel_step, "sequential": self._sequential_step, "double_loop": self._double_loop}
 
-    def _hands_over(self, run: _Run, flags):
-        """Whether the next schedule takes over (the run has not converged and iterations are left), and the
-        flags (a fallback ran, a run oscillated) updated."""
-        rescue = (run.residual > run.tol) & (run.k < self.max_iter)
-        used_fallback, oscillated = flags
-        return rescue, (used_fallback | rescue, oscillated | (run.since_best >= self.patience))
-
-    def _rescue(self, model, run: _Run, schedule: str) -> _Run:
-        """Continue with ``schedule`` from the best sites so far (a diverging run may end far from any
-        fixed point), with a fresh patience budget and the iterations left of ``max_iter``."""
-        frozen = jax.lax.stop_gradient(model)
-        fresh = run._replace(sites=run.best_sites, ev=run.best_ev, residual=_residual(run.best_ev),
-                             since_best=jnp.array(0), stuck=jnp.array(False))
-        return self._loop(self._prepared(fresh, schedule), self._schedules[schedule](frozen, working_model(frozen)),
-                          self.max_iter)
-
-    def _finish(self, model, run: _Run, used_fallback, oscillated) -> Posterior:
+    def _finish(self, model, run: _Run) -> Posterior:
         frozen = jax.lax.stop_gradient(model)
         work = working_model(frozen)
         # A run that has not converged ends at its best sites (the smallest residual seen), not its last:
@@ -694,8 +721,8 @@ class EP(AbstractMethod):
         _, mean, C = integrate(frozen, _quadratics(sites), *work)
         grad = _energy_gradient(ev, frozen, C, self._eta)
         grad_norm = jnp.max(jnp.stack([jnp.max(jnp.abs(g), initial=0.0) for g in jax.tree_util.tree_leaves(grad)]))
-        info = EPInfo(max_change=run.change, oscillating=oscillated | (run.since_best >= self.patience),
-                      skipped=run.skipped, shrunk=run.shrunk, fallback=used_fallback)
+        info = EPInfo(max_change=run.change, oscillating=run.oscillated | (run.since_best >= self.patience),
+                      skipped=run.skipped, shrunk=run.shrunk, fallback=run.phase > 0)
         diagnostics = Diagnostics(
             iterations=run.k, converged=converged, stationarity=residual, grad_norm=grad_norm,
             objective_trace=run.trace, num_value_evals=run.evals, num_grad_evals=1, num_hvp_evals=0, method="EP",
