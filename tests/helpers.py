@@ -249,6 +249,15 @@ def ep_residual(precision, shift, H, prior_precision, fn, prior_mean=None, width
 # ------------------------------------------------------------------------------------------ diagnostics
 
 
+def gradient_and_difference(f, x, step):
+    """``(∇f(x), (f(x + step) − f(x − step))/2)``: the gradient and the central difference along
+    ``step`` (divide by |step|), the values at x ± step from the same `jax.value_and_grad` program as
+    the gradient, so a refitted finite difference compiles no plain fit of its own."""
+    value_and_grad = jax.value_and_grad(f)
+    grad = value_and_grad(x)[1]
+    return grad, (value_and_grad(x + step)[0] - value_and_grad(x - step)[0]) / 2
+
+
 def sparse_logistic_rows(dim, num, nnz, seed=0):
     """A realsim-shaped sparse logistic regression's data (NumPy only): ``(values, indices, y)`` of an
     ``(num, dim)`` matrix with about ``nnz`` non-zeros (≈ nnz/num per row, columns drawn with Zipf-like
