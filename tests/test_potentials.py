@@ -260,8 +260,12 @@ def test_split_rules_beat_plain_gauss_hermite_where_it_fails():
         spec = SPECS[name]
         ref = _quad(lambda z: spec.log_phi(p)(m + s * z), m, s, *_breaks(name, p, m, s))
         potential = spec.cls(**p)
-        plain = Custom(lambda x: potential.log_phi(x)).expected_log_phi(jnp.array([m]), jnp.array([s]))[0]
-        split = potential.expected_log_phi(jnp.array([m]), jnp.array([s]))[0]
+
+        def both(m, s):
+            m, s = jnp.array([m]), jnp.array([s])
+            return Custom(lambda x: potential.log_phi(x)).expected_log_phi(m, s)[0], potential.expected_log_phi(m, s)[0]
+
+        plain, split = jax.jit(both)(m, s)
         assert abs(plain - ref) > 1e-6 * abs(ref), name
         assert abs(split - ref) < 1e-10 * max(1.0, abs(ref)), name
 
@@ -498,8 +502,9 @@ def test_more_gauss_hermite_nodes_get_closer_to_quad():
     for potential, m, s, counts in [(Probit(), 0.5, 0.9, (2, 4, 8, 16)),
                                     (Custom(jax.scipy.special.log_ndtr), 0.5, 6.0, (8, 16, 32, 64))]:
         ref = _quad(lambda z: f(m + s * z), m, s, *_breaks(name, p, m, s))
-        errors = [abs(float(potential.expected_log_phi(jnp.array([m]), jnp.array([s]), GaussHermite(n))[0]) - ref)
-                  for n in counts]
+        values = jax.jit(lambda: [potential.expected_log_phi(jnp.array([m]), jnp.array([s]), GaussHermite(n))[0]
+                                  for n in counts])()
+        errors = [abs(float(value) - ref) for value in values]
         assert all(a > b for a, b in zip(errors, errors[1:])), errors
     assert errors[-1] < 1e-4 * abs(ref)
 
@@ -546,7 +551,10 @@ def test_logistic_expectation_derivatives_in_closed_form_match_quad():
     # Both rules (Gauss–Hermite below σ = 1.5, Gauss–Laguerre above), σ = 0 and σ on either side of 1.5.
     mu = np.array([-30.0, -5, -1, 0, 0.3, 2, 8, 40, -3, 1, 0.5, 0.5, 0.5, 0.5])
     var = np.array([0.0, 0.01, 0.5, 1.0, 2.0, 2.24, 2.26, 3.0, 10, 100, 1e4, 1e-8, 2.25, 1.44])
-    got = Logistic().expected_log_phi_derivatives(jnp.asarray(mu), jnp.asarray(var))
+    # Both forms in one program (`AbstractPotential`'s is the forward-mode default of every potential).
+    got, ad = jax.jit(lambda mu, var: (Logistic().expected_log_phi_derivatives(mu, var),
+                                       vj.potentials.AbstractPotential.expected_log_phi_derivatives(Logistic(), mu, var))
+                      )(jnp.asarray(mu), jnp.asarray(var))
     ref = np.array([_logistic_derivative_moments(m, v) for m, v in zip(mu, var)]).T
     # ∂ᵏ/∂μᵏ = ⟨f⁽ᵏ⁾⟩ and ∂/∂v = ½ ∂²/∂μ² (the heat equation).
     expected = [ref[0], ref[1], 0.5 * ref[2], 0.5 * ref[3], 0.25 * ref[4]]
@@ -556,7 +564,6 @@ def test_logistic_expectation_derivatives_in_closed_form_match_quad():
     for label, g, r, tol in zip(got._fields, got, expected, [2e-9, 5e-9, 1e-8, 2e-7, 2e-7]):
         np.testing.assert_allclose(g, r, rtol=0, atol=tol, err_msg=label)
     # … and agree with forward-mode differentiation of expected_log_phi, the default of every potential.
-    ad = vj.potentials.AbstractPotential.expected_log_phi_derivatives(Logistic(), jnp.asarray(mu), jnp.asarray(var))
     wide = var >= 1.5**2
     for label, g, a in zip(got._fields, got, ad):
         np.testing.assert_allclose(np.asarray(g)[wide], np.asarray(a)[wide], rtol=1e-10, atol=1e-14, err_msg=label)
