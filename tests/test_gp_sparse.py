@@ -10,9 +10,14 @@ import pytest
 from scipy import linalg, stats
 
 import vijax as vj
-from vijax.gp.sparse import collapsed_elbo, optimal_inducing_posterior, predict_sparse, svgp_elbo
+from vijax.gp import sparse
 
 jax.config.update("jax_enable_x64", True)
+
+# Each call one program (outside jit every primitive would be a program of its own).
+collapsed_elbo, optimal_inducing_posterior, predict_sparse, svgp_elbo, svgp_natural_step = (
+    eqx.filter_jit(f) for f in (sparse.collapsed_elbo, sparse.optimal_inducing_posterior, sparse.predict_sparse,
+                                sparse.svgp_elbo, sparse.svgp_natural_step))
 
 
 class _SE(eqx.Module):
@@ -142,17 +147,17 @@ def test_input_validation(data):
     X, y = data
     Z = X[:5]
     with pytest.raises(ValueError, match="y"):
-        collapsed_elbo(KERN, X, y[:-1], NOISE, Z)
+        sparse.collapsed_elbo(KERN, X, y[:-1], NOISE, Z)
     with pytest.raises(ValueError, match="input dimension"):
-        collapsed_elbo(KERN, X, y, NOISE, np.zeros((5, 2)))
+        sparse.collapsed_elbo(KERN, X, y, NOISE, np.zeros((5, 2)))
     with pytest.raises(ValueError, match="X"):
-        optimal_inducing_posterior(KERN, X[:, 0], y, NOISE, Z)
+        sparse.optimal_inducing_posterior(KERN, X[:, 0], y, NOISE, Z)
     with pytest.raises(ValueError, match="noise_variance"):
-        collapsed_elbo(KERN, X, y, 0.0, Z)
+        sparse.collapsed_elbo(KERN, X, y, 0.0, Z)
     with pytest.raises(ValueError, match="mean_u"):
-        predict_sparse(KERN, Z, np.zeros(4), np.eye(5), X)
+        sparse.predict_sparse(KERN, Z, np.zeros(4), np.eye(5), X)
     with pytest.raises(ValueError, match="chol_u"):
-        svgp_elbo(np.zeros(5), np.eye(4), KERN, Z, X, vj.potentials.Gaussian(loc=y, scale=0.3))
+        sparse.svgp_elbo(np.zeros(5), np.eye(4), KERN, Z, X, vj.potentials.Gaussian(loc=y, scale=0.3))
 
 
 def test_natural_gradient_step_reaches_the_collapsed_optimum_in_one_step():
@@ -163,7 +168,7 @@ def test_natural_gradient_step_reaches_the_collapsed_optimum_in_one_step():
     y = np.sin(2 * X[:, 0]) + 0.1 * rng.normal(size=40)
     kernel, Z = _SE(0.7, 1.2), X[::5]
     likelihood = vj.potentials.Gaussian(loc=y, scale=0.3)
-    mean, chol = vj.gp.svgp_natural_step(jnp.zeros(8), jnp.eye(8), kernel, Z, X, likelihood, learning_rate=1.0)
+    mean, chol = svgp_natural_step(jnp.zeros(8), jnp.eye(8), kernel, Z, X, likelihood, learning_rate=1.0)
     best_mean, best_cov = vj.gp.optimal_inducing_posterior(kernel, X, y, 0.09, Z)
     np.testing.assert_allclose(mean, best_mean, atol=1e-8)
     np.testing.assert_allclose(chol @ chol.T, best_cov, atol=1e-8)
@@ -181,10 +186,10 @@ def test_natural_gradient_steps_raise_a_classification_bound():
     mean, chol = jnp.zeros(10), jnp.eye(10) * np.sqrt(2.0)
     values = []
     for _ in range(16):
-        mean, chol = vj.gp.svgp_natural_step(mean, chol, kernel, Z, X, likelihood, learning_rate=0.7)
-        values.append(float(vj.gp.svgp_elbo(mean, chol, kernel, Z, X, likelihood)))
+        mean, chol = svgp_natural_step(mean, chol, kernel, Z, X, likelihood, learning_rate=0.7)
+        values.append(float(svgp_elbo(mean, chol, kernel, Z, X, likelihood)))
     assert np.all(np.diff(values) > -1e-8), values
-    grads = jax.grad(vj.gp.svgp_elbo, argnums=(0, 1))(mean, chol, kernel, Z, X, likelihood)
+    grads = jax.grad(svgp_elbo, argnums=(0, 1))(mean, chol, kernel, Z, X, likelihood)
     assert max(float(jnp.abs(g).max()) for g in grads) < 1e-5
 
 
@@ -201,17 +206,17 @@ def test_classification_labels_and_inducing_input_gradients():
     logistic = vj.potentials.Logistic()
     # Labels fold into the latent as a potential written on y_n f_n (the two differ only by the
     # quadrature rule: Logistic's own against Gauss–Hermite for Custom).
-    np.testing.assert_allclose(vj.gp.svgp_elbo(mean, chol, kernel, Z, X, logistic, labels=labels),
-                               vj.gp.svgp_elbo(mean, chol, kernel, Z, X, folded), rtol=1e-5)
-    for a, b in zip(vj.gp.svgp_natural_step(mean, chol, kernel, Z, X, logistic, labels=labels, learning_rate=0.5),
-                    vj.gp.svgp_natural_step(mean, chol, kernel, Z, X, folded, learning_rate=0.5)):
+    np.testing.assert_allclose(svgp_elbo(mean, chol, kernel, Z, X, logistic, labels=labels),
+                               svgp_elbo(mean, chol, kernel, Z, X, folded), rtol=1e-5)
+    for a, b in zip(svgp_natural_step(mean, chol, kernel, Z, X, logistic, labels=labels, learning_rate=0.5),
+                    svgp_natural_step(mean, chol, kernel, Z, X, folded, learning_rate=0.5)):
         np.testing.assert_allclose(a, b, atol=1e-4)
     with pytest.raises(ValueError, match="labels"):
-        vj.gp.svgp_elbo(mean, chol, kernel, Z, X, logistic)
+        svgp_elbo(mean, chol, kernel, Z, X, logistic)
     with pytest.raises(ValueError, match="labels"):
-        vj.gp.svgp_natural_step(mean, chol, kernel, Z, X, logistic, labels=labels[:-1])
+        svgp_natural_step(mean, chol, kernel, Z, X, logistic, labels=labels[:-1])
     # Inducing inputs are learnable: the bound's gradient in Z matches central differences.
-    elbo_z = lambda Z: vj.gp.svgp_elbo(mean, chol, kernel, Z, X, logistic, labels=labels)
+    elbo_z = lambda Z: svgp_elbo(mean, chol, kernel, Z, X, logistic, labels=labels)
     grad = jax.grad(elbo_z)(jnp.asarray(Z))
     h = 1e-5
     for i, j in ((0, 0), (3, 1), (5, 0)):
@@ -232,9 +237,9 @@ def test_natural_steps_with_a_student_t_likelihood_stay_proper():
     y = np.sin(2 * X[:, 0]) + 0.1 * rng.standard_t(4, size=n)
     kernel, Z = _SE(0.7, 1.0), np.linspace(-3, 3, 30)[:, None]
     likelihood = lambda loc: vj.potentials.StudentT(df=4.0, loc=loc, scale=0.1)  # noqa: E731
-    step = jax.jit(lambda m, c, Xb, yb: vj.gp.svgp_natural_step(m, c, kernel, Z, Xb, likelihood(yb), num_data=n,
+    step = jax.jit(lambda m, c, Xb, yb: svgp_natural_step(m, c, kernel, Z, Xb, likelihood(yb), num_data=n,
                                                                 learning_rate=0.1))
-    elbo = lambda m, c: float(vj.gp.svgp_elbo(m, c, kernel, Z, X, likelihood(y)))  # noqa: E731
+    elbo = lambda m, c: float(svgp_elbo(m, c, kernel, Z, X, likelihood(y)))  # noqa: E731
     mean, chol = jnp.zeros(30), jnp.eye(30)
     start = elbo(mean, chol)
     for _ in range(50):
