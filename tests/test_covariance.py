@@ -61,26 +61,38 @@ def _priors(rng):
     }
 
 
+@eqx.filter_jit
+def _structured_quantities(factor, projections, priors):
+    """Everything a factor computes from its structure, in one program."""
+    return dict(dense=factor.dense(), projected=[factor.projected_variances(p) for p in projections],
+                identity=factor.projected_variances(vj.Identity(D)), variances=factor.variances(),
+                logdet=factor.logdet(), traces=[factor.trace_precision(prior) for prior in priors],
+                precisions=[prior.precision_matrix() for prior in priors], cholesky=factor.cholesky(),
+                canonical=factor.canonical().dense())
+
+
 @pytest.mark.parametrize("name", FAMILIES)
 def test_structured_quantities_equal_dense(rng, name):
     factor = _random_factor(_families(rng)[name], rng)
-    S = np.asarray(factor.dense())
+    H = _site_matrix(rng)
+    priors = _priors(rng).values()
+    got = _structured_quantities(factor, [vj.projections.as_projection(p) for p in (H, jsparse.BCOO.fromdense(H))],
+                                 [prior for prior, _ in priors])
+    S = np.asarray(got["dense"])
     np.testing.assert_allclose(S, S.T, atol=1e-12)
     assert np.linalg.eigvalsh(S).min() > 0
-    H = _site_matrix(rng)
     expected = np.einsum("nd,de,ne->n", H, S, H)
-    for projection in (H, jsparse.BCOO.fromdense(H)):
-        got = factor.projected_variances(vj.projections.as_projection(projection))
-        np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-12)
-    np.testing.assert_allclose(factor.projected_variances(vj.Identity(D)), np.diag(S), rtol=1e-10)
-    np.testing.assert_allclose(factor.variances(), np.diag(S), rtol=1e-10)
-    np.testing.assert_allclose(factor.logdet(), np.linalg.slogdet(S)[1], rtol=1e-10)
-    for prior, prec in _priors(rng).values():
-        prec = np.asarray(prior.precision_matrix()) if prec is None else prec
-        np.testing.assert_allclose(factor.trace_precision(prior), np.trace(prec @ S), rtol=1e-10)
-    C = np.asarray(factor.cholesky())
+    for projected in got["projected"]:
+        np.testing.assert_allclose(projected, expected, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(got["identity"], np.diag(S), rtol=1e-10)
+    np.testing.assert_allclose(got["variances"], np.diag(S), rtol=1e-10)
+    np.testing.assert_allclose(got["logdet"], np.linalg.slogdet(S)[1], rtol=1e-10)
+    for (_, prec), computed, trace in zip(priors, got["precisions"], got["traces"]):
+        prec = np.asarray(computed) if prec is None else prec
+        np.testing.assert_allclose(trace, np.trace(prec @ S), rtol=1e-10)
+    C = np.asarray(got["cholesky"])
     np.testing.assert_allclose(C.T @ C, S, atol=1e-10)
-    np.testing.assert_allclose(factor.canonical().dense(), S, atol=1e-12)
+    np.testing.assert_allclose(got["canonical"], S, atol=1e-12)
 
 
 @pytest.mark.parametrize("name", FAMILIES)

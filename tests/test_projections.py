@@ -1,5 +1,6 @@
 """Projection products (dense, sparse, identity) against dense NumPy, including their gradients."""
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,18 +15,25 @@ def _random_sparse(rng, n, d, density):
     return A, jsparse.BCOO.fromdense(A)
 
 
+@eqx.filter_jit
+def _products(P, xs, ys, w, V):
+    """Every product of ``P`` (one program, not one per primitive)."""
+    return ([(P.mv(x), P.squared_mv(x)) for x in xs], [(P.rmv(y), P.squared_rmv(y)) for y in ys], P.gram(w),
+            jax.grad(lambda V: jnp.sum(jnp.sin(P.mv(V))))(V))
+
+
 def _check_products(P, A, rng):
     n, d = A.shape
-    for x in (rng.normal(size=d), rng.normal(size=(d, 3))):
-        np.testing.assert_allclose(P.mv(x), A @ x, atol=1e-12)
-        np.testing.assert_allclose(P.squared_mv(x), (A**2) @ x, atol=1e-12)
-    for y in (rng.normal(size=n), rng.normal(size=(n, 3))):
-        np.testing.assert_allclose(P.rmv(y), A.T @ y, atol=1e-12)
-        np.testing.assert_allclose(P.squared_rmv(y), (A**2).T @ y, atol=1e-12)
-    w = rng.uniform(size=n)
-    np.testing.assert_allclose(P.gram(w), A.T @ (w[:, None] * A), atol=1e-12)
-    V = jnp.asarray(rng.normal(size=(d, 4)))
-    grad = jax.grad(lambda V: jnp.sum(jnp.sin(P.mv(V))))(V)
+    xs, ys = (rng.normal(size=d), rng.normal(size=(d, 3))), (rng.normal(size=n), rng.normal(size=(n, 3)))
+    w, V = rng.uniform(size=n), rng.normal(size=(d, 4))
+    forward, backward, gram, grad = _products(P, xs, ys, w, V)
+    for x, (mv, squared_mv) in zip(xs, forward):
+        np.testing.assert_allclose(mv, A @ x, atol=1e-12)
+        np.testing.assert_allclose(squared_mv, (A**2) @ x, atol=1e-12)
+    for y, (rmv, squared_rmv) in zip(ys, backward):
+        np.testing.assert_allclose(rmv, A.T @ y, atol=1e-12)
+        np.testing.assert_allclose(squared_rmv, (A**2).T @ y, atol=1e-12)
+    np.testing.assert_allclose(gram, A.T @ (w[:, None] * A), atol=1e-12)
     np.testing.assert_allclose(grad, A.T @ np.cos(A @ V), atol=1e-12)
 
 
