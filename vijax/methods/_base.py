@@ -116,7 +116,11 @@ class AbstractMethod(eqx.Module):
     # ------------------------------------------------------------------------------ compiled
 
     def start(self, model: LatentLinearModel):
-        """The cold start as a State: a compiled program (the shared expansion where ``shares_start``)."""
+        """The cold start as a State: a compiled program (the shared expansion where ``shares_start``).
+        A State is a starting point, constant in the model (every `solve` stops its gradient), so the
+        program takes the model with its gradient stopped: under `jax.grad` it is the same program as
+        without."""
+        model = jax.lax.stop_gradient(model)
         if self.shares_start(model):
             return self.from_expansion(model, _start.shared(model, self.start_dense(model)))
         return compiled(self, "init_state", model)
@@ -138,6 +142,7 @@ class AbstractMethod(eqx.Module):
         a `Posterior` of another method converted from its mean and covariance; a ``(D,)`` array the
         expansion at that point. Anything else raises a `ValueError` that says what is accepted."""
         name = type(self).__name__
+        model = jax.lax.stop_gradient(model)  # a State is constant in the model (see `start`)
         if isinstance(init, Posterior):
             if self.is_state(model, init.state):
                 return init.state
@@ -177,7 +182,7 @@ def _describe(x) -> str:
 
 @eqx.filter_jit
 def _compiled_expand_at(model, w):
-    return _start.expand_at(jax.lax.stop_gradient(model), w)
+    return _start.expand_at(model, w)
 
 
 def same_shapes(state, template) -> bool:
