@@ -232,18 +232,23 @@ def test_site_form_integral_matches_the_general_one(rng):
         factor = CholeskyFactor(C)
         return value, [g.project(mean) for g in model.sites], [factor.projected_variances(g.projection) for g in model.sites]
 
+    @jax.jit  # both paths and their gradients in A, one program for both draws
+    def both(quadratics):
+        first, (a, A, _) = quadratics
+        value, means, variances = _gaussian.marginals(model, quadratics)
+        grad = jax.grad(lambda A: _gaussian.marginals(model, (first, (a, A, 0.0)))[0])(A)
+        grad0 = jax.grad(lambda A: _gaussian.integrate(model, (first, (a, A, 0.0)))[0])(A)
+        return (value, means, variances, grad), (*general(quadratics), grad0)
+
     A = rng.uniform(0, 2, size=n)
     A[3] = 0.0
     for A2 in (A, np.where(np.arange(n) == 5, -0.05, A)):  # the second: W < 0 at one site, the general path
         quadratics = ((rng.normal(size=n), rng.uniform(0, 1, size=n), 0.1), (rng.normal(size=n), A2, -0.2))
-        value, means, variances = _gaussian.marginals(model, quadratics)
-        v0, m0, s0 = general(quadratics)
+        (value, means, variances, grad), (v0, m0, s0, grad0) = both(quadratics)
         np.testing.assert_allclose(value, v0, rtol=1e-12)
         for a, b in zip(means + variances, m0 + s0):
             np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
-        grad = jax.grad(lambda A: _gaussian.marginals(model, (quadratics[0], (quadratics[1][0], A, 0.0)))[0])
-        grad0 = jax.grad(lambda A: _gaussian.integrate(model, (quadratics[0], (quadratics[1][0], A, 0.0)))[0])
-        np.testing.assert_allclose(grad(jnp.asarray(A2)), grad0(jnp.asarray(A2)), rtol=1e-8, atol=1e-12)
+        np.testing.assert_allclose(grad, grad0, rtol=1e-8, atol=1e-12)
 
 
 @pytest.mark.parametrize("likelihood", ["logistic", "poisson", "laplace"])

@@ -80,8 +80,8 @@ def test_nested_ep_log_z_and_diagnostics(nested):
     assert trace[0] < trace[k] - 1.0  # the energy at zero sites is far below the fixed point's
     # grad_norm is max |∂ energy / ∂ active sites|, by autodiff of the public energy: O(tol) at the fixed point
     onehot = np.eye(3)[y]
-    gradient = jax.grad(lambda t, n: mc.energy(mc.NestedEPState(t, n), model), argnums=(0, 1))(result.state.tau,
-                                                                                                result.state.nu)
+    gradient = jax.jit(jax.grad(lambda t, n: mc.energy(mc.NestedEPState(t, n), model), argnums=(0, 1)))(
+        result.state.tau, result.state.nu)
     expected = max(np.abs(np.asarray(g))[onehot == 0].max() for g in gradient)
     np.testing.assert_allclose(float(d.grad_norm), expected, rtol=1e-6, atol=1e-13)  # rounding at a 2e-8 gradient
     assert float(d.grad_norm) < 1e-6
