@@ -49,25 +49,18 @@ def _release_compiled_code():
 # wall time, the programs XLA built during it (compiled or loaded from the cache) and their compile
 # seconds; `python tests/programs.py <prefix>` sums them by file (see tests/README.md).
 _PROGRAMS = os.environ.get("VIJAX_TEST_PROGRAMS")
-_built = {"programs": 0, "seconds": 0.0}
 _rows = []
 
-
-def _on_compile(event, duration, **_):
-    if event == "/jax/core/compile/backend_compile_duration":
-        _built["programs"] += 1
-        _built["seconds"] += duration
-
-
 if _PROGRAMS:
-    jax.monitoring.register_event_duration_secs_listener(_on_compile)
+    from helpers import built  # the tests' one compile listener
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(item, nextitem):
-        programs, seconds, start = _built["programs"], _built["seconds"], time.perf_counter()
+        (programs, seconds), start = built(), time.perf_counter()
         yield
+        after = built()
         _rows.append({"test": item.nodeid, "wall": time.perf_counter() - start,
-                      "programs": _built["programs"] - programs, "compile": _built["seconds"] - seconds})
+                      "programs": after[0] - programs, "compile": after[1] - seconds})
 
     def pytest_sessionfinish(session):
         if _rows:

@@ -18,31 +18,23 @@ import optax
 import pytest
 
 import vijax as vj
+from helpers import built
 
 K_ = vj.gp.kernels
 P = vj.potentials
 
-# Programs built by XLA: compiled, or loaded from the test session's persistent compilation cache
-# (conftest.py), which skips the backend compile. Listeners cannot be unregistered in every JAX version,
-# so one pair is registered here and the tests read differences.
-_PROGRAMS = [0]
-_TRACED = []  # the names of the functions traced for jit, in order
+# Programs built by XLA (compiled, or loaded from the persistent cache) come from `helpers.built`; the
+# functions traced for jit, in order, from this listener (listeners cannot be unregistered in every JAX
+# version, so the tests read differences).
+_TRACED = []
 
 
-def _on_duration(event, duration, **kwargs):
-    if event == "/jax/core/compile/backend_compile_duration":
-        _PROGRAMS[0] += 1
-    elif event == "/jax/core/compile/jaxpr_trace_duration":
+def _on_trace(event, duration, **kwargs):
+    if event == "/jax/core/compile/jaxpr_trace_duration":
         _TRACED.append(kwargs.get("fun_name"))
 
 
-def _on_event(event, **kwargs):
-    if event == "/jax/compilation_cache/cache_hits":
-        _PROGRAMS[0] += 1
-
-
-jax.monitoring.register_event_duration_secs_listener(_on_duration)
-jax.monitoring.register_event_listener(_on_event)
+jax.monitoring.register_event_duration_secs_listener(_on_trace)
 
 
 def _floating_leaves(tree):
@@ -73,10 +65,10 @@ def _run(step, params, opt_state, *args, num_steps=3):
     """The programs each of ``num_steps`` calls of ``step`` built."""
     counts = []
     for _ in range(num_steps):
-        before = _PROGRAMS[0]
+        before = built()[0]
         params, opt_state, value = step(params, opt_state, *args)
         jax.block_until_ready(value)
-        counts.append(_PROGRAMS[0] - before)
+        counts.append(built()[0] - before)
         assert np.isfinite(float(value))
     return counts, params
 

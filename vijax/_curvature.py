@@ -51,7 +51,8 @@ class Curvature(eqx.Module):
             return prior.precision_diagonal()[:, None] * V + self.sites_mv(V)
         return prior.precision_matrix() @ V + self.sites_mv(V)
 
-    def _raw_diagonal(self):
+    def raw_diagonal(self):
+        """diag P without the ridge of `dense` (O(nnz(H)), no D × D matrix)."""
         d, dtype = self.model.dim, self.weights[0].dtype
         p = self.model.prior.precision_diagonal() if self.model.prior is not None else jnp.zeros(d, dtype)
         for group, w in zip(self.model.sites, self.weights):
@@ -59,13 +60,13 @@ class Curvature(eqx.Module):
         return p.astype(dtype)
 
     def diagonal(self):
-        p = self._raw_diagonal()
+        p = self.raw_diagonal()
         return p + self._ridge(p)
 
     def operator(self):
         """``(product, diagonal)``: v ↦ P v for ``v`` of shape ``(D,)``, and diag(P), both with the ridge of
         `dense` (the diagonal computed once), for matrix-free solves with P."""
-        p = self._raw_diagonal()
+        p = self.raw_diagonal()
         ridge = self._ridge(p)
         return (lambda v: self.mv(v[:, None])[:, 0] + ridge * v), p + ridge
 

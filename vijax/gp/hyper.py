@@ -113,7 +113,7 @@ def fit_hyperparameters(kernel: AbstractKernel, X: ArrayLike, likelihood: Abstra
                 trial = _along(params, direction, jnp.asarray(alpha))
                 (t_value, t_post), t_grad = _value_and_grad(trial, data, method, post.state)
                 evals += 1
-                limit = float(value) - _ARMIJO * alpha * predicted + _ROUNDING * (1 + abs(float(value)))
+                limit = float(value) - _ARMIJO * alpha * predicted + _RISE_TOLERANCE * (1 + abs(float(value)))
                 if np.isfinite(float(t_value)) and float(t_value) <= limit:
                     accepted = True
                     break
@@ -151,7 +151,7 @@ _ARMIJO = 1e-4
 _MAX_HALVINGS = 30
 # A trial may lower log Ẑ by this much relative to |log Ẑ|: the inner fits' rounding, which decides
 # nothing once the gain is that small (the change test then stops the run).
-_ROUNDING = 1e-12
+_RISE_TOLERANCE = 1e-12
 
 
 def _likelihood(params, data):

@@ -38,7 +38,7 @@ import numpy as np
 
 from .._factorisation import Primal
 from .._linalg import LOG_2PI
-from .._curvature import site_curvatures
+from .._curvature import Curvature, site_curvatures
 from ..covariance import CholeskyFactor
 from ..model import LatentLinearModel
 from ..posterior import Diagnostics, LaplaceInfo, Posterior
@@ -59,8 +59,13 @@ def log_joint(w, model: LatentLinearModel):
 
 def negative_hessian(w, model: LatentLinearModel, gauss_newton=False):
     """A = Λ + Σ_g H_gᵀ diag(ω_g) H_g = −∇²ℓ(w), dense ``(D, D)`` (Gauss–Newton with ``gauss_newton``)."""
-    A = model.prior.precision_matrix().astype(w.dtype) if model.prior is not None else 0.0
-    for group, omega in zip(model.sites, site_curvatures(w, model, gauss_newton)):
+    return _precision(model, site_curvatures(w, model, gauss_newton), w.dtype)
+
+
+def _precision(model: LatentLinearModel, weights, dtype):
+    """Λ + Σ_g H_gᵀ diag(weights_g) H_g, dense and symmetrised."""
+    A = model.prior.precision_matrix().astype(dtype) if model.prior is not None else 0.0
+    for group, omega in zip(model.sites, weights):
         A = A + group.projection.gram(omega)
     return 0.5 * (A + A.T)
 
@@ -89,14 +94,15 @@ def curvature_at_mode(mode, model: LatentLinearModel):
     fallback, and the jitter added to it: the exact A = −∇²ℓ where it is positive definite, else the
     Gauss–Newton curvature A⁺ (ω_n ← max(ω_n, 0)), else A⁺ + jitter·I with the smallest jitter in
     {10⁻¹⁰s, 10⁻⁹s, …} (s the mean of |diag A⁺|) that works. One loop tries them in turn, so the
-    program factorises in one place."""
-    exact = negative_hessian(mode, model)
-    gauss_newton = negative_hessian(mode, model, gauss_newton=True)
-    scale = jnp.maximum(jnp.mean(jnp.abs(jnp.diag(gauss_newton))), jnp.finfo(exact.dtype).tiny)
-    eye = jnp.eye(model.dim, dtype=exact.dtype)
+    program forms A and factorises it in one place, from the site curvatures computed once."""
+    dtype = mode.dtype
+    omega = site_curvatures(mode, model)
+    clipped = tuple(jnp.maximum(w, 0.0) for w in omega)
+    scale = jnp.maximum(jnp.mean(jnp.abs(Curvature(model, clipped).raw_diagonal())), jnp.finfo(dtype).tiny)
+    eye = jnp.eye(model.dim, dtype=dtype)
 
     def jitter_of(k):  # k = 0: exact; 1: Gauss–Newton; 2, 3, …: Gauss–Newton + jitter 10^(k − 12) s
-        return jnp.where(k >= 2, scale * jnp.asarray(10.0, exact.dtype) ** (k - 12), 0.0)
+        return jnp.where(k >= 2, scale * jnp.asarray(10.0, dtype) ** (k - 12), 0.0)
 
     def cond(state):
         _, ok, k = state
@@ -104,10 +110,11 @@ def curvature_at_mode(mode, model: LatentLinearModel):
 
     def body(state):
         _, _, k = state
-        factor = Primal.of(jnp.where(k == 0, exact, gauss_newton) + jitter_of(k) * eye)
+        weights = tuple(jnp.where(k == 0, w, c) for w, c in zip(omega, clipped))
+        factor = Primal.of(_precision(model, weights, dtype) + jitter_of(k) * eye)
         return factor, jnp.all(jnp.isfinite(factor.R)), k + 1
 
-    nan = Primal(jnp.full_like(exact, jnp.nan), jnp.full(model.dim, jnp.nan, exact.dtype))
+    nan = Primal(jnp.full((model.dim, model.dim), jnp.nan, dtype), jnp.full(model.dim, jnp.nan, dtype))
     factor, _, k = jax.lax.while_loop(cond, body, (nan, jnp.array(False), jnp.array(0)))
     return factor, k > 1, jitter_of(k - 1)
 
