@@ -290,7 +290,7 @@ class _Run(NamedTuple):
     alpha: jax.Array  # the parallel schedule's step, halved until q and every cavity are proper
     halvings: jax.Array
     tol: jax.Array  # the residual at which the running schedule stops (`EP._prepared`)
-    started: jax.Array  # whether ``ev`` is the evaluation of ``sites`` (False: a placeholder, see `_first_run`)
+    started: jax.Array  # whether ``ev`` is the evaluation of ``sites`` (False: a placeholder, see `solve`)
     outer: tuple  # the double loop's (anchor, its inner optimum Φ, extrapolation factor ω)
     phase: jax.Array  # the index of the running schedule in `EP._chain` (> 0: a fallback took over)
     oscillated: jax.Array  # a schedule handed over for want of progress (``patience`` iterations)
@@ -446,26 +446,21 @@ class EP(AbstractMethod):
 
     def _iteration(self, model, work):
         """The loop body: propose, evaluate, accept; then hand over if the running schedule has stopped."""
-        schedules = [self._schedules[name](model, work) for name in self._chain]
+        proposals, acceptances = zip(*(self._schedules[name](model, work) for name in self._chain))
+
+        def by_phase(functions, run, *args):  # the running schedule's function
+            if len(functions) == 1:
+                return functions[0](run, *args)
+            return jax.lax.switch(run.phase, [lambda run, f=f: f(run, *args) for f in functions], run)
 
         def body(run: _Run) -> _Run:
-            def propose(run):
-                if len(schedules) == 1:
-                    return schedules[0][0](run)
-                return jax.lax.switch(run.phase, [propose for propose, _ in schedules], run)
-
             # The first iteration evaluates the start (the sites as they are), so `_evaluate` appears once.
-            sites, proposed = jax.lax.cond(run.started, propose, lambda run: (run.sites, run), run)
+            sites, proposed = jax.lax.cond(run.started, lambda run: by_phase(proposals, run),
+                                           lambda run: (run.sites, run), run)
             ev = _evaluate(sites, model, self._eta, work)
-
-            def accept(run):
-                if len(schedules) == 1:
-                    return schedules[0][1](run, proposed, sites, ev)
-                return jax.lax.switch(run.phase, [lambda run, accept=accept: accept(run, proposed, sites, ev)
-                                                  for _, accept in schedules], run)
-
-            run = jax.lax.cond(run.started, accept, lambda run: self._prepared(self._start(sites, ev, run)), run)
-            if len(schedules) > 1:
+            run = jax.lax.cond(run.started, lambda run: by_phase(acceptances, run, proposed, sites, ev),
+                               lambda run: self._prepared(self._start(sites, ev, run)), run)
+            if len(self._chain) > 1:
                 run = jax.lax.cond(self._hands_over(run), lambda run: self._hand_over(run), lambda run: run, run)
             return run
 
