@@ -30,12 +30,17 @@ class Curvature(eqx.Module):
         # in kilometres is regularised as one in metres and a Newton step with P stays a Newton step.
         return 1e-8 * jnp.maximum(diag, 1e-12 * jnp.maximum(jnp.mean(diag), 1e-12)) + 1e-30
 
-    def dense(self):
+    def matrix(self):
+        """P as a dense ``(D, D)`` matrix, without the ridge of `dense` (Laplace's −∇²ℓ)."""
         d, dtype = self.model.dim, self.weights[0].dtype
         P = self.model.prior.precision_matrix() if self.model.prior is not None else jnp.zeros((d, d), dtype)
         for group, w in zip(self.model.sites, self.weights):
             P = P + group.projection.gram(w)
-        return (P + jnp.diag(self._ridge(jnp.diag(P)))).astype(dtype)
+        return P.astype(dtype)
+
+    def dense(self):
+        P = self.matrix()
+        return P + jnp.diag(self._ridge(jnp.diag(P)))
 
     def sites_mv(self, V):
         """Σ_g H_gᵀ diag(w_g) H_g V for ``V`` of shape ``(D, K)`` (O(nnz(H) K), no D × D matrix)."""

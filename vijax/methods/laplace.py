@@ -63,10 +63,8 @@ def negative_hessian(w, model: LatentLinearModel, gauss_newton=False):
 
 
 def _precision(model: LatentLinearModel, weights, dtype):
-    """Λ + Σ_g H_gᵀ diag(weights_g) H_g, dense and symmetrised."""
-    A = model.prior.precision_matrix().astype(dtype) if model.prior is not None else 0.0
-    for group, omega in zip(model.sites, weights):
-        A = A + group.projection.gram(omega)
+    """Λ + Σ_g H_gᵀ diag(weights_g) H_g (`Curvature.matrix`), dense and symmetrised."""
+    A = Curvature(model, tuple(w.astype(dtype) for w in weights)).matrix()
     return 0.5 * (A + A.T)
 
 
