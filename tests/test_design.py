@@ -345,10 +345,10 @@ def test_public_names(namespace):
         assert hasattr(namespace, name), name
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("method,design", [(vj.GKL(), "free"), (vj.GKL(covariance=vj.covariance.Chevron(6)), "free"),
                                            (vj.EP(power=0.9), "free"), (vj.MAP(), "random"),
-                                           (vj.LVB(variances="lanczos", num_lanczos=D), "free")])
+                                           (vj.LVB(variances="lanczos", num_lanczos=D), "free")],
+                         ids=["gkl", "gkl-chevron", "ep-power-0.9", "map", "lvb-lanczos"])
 def test_every_method_runs_the_loop(problem, method, design):
     w, M, y = problem
     result = vj.design.sequential(M, y, NU2, vj.Identity(D), vj.potentials.Laplace(scale=0.3), method, num_steps=4,
