@@ -12,7 +12,11 @@
 - **Memory by structure.** The default fit of every method that takes a sparse H on a realsim-shaped
   model (D = 20,958, N = 36,000, 3.7 M non-zeros) is lowered and compiled, never run; its
   ``memory_analysis()`` (arguments plus temporaries) stays under 2 GB. A D × D, N × D or nnz × D array
-  would need 3.5 GB, 6 GB or 600 GB.
+  would need 3.5 GB, 6 GB or 600 GB. The other families likewise, each at a scale where the wrong
+  structure cannot hide: the sparse GP bounds' value and gradient at N = 200,000 inputs and M = 64
+  inducing points (within 1 GB: an N × N kernel would be 320 GB), and a factor model's EM and E-step on
+  20,000 rows × 500 binary columns with 5 factors (within 3 GB, about 28 arrays of N × D: an N × N
+  matrix would be 3.2 GB, a D × D matrix per row 40 GB).
 """
 
 import jax
@@ -143,3 +147,27 @@ def test_sparse_fits_allocate_by_structure(realsim, method):
     memory = compiled.memory_analysis()
     total = memory.argument_size_in_bytes + memory.temp_size_in_bytes
     assert total < 2 * 2**30, f"{total / 2**30:.2f} GB (temporaries {memory.temp_size_in_bytes / 2**30:.2f} GB)"
+
+
+
+def _gigabytes(compiled):
+    memory = compiled.memory_analysis()
+    return (memory.argument_size_in_bytes + memory.temp_size_in_bytes) / 2**30
+
+
+def test_sparse_gp_bounds_allocate_by_structure():
+    N, M = 200_000, 64
+    X, Z = jnp.zeros((N, 2)), jnp.zeros((M, 2))
+    kernel = vj.gp.kernels.SquaredExponential(lengthscale=1.0, variance=1.0)
+    collapsed = jax.jit(lambda X, y: vj.gp.sparse.collapsed_elbo(kernel, X, y, 0.1, Z))
+    assert _gigabytes(collapsed.lower(X, jnp.zeros(N)).compile()) < 1.0
+    bound = lambda m, R, X, labels: vj.gp.sparse.svgp_elbo(m, R, kernel, Z, X, vj.potentials.Logistic(), labels=labels)
+    gradient = jax.jit(jax.value_and_grad(bound, argnums=(0, 1)))
+    assert _gigabytes(gradient.lower(jnp.zeros(M), jnp.eye(M), X, jnp.ones(N)).compile()) < 1.0
+
+
+@pytest.mark.parametrize("method", [vj.factor.EM(), vj.factor.EStep()], ids=["em", "e-step"])
+def test_factor_fits_allocate_by_structure(method):
+    model = vj.factor.factor_analysis(vj.factor.Bernoulli("jaakkola"), 5, jax.random.PRNGKey(0), num_columns=500)
+    data = vj.factor.observe(model, np.zeros((20_000, 500)))
+    assert _gigabytes(jax.jit(lambda m: vj.infer(m, method)).lower(data).compile()) < 3.0
