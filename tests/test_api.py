@@ -46,7 +46,7 @@ def test_gp_model_records_what_prediction_needs(regression):
     assert float(model.mean) == 0.5 and float(model.jitter) == 1e-5
 
 
-def test_new_predict_form_equals_old_form_and_exact_gp(regression, gp_fit):
+def test_predict_equals_the_exact_gp(regression, gp_fit):
     X, y = regression
     kernel, post = gp_fit
     X_test = np.random.default_rng(1).uniform(-3, 3, size=(6, 2))
@@ -56,28 +56,11 @@ def test_new_predict_form_equals_old_form_and_exact_gp(regression, gp_fit):
     A = K + 0.04 * np.eye(15)
     np.testing.assert_allclose(mean, Ks.T @ np.linalg.solve(A, y), atol=1e-6)
     np.testing.assert_allclose(var, 0.8 - np.sum(Ks * np.linalg.solve(A, Ks), 0), atol=1e-6)
-    with pytest.warns(DeprecationWarning, match="deprecated"):
-        old_mean, old_var = vj.gp.predict(post, kernel, X, X_test)
-    np.testing.assert_array_equal(old_mean, mean)
-    np.testing.assert_array_equal(old_var, var)
     lp = vj.gp.log_predictive(post, X_test, mean)
-    with pytest.warns(DeprecationWarning):
-        np.testing.assert_array_equal(vj.gp.log_predictive(post, kernel, X, X_test, mean), lp)
     np.testing.assert_allclose(lp, -0.5 * np.log(2 * np.pi * (var + 0.04)), rtol=1e-10)
 
 
-def test_old_form_refuses_another_kernel_or_inputs(regression, gp_fit):
-    X, _ = regression
-    kernel, post = gp_fit
-    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="differs from the kernel"):
-        vj.gp.predict(post, K_.SquaredExponential(0.3, 2.0), X, X[:3])
-    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="differs from the kernel"):
-        vj.gp.predict(post, K_.Matern52(jnp.array([1.1, 2.0]), 0.8), X, X[:3])
-    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="`X` differs"):
-        vj.gp.predict(post, kernel, X + 0.1, X[:3])
-
-
-def test_gp_classification_predict_proba_new_and_old(regression):
+def test_gp_classification_predict_proba(regression):
     X, y = regression
     labels = (y > 0).astype(int)
     kernel = K_.SquaredExponential(1.0, 1.5)
@@ -86,8 +69,6 @@ def test_gp_classification_predict_proba_new_and_old(regression):
     m, v = vj.gp.predict(post, X[:5])
     from scipy import stats
     np.testing.assert_allclose(p, stats.norm.cdf(m / np.sqrt(1 + v)), rtol=1e-6)
-    with pytest.warns(DeprecationWarning):
-        np.testing.assert_array_equal(vj.gp.predict_proba(post, kernel, X, X[:5]), p)
 
 
 def test_model_transformations_keep_what_gp_prediction_needs(regression, gp_fit):
@@ -148,9 +129,6 @@ def test_fit_hyperparameters_returns_the_fitted_kernel_scalar_log_z_and_diagnost
     assert float(fit.kernel.lengthscale) != 1.0
     exact = vj.infer(vj.gp.model(fit.kernel, X, P.Gaussian(loc=y, scale=fit.likelihood.scale), jitter=1e-8), vj.GKL())
     np.testing.assert_allclose(vj.gp.predict(fit.posterior, X[:3])[0], vj.gp.predict(exact, X[:3])[0], atol=1e-8)
-    with pytest.warns(DeprecationWarning, match="num_steps"):
-        old = vj.gp.fit_hyperparameters(kernel, X, P.Gaussian(loc=y, scale=0.3), vj.GKL(), jitter=1e-8, num_steps=2)
-    assert int(old.diagnostics.iterations) == 2
 
 
 # ----------------------------------------------------------------------------------------------

@@ -49,7 +49,7 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parent.parent / "vijax"
 
 LAYERS = (
-    ("foundation", ("_checks", "_keywords", "_linalg", "_factorisation", "_ellpack", "_piecewise_tables", "_piecewise", "quadrature", "solvers")),
+    ("foundation", ("_checks", "_linalg", "_factorisation", "_ellpack", "_piecewise_tables", "_piecewise", "quadrature", "solvers")),
     ("potentials", ("potentials",)),
     ("model", ("projections", "gaussian", "model", "hierarchical")),
     ("model tools", ("padding", "sharding", "piecewise")),

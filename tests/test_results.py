@@ -46,27 +46,19 @@ def test_diagnostics_by_keyword_with_defaults():
     assert dataclasses.replace(full, method="N").method == "N"
 
 
-def test_method_records_and_deprecated_attributes(logistic, gkl_post):
+def test_method_records(logistic, gkl_post):
     ep = vj.infer(logistic, vj.EP())
     info = ep.diagnostics.info
     assert isinstance(info, vj.EPInfo) and bool(ep.diagnostics.converged)
     assert 0 <= float(info.max_change) < 1e-4 and not bool(info.oscillating) and not bool(info.fallback)
     assert int(info.skipped) == 0 and int(info.shrunk) == 0
-    with pytest.warns(DeprecationWarning, match=r"diagnostics\.info\.max_change"):
-        assert float(ep.diagnostics.max_change) == float(info.max_change)
-    with pytest.warns(DeprecationWarning, match="fallback"):
-        assert not bool(ep.diagnostics.fallback)
 
     lap = vj.infer(logistic, vj.Laplace())
     assert isinstance(lap.diagnostics.info, vj.LaplaceInfo)
     assert not bool(lap.diagnostics.info.fallback) and float(lap.diagnostics.info.jitter) == 0.0
-    with pytest.warns(DeprecationWarning, match="jitter"):
-        assert float(lap.diagnostics.jitter) == 0.0
 
-    # methods without a record: info is None, the old attributes read their old defaults
+    # methods without a record: info is None
     assert gkl_post.diagnostics.info is None
-    with pytest.warns(DeprecationWarning):
-        assert not bool(gkl_post.diagnostics.fallback) and np.isnan(float(gkl_post.diagnostics.max_change))
 
 
 def test_meanfield_free_form_reports_its_work():

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from typing import ClassVar
 
 import equinox as eqx
@@ -103,25 +102,6 @@ class LVBInfo(eqx.Module):
         return _fields_repr(self, ("num_lanczos", "variance_fraction", "cg_iterations"))
 
 
-# Old `Diagnostics` attributes, now in `info`: name -> (default where `info` lacks it).
-_MOVED = {"fallback": False, "jitter": 0.0, "max_change": float("nan"), "oscillating": False, "skipped": 0,
-          "shrunk": 0}
-
-
-def _moved(name):
-    default = _MOVED[name]
-
-    def get(self):
-        warnings.warn(f"`diagnostics.{name}` is deprecated: read `diagnostics.info.{name}` "
-                      "(a vj.EPInfo for EP, a vj.LaplaceInfo for Laplace and MAP; None for other methods).",
-                      DeprecationWarning, stacklevel=3)  # 3: past equinox's __getattribute__
-        value = getattr(self.info, name, None)
-        return jnp.asarray(default) if value is None else value
-
-    get.__doc__ = f"Deprecated: ``info.{name}`` (``{default}`` where the method has none)."
-    return property(get)
-
-
 class Diagnostics(eqx.Module):
     """How a fit went: the fields every method reports, and a method's own record in `info`.
 
@@ -146,9 +126,6 @@ class Diagnostics(eqx.Module):
     - `info`: the method's own record, or None (default): `EPInfo` for `vj.EP` and `vj.HierarchicalEP`,
       `LVBInfo` for `vj.LVB` with Lanczos variances, `LaplaceInfo` for `vj.Laplace` and `vj.MAP`,
       `vj.nn.NetworkInfo` for `vj.nn.NetworkEP`.
-
-    The attributes `fallback`, `jitter`, `max_change`, `oscillating`, `skipped` and `shrunk` of earlier
-    versions still read (from `info`, with a `DeprecationWarning`).
     """
 
     iterations: jax.Array
@@ -188,12 +165,6 @@ class Diagnostics(eqx.Module):
                    num_grad_evals=sol.num_grad_evals, num_hvp_evals=sol.num_hvp_evals, method=method,
                    solver=solver, info=info)
 
-    fallback = _moved("fallback")
-    jitter = _moved("jitter")
-    max_change = _moved("max_change")
-    oscillating = _moved("oscillating")
-    skipped = _moved("skipped")
-    shrunk = _moved("shrunk")
 
     def __repr__(self):
         if _traced(self):

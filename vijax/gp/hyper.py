@@ -19,7 +19,6 @@ import optax
 from jax.typing import ArrayLike
 
 from .. import _checks
-from .._keywords import renamed
 from ..posterior import Diagnostics, Posterior
 from .kernels import AbstractKernel
 from .models import DEFAULT_JITTER, model
@@ -63,7 +62,7 @@ def fit_hyperparameters(kernel: AbstractKernel, X: ArrayLike, likelihood: Abstra
                         labels: ArrayLike | None = None, mean: ArrayLike = 0.0, jitter: float = DEFAULT_JITTER,
                         train_likelihood: tuple[str, ...] | None = None,
                         optimizer: optax.GradientTransformation | None = None, max_iter: int = 100,
-                        tol: float = 1e-6, progress: bool = False, num_steps: int | None = None) -> HyperparameterFit:
+                        tol: float = 1e-6, progress: bool = False) -> HyperparameterFit:
     """Maximise the method's log Ẑ over the kernel's and the likelihood's parameters.
 
     **Arguments:**
@@ -79,11 +78,10 @@ def fit_hyperparameters(kernel: AbstractKernel, X: ArrayLike, likelihood: Abstra
       transformation minimising −log Ẑ, whose updates are all taken (it receives ``value``,
       ``grad`` and ``value_fn``, so optax's own line searches work too).
     - `max_iter`, `tol`: at most ``max_iter`` outer steps; stop when log Ẑ changes by less than
-      ``tol·(1 + |log Ẑ|)``. (``num_steps`` is the deprecated name of ``max_iter``.)
+      ``tol·(1 + |log Ẑ|)``.
     - `progress`: print log Ẑ after every step.
     """
     owner = "vj.gp.fit_hyperparameters"
-    max_iter = renamed(owner, "num_steps", "max_iter", num_steps, max_iter)
     if train_likelihood is None:
         train_likelihood = ("scale",) if hasattr(likelihood, "scale") else ()
     for name in train_likelihood:

@@ -18,11 +18,8 @@ any covariance family and any method works.
 
 from __future__ import annotations
 
-import warnings
-
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.typing import ArrayLike
 
 from .. import _checks
@@ -160,34 +157,6 @@ def _recorded(post, owner):
     return post.model.kernel, post.model.X
 
 
-def _legacy(post, kernel, X, owner, new_form):
-    """The kernel and inputs for the deprecated form ``f(post, kernel, X, X_test, …)``.
-
-    Warns, and raises where the posterior's model records a different kernel or X (the old form
-    otherwise predicted silently under a kernel the posterior was not fitted with)."""
-    warnings.warn(f"{owner}(post, kernel, X, X_test, ...) is deprecated: the model records its kernel and inputs, "
-                  f"so call {new_form}.", DeprecationWarning, stacklevel=3)
-    X = _checks.as_inputs(X, owner)
-    if not isinstance(post.model, GPModel):  # a hand-built or padded model: trust the caller, as before
-        _gp_prior(post, owner)
-        return kernel, X
-    rec_kernel, rec_X = _recorded(post, owner)
-    if _checks.is_concrete(kernel, X, rec_kernel, rec_X):
-        same_X = X.shape == rec_X.shape and bool(np.allclose(np.asarray(X), np.asarray(rec_X), rtol=1e-12, atol=0))
-        if not same_X:
-            raise ValueError(f"{owner}: `X` differs from the inputs the posterior's model was built with; "
-                             f"call {new_form}, which uses the recorded inputs.")
-        leaves, rec_leaves = jax.tree_util.tree_leaves(kernel), jax.tree_util.tree_leaves(rec_kernel)
-        same_kernel = (jax.tree_util.tree_structure(kernel) == jax.tree_util.tree_structure(rec_kernel)
-                       and all(np.shape(a) == np.shape(b) and np.allclose(np.asarray(a), np.asarray(b), rtol=1e-12, atol=0)
-                               for a, b in zip(leaves, rec_leaves)))
-        if not same_kernel:
-            raise ValueError(f"{owner}: `kernel` ({kernel!r}) differs from the kernel the posterior was fitted under "
-                             f"({rec_kernel!r}); predicting under another kernel gives wrong means and variances. "
-                             f"Call {new_form}, which uses the recorded kernel, or refit under the new kernel.")
-    return rec_kernel, rec_X
-
-
 def _latent(post, kernel, X, X_test, owner):
     prior = _gp_prior(post, owner)
     X_test = _checks.as_inputs(X_test, owner)
@@ -215,69 +184,40 @@ def conditional_marginals(post, chol, cross, prior_diag, columns=None):
     return H @ (post.mean - post.model.prior.mean), jnp.maximum(cond.variances + var, 0.0)
 
 
-def predict(post: Posterior, X_test: ArrayLike, *legacy) -> tuple[jax.Array, jax.Array]:
+def predict(post: Posterior, X_test: ArrayLike) -> tuple[jax.Array, jax.Array]:
     """Latent predictive mean and variance of f at ``X_test``: two arrays of shape ``(T,)``.
 
     ``post`` is a fit of ``vj.gp.model(kernel, X, …)`` by any method; the kernel, the inputs X and the
-    jitter are those its model records. (The form ``predict(post, kernel, X, X_test)`` is deprecated;
-    it raises where ``kernel`` or ``X`` differ from those recorded.)
+    jitter are those its model records.
     """
     owner = "vj.gp.predict"
-    if isinstance(X_test, AbstractKernel):
-        if len(legacy) != 2:
-            raise ValueError(f"{owner}: call predict(post, X_test).")
-        kernel, X = _legacy(post, X_test, legacy[0], owner, "vj.gp.predict(post, X_test)")
-        X_test = legacy[1]
-    else:
-        if legacy:
-            raise ValueError(f"{owner}: takes (post, X_test); got {1 + len(legacy)} further positional arguments.")
-        kernel, X = _recorded(post, owner)
+    kernel, X = _recorded(post, owner)
     return _latent(post, kernel, X, X_test, owner)
 
 
-def predict_proba(post: Posterior, X_test: ArrayLike, *legacy, quadrature: GaussHermite = GaussHermite()) -> jax.Array:
-    """p(y_* = 1 | x_*) = ⟨φ(f_*)⟩ under q(f_*) for a binary classification GP: shape ``(T,)``.
-
-    (The form ``predict_proba(post, kernel, X, X_test)`` is deprecated, as for `predict`.)"""
+def predict_proba(post: Posterior, X_test: ArrayLike, quadrature: GaussHermite = GaussHermite()) -> jax.Array:
+    """p(y_* = 1 | x_*) = ⟨φ(f_*)⟩ under q(f_*) for a binary classification GP: shape ``(T,)``."""
     owner = "vj.gp.predict_proba"
     _gp_prior(post, owner)
     potential = post.model.sites[0].potential
     if not potential.labels_in_projection:
         raise ValueError(f"{owner}: needs a classification posterior, got a {type(potential).__name__} likelihood.")
-    if isinstance(X_test, AbstractKernel):
-        if len(legacy) not in (2, 3):
-            raise ValueError(f"{owner}: call predict_proba(post, X_test).")
-        kernel, X = _legacy(post, X_test, legacy[0], owner, "vj.gp.predict_proba(post, X_test)")
-        X_test, quadrature = legacy[1], (legacy[2] if len(legacy) == 3 else quadrature)
-    else:
-        if legacy:
-            raise ValueError(f"{owner}: takes (post, X_test, quadrature=...); got further positional arguments.")
-        kernel, X = _recorded(post, owner)
+    kernel, X = _recorded(post, owner)
     mean, var = _latent(post, kernel, X, X_test, owner)
     return jnp.exp(potential.log_expected_phi(mean, safe_sqrt(var), quadrature))
 
 
-def log_predictive(post: Posterior, X_test: ArrayLike, y_test: ArrayLike, *legacy,
+def log_predictive(post: Posterior, X_test: ArrayLike, y_test: ArrayLike,
                    quadrature: GaussHermite = GaussHermite()) -> jax.Array:
     """log p(y_* | x_*, data) ≈ log ⟨p(y_* | f_*)⟩ under q(f_*) for each test point: shape ``(T,)``.
 
     ``y_test`` holds labels for classification and observations otherwise (the likelihood's
-    other parameters, e.g. its scale, are those of the fitted model). (The form
-    ``log_predictive(post, kernel, X, X_test, y_test)`` is deprecated, as for `predict`.)
+    other parameters, e.g. its scale, are those of the fitted model).
     """
     owner = "vj.gp.log_predictive"
     _gp_prior(post, owner)
     potential = post.model.sites[0].potential
-    if isinstance(X_test, AbstractKernel):
-        if len(legacy) not in (2, 3):
-            raise ValueError(f"{owner}: call log_predictive(post, X_test, y_test).")
-        kernel, X = _legacy(post, X_test, y_test, owner, "vj.gp.log_predictive(post, X_test, y_test)")
-        X_test, y_test = legacy[0], legacy[1]
-        quadrature = legacy[2] if len(legacy) == 3 else quadrature
-    else:
-        if legacy:
-            raise ValueError(f"{owner}: takes (post, X_test, y_test, quadrature=...); got further positional arguments.")
-        kernel, X = _recorded(post, owner)
+    kernel, X = _recorded(post, owner)
     mean, var = _latent(post, kernel, X, X_test, owner)
     y_test = _checks.as_float_array("y_test", y_test, owner, ndim=1)
     if y_test.shape[0] != mean.shape[0]:
