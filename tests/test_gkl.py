@@ -36,8 +36,7 @@ def test_linear_gaussian_factor_with_singular_precision(rng):
 
 
 @pytest.mark.parametrize("solver", [vj.solvers.NewtonCG(tol=1e-8), vj.solvers.Newton(tol=1e-8),
-                                    vj.solvers.LBFGS(tol=1e-7, max_iter=3000),
-                                    vj.solvers.NonlinearCG(tol=1e-7, max_iter=3000)])
+                                    vj.solvers.LBFGS(tol=1e-7, max_iter=3000)])
 def test_solvers_reach_the_same_optimum(rng, solver):
     X = rng.normal(size=(80, 5))
     y = (X @ rng.normal(size=5) + rng.normal(size=80) > 0).astype(float)

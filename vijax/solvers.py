@@ -19,7 +19,7 @@ rounding of f, 4 ε |f|, where that is larger: float32's resolution in float32) 
 takes that last step (checked like any other) and stops. Newton converges quadratically, so
 the returned point is far closer to the optimum than ``tol`` alone says: the default
 ``tol = 1e-10`` of the Newton solvers leaves envelope-theorem gradients and moments at their
-float64 accuracy. The quasi-Newton and first-order solvers, whose last step gains less, default
+float64 accuracy. The quasi-Newton solver `LBFGS`, whose last step gains less, defaults
 to ``tol = 1e-14`` for the same accuracy. `Solution.decrement` reports the last λ² measured.
 
 - `NewtonCG` — Hessian-free Newton: preconditioned conjugate gradients on
@@ -31,8 +31,6 @@ to ``tol = 1e-14`` for the same accuracy. `Solution.decrement` reports the last 
 - `LBFGS` — limited-memory BFGS whose initial inverse Hessian is the preconditioner
   (for vijax's bounds, the curvature that also preconditions `NewtonCG`), with a strong
   Wolfe line search; for non-concave objectives.
-- `NonlinearCG` — preconditioned Polak–Ribière+ conjugate gradients: one gradient
-  per iteration and O(dim) memory, for the largest problems.
 """
 
 from __future__ import annotations
@@ -46,7 +44,7 @@ import jax.numpy as jnp
 
 from ._linalg import nan_trace, pcg, select
 
-__all__ = ["AbstractSolver", "NewtonCG", "Newton", "GaussNewton", "LBFGS", "NonlinearCG", "Solution",
+__all__ = ["AbstractSolver", "NewtonCG", "Newton", "GaussNewton", "LBFGS", "Solution",
            "iterate", "extrapolated_distance", "FixedPoint", "fixed_point"]
 
 _ROUNDING = 64  # f is known to about this many ulps: a smaller increase of f is no evidence of progress
@@ -517,111 +515,8 @@ class LBFGS(AbstractSolver):
         return _solution(self, s.x, s.f, s.g, s.k, s.slope, s.done, s.trace, jnp.array(0), s.n_grad, jnp.array(0))
 
 
-class _CGState(NamedTuple):
-    x: jax.Array
-    f: jax.Array
-    g: jax.Array
-    z: jax.Array  # preconditioned gradient M g
-    d: jax.Array
-    slope: jax.Array  # gᵀd > 0
-    gain: jax.Array  # f_k − f_{k−1}, for the next initial step
-    k: jax.Array
-    failed: jax.Array
-    done: jax.Array
-    trace: jax.Array
-    n_grad: jax.Array
-    b: "_Bracket"  # the line search along d from x
-    fresh: jax.Array  # x0 not evaluated yet
-
-
-class NonlinearCG(AbstractSolver):
-    """Preconditioned nonlinear conjugate gradients (Polak–Ribière+), for very large problems.
-
-    With z_k = M_k g_k (M_k the preconditioner at x_k, or the identity),
-
-    $$
-    d_k = z_k + \\beta_k d_{k-1}, \\qquad
-    \\beta_k = \\max\\Big(0, \\frac{z_k^\\top (g_k - g_{k-1})}{z_{k-1}^\\top g_{k-1}}\\Big),
-    $$
-
-    restarted (d_k = z_k) whenever d_k is not an ascent direction. The step along d_k meets
-    the strong Wolfe conditions with curvature constant ``c2`` (see `_Bracket`), started from
-    α₀ = min(1, 2.02 (f_k − f_{k−1}) / g_kᵀd_k) (α₀ = 1 at the first iteration and after a
-    stall, where the preconditioned gradient is Newton-scaled; 1/max|g| without a
-    preconditioner). Every trial evaluates the objective *and* its gradient, so the accepted
-    trial needs no extra evaluation: one to a few gradients per iteration and O(dim) memory,
-    which is why it suits problems too large for the Hessian-vector products of `NewtonCG`.
-    As in `LBFGS`, iterations and trials run in one `lax.while_loop` whose body evaluates the
-    objective once, so the compiled program holds one copy of it.
-
-    ``c2`` trades line-search work for conjugacy: 0.1 (default) is cheapest on G-KL
-    bounds; a small value (0.01) makes each line search nearly exact, which recovers the
-    finite termination of linear CG on quadratics without a preconditioner.
-
-    The decrement is estimated by gᵀMg (gᵀg without a preconditioner, which is then not
-    invariant to the parameters' scale).
-
-    **Arguments:** `tol` (the squared decrement gᵀMg at which the last step is taken),
-    `max_iter` (iterations), `max_backtracks` (line-search trials per iteration), `c2` (Wolfe
-    curvature constant).
-    """
-
-    tol: float = 1e-14
-    max_iter: int = eqx.field(static=True, default=1000)
-    max_backtracks: int = eqx.field(static=True, default=30)
-    c2: float = 0.1
-
-    def maximise(self, fn, x0, preconditioner=None):
-        value_and_grad = jax.value_and_grad(fn)
-        precondition = (lambda x, g: preconditioner(x)(g)) if preconditioner is not None else (lambda x, g: g)
-        dtype = x0.dtype
-
-        def body(s):
-            # As in `LBFGS`: one evaluation per pass, at the line search's trial x + αd (x0 itself on
-            # the first pass, where d = 0), so the objective is traced once, in this body.
-            f_a, g_a = value_and_grad(s.x + s.b.alpha * s.d)
-            f_a = jnp.asarray(f_a, dtype)
-            b = _wolfe_step(s.b, s.f, s.slope, s.d, self.c2, f_a, g_a)
-            ended = s.fresh | b.done | (b.n >= self.max_backtracks)
-            last = ~s.fresh & (jnp.vdot(s.g, s.z) <= self.threshold(s.f))
-            ok = ~s.fresh & (b.lo > 0)
-            x = jnp.where(ok, s.x + b.lo * s.d, s.x)
-            f = jnp.where(s.fresh, f_a, jnp.where(ok, b.f_lo, s.f))
-            g = jnp.where(s.fresh, g_a, jnp.where(ok, b.g_lo, s.g))
-
-            def direction():
-                z = precondition(x, g)
-                beta = jnp.where(s.fresh, 0.0, jnp.maximum(0.0, jnp.vdot(z, g - s.g) / jnp.vdot(s.z, s.g)))
-                return (z,) + _restarted(g, z, z + beta * s.d)
-
-            z, d, slope = jax.lax.cond(ended, direction, lambda: (s.z, s.d, s.slope))
-            gain = jnp.where(s.fresh, 0.0, f - s.f)
-            first = 1.0 if preconditioner is not None else 1.0 / jnp.maximum(_max_abs(g), 1.0)
-            alpha0 = jnp.where(gain > 0, jnp.minimum(1.0, 2.02 * gain / slope), first)
-            k = s.k + ok
-            trace = jnp.where(s.fresh, s.trace.at[0].set(f_a), jnp.where(ok, s.trace.at[k].set(f), s.trace))
-            finished = _CGState(x, f, g, z, d, slope, gain, k, ~s.fresh & ~ok & ~last, last, trace, s.n_grad + 1,
-                                _wolfe_start(f, g, slope, alpha0), jnp.array(False))
-            searching = s._replace(b=b, n_grad=s.n_grad + 1)
-            return jax.tree_util.tree_map(lambda new, old: jnp.where(ended, new, old), finished, searching)
-
-        def cond(s):
-            return s.fresh | ((s.k < self.max_iter) & ~s.failed & ~s.done)
-
-        zeros = jnp.zeros_like(x0)
-        zero = jnp.zeros((), dtype)
-        f0 = jnp.asarray(-jnp.inf, dtype)
-        false = jnp.array(False)
-        state = _CGState(x0, f0, zeros, zeros, zeros, zero, zero, jnp.array(0), false, false,
-                         nan_trace(self.max_iter, dtype), jnp.array(0), _wolfe_start(f0, zeros, 0.0, 1.0),
-                         jnp.array(True))
-        s = jax.lax.while_loop(cond, body, state)
-        return _solution(self, s.x, s.f, s.g, s.k, jnp.vdot(s.g, s.z), s.done, s.trace, jnp.array(0), s.n_grad,
-                         jnp.array(0))
-
-
 class _Bracket(NamedTuple):
-    """The line search of `LBFGS` and `NonlinearCG`, one trial per pass of their loop: a step α along
+    """The line search of `LBFGS`, one trial per pass of their loop: a step α along
     ascent direction ``d`` meeting the strong Wolfe conditions
 
         φ(α) ≥ φ(0) + c₁ α φ'(0)   and   |φ'(α)| ≤ c₂ φ'(0),     φ(α) = fn(x + α d).
@@ -697,15 +592,6 @@ def _wolfe_step(b, f, slope, d, c2, f_a, g_a):
     beyond = lo + jnp.minimum(step, 9.0 * lo)
     alpha = jnp.where(done, b.alpha, jnp.where(jnp.isfinite(hi), inside, beyond))
     return _Bracket(lo, f_lo, g_lo, dphi_lo, hi, f_hi, dphi_hi, alpha, done, b.n + 1)
-
-
-def _restarted(g, z, d):
-    """``d`` if it is an ascent direction, else a restart along the preconditioned gradient ``z``
-    (or along ``g`` itself should the preconditioner not be positive definite there)."""
-    z, _ = _ascent(g, z)
-    slope = jnp.vdot(g, d)
-    ok = slope > 0
-    return jnp.where(ok, d, z), jnp.where(ok, slope, jnp.vdot(g, z))
 
 
 def __dir__():
