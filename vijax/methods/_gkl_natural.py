@@ -8,67 +8,45 @@ S^{-1} = \\Lambda + \\sum_g H_g^\\top \\operatorname{diag}(\\lambda_g) H_g, \\qq
 F(\\mu, \\sigma^2) = \\sum_n \\langle \\log\\varphi_n(x) \\rangle_{N(\\mu_n, \\sigma_n^2)},
 $$
 
-with μ_n = h_nᵀm + b_n and σ_n² = h_nᵀSh_n. So q is searched over (m, λ): D + N numbers, where the
-Cholesky parametrisation has D(D+3)/2. Since S⁻¹ − Λ = Hᵀdiag(λ)H, tr(ΛS) = D − Σ_n λ_nσ_n², and
+μ_n = h_nᵀm + b_n, σ_n² = h_nᵀSh_n. So q is searched over (m, λ), D + N numbers (the Cholesky
+parametrisation has D(D+3)/2). As S⁻¹ − Λ = Hᵀdiag(λ)H, tr(ΛS) = D − Σ_n λ_nσ_n² and
 
 $$
 \\mathcal B(m, \\lambda) = \\tfrac D2 (1 + \\log 2\\pi) - \\tfrac12 \\log\\det S^{-1} + \\log f(m)
 - \\tfrac12 \\big(D - \\textstyle\\sum_n \\lambda_n \\sigma_n^2\\big) + F(\\mu, \\sigma^2).
 $$
 
-**Gradient and curvature.** With g = ∇_m B, λ* = −2∂F/∂σ² at q, d = λ* − λ, A = Σ∘Σ (Σ = HSHᵀ, so
-∂σ²/∂λ = −A), C = diag(∂λ*/∂σ²) and E = diag(∂λ*/∂μ) (1-D derivatives of the site expectations, in
-forward mode), B's gradient is (g, ½Ad) and its negative Hessian, up to terms that vanish with d,
+With g = ∇_m B, λ* = −2∂F/∂σ² at q, d = λ* − λ, A = Σ∘Σ (Σ = HSHᵀ; ∂σ²/∂λ = −A), C = diag(∂λ*/∂σ²),
+E = diag(∂λ*/∂μ) (`expected_log_phi_derivatives`), B's gradient is (g, ½Ad) and its negative Hessian,
+up to terms that vanish with d (P* is the exact curvature in m for fixed S: −∂²F/∂μ² = λ*),
 
 $$
 \\begin{pmatrix} P^* & -\\tfrac12 H^\\top E A \\\\ -\\tfrac12 A E H & \\tfrac12 (A + ACA) \\end{pmatrix},
-\\qquad P^* = \\Lambda + H^\\top \\operatorname{diag}(\\lambda^*) H
+\\qquad P^* = \\Lambda + H^\\top \\operatorname{diag}(\\lambda^*) H.
 $$
 
-(−∂²F/∂μ² = λ*: P* is the exact curvature in m for fixed S).
+**Steps** (Δm, Δλ), t halved until B does not fall beyond its rounding. The *natural gradient*
+Δm = P*⁻¹g, Δλ = d (thesis eq. 3.61 in λ, Newton in m) is exact in one step for Gaussian sites, else
+linear (rate ½ where q is wide, slower where λ* moves with μ); it stands in wherever Newton's step is
+no ascent direction or would make some λ < 0. *Newton*: K(Δm, Δλ) = (g, d), i.e. P*Δm − ½HᵀEAΔλ = g,
+GΔλ − EHΔm = d, G = I + CA; the dual form solves it with A in full once natural-gradient steps
+contract by less than 10×, the primal form always, from M (A by its diagonal σ⁴: O(N) beside a D × D
+factorisation) with Richardson corrections (an O(ND²) product with A each) until the estimated
+relative error is below √decrement: still quadratic (Eisenstat & Walker; `_corrected_newton_step`).
+For log-concave sites λ* ≥ 0, so every λ(t) ≥ 0 and S(t) is positive definite.
 
-**Steps**, each along a direction (Δm, Δλ) with the step t halved until B does not fall (beyond its
-rounding), so B rises every iteration:
+**Stopping** on the decrement ∇Bᵀ(Δm, Δλ) (≈ twice the gain left; unit-free): at ``tol`` or B's rounding
+after a Newton step (primal: corrections on target), else at ``tol²`` (it resolves below B's rounding)
+or once it stops falling below ``tol``. That last step is taken, and no step is computed after it.
 
-- *natural gradient*: Δm = P*⁻¹g and Δλ = d, the fixed-point update of λ (thesis eq. 3.61) with a
-  Newton step in m: exact in one step when every site is Gaussian, but linear in general, at rate ½
-  where q is wide (λ* ∝ 1/σ there) and slower where λ* moves with μ;
-- *Newton*: K(Δm, Δλ) = (g, d), i.e. P*Δm − ½HᵀEAΔλ = g and GΔλ − EHΔm = d with G = I + CA. The dual
-  form (below) solves it with A in full. The primal form never forms A: M, the same system with A by its
-  diagonal a = σ⁴, takes O(N) work beside one D × D factorisation (Δλ = (r_λ + EHΔm)/(1 + Ca) and
-  (Λ + HᵀWH)Δm = r_m + ½HᵀEa r_λ/(1 + Ca), W = λ* − ½E²a/(1 + Ca)), and M⁻¹(g, d) is Newton's step but
-  for the coupling of distinct sites. Richardson's iteration x ← x + M⁻¹((g, d) − Kx) corrects it, each
-  correction one product Av = diag(T (Tᵀdiag(v)T) Tᵀ), T = HCᵀ (O(ND²); A is never formed), until its
-  estimated relative error (in M's curvature) is below √decrement: the decrement after the step is
-  then about the square of this one's, quadratic convergence as with A in full (Eisenstat & Walker);
-  the step the fit ends with is taken to 100 ulps/√decrement. x₀ = M⁻¹(g, d)'s relative error is
-  carried from point to point, so no product is spent where x₀ is good enough (far from the optimum, or
-  where q is so narrow that sites barely couple).
+**Linear algebra** (no inverse of an ill-conditioned matrix). A dense Gaussian factor N(μ, LLᵀ) (a GP
+prior) is whitened first (w = μ + Lw̃: Λ = I); else Λ is its precision (diagonal, dense, singular or 0).
 
-The dual form starts with natural-gradient steps, about a sixth of the cost of a Newton step there, and
-takes Newton's once they contract by less than 10× a step; the primal form always takes its Newton
-step. The natural-gradient step stands in wherever Newton's is no ascent direction or would make some
-λ negative. For log-concave sites λ* ≥ 0, so every λ(t) is non-negative and S(t) positive definite. The
-site derivatives are each potential's `expected_log_phi_derivatives` (closed forms for the logistic
-sigmoid).
-
-**Stopping.** On the decrement ∇Bᵀ(Δm, Δλ) (≈ twice the gain left, invariant to the units of the
-covariates): after a Newton step (in the primal form, one whose corrections reached their target), at
-``tol`` or B's rounding; otherwise at ``tol²`` (it is computed from gradients, so it resolves far below
-B's rounding), or where it stops falling below ``tol``. That last step is taken, and no step is computed
-from the point it reaches.
-
-**Linear algebra** (never an inverse of an ill-conditioned matrix). A dense Gaussian factor N(μ, LLᵀ)
-(a GP prior) is whitened first (w = μ + Lw̃: Λ = I); otherwise Λ is the factor's own precision (diagonal,
-dense or singular, or zero without a Gaussian term). Then, with N sites in all:
-
-- *primal* (N > D, or a Λ that is not diagonal): the D × D matrix S⁻¹, scaled to unit diagonal before
-  its Cholesky factorisation; σ² = rowsums of T∘T with T = HCᵀ, C = R⁻¹ (S = CᵀC); O(N D² + D³) a point,
-  O(N D²) a product with A;
-- *dual* (N ≤ D and Λ = diag(p), e.g. GP models, where H = I): the N × N matrix
-  B = I + Λ_λ½ K̃ Λ_λ½ with K̃ = HΛ⁻¹Hᵀ formed once, S = Λ⁻¹ − Λ⁻¹HᵀΛ_λ½B⁻¹Λ_λ½HΛ⁻¹ by Woodbury,
-  σ² = diag K̃ − ‖L_B⁻¹Λ_λ½K̃‖² by columns; O(N³ + ND) a step. With H = I this is the GP site form of
-  Khan, Mohamed & Murphy (2012) (V⁻¹ = K⁻¹ + diag λ).
+- *primal* (N > D sites, or Λ not diagonal): S⁻¹ (D × D), scaled to unit diagonal, by Cholesky;
+  σ² = rowsums of T∘T, T = HCᵀ, C = R⁻¹ (S = CᵀC); O(N D² + D³) a point, O(N D²) a product with A;
+- *dual* (N ≤ D, Λ = diag(p), e.g. GP models): B = I + Λ_λ½ K̃ Λ_λ½ (N × N), K̃ = HΛ⁻¹Hᵀ formed once,
+  S = Λ⁻¹ − Λ⁻¹HᵀΛ_λ½B⁻¹Λ_λ½HΛ⁻¹, σ² = diag K̃ − ‖L_B⁻¹Λ_λ½K̃‖² by columns; O(N³ + ND) a step
+  (with H = I, the GP site form of Khan, Mohamed & Murphy 2012: V⁻¹ = K⁻¹ + diag λ).
 """
 
 from __future__ import annotations
@@ -147,22 +125,16 @@ def _split(x, sizes):
 
 
 def site_bound(logdet_precision, lam, variances, log_f, dim: int, expected):
-    """The G-KL bound at q = N(m, S) with S⁻¹ = Λ + Hᵀdiag(λ)H (module docstring), from its pieces:
-
-        B = D/2 (1 + log 2π) − ½ log det S⁻¹ + log f(m) − ½ (D − λᵀσ²) + F,
-
-    ``logdet_precision`` = log det S⁻¹, ``lam`` and ``variances`` (σ_n² = h_nᵀSh_n) all sites stacked,
-    ``log_f`` = log f(m), ``dim`` = D, ``expected`` = F = Σ_n ⟨log φ_n⟩. Shared with the site-form
-    baselines of ``benchmarks/baselines``."""
+    """The G-KL bound at q = N(m, S), S⁻¹ = Λ + Hᵀdiag(λ)H, from its pieces (``benchmarks/baselines`` too).
+    B = D/2 (1 + log 2π) − ½ log det S⁻¹ + log f(m) − ½ (D − λᵀσ²) + F; ``logdet_precision`` = log det S⁻¹,
+    ``lam``, ``variances`` = σ² (all sites stacked), ``log_f`` = log f(m), ``dim`` = D, ``expected`` = F."""
     log_const = 0.5 * dim * (1.0 + math.log(2 * math.pi))
     return log_const - 0.5 * logdet_precision + log_f - 0.5 * (dim - lam @ variances) + expected
 
 
 def covariance_from_lambda(work: LatentLinearModel, lam):
-    """``(C, variances, log det S⁻¹)`` for S⁻¹ = Λ + Hᵀdiag(λ)H of ``work`` (``lam``: all sites stacked):
-    S = CᵀC with C upper-triangular, σ² of every site, by one reversed Cholesky factorisation of S⁻¹
-    scaled to unit diagonal (the primal form; valid for any λ that keeps S⁻¹ positive definite, NaN
-    otherwise)."""
+    """``(C, variances, log det S⁻¹)`` for S⁻¹ = Λ + Hᵀdiag(λ)H of ``work`` (``lam`` all sites stacked):
+    S = CᵀC, C upper-triangular, by the primal form's factorisation (NaN unless S⁻¹ is positive definite)."""
     fac = _Primal(work).factor(lam)
     return fac.core, fac.variances, fac.logdet
 
@@ -313,9 +285,8 @@ def _natural_step(lin, fac, lam, grad, site, spread) -> _Direction:
 
 
 def _step(newton, wanted, lin, fac, lam, grad, site, spread, last) -> _Direction:
-    """Newton's step where ``newton`` and usable, else the natural-gradient step, each once in the program;
-    none (zeros) unless ``wanted`` (the point is the last). ``spread`` is carried from the last point's step
-    (`_corrected_newton_step`)."""
+    """Newton's step where ``newton`` and usable, else the natural-gradient step, each once in the program.
+    None (zeros) unless ``wanted`` (the point is the last); ``spread`` as in `_corrected_newton_step`."""
 
     def attempt():
         return lin.newton_step(fac, lam, grad, site, spread, last)
@@ -354,16 +325,12 @@ _FLOOR = 100  # the last step leaves an error of this many ulps (in units of q's
 
 
 def _corrected_newton_step(lin: _Primal, fac, lam, grad, site, spread, last) -> tuple[_Direction, jax.Array]:
-    """Newton's step in the primal form (module docstring).
-
-    K x = b is Newton's system in x = (Δm, Δλ); M, the same system with A by its diagonal a = σ⁴, costs
-    O(N) beside one D × D factorisation, and x₀ = M⁻¹b starts. Where x's estimated relative error is above
-    what Newton's convergence needs (`allowed`), Richardson's iteration x ← x + M⁻¹(b − Kx) corrects it:
-    b − Kx = (M − K)δ for δ the last correction, and (M − K)δ involves only (A − diag a)δλ, one product
-    with A applied matrix-free (`_coupling_mv`). Errors are measured in M's own curvature. ``spread``:
-    x₀'s relative error measured at the last point (`_SPREAD_START` at the first), so that no product is
-    spent where x₀ is good enough; ``last``: the decrement below which the fit stops after this step,
-    which then leaves an error of `_FLOOR` ulps."""
+    """Newton's step in the primal form, K x = b in x = (Δm, Δλ), from x₀ = M⁻¹b.
+    M is K with A by its diagonal a = σ⁴ (O(N) beside a D × D factorisation). While x's estimated
+    relative error (in M's curvature) exceeds `allowed`, x ← x + M⁻¹(b − Kx) (Richardson; b − Kx =
+    (M − K)δ, δ the last correction, is one product (A − diag a)δλ, `_coupling_mv`). ``spread``: x₀'s
+    relative error at the last point (`_SPREAD_START` first), so no product is spent where x₀ is good
+    enough; ``last``: the decrement below which the fit stops after this step (left to `_FLOOR` ulps)."""
     T, a = fac.cross, fac.variances**2
     Tt = T.T  # once, not in every product
     gap, e, c, target = site.target - lam, site.target_mean, site.target_var, site.target
@@ -464,10 +431,9 @@ class NaturalFit(NamedTuple):
 
 def fit(model: LatentLinearModel, work: LatentLinearModel, mean, lam, quadrature, max_iter: int,
         tol: float) -> NaturalFit:
-    """Maximise the G-KL bound of ``work`` (``model`` in the working coordinates; ``model`` itself is
-    only read for a GP prior's covariance) over (m, λ) from (``mean``, ``lam``: one array per group).
-    Where the bound is not finite at the start, λ is raised (λ ← 4λ + 3/σ²: each variance below a
-    quarter of its value) until it is."""
+    """Maximise the G-KL bound of ``work`` (``model`` in the working coordinates; ``model`` is read only
+    for a GP prior's covariance) over (m, λ) from (``mean``, ``lam``: one array per group). Where the
+    bound is not finite at the start, λ ← 4λ + 3/σ² (each variance below a quarter) until it is."""
     lin = backend(model, work)
     sizes = _sizes(work)
     dtype, d = work.dtype, work.dim

@@ -1,62 +1,35 @@
 """Affine-independent KL (AI-KL): non-Gaussian approximations with a lower bound on log Z.
 
-q(w) is the density of w = A v + b, where v has independent, possibly non-Gaussian coordinates
-(thesis ch. 6; Challis & Barber, NIPS 2012):
+q(w) is the density of w = A v + b, v with independent, possibly non-Gaussian coordinates (thesis
+ch. 6; Challis & Barber, NIPS 2012):
 
 $$
-q_w(w) = |\\det A|^{-1} \\prod_d q_v\\big([A^{-1}(w - b)]_d \\mid \\theta_d\\big),
-\\qquad A = L U,
+q_w(w) = |\\det A|^{-1} \\prod_d q_v\\big([A^{-1}(w - b)]_d \\mid \\theta_d\\big), \\qquad A = L U,
 $$
 
-with L lower-triangular, U upper-triangular (every invertible A is L U P with P a permutation, and a
-permutation of independent coordinates is absorbed into their parameters θ_d, so nothing is lost).
-For the model p(w) ∝ f(w) ∏_n φ_n(h_nᵀw + c_n) the KL bound is
+L lower-, U upper-triangular (A = L U P loses nothing: a permutation of independent coordinates is
+absorbed into their θ_d). For p(w) ∝ f(w) ∏_n φ_n(h_nᵀw + c_n) (thesis eq. 6.3.1),
 
 $$
 \\log Z \\ge \\mathcal B = \\log|\\det A| + \\sum_d H[q_v(\\cdot\\mid\\theta_d)]
 + \\langle \\log f(w) \\rangle_q + \\sum_n \\langle \\log \\varphi_n(y_n) \\rangle_{q_{y_n}},
-\\qquad y_n = \\alpha_n^\\top v + \\beta_n,\\ \\alpha_n = A^\\top h_n,\\ \\beta_n = h_n^\\top b + c_n
+\\qquad y_n = \\alpha_n^\\top v + \\beta_n,\\ \\alpha_n = A^\\top h_n,\\ \\beta_n = h_n^\\top b + c_n.
 $$
 
-(thesis eq. 6.3.1). The Gaussian term depends on q only through its mean A v̄ + b and covariance
-A diag(var v) Aᵀ, so it is the G-KL one, in closed form. Each site term needs the density of a sum of
-D independent variables u_d = α_d v_d: every u_d is put on one lattice of K points with common
-spacing Δ spanning ±ν σ_y (ν = 6, σ_y² = Σ_d α_d² var v_d) around its mean, and the D lattices are
-convolved exactly by a zero-padded FFT (thesis eq. 6.3.4),
+⟨log f⟩ needs only q's mean A v̄ + b and covariance A diag(var v) Aᵀ (G-KL's closed form). Each
+u_d = α_d v_d goes on a K-point lattice of spacing Δ over ±span·σ_y (span = 6, σ_y² = Σ_d α_d² var v_d)
+around its mean; the lattices are convolved exactly by a zero-padded FFT (thesis eq. 6.3.4):
 
 $$
 \\rho = \\mathrm{ifft}\\Big[\\prod_d \\mathrm{fft}[\\pi_d, 0, \\dots, 0]\\Big],
 \\qquad \\langle \\log\\varphi(y)\\rangle \\approx \\sum_j \\rho_j \\log\\varphi(\\beta + l_j).
 $$
 
-The lattice weights π_dk are the density of u_d at the lattice points, normalised to sum to one (the
-cell masses by the midpoint rule). For smooth bases this is the trapezoidal rule, whose error falls
-exponentially with K, where exact cell masses would add Δ²/12 to every coordinate's variance.
-That holds for a coordinate wider than a few Δ; one narrower (|α_d| sd v_d ≲ Δ, common when D is
-large: at D = 100 half of them at K = 64) would put its mass on one point and lose its variance, so
-the bound would be overstated (by 3 nats at the G-KL optimum of a Table 6.1 problem at K = 64) and
-the optimiser would steer into it. Such a coordinate enters the product of transforms by its
-cumulant transform to third order instead (exact mean, variance and skewness), mixed with the
-sampled one by a smooth step between widths of 1 and 2 Δ. A kink of log φ (a Laplace site) makes
-the sum below an O(Δ²) error that oscillates with the kink's position between atoms; its leading
-Euler–Maclaurin term is added back (`_expect`). With both, the error at the G-KL optimum of that
-problem is 8·10⁻⁴ at K = 64 and 10⁻⁴ at K = 128 (from 3.0 and 1.0).
-Only the discretisation is an approximation: the convolution is exact. The sum of D lattices has
-D(K − 1) + 1 atoms; ``padding="full"`` transforms all of them, ``padding="window"`` (default) keeps
-the 2K or more atoms nearest y's mean (at least ±12 σ_y: the cyclic convolution folds back only the
-mass further out, below rounding for the light-tailed bases here, and it is exact for D ≤ 2), so the
-cost per site is O(D K log K) rather than O(D² K log DK). Only the components wider than a spacing
-need their densities sampled and transformed, and there are at most ((K − 1)/(2 span))² of them
-whatever D (`_wide_count`: 27 at K = 64): the others enter by one exponential of their summed
-cumulants, so at large D a site costs O(K² log K) plus O(D) (the same value as transforming all D).
-
-Gradients come from autodiff through the lattice and the FFT. The fit maximises the bound jointly over
-(L, U, b, θ) by L-BFGS, in coordinates relative to the Gaussian it starts from (the G-KL optimum by
-default), and re-evaluates the final bound with K doubled until it changes by less than ``tol_k``;
-the K used is ``post.diagnostics.info.lattice_points``.
-
-Bases (`Normal`, `SkewNormal`, `GeneralisedNormal`, or a subclass of `AbstractBase`) are
-standardised: each coordinate has mean 0 and variance 1 whatever θ_d, so θ_d changes only the shape.
+Only the discretisation approximates, and the optimiser cannot exploit it: narrow components enter by
+their cumulants (`_site_lattice`), kinks of log φ get their Euler–Maclaurin term back (`_expect`). Of the
+D(K − 1) + 1 atoms ``padding="full"`` transforms all, ``"window"`` (default) the ≥ 2K nearest y's mean
+(≥ ±12 σ_y; the cyclic wrap folds back only the mass beyond, below rounding for these bases, exact for
+D ≤ 2): O(D K log K) a site, not O(D² K log DK); O(K² log K) + O(D) at large D (`_wide_count`).
 """
 
 from __future__ import annotations
@@ -102,12 +75,9 @@ def _pow_abs(x, p):
 class AbstractBase(eqx.Module):
     """A family of univariate base densities q_v(v | θ) for the coordinates of v.
 
-    A base is standardised by contract unless it overrides `mean` and `variance`: the defaults say
-    ⟨v⟩ = 0 and var v = 1, so A and b alone set q's location and scale. θ is an array of shape
-    ``(D,)``, one shape parameter per coordinate; `learn` says whether the fit optimises it.
-
-    Subclasses implement `init_theta`, `log_density`, `entropy` and `sample`.
-    """
+    Standardised (⟨v⟩ = 0, var v = 1) unless `mean` and `variance` are overridden, so A and b alone set
+    q's location and scale, θ (``(D,)``, learned if `learn`) only the shape. Subclasses implement
+    `init_theta`, `log_density`, `entropy` and `sample`."""
 
     learn: eqx.AbstractVar[bool]
 
@@ -129,17 +99,12 @@ class AbstractBase(eqx.Module):
 
     def probes(self) -> tuple[float, ...]:
         """Values of θ_d the fit tries, coordinate by coordinate, before it optimises (default none).
-
-        For a family whose Gaussian member is a stationary point in θ (the skew-normal: skewness grows
-        as ν³), the optimiser would stay there; the fit keeps each probe that raises the bound."""
+        It keeps each that raises the bound: for families stationary in θ at their Gaussian member."""
         return ()
 
     def to_free(self, theta):
-        """The optimiser's coordinates φ of θ (default φ = θ); `from_free` is the inverse.
-
-        A family whose shape changes ever more slowly with θ (the skew-normal's at large |ν|) is
-        better optimised in coordinates where its Fisher information is about constant, so that
-        quasi-Newton steps of one scale suit every coordinate."""
+        """The optimiser's coordinates φ of θ (default φ = θ; `from_free` inverts).
+        For a shape that changes ever more slowly in θ: coordinates of about constant Fisher information."""
         return theta
 
     def from_free(self, free):
@@ -155,8 +120,8 @@ class AbstractBase(eqx.Module):
         return jnp.ones_like(theta)
 
     def skewness(self, theta):
-        """The standardised third cumulant κ₃/κ₂^{3/2} of v_d, shape of ``theta`` (0 unless overridden;
-        used for coordinates narrower than a lattice cell, see `_site_lattice`)."""
+        """κ₃/κ₂^{3/2} of v_d, shape of ``theta`` (default 0; used for components narrower than a
+        lattice cell, `_site_lattice`)."""
         return jnp.zeros_like(theta)
 
 
@@ -178,7 +143,7 @@ class Normal(AbstractBase):
 # Rule for ⟨log Φ(νr)⟩ under SN(0, 1, ν): trapezoid in t = r √(1 + ν²) on [-12, 12]. In t both
 # factors of the integrand 2 N(r) Φ(νr) log Φ(νr) vary on scales of at least 1 whatever ν (those of
 # N(r) and of Φ(νr) are √(1 + ν²) and √(1 + ν²)/|ν|) and decay by |t| = 12, so the rule is accurate
-# to 10⁻¹¹ for every ν with 121 points (on r ∈ [-12, 12] it needed 2401 for ν ≤ 20 and failed beyond).
+# to 10⁻¹¹ for every ν with 121 points.
 _SN_GRID = np.linspace(-12.0, 12.0, 121)
 
 
@@ -192,24 +157,15 @@ def _skew_constants(nu):
 class SkewNormal(AbstractBase):
     """Standardised skew-normal coordinates, θ_d = ν_d the skewness parameter (learned).
 
-    z ~ SN(0, 1, ν) has density 2 N(z) Φ(νz), mean μ_ν = δ√(2/π) and variance σ_ν² = 1 − μ_ν²,
-    δ = ν/√(1 + ν²); the base is v = (z − μ_ν)/σ_ν, so
-
-        log q_v(v | ν) = log 2 + log σ_ν + log N(z) + log Φ(νz),  z = μ_ν + σ_ν v.
-
-    H[q_v] = ½ log(2πe) − log 2 − ⟨log Φ(νz)⟩_{SN} − log σ_ν, the expectation by the trapezoid rule
-    in t = z√(1 + ν²) on [−12, 12] (121 points, accurate to 10⁻¹¹ for every ν). ν = 0 is the standard normal, where the fit starts. The standardised
-    density changes only at second order in ν there (the skewness grows as ν³), so the bound is
-    stationary in ν at the Gaussian: the fit first tries ν_d = ±`probe` coordinate by coordinate and
-    keeps those that raise the bound (`AbstractBase.probes`).
-
-    The fit optimises ν in coordinates whose Fisher information is about constant (`to_free`), over
-    |ν| ≤ `max_nu`.
+    z ~ SN(0, 1, ν) has density 2 N(z) Φ(νz), mean μ_ν = δ√(2/π) with δ = ν/√(1 + ν²), variance
+    σ_ν² = 1 − μ_ν²; v = (z − μ_ν)/σ_ν, so log q_v(v | ν) = log 2 + log σ_ν + log N(z) + log Φ(νz) and
+    H[q_v] = ½ log(2πe) − log 2 − ⟨log Φ(νz)⟩_{SN} − log σ_ν (trapezoid rule in t = z√(1 + ν²) on
+    [−12, 12], 121 points, accurate to 10⁻¹¹ for every ν). At the start ν = 0 the bound is stationary in
+    ν (skewness ∝ ν³): the fit first tries ν_d = ±`probe` per coordinate, keeping what raises it
+    (`AbstractBase.probes`), then optimises in coordinates of about constant Fisher information (`to_free`).
 
     **Arguments:** `probe` (default 2.0; 0 disables the probes), `learn` (default True), `max_nu`
-    (default 16: the largest |ν| the fit reaches; sharper skew-normals are finer than a K = 64 lattice
-    resolves).
-    """
+    (default 16, the largest |ν| reached: sharper skew-normals are finer than a K = 64 lattice resolves)."""
 
     probe: float = eqx.field(static=True, default=2.0)
     learn: bool = eqx.field(static=True, default=True)
@@ -223,13 +179,11 @@ class SkewNormal(AbstractBase):
         return (float(self.probe), -float(self.probe)) if self.probe else ()
 
     # The Fisher information of ν is about 0.9 (1 + |ν|)⁻³ for |ν| ≳ 4 (the density tends to the
-    # half-normal ever more slowly), so in ν the bound is nearly flat where the fits end (|ν| ~ 5–15)
-    # and L-BFGS crawled there (130–520 iterations at D = N = 10). φ ∝ sign(ν)(1 − (1 + |ν|)^{−1/2})
-    # has dν/dφ ∝ (1 + |ν|)^{3/2}, so its information is about constant for |ν| ≳ 1, and it is linear
-    # at 0 (the Gaussian stays stationary; the probes start the skewness): 2.5–3.5× fewer iterations.
-    # φ ∈ [−1, 1] maps onto |ν| ≤ `max_nu`: a sharper edge than that (width ~σ/|ν|) is finer than a
-    # K = 64 lattice resolves, and without the cap the fit followed the lattice error (ν → 240, a bound
-    # 0.08 below its K = 64 value at K = 2048).
+    # half-normal ever more slowly), so in ν the bound is nearly flat where the fits end (|ν| ~ 5–15).
+    # φ ∝ sign(ν)(1 − (1 + |ν|)^{−1/2}) has dν/dφ ∝ (1 + |ν|)^{3/2}, so its information is about
+    # constant for |ν| ≳ 1, and it is linear at 0 (the Gaussian stays stationary; the probes start the
+    # skewness). φ ∈ [−1, 1] maps onto |ν| ≤ `max_nu`: a sharper edge than that (width ~σ/|ν|) is
+    # finer than a K = 64 lattice resolves, and the fit would follow the lattice error.
     def _free_scale(self):
         return 1.0 - 1.0 / math.sqrt(1.0 + float(self.max_nu))
 
@@ -238,8 +192,7 @@ class SkewNormal(AbstractBase):
 
     def from_free(self, free):
         # |φ| beyond 1 folds back (|ν| falls again) rather than clipping: a clipped coordinate has zero
-        # gradient, and a step past the cap left the fit stuck there (D = 2: ν = 16 and a bound 0.008
-        # below the optimum at ν ≈ 12).
+        # gradient, and a step past the cap would leave the fit stuck there.
         a = jnp.clip(1.0 - jnp.abs(1.0 - jnp.abs(free)), 0.0, 1.0) * self._free_scale()
         return jnp.sign(free) * (1.0 / (1.0 - a) ** 2 - 1.0)
 
@@ -274,12 +227,11 @@ class SkewNormal(AbstractBase):
 class GeneralisedNormal(AbstractBase):
     """Standardised generalised-normal coordinates with shape η > 1 (η = 2: normal; η → 1: Laplace).
 
-    GN(r | η) = η / (2 s Γ(1/η)) exp(−|r/s|^η) with s² = Γ(1/η)/Γ(3/η), so var = 1;
-    H = 1/η − log(η / (2 s Γ(1/η))). η ≤ 1 would make the bound non-differentiable (thesis §6.5).
+    GN(r | η) = η / (2 s Γ(1/η)) exp(−|r/s|^η), s² = Γ(1/η)/Γ(3/η) (var = 1);
+    H = 1/η − log(η / (2 s Γ(1/η))); η ≤ 1 makes the bound non-differentiable (thesis §6.5).
 
-    **Arguments:** `eta` (the starting / fixed η, > 1; default 1.5), `learn` (optimise one η per
-    coordinate, parameterised as θ_d = log(η_d − 1); default False).
-    """
+    **Arguments:** `eta` (starting or fixed η > 1; default 1.5), `learn` (one η per coordinate,
+    θ_d = log(η_d − 1); default False)."""
 
     eta: float = 1.5
     learn: bool = eqx.field(static=True, default=False)
@@ -321,16 +273,11 @@ class GeneralisedNormal(AbstractBase):
 
 
 class AIKLParams(eqx.Module):
-    """Parameters of q: w = A v + b with A = ``lower @ upper``.
+    """Parameters of q: w = A v + b, A = ``lower @ upper``, log|det A| = Σ_d log|L_dd| + log|U_dd|.
 
-    - `loc`: b, shape ``(D,)``.
-    - `lower`: L, shape ``(D, D)``, lower-triangular (entries above the diagonal are ignored).
-    - `upper`: U, shape ``(D, D)``, upper-triangular (entries below the diagonal are ignored).
-    - `theta`: the bases' shape parameters, shape ``(D,)``.
-
-    log|det A| = Σ_d log|L_dd| + log|U_dd|. A sign of a diagonal entry is a valid point (the bound's
-    entropy term keeps the diagonals away from 0).
-    """
+    - `loc`: b, ``(D,)``; `theta`: the bases' shape parameters, ``(D,)``.
+    - `lower`: L, ``(D, D)``, lower-triangular; `upper`: U, ``(D, D)``, upper-triangular (entries on
+      the other side of the diagonal ignored; diagonals of either sign, kept off 0 by the entropy)."""
 
     loc: jax.Array
     lower: jax.Array
@@ -376,20 +323,17 @@ def _smoothstep(x):
 
 
 def _wide_count(dim: int, lattice_points: int, span: float) -> int:
-    """How many of D components can be wider than `_NARROW` lattice spacings, at most.
-
-    Component d of y has width r_d = |α_d| sd(v_d) / Δ in lattice spacings, and Δ = 2 span σ_y / (K − 1)
-    with σ_y² = Σ_d (α_d sd v_d)², so Σ_d r_d² = ((K − 1) / (2 span))² whatever α: at most
-    ⌊((K − 1) / (2 span _NARROW))²⌋ components have r_d > _NARROW (27 at K = 64, span 6), and all
-    others take the cumulant branch of `_site_lattice` exactly (weight 0 on their samples)."""
+    """At most how many of D components are wider than `_NARROW` lattice spacings.
+    With r_d = |α_d| sd(v_d)/Δ and Δ = 2 span σ_y/(K − 1), Σ_d r_d² = ((K − 1)/(2 span))² whatever α: at
+    most ⌊((K − 1)/(2 span _NARROW))²⌋ (27 at K = 64, span 6); the rest take `_site_lattice`'s cumulant
+    branch exactly (weight 0 on their samples)."""
     return min(dim, int(math.floor(((lattice_points - 1) / (2.0 * span * _NARROW)) ** 2)))
 
 
 def _spectrum(parts, base, lattice_points, size, omega, count):
-    """The product of the D components' transforms for each site, ``(N, size//2 + 1)``, centred on
-    the mean (see `_site_lattice`), transforming the sampled densities of the ``count`` widest
-    components of each site only: the others must be narrower than `_NARROW` spacings (mix weight 0),
-    and their cumulant factors multiply to exp(−½ω² Σ s_d² + iω³ Σ κ_d s_d³ / 6)."""
+    """The product of the components' transforms per site, ``(N, size//2 + 1)``, centred on the mean.
+    Only the ``count`` widest components' sampled densities are transformed (`_site_lattice`); the others,
+    narrower than `_NARROW` (mix weight 0), multiply to exp(−½ω² Σ s_d² + iω³ Σ κ_d s_d³ / 6)."""
     alpha, scale, theta, vbar, kappa, delta, sigma_y = parts
     num, dim = alpha.shape
     K = lattice_points
@@ -436,24 +380,13 @@ def _site_lattice(alpha, beta, params, base, lattice_points, padding, span=_SPAN
     """The lattice densities of y_n = α_nᵀv + β_n for a block of sites.
 
     ``alpha``: ``(N, D)``; ``beta``: ``(N,)``. Returns atoms ``(N, P)`` (increasing, spacing Δ_n) and
-    weights ρ ``(N, P)`` (summing to one), P the FFT length (see the module docstring).
-
-    Each u_d = α_d v_d enters the product of transforms by one of two representations, mixed by a
-    smooth step in its width in lattice spacings, r_d = |α_d| sd(v_d) / Δ:
-
-    - wide (r_d ≥ 2): the DFT of its density sampled at the lattice points (the trapezoid rule,
-      accurate to e^{−2π² r²} for smooth bases);
-    - narrow (r_d ≤ 1): its cumulant transform to third order, exp(−iωκ₁ − ½ω²κ₂ + iω³κ₃/6) in lattice
-      units, exact in mean, variance and skewness. Point samples of a component narrower than a
-      lattice cell put all its mass on one point and lose its variance: at D = 100 (half the
-      components narrower than Δ at K = 64) that overstated the bound by 3 nats at the G-KL optimum,
-      and the optimiser steered into it.
-
-    Only M = `_wide_count` components per site can be wider than one spacing (27 at K = 64): the
-    densities are sampled and transformed for the M widest of each site alone, and the product of
-    the others' cumulant factors is one exponential of their summed cumulants. The value is the
-    same as transforming every component (at D = 100, K = 64 this is 3.7× less work).
-    """
+    weights ρ ``(N, P)`` (summing to one), P the FFT length. Each u_d = α_d v_d, of width
+    r_d = |α_d| sd(v_d)/Δ spacings, enters the product of transforms where r_d ≥ 2 by the DFT of its
+    density at the points (trapezoid rule, error e^{−2π² r²} for smooth bases; cell masses would add
+    Δ²/12 to its variance), where r_d ≤ 1 by its cumulant transform exp(−iωκ₁ − ½ω²κ₂ + iω³κ₃/6)
+    (lattice units; exact mean, variance and skewness: point samples would lose the variance and
+    overstate the bound), and by a smooth-step mix in between. Only the `_wide_count` widest of a
+    site are sampled; the rest enter as one exponential (the same value)."""
     num, dim = alpha.shape
     K = lattice_points
     theta = params.theta
@@ -475,9 +408,8 @@ def _site_lattice(alpha, beta, params, base, lattice_points, padding, span=_SPAN
     spectrum_of = lambda count, parts: _spectrum(parts, base, K, size, omega, count)
     count = _wide_count(dim, K, span)
     if count < dim:
-        # Fewer components are usually wide than can be (at most 8–13 of 100 at D = 100, K = 64 on
-        # Table 6.1 problems, against 27): when no site has more than half that, the smaller selection
-        # gives the same value (a gradient at 0.03 instead of 0.07 CPU-s there).
+        # Fewer components are usually wide than can be: when no site has more than half of `count`,
+        # the smaller selection gives the same value, at less cost.
         small = max(1, count // _SMALL_DIVISOR)
         most = jnp.max(jnp.sum(jnp.abs(scale) > _NARROW, axis=-1))
         # Each branch is rematerialised for the gradient: its residuals are then its inputs alone,
@@ -510,13 +442,10 @@ def _kink_jumps(potential, centre, width):
 def _expect(potential, atoms, rho):
     """⟨log φ_n(y_n)⟩ on the lattice, shape ``(N,)``: Σ_j ρ_nj log φ_n(atom_nj), corrected at kinks.
 
-    The sum is the trapezoid rule for ∫ q_y log φ. Where log φ has a kink (the centres of
-    ``potential._peaks()``, e.g. a Laplace site's location), the rule errs by −J q_y(c) Δ² B₂(θ)/2,
-    with J the jump of (log φ)' at c, θ the position of c between two atoms in units of Δ and
-    B₂(θ) = θ² − θ + 1/6 (Euler–Maclaurin): an O(Δ²) error that oscillates with θ, which the fit could
-    tune b to. It is added back, with q_y(c) interpolated from the lattice, leaving O(Δ³).
-    Atoms whose weight is FFT round-off are left out.
-    """
+    This trapezoid rule errs at a kink c of log φ (``potential._peaks()``, e.g. a Laplace site's
+    location) by −J q_y(c) Δ² B₂(θ)/2 (Euler–Maclaurin; J the jump of (log φ)' at c, θ c's position
+    between atoms in units of Δ, B₂(θ) = θ² − θ + 1/6), which oscillates in θ (the fit could tune b to
+    it); it is added back with q_y(c) interpolated, leaving O(Δ³). Atoms of FFT round-off are left out."""
     values = jax.vmap(potential.log_phi, in_axes=1, out_axes=1)(atoms)
     floor = 64 * jnp.finfo(rho.dtype).eps * jnp.max(rho, axis=-1, keepdims=True)
     keep = rho > floor
@@ -541,9 +470,8 @@ def _expect(potential, atoms, rho):
 def site_expectations(params: AIKLParams, model: LatentLinearModel, base: AbstractBase, lattice_points: int = 256,
                       padding: str = "window", span: float = _SPAN):
     """⟨log φ_n(h_nᵀw + c_n)⟩ under q for every site: a tuple with one ``(N_g,)`` array per site group.
-
-    ``span``: the lattice end points, ±span σ_y (default 6, the thesis's choice; it leaves out the mass
-    beyond, e.g. 2·10⁻⁶ for a skew-normal with ν = 2.5)."""
+    ``span``: lattice end points at ±span σ_y (default 6, the thesis's; it leaves out the mass beyond,
+    e.g. 2·10⁻⁶ for a skew-normal with ν = 2.5)."""
     A = params.A
     out = []
     for group in model.sites:
@@ -557,10 +485,7 @@ def site_expectations(params: AIKLParams, model: LatentLinearModel, base: Abstra
 def bound(params: AIKLParams, model: LatentLinearModel, base: AbstractBase, lattice_points: int = 256,
           padding: str = "window", span: float = _SPAN):
     """The AI-KL bound on log Z at ``params`` (a pure, differentiable scalar; see the module docstring).
-
-    ``lattice_points`` (K), ``padding`` and ``span`` set the lattice of the site terms (`site_expectations`);
-    the other terms are exact.
-    """
+    ``lattice_points`` (K), ``padding`` and ``span`` set the site terms' lattice; the rest is exact."""
     value = params.logdet() + jnp.sum(base.entropy(params.theta))
     if model.prior is not None:
         mean, C = _moments(params, base)
@@ -572,11 +497,9 @@ def bound(params: AIKLParams, model: LatentLinearModel, base: AbstractBase, latt
 
 def lattice_densities(params: AIKLParams, base: AbstractBase, H, offset=0.0, lattice_points: int = 256,
                       padding: str = "window", span: float = _SPAN):
-    """The densities of y = H w + offset under q on their lattices.
-
-    Returns ``(points, density)``, each ``(N, P)``: increasing points with spacing Δ_n and the density
-    there (ρ / Δ_n, integrating to one by the rectangle rule). ``H``: ``(N, D)`` array, BCOO or projection.
-    """
+    """The densities of y = H w + offset under q on their lattices, ``(points, density)``.
+    Each ``(N, P)``: increasing points of spacing Δ_n and ρ / Δ_n there (integrating to one by the
+    rectangle rule). ``H``: ``(N, D)`` array, BCOO or projection."""
     projection = as_projection(H)
     alpha = _project_columns(projection, params.A)
     beta = projection.mv(params.loc) + offset
@@ -590,14 +513,12 @@ def lattice_densities(params: AIKLParams, base: AbstractBase, H, offset=0.0, lat
 class AIKLInfo(eqx.Module):
     """What `vj.AIKL` reports beyond the common `Diagnostics` (``post.diagnostics.info``).
 
-    - `lattice_points`: the K at which ``log_z`` was evaluated (the first of K₀, 2K₀, 4K₀, … whose bound
-      differs from the next coarser one by less than ``tol_k``, or the finest tried); scalar int.
-    - `lattice_change`: |B(K) − B(K/2)| at that K; scalar.
-    - `gaussian_log_z`: the G-KL bound at the Gaussian the fit started from (NaN with a warm start).
-    - `start_log_z`: the AI-KL bound at the start, on the lattice of ``log_z``.
-    - `fell_back`: True when the optimum's bound came out below the start's (the optimiser followed
-      lattice error): the posterior is then the start, and `vj.infer` warns.
-    """
+    - `lattice_points`: the K of ``log_z``: the first of K₀, 2K₀, … within ``tol_k`` of the next
+      coarser one's bound, else the finest tried; `lattice_change`: |B(K) − B(K/2)| there.
+    - `gaussian_log_z`: the G-KL bound at the starting Gaussian (NaN with a warm start);
+      `start_log_z`: the AI-KL bound at the start, on ``log_z``'s lattice.
+    - `fell_back`: the optimum's bound was below the start's (the optimiser followed lattice error):
+      the posterior is the start, and `vj.infer` warns."""
 
     lattice_points: jax.Array
     lattice_change: jax.Array
@@ -614,9 +535,8 @@ class AIKLInfo(eqx.Module):
 
 
 class AIKLState(eqx.Module):
-    """The State of `vj.AIKL` (``post.state``): the parameters (b, L, U, θ), whether the fit probes θ
-    before optimising (True for a start from a Gaussian, False for a restart) and the base's class name
-    (a state restarts a fit with the same base only)."""
+    """The State of `vj.AIKL` (``post.state``): (b, L, U, θ), whether to probe θ first (True from a
+    Gaussian, False for a restart) and the base's class name (a state restarts only fits of that base)."""
 
     params: AIKLParams
     probe: jax.Array
@@ -625,11 +545,8 @@ class AIKLState(eqx.Module):
 
 class AIKLPosterior(Posterior):
     """A `Posterior` for AI-KL: q(w) is the density of A v + b, not a Gaussian.
-
-    ``mean`` and ``covariance`` (and ``marginals(H)``: means and variances) are q's exact moments;
-    ``sample`` draws from q itself; ``marginal_densities(H)`` gives the lattice densities of H w.
-    ``params`` (also ``state``, for warm starts) holds (b, L, U, θ); ``base`` the base family.
-    """
+    ``mean``, ``covariance``, ``marginals(H)``: q's exact moments; ``sample``: draws; ``base``: the family;
+    ``marginal_densities(H)``: lattice densities; ``params`` (also in ``state``): (b, L, U, θ)."""
 
     params: AIKLParams
     base: AbstractBase
@@ -656,8 +573,8 @@ class AIKLPosterior(Posterior):
         return self.params.loc + v @ self.params.A.T
 
     def marginal_densities(self, H, offset=0.0, lattice_points: int | None = None):
-        """The densities of H w + offset under q on lattices: ``(points, density)``, each ``(N, P)``
-        (see `lattice_densities`); ``lattice_points`` defaults to the K of ``log_z``."""
+        """The lattice densities of H w + offset under q, ``(points, density)``, each ``(N, P)``
+        (`lattice_densities`); ``lattice_points`` defaults to the K of ``log_z``."""
         K = self.lattice_points if lattice_points is None else int(lattice_points)
         return lattice_densities(self.params, self.base, H, offset, K, self.padding, self.span)
 
@@ -672,40 +589,24 @@ class AIKL(AbstractMethod):
 
     **Arguments:**
 
-    - `base`: the family of the coordinates of v: `SkewNormal()` (default; skewness per coordinate
-      learned), `Normal()` (then q is Gaussian and this is G-KL), `GeneralisedNormal(eta)` (η > 1,
-      fixed or learned), or any `AbstractBase`.
-    - `lattice_points`: K, lattice points per coordinate during the fit (default 64: with the cumulant
-      treatment of narrow components and the kink correction its error is below 10⁻³ on the
-      problems of ``benchmarks/aikl.py``, and each evaluation costs about a quarter of K = 256's; the
-      D = N = 10 logistic regression's bound agrees with the K = 256 fit's to 5·10⁻⁴). The optimiser
-      finds the optimum of the discretised bound; the reported ``log_z`` is re-evaluated on finer
-      lattices, and if it comes out below the start's on the same lattice (the optimiser followed
-      lattice error) the start is returned, with a warning (``diagnostics.info.fell_back``).
-    - `solver`: a `vj.solvers` solver (default `LBFGS(tol=1e-6, max_iter=1000, gain_tol=tol_k)`: it
-      stops once a squared decrement is below 10⁻⁶ or the bound rose by less than `tol_k` over the
-      last 10 iterations. The optimum of the K-point bound is only as good as its lattice error, about
-      `tol_k` or more; on the D = N = 10 logistic regressions of ``benchmarks/aikl_speed.py`` the
-      gain test stops after 40–77 iterations (47–121 without it), the bounds at K = 1024 within
-      6·10⁻⁴ of the longer runs' but for one 3·10⁻³ higher).
-    - `padding`: ``"window"`` (default) or ``"full"`` (see the module docstring).
-    - `span`: lattice end points at ±span σ_y for each site (default 6, as in the thesis).
+    - `base`: `SkewNormal()` (default; learned skewness per coordinate), `Normal()` (q Gaussian:
+      G-KL), `GeneralisedNormal(eta)`, or any `AbstractBase`.
+    - `lattice_points`: K during the fit (default 64: with the narrow-component and kink corrections
+      its error is below 10⁻³ on ``benchmarks/aikl.py``'s problems, at a quarter of K = 256's cost).
+    - `solver`: default `LBFGS(tol=1e-6, max_iter=1000, gain_tol=tol_k)`, which also stops at a gain
+      below `tol_k` over 10 iterations: the K-point optimum is only as good as its lattice error (≳ `tol_k`).
+    - `padding`: ``"window"`` (default) or ``"full"``; `span`: end points at ±span σ_y (default 6).
     - `tol_k`: the final bound is re-evaluated at 2K, 4K, … until it changes by less than this
-      (default 1e-3), at most `max_doublings` times (default 4).
-    - `scheme`: ``"joint"`` (default: the solver maximises over (L, U, b, θ) at once) or
-      ``"blockwise"`` (the thesis's scheme for log-concave sites: (L, b, θ) with U fixed, then
-      (U, b, θ) with L fixed, each block a concave problem for fixed θ, until a cycle gains less than
-      ``tol_k / 100``, after `max_cycles` cycles (default 20), or once the sweeps have spent the
-      solver's `max_iter` iterations; see `_blockwise`). On the D = N = 10 logistic regression of ``benchmarks/aikl_speed.py``
-      the joint scheme is the faster (see docs/guide/aikl.md).
+      (default 1e-3), at most `max_doublings` times (default 4); if it is then below the start's (the
+      optimiser followed lattice error), the start is returned with a warning (``fell_back``).
+    - `scheme`: ``"joint"`` (default, the faster: docs/guide/aikl.md) or ``"blockwise"`` (the thesis's, for
+      log-concave sites): (L, b, θ), then (U, b, θ), each concave for fixed θ, until a cycle gains less
+      than ``tol_k / 100``, after `max_cycles` (default 20), or at the solver's `max_iter`.
 
-    ``vj.infer(model, vj.AIKL())`` returns an `AIKLPosterior` whose ``log_z`` is the bound (a lower
-    bound on log Z up to the lattice error, which ``diagnostics.info.lattice_change`` estimates). Without
-    ``init`` the fit starts from the G-KL optimum (``vj.GKL()``) with the bases at their Gaussian member
-    (θ from `AbstractBase.init_theta`), so when the base family contains the Gaussian the AI-KL bound
-    is at least the G-KL one. The State is an `AIKLState` (``post.state``): an AI-KL posterior of the same
-    base restarts from its parameters; any other posterior starts from its mean and covariance.
-    """
+    ``vj.infer(model, vj.AIKL())`` returns an `AIKLPosterior`; ``log_z`` is the bound (below log Z up to the
+    lattice error, ``diagnostics.info.lattice_change``), at least G-KL's for a family with the Gaussian, as
+    the cold start is the `vj.GKL` optimum with the bases at their Gaussian member. The State is an `AIKLState`:
+    an AI-KL posterior of the same base restarts from its parameters, any other from its moments."""
 
     base: AbstractBase = SkewNormal()
     lattice_points: int = eqx.field(static=True, default=64)
@@ -749,9 +650,8 @@ class AIKL(AbstractMethod):
         return self.from_gaussian(model, post.mean, post.factor)
 
     def from_gaussian(self, model, mean, factor) -> "AIKLState":
-        """The bases at their Gaussian member (θ from `AbstractBase.init_theta`), standardised so that q has
-        the Gaussian's mean and covariance: w = b + A v, ⟨v⟩ = v̄, var v = s², A = chol(S) diag(1/s),
-        b = m − A v̄; θ is probed first."""
+        """The bases at their Gaussian member (`AbstractBase.init_theta`), standardised so that q has the
+        Gaussian's moments: A = chol(S) diag(1/s), b = m − A v̄ (⟨v⟩ = v̄, var v = s²); θ is probed first."""
         dim, dtype = model.dim, model.dtype
         theta = self.base.init_theta(dim, dtype)
         S = factor.dense()
@@ -841,15 +741,10 @@ class AIKL(AbstractMethod):
         return sol, jax.lax.stop_gradient(as_params(z if base.learn else (*z, None)))
 
     def _blockwise(self, objective, x0, in_lower):
-        """The blockwise scheme: the solver maximises over (L, b, θ) with U fixed, then over (U, b, θ)
-        with L fixed, and so on, until a full cycle raises the bound by less than ``tol_k / 100``, after
-        `max_cycles` cycles, or once the sweeps have spent the solver's `max_iter` iterations. For log-concave
-        sites and fixed θ each block is a concave problem (thesis §6.4), where the joint one is not.
-
-        One `lax.while_loop` over sweeps whose body holds the solver (so the objective is traced once);
-        the frozen block enters through `stop_gradient`, so its gradient is zero and a quasi-Newton
-        direction built from such gradients leaves it where it is. The trace holds the bound after
-        each sweep (``trace[0]``, the start's, is left NaN: evaluating it would trace the bound again)."""
+        """The blockwise scheme of `AIKL` (each block concave for log-concave sites and fixed θ, thesis
+        §6.4; the joint problem is not). One `lax.while_loop` of sweeps around the solver (the objective
+        traced once); the frozen block enters through `stop_gradient`, whose zero gradient keeps
+        quasi-Newton steps off it. ``trace`` holds the bound after each sweep (``trace[0]`` NaN)."""
         solver = self._solver()
         tol = self.tol_k / 100.0
         max_sweeps = 2 * self.max_cycles
@@ -889,10 +784,8 @@ class AIKL(AbstractMethod):
         return [self.lattice_points * 2**j for j in range(self.max_doublings + 1)]
 
     def _result(self, model, start, opt, sol, gaussian, index, pairs, change):
-        """The posterior from the optimum's and the start's bounds ``pairs[index]`` on the chosen lattice.
-
-        The start is a point of the family too: if the optimum's re-evaluated bound is below the
-        start's (the fit followed the coarse lattice's error), the start is the answer (``fell_back``)."""
+        """The posterior from the optimum's and the start's bounds ``pairs[index]`` on the chosen lattice:
+        the start (``fell_back``) if the optimum's is lower (the fit followed the coarse lattice's error)."""
         ks = self._lattices()
         base, padding, span = self.base, self.padding, self.span
         value, start_value = pairs[0], pairs[1]

@@ -7,60 +7,45 @@ $$
 q(w) \\propto f(w) \\prod_n \\tilde t_n(h_n^\\top w + b_n) = \\mathcal N(w \\mid m, S).
 $$
 
-With q's marginal N(m_n, V_n) of x_n and a power η ∈ (0, 1] (η = 1 is standard EP), the cavity
-removes a fraction η of site n, q_{−n}(x) ∝ N(m_n, V_n) t̃_n(x)^{−η}, i.e. precision V_n⁻¹ − ητ_n and
-shift m_n/V_n − ην_n. The tilted density p̂_n ∝ φ_n(x)^η q_{−n}(x) has normaliser Ẑ_n and moments
-(m̂_n, V̂_n) (`AbstractPotential.tilted_moments`), and a damped update (δ ∈ (0, 1]) moves the site
-towards moment matching (Jylänki 2013, eqs. 2.36–2.37):
+With q's marginal N(m_n, V_n) of x_n and a power η ∈ (0, 1] (η = 1: standard EP), the cavity
+q_{−n} ∝ N(m_n, V_n) t̃_n^{−η} has precision V_n⁻¹ − ητ_n and shift m_n/V_n − ην_n; the tilted
+p̂_n ∝ φ_n^η q_{−n} has normaliser Ẑ_n and moments (m̂_n, V̂_n) (`AbstractPotential.tilted_moments`),
+and a damped update (δ ∈ (0, 1]) moves the site towards moment matching (Jylänki 2013, eqs. 2.36–2.37):
 
 $$
 \\tau_n \\leftarrow \\tau_n + \\tfrac{\\delta}{\\eta}(\\hat V_n^{-1} - V_n^{-1}), \\qquad
 \\nu_n \\leftarrow \\nu_n + \\tfrac{\\delta}{\\eta}(\\hat m_n/\\hat V_n - m_n/V_n).
 $$
 
-At a fixed point the tilted moments equal q's marginals. The EP approximation of log Z (the
-energy, eqs. 2.42 and 2.45 with the thesis's misprints corrected) is
+At a fixed point the tilted moments equal q's marginals, and log Z_EP (eqs. 2.42, 2.45, misprints
+corrected; `energy`) is stationary in the sites, so its derivative with the sites frozen is total:
 
 $$
 \\log Z_{\\rm EP} = \\log\\!\\int f(w) \\prod_n \\tilde t_n\\, dw
 + \\frac1\\eta \\sum_n \\big[\\log \\hat Z_n + \\log Z(m_{-n}, V_{-n}) - \\log Z(m_n, V_n)\\big],
-\\qquad \\log Z(m, V) = \\tfrac12 \\log 2\\pi V + \\tfrac{m^2}{2V},
+\\qquad \\log Z(m, V) = \\tfrac12 \\log 2\\pi V + \\tfrac{m^2}{2V}.
 $$
-
-and it is stationary in the site parameters at every fixed point, so its derivative in the model's
-hyperparameters with the sites frozen is the total derivative (`energy`).
 
 Schedules (`EP.schedule`):
 
-- ``"parallel"``: all sites from one q, then q once (a Cholesky); the step is halved until q and every
-  cavity are proper (``diagnostics.info.shrunk``). By default the damping adapts: full steps while the
-  moment-matching residual falls; the first step that raises it is undone, and δ = ½ from then on.
-- ``"sequential"``: one site at a time with a rank-one update of q (O(D²) a site), q recomputed from
-  the sites after every sweep; a site whose cavity is improper is skipped (``diagnostics.info.skipped``).
-- ``"double_loop"``: the expectation-consistent min–max form of the energy (Jylänki §2.3.7; Opper &
-  Winther 2005; Heskes & Zoeter 2002). Outer loop: anchor each cavity at q's current marginal.
-  Inner loop: minimise the convex function
-  G(τ, ν) = log ∫ f ∏ t̃ + (1/η) Σ_n log ∫ φ_n^η exp(anchor_n − η·site_n) (∂G/∂ν_n = E_q x_n − E_p̂ x_n,
-  so its minimum matches every tilted distribution to q for the anchored cavities) along the EP
-  step scaled to a diagonal Newton step, a descent direction because the Gaussian moment map is
-  monotone, with Armijo backtracking: G decreases at every accepted inner step. The fixed points
-  are EP's; the outer loop converges linearly, often slowly, so it is the fallback, not the default.
-  G is a sum of terms that cancel (m²/2V for sharp sites far from 0), so it is known only to ε times
-  their size (`_Evaluation.magnitude`): in float32 with many sharp sites the inner line search can no
-  longer tell steps apart near residuals of about 1e-2, and the run stops there, unconverged and
-  reported; the parallel and sequential schedules, which never compare values of G, do not share the limit.
+- ``"parallel"``: all sites from one q, then q (a Cholesky); steps are halved until q and every cavity
+  are proper (``diagnostics.info.shrunk``).
+- ``"sequential"``: one site at a time, a rank-one update of q (O(D²)), q recomputed after each sweep;
+  a site with an improper cavity is skipped (``diagnostics.info.skipped``).
+- ``"double_loop"`` (Jylänki §2.3.7; Opper & Winther 2005; Heskes & Zoeter 2002): the outer loop
+  anchors each cavity at q's marginal, the inner loop minimises the convex G(τ, ν) = log ∫ f ∏ t̃ +
+  (1/η) Σ_n log ∫ φ_n^η exp(anchor_n − η·site_n) (∂G/∂ν_n = E_q x_n − E_p̂ x_n) by diagonal-Newton EP
+  steps and Armijo backtracking: EP's fixed points, slow (linear) outer convergence, so the fallback.
+  G's terms cancel (m²/2V of sharp sites far from 0): in float32 with many sharp sites its line search
+  stalls near residuals of about 1e-2, where the run stops, unconverged and reported (the other
+  schedules never compare values of G).
 
-EP starts from every site's second-order expansion at the mode of the log joint (q = the Laplace
-approximation; `vijax.start.expand_at_mode`), so a wide, flat or singular Gaussian factor never leaves q
-improper or the cavities as wide as the prior.
-
-By default a run that has not converged (the residual stopped improving for ``patience`` iterations,
-or ``max_iter`` was reached) is continued from its best sites by the next, more robust schedule
-(``diagnostics.info.fallback``): parallel by sequential sweeps (many sites sharing few directions, where
-parallel steps overshoot together, are where sequential EP is at its best, and a sweep costs about
-what a parallel iteration does there), sequential by the double loop. ``max_iter`` caps the
-iterations of all schedules together: a fallback gets the iterations left. A run that ends unconverged
-returns its best sites (the smallest residual seen), with a `vj.ConvergenceWarning`.
+EP starts at the Laplace approximation (`vijax.start.expand_at_mode`): q and the cavities are proper
+and narrower than a wide, flat or singular prior. A run without progress for ``patience`` iterations or
+at ``max_iter`` continues from its best sites, within ``max_iter``, by the next schedule
+(``diagnostics.info.fallback``): parallel by sequential (best where many sites share few directions,
+which parallel steps overshoot together), sequential by the double loop. An unconverged run returns its
+best sites (smallest residual) with a `vj.ConvergenceWarning`.
 """
 
 from __future__ import annotations
@@ -98,10 +83,8 @@ _QUADRATURE_NOISE = 1e-9  # relative size of the tilted integrals' rule-placemen
 
 
 class SiteParams(eqx.Module):
-    """EP site approximations t̃_n(x) = exp(ν_n x − ½ τ_n x²), one pair of arrays per site group.
-
-    ``precision`` holds the τ (shape ``(N_g,)`` each; negative values are allowed), ``shift`` the ν.
-    """
+    """EP site approximations t̃_n(x) = exp(ν_n x − ½ τ_n x²), one pair of arrays per site group:
+    ``precision`` the τ (``(N_g,)`` each; negative values allowed), ``shift`` the ν."""
 
     precision: tuple[jax.Array, ...]
     shift: tuple[jax.Array, ...]
@@ -192,11 +175,9 @@ def _residual(ev: _Evaluation):
 
 
 def cavity(mean, var, tau, nu, power=1.0):
-    """The cavity N(m₋, V₋) ∝ N(x | mean, var) · t̃(x)^{−η} of a site t̃(x) = exp(νx − ½τx²).
-
-    1/V₋ = 1/var − ητ and m₋/V₋ = mean/var − ην. Returns ``(m₋, V₋, proper)``, each of the shape of
-    the broadcast inputs; where the cavity is improper (1/V₋ ≤ 0), V₋ = 1 and ``proper`` is False.
-    """
+    """The cavity N(m₋, V₋) ∝ N(x | mean, var) · t̃(x)^{−η} of a site t̃(x) = exp(νx − ½τx²):
+    1/V₋ = 1/var − ητ, m₋/V₋ = mean/var − ην. Returns ``(m₋, V₋, proper)`` (inputs broadcast);
+    where 1/V₋ ≤ 0, V₋ = 1 and ``proper`` is False."""
     precision = 1.0 / var - power * tau
     proper = precision > 0
     cavity_var = 1.0 / jnp.where(proper, precision, 1.0)
@@ -228,30 +209,20 @@ def _change(step: SiteParams, ev: _Evaluation):
 
 def energy(sites: SiteParams, model: LatentLinearModel, power: float = 1.0):
     """log Z_EP, the EP approximation of log Z at ``sites`` (a pure, differentiable scalar function).
-
-    Stationary in ``sites`` at every EP fixed point, so ``jax.grad`` with respect to ``model`` at
-    converged, frozen sites is the derivative of EP's log Z in the hyperparameters. NaN where q or a
-    cavity is improper.
-    """
+    Stationary in ``sites`` at every fixed point, so ``jax.grad`` in ``model`` at converged, frozen
+    sites is the hyperparameter derivative of EP's log Z. NaN where q or a cavity is improper."""
     return _evaluate(sites, model, power, working_model(model)).value
 
 
 def _energy_gradient(ev: _Evaluation, model, C, power) -> SiteParams:
-    """∂ log Z_EP / ∂sites at the evaluation ``ev``, given q's covariance S = CᵀC (C upper-triangular).
+    """∂ log Z_EP / ∂sites at ``ev``, given q's covariance S = CᵀC (C upper-triangular).
 
-    With θ_n = (m_n/V_n, 1/V_n) q's n-th marginal in natural parameters and δ_n the gap between the
-    tilted and q's mean parameters, (m̂ − m, −½(V̂ + m̂² − V − m²)), the energy's gradient in the
-    site parameters (ν_n, τ_n) is (1/η) Jᵀδ − δ, J = ∂θ/∂(ν, τ) (∂ log ∫ f ∏ t̃ / ∂(ν_n, τ_n) and
-    ∂T_n/∂θ are the moments, so the tilted integrals are never differentiated). J is closed-form in
-    Σ = HSHᵀ, the covariance of the predictors: ∂m_n/∂ν_j = Σ_nj, ∂m_n/∂τ_j = −Σ_nj m_j and
-    ∂V_n/∂τ_j = −Σ_nj². So with a = g₁/V and b = −(g₁m + g₂)/V², (g₁, g₂) = δ/η, the cotangents of
-    (m, V),
-
-        ∂/∂ν = Σa − δ₁,   ∂/∂τ = −m ∘ Σa − (Σ ∘ Σ)b − δ₂,
-
-    and Σ is never formed: with G = HCᵀ (rows C h_n), Σa = G(Gᵀa) and ((Σ ∘ Σ)b)_j = g_jᵀ(Gᵀ diag(b) G)g_j,
-    about 3 N D² flops (N sites, D = dim w).
-    """
+    With θ_n = (m_n/V_n, 1/V_n) q's n-th marginal and δ_n = (m̂ − m, −½(V̂ + m̂² − V − m²)) the tilted
+    minus q's mean parameters, the gradient in (ν_n, τ_n) is (1/η) Jᵀδ − δ, J = ∂θ/∂(ν, τ) (the tilted
+    integrals are never differentiated). In Σ = HSHᵀ, ∂m_n/∂ν_j = Σ_nj, ∂m_n/∂τ_j = −Σ_nj m_j and
+    ∂V_n/∂τ_j = −Σ_nj², so with a = g₁/V, b = −(g₁m + g₂)/V², (g₁, g₂) = δ/η: ∂/∂ν = Σa − δ₁ and
+    ∂/∂τ = −m ∘ Σa − (Σ ∘ Σ)b − δ₂. Σ is never formed: G = HCᵀ, Σa = G(Gᵀa),
+    ((Σ ∘ Σ)b)_j = g_jᵀ(Gᵀ diag(b) G)g_j; about 3 N D² flops."""
     gaps, a, b = [], [], []
     for m, V, m_hat, V_hat, ok in zip(ev.marginal_mean, ev.marginal_var, ev.tilted_mean, ev.tilted_var, ev.valid):
         d1, d2 = jnp.where(ok, m_hat - m, 0.0), jnp.where(ok, -0.5 * (V_hat + m_hat**2 - V - m**2), 0.0)
@@ -310,34 +281,25 @@ class EP(AbstractMethod):
 
     **Arguments:**
 
-    - `schedule`: ``"parallel"`` (default), ``"sequential"`` or ``"double_loop"`` (see the module
-      docstring).
-    - `damping`: δ ∈ (0, 1], the fraction of each EP step taken. None (default) gives δ = 1 for the
-      sequential schedule and adaptive damping for the parallel one: δ = 1 until a step raises the
-      moment-matching residual; that step is undone and δ = ½ from then on.
-    - `power`: η ∈ (0, 1]; η < 1 is power (fractional) EP, which leaves part of each site in its
-      cavity and is more stable on non-log-concave sites.
-    - `max_iter`: the most iterations (sweeps) in all, the schedule's and its fallbacks' together.
-    - `tol`: converged when every site's tilted moments match q's marginal:
-      max_n |m̂_n − m_n|/√V_n + |log(V̂_n/V_n)| ≤ ``tol`` (the energy's error is of order tol²), or
-      ≤ 1000ε when that is larger (the rounding of the moments: 1.2e-4 in float32); the double loop
-      stops at max(tol, √(4ε|G|)), the residual its line search on G can resolve.
-    - `fallback`: continue a run that has not converged with a more robust schedule: parallel with
-      sequential sweeps, sequential with the double loop (see the module docstring).
-    - `patience`: iterations without a 1% improvement of the residual before a run is declared
-      oscillating (and handed to the fallback).
-    - `inner_max_iter`: the most inner steps per outer iteration of the double loop.
+    - `schedule`: ``"parallel"`` (default), ``"sequential"`` or ``"double_loop"`` (module docstring).
+    - `damping`: δ ∈ (0, 1], the fraction of each step taken. None (default): δ = 1, but the parallel
+      schedule undoes the first step that raises the moment-matching residual and takes δ = ½ after it.
+    - `power`: η ∈ (0, 1] (default 1); η < 1, power EP, is more stable on non-log-concave sites.
+    - `max_iter`: the most iterations (sweeps), the schedule's and its fallbacks' together (default 200).
+    - `tol`: converged when max_n |m̂_n − m_n|/√V_n + |log(V̂_n/V_n)| ≤ ``tol`` (default 1e-8; the
+      energy's error is O(tol²)), or ≤ 1000ε if larger (the moments' rounding: 1.2e-4 in float32); the
+      double loop stops at max(tol, √(4ε|G|)), what its line search on G can resolve.
+    - `fallback` (default True): continue an unconverged run with a more robust schedule; `patience`
+      (default 20): iterations without a 1% better residual before a run is handed over;
+      `inner_max_iter` (default 50): the double loop's inner steps per outer iteration.
 
-    ``vj.infer(model, vj.EP())`` returns a `Posterior` with q = N(mean, S) (a full `CholeskyFactor`)
-    and ``log_z`` = `energy` at the frozen sites, an approximation (not a bound) whose ``jax.grad``
-    in the model's hyperparameters is the total derivative at convergence. ``post.state`` holds the
-    `SiteParams`, its State (``init=post`` restarts there; another method's posterior starts from every
-    site's expansion at its mean). `damping`, `power` and `tol` are traced, so changing them reuses
-    the compiled fit (η = 1 is a program of its own, with closed-form tilted moments). Each evaluation costs one
-    D × D Cholesky, O(N D²) for the marginals, and one 1-D tilted integral per site; for GP models
-    (a dense prior, one site per coordinate) with every τ ≥ 0 the marginals come from the site form
-    B = I + T½KT½ (R&W §3.6), about 4/3 D³ flops.
-    """
+    ``vj.infer(model, vj.EP())`` returns a `Posterior` with q = N(mean, S) (a full `CholeskyFactor`) and
+    ``log_z`` = `energy` at the frozen sites, an approximation (not a bound) whose ``jax.grad`` is the
+    total derivative at convergence; the State is the `SiteParams` (`EP.from_gaussian` for other
+    posteriors). `damping`, `power`, `tol` are traced, so changing them reuses the compiled fit (η = 1 is
+    its own program, with closed-form tilted moments). An evaluation costs a D × D Cholesky, O(N D²) for
+    the marginals and a 1-D integral per site; GP models (a dense prior, one site per coordinate, all
+    τ ≥ 0) use the site form B = I + T½KT½ (R&W §3.6), about 4/3 D³ flops."""
 
     schedule: str = eqx.field(static=True)
     damping: float | None
@@ -409,13 +371,9 @@ class EP(AbstractMethod):
                             change=change, stuck=stuck, best_sites=best_sites, best_ev=best_ev)
 
     def _prepared(self, run: _Run) -> _Run:
-        """``run`` ready for its schedule: its stopping residual, and the double loop's outer state
-        (anchors at q's marginals, Φ unknown, ω = 1), carried by every schedule so that any of them can
-        hand over to the double loop.
-
-        The double loop accepts inner steps by the decrease of G, which rounding hides once the residual
-        r is below about √(ε|G|) (G − G* is of order r²): it stops at max(tol, √(4ε|G|)), 1e-7 at
-        |G| ≈ 10 in float64, where the energy is still exact to working precision."""
+        """``run`` ready for its schedule: its stopping residual and the double loop's outer state (anchors
+        at q's marginals, Φ unknown, ω = 1; every schedule carries it, for a hand-over). The double loop
+        stops at max(tol, √(4ε|G|)): as G − G* = O(r²), rounding hides G's decrease below r ≈ √(ε|G|)."""
         anchor = (run.ev.marginal_mean, run.ev.marginal_var)
         dtype = run.ev.value.dtype
         # Moments matched in working precision carry rounding of a few hundred ε (quadrature, Cholesky):

@@ -1,47 +1,34 @@
 """Local variational bounds (LVB): a Gaussian lower bound on every site, integrated in closed form.
 
-Each non-Gaussian site is bounded below by an exponentiated quadratic in x = hᵀw + b with its
-own variational parameter ξ_n,
+Each non-Gaussian site is bounded below by an exponentiated quadratic in x = hᵀw + b, with parameter ξ_n,
 
 $$
 \\log \\varphi_n(x) \\ge a_n(\\xi_n)\\, x - \\tfrac12 A_n(\\xi_n)\\, x^2 + c_n(\\xi_n)
 \\qquad\\text{(tight at } x = \\pm\\xi_n \\text{, or } x = \\psi_n\\text{)},
 $$
 
-so that, with the Gaussian factor f(w) = exp(−½wᵀΛw + ηᵀw + κ) of the model,
+so that, with the model's Gaussian factor f(w) = exp(−½wᵀΛw + ηᵀw + κ),
 
 $$
-\\log Z \\ge \\mathcal B_{\\rm LVB}(\\xi)
-= \\kappa + \\sum_n (a_n b_n - \\tfrac12 A_n b_n^2 + c_n)
+\\log Z \\ge \\mathcal B_{\\rm LVB}(\\xi) = \\kappa + \\sum_n (a_n b_n - \\tfrac12 A_n b_n^2 + c_n)
 + \\tfrac12 r^\\top P^{-1} r + \\tfrac D2 \\log 2\\pi - \\tfrac12 \\log\\det P,
 
-P = \\Lambda + \\sum_n A_n h_n h_n^\\top, \\qquad r = \\eta + \\sum_n (a_n - A_n b_n) h_n .
+P = \\Lambda + \\sum_n A_n h_n h_n^\\top, \\qquad r = \\eta + \\sum_n (a_n - A_n b_n) h_n
 $$
 
-(This is thesis eq. 3.8.4 with its log-determinant constant corrected: the Gaussian integral
-gives +½ log det(2πP⁻¹), not −½ log det(2πP).) The Gaussian q_ξ = N(P⁻¹r, P⁻¹) is the LVB
-posterior approximation, and B_LVB(ξ) = max_q [G-KL bound of q with each site replaced by its
-local bound], attained at q = q_ξ (thesis §4.4.1). Hence the G-KL bound at q_ξ dominates
-B_LVB(ξ) for every ξ, and the optimal G-KL bound dominates both.
+(thesis eq. 3.8.4 with +½ log det(2πP⁻¹), its constant corrected). B_LVB(ξ) is the G-KL bound with
+each site replaced by its local bound, maximised over q at q_ξ = N(P⁻¹r, P⁻¹), the LVB posterior
+(thesis §4.4.1): the G-KL bound at q_ξ, and the optimal one, dominate it. Local bounds
+(`local_bound`), each with its optimal ξ given q in closed form:
 
-Local bounds (`local_bound`):
+- `Logistic`: ``bound="jaakkola"`` (`Jaakkola`; Jaakkola & Jordan), λ(ξ) = tanh(ξ/2)/(4ξ),
+  ξ_n² = ⟨x_n²⟩_q; ``bound="bohning"`` (`Bohning`; Böhning), curvature ¼, ψ_n = ⟨x_n⟩_q.
+- `Laplace`, `StudentT`, `Cauchy` (`ScaleMixture`; Palmer et al. 2006): A(ξ) = 1/(scale·ξ) for
+  Laplace, (df + 1)/(df·scale² + ξ²) for Student-t; ξ_n² = ⟨(x_n − loc)²⟩_q.
+- `Gaussian` sites are exact (no ξ); `Masked` ones (`vijax.pad_sites`) are bounded where on (`MaskedBound`).
 
-- `Logistic`, ``bound="jaakkola"`` (Jaakkola & Jordan): log σ(x) ≥ log σ(ξ) + (x − ξ)/2 − λ(ξ)(x² − ξ²),
-  λ(ξ) = tanh(ξ/2)/(4ξ); optimal ξ_n² = ⟨x_n²⟩_q.
-- `Logistic`, ``bound="bohning"`` (Böhning): log σ(x) ≥ log σ(ψ) + σ(−ψ)(x − ψ) − (x − ψ)²/8, a fixed
-  curvature ¼; optimal ψ_n = ⟨x_n⟩_q.
-- `Laplace`, `StudentT`, `Cauchy` (symmetric super-Gaussian, Palmer et al. 2006): with u = x − loc and
-  g(y) = log φ(loc + √y) convex in y = u², the tangent in y gives
-  log φ(x) ≥ log φ(loc + ξ) − ½ A(ξ)(u² − ξ²), A(ξ) = −(log φ)'(loc + ξ)/ξ (= 1/(scale·ξ) for Laplace,
-  (df + 1)/(df·scale² + ξ²) for Student-t); optimal ξ_n² = ⟨u_n²⟩_q.
-- `Gaussian` sites enter exactly and carry no parameter.
-- `Masked` sites (`vijax.pad_sites`) use their potential's bound where they are on and the zero
-  quadratic where they are off (ξ held at 1 there).
-
-In every case the optimal ξ given q is in closed form, and alternating q ← q_ξ with that update is
-coordinate ascent on max_q of the relaxed G-KL bound: B_LVB never decreases (EM, with ξ as
-hyperparameters). ``xi`` is a tuple with one entry per site group of the model: an array of shape
-``(N_g,)`` (ξ, or ψ for Böhning), or None for a `Gaussian` group.
+Alternating q ← q_ξ with these updates is EM (ξ as hyperparameters): B_LVB never decreases. ``xi`` is
+a tuple, one entry per site group: ``(N_g,)`` (ξ, or ψ for Böhning), or None for a `Gaussian` group.
 """
 
 from __future__ import annotations
@@ -94,9 +81,9 @@ class AbstractLocalBound(eqx.Module):
         return a * x - 0.5 * A * x**2 + c
 
     def expected(self, mean, var):
-        """max_ξ ⟨a x − ½ A x² + c⟩ = a μ − ½ A (μ² + v) + c at ξ = `update` (μ, v): a lower bound on
-        ⟨log φ(x)⟩ for x ~ N(``mean``, ``var``) (elementwise), differentiable in both through ξ.
-        E.g. `Jaakkola`: log σ(ξ) + (μ − ξ)/2 with ξ = √(μ² + v); `Bohning`: log σ(μ) − v/8."""
+        """max_ξ ⟨a x − ½ A x² + c⟩ = a μ − ½ A (μ² + v) + c at ξ = `update` (μ, v), elementwise.
+        A lower bound on ⟨log φ(x)⟩, x ~ N(``mean``, ``var``), differentiable in both; e.g. `Jaakkola`:
+        log σ(ξ) + (μ − ξ)/2, ξ = √(μ² + v); `Bohning`: log σ(μ) − v/8."""
         a, A, c = self.quadratic(self.update(mean, var))
         return a * mean - 0.5 * A * (mean**2 + var) + c
 
@@ -133,11 +120,8 @@ class Bohning(AbstractLocalBound):
 
 class ScaleMixture(AbstractLocalBound):
     """Tangent in y = (x − loc)² of the convex g(y) = log φ(loc + √y): tight at x = loc ± ξ.
-
-    For symmetric super-Gaussian potentials with a ``loc`` (`Laplace`, `StudentT`, `Cauchy`):
-    log φ(x) ≥ log φ(loc + ξ) − ½ A(ξ)((x − loc)² − ξ²), A(ξ) = −(log φ)'(loc + ξ)/ξ (by autodiff
-    of the potential centred at 0, so no cancellation when |loc| ≫ ξ).
-    """
+    For `Laplace`, `StudentT`, `Cauchy`: log φ(x) ≥ log φ(loc + ξ) − ½ A(ξ)((x − loc)² − ξ²) with
+    A(ξ) = −(log φ)'(loc + ξ)/ξ, by autodiff of the potential centred at 0 (no cancellation at |loc| ≫ ξ)."""
 
     potential: pot.AbstractPotential
 
@@ -177,9 +161,7 @@ class Exact(AbstractLocalBound):
 @functools.singledispatch
 def local_bound(potential, bound: str = "jaakkola") -> AbstractLocalBound:
     """The local bound LVB uses for ``potential`` (``bound`` chooses among those for `Logistic`).
-
-    Register one for a new potential type with ``vj.lvb.local_bound.register(MyPotential)``.
-    """
+    Register one for a new type with ``vj.lvb.local_bound.register(MyPotential)``."""
     raise ValueError(
         f"LVB: no local variational bound for the potential {type(potential).__name__}. LVB needs an "
         "exponentiated-quadratic lower bound on every site (super-Gaussian sites); supported: Logistic "
@@ -205,9 +187,8 @@ def _(potential: pot.Gaussian, bound: str = "jaakkola"):
 
 
 class MaskedBound(AbstractLocalBound):
-    """The bound of a `Masked` potential: ``bound`` where the mask is on, the zero quadratic
-    (log φ̃ = 0 ≥ 0) elsewhere, with ξ held at 1 there (the update never moves it, so masked-out
-    sites add nothing to the fixed-point distance either)."""
+    """The bound of a `Masked` potential: ``bound`` where the mask is on, the zero quadratic (log φ̃ = 0)
+    elsewhere, ξ held at 1 there (so masked-out sites add nothing to the fixed-point distance)."""
 
     bound: AbstractLocalBound
     mask: jax.Array
@@ -255,11 +236,8 @@ def _evaluate(xi, model: LatentLinearModel, bound: str):
 
 def bound(xi, model: LatentLinearModel, bound: str = "jaakkola"):
     """B_LVB(ξ), the local variational lower bound on log Z (a pure, differentiable scalar function).
-
-    ``xi`` has one entry per site group: an array of shape ``(N_g,)``, or None for a `Gaussian`
-    group; ``bound`` ("jaakkola" or "bohning") chooses the bound for `Logistic` sites. NaN where
-    P = Λ + Σ A_n h_n h_nᵀ is not positive definite (e.g. no Gaussian factor and too few sites).
-    """
+    ``xi`` as in the module docstring; ``bound``: the `Logistic` bound. NaN where P = Λ + Σ A_n h_n h_nᵀ
+    is not positive definite (e.g. no Gaussian factor and too few sites)."""
     return _evaluate(xi, model, bound)[0]
 
 
@@ -291,17 +269,13 @@ def update(xi, model: LatentLinearModel, bound: str = "jaakkola"):
 
 
 class LVBState(eqx.Module):
-    """What an LVB fit leaves behind (``post.state``), and what ``init`` may be to start from it.
+    """What an LVB fit leaves behind (``post.state``), and an ``init`` to start from.
 
-    - `xi`: the site parameters, one entry per site group (an array ``(N_g,)``, or None for a `Gaussian`
-      group): they define q_ξ = N(P⁻¹r, P⁻¹) exactly, whatever its `factor` approximates;
-    - `mean`: q's mean ``(D,)`` (with ``variances="lanczos"``, the start of the first CG solve; zeros for a
-      cold start);
+    - `xi`: the site parameters (as `bound`'s ``xi``): they define q_ξ = N(P⁻¹r, P⁻¹) exactly;
+    - `mean`: q's mean ``(D,)`` (the first CG solve's start with ``variances="lanczos"``; zeros cold);
     - `bound`: the `Logistic` bound ξ parametrises (``"jaakkola"`` or ``"bohning"``).
 
-    A cold start (``LVB().start(model)``) and a fit's state have one form, so a loop of warm-started
-    fits (`vj.design.sequential`) compiles one program.
-    """
+    Cold and fitted states have one form, so warm-started loops (`vj.design.sequential`) compile once."""
 
     xi: tuple
     mean: jax.Array
@@ -313,57 +287,31 @@ class LVB(AbstractMethod):
 
     **Arguments:**
 
-    - `bound`: the bound for `Logistic` sites, ``"jaakkola"`` (variable curvature, tighter) or
-      ``"bohning"`` (fixed curvature ¼, so P is the same at every step). `Laplace`, `StudentT` and
-      `Cauchy` sites always use the scale-mixture bound; `Gaussian` sites enter exactly. Other
-      potentials raise a `ValueError` (use `vj.GKL`).
-    - `max_iter`: the most points evaluated (each one O(N D² + D³)).
-    - `tol`: stop when ξ is within ``tol`` of the fixed point, in units of q's marginal standard
-      deviations (max_n |ξ_n − ξ*_n|/√V_n). EM converges linearly, so the distance is extrapolated
-      from two plain steps, Δ_k·r/(1 − r) with r = Δ_k/Δ_{k−1}: a slowly contracting run is not
-      stopped early, however small its steps. The steps are accelerated by SQUAREM
-      (`vj.solvers.fixed_point`), which keeps the bound non-decreasing. Steps below the rounding of the linear algebra
-      (10³ ε, which an ill-conditioned GP prior can reach) also end the run. The bound is stationary
-      in ξ, so the envelope gradient of ``log_z`` is accurate to about ``tol`` and the bound to ``tol²``.
-      With ``variances="lanczos"`` the run is glm-ie's outer loop instead (`_outer_loops`): plain steps,
-      at most ``max_iter``, ended once the relative change ‖Δξ‖₂/‖ξ‖₂ is at most ``tol``. The Lanczos
-      estimates understate every V_n (by about k/D), so units of the estimated standard deviations would
-      overstate each step √(D/k)-fold, and the map they define is neither monotone nor a contraction:
-      ``tol=1e-2`` with ``max_iter`` of 10–30 suits image-size design loops (the thesis ran glm-ie's
-      few outer loops).
-    - `variances`: how q_ξ's marginal variances are found at each step. ``"exact"`` (default) forms and
-      factorises P (O(N D² + D³)). ``"lanczos"`` never forms P (for image-size D, thesis §5.4 after
-      glm-ie): the mean by CG (preconditioned by P's diagonal, started from the last mean: a warm
-      start's posterior mean at first), the variances from ``num_lanczos`` Lanczos vectors of P (`vj.design.
-      lanczos_variances`), each step costing O(k) products with the projections. Those estimates are
-      lower bounds on the variances, exact at k = D; they hold a share of the total variance that
-      ``diagnostics.info`` (`vj.posterior.LVBInfo`) reports as ``variance_fraction`` — about k/D
-      where P's spectrum is flat. The fixed point found is then that of the estimated variances (a
-      smaller ξ, so stronger shrinkage), ``log_z`` an estimate of B_LVB (log det P by stochastic
-      Lanczos quadrature; ``is_lower_bound=False``, no gradient), and q's covariance a rank-k
-      `SubspaceFactor`: the Lanczos estimate V Θ⁻¹ Vᵀ plus 1/θ_max outside the Krylov space. Models
-      with a dense Gaussian factor (GP priors) need ``"exact"``. With ``"lanczos"`` the mean is about as good as
-      exact LVB's, but the rank-k S is a poor basis for `vj.design`'s free design at small k/D: its leading
-      eigenvectors are the Ritz vectors of P's smallest Ritz values, which k products with P resolve
-      badly. So the fit keeps ξ (``post.state``, an `LVBState`) and `vj.design` multiplies by q's exact
-      S = P⁻¹ through CG solves with P (`covariance_solve`). On 16 × 16 images (k = 20, D = 256) the block
-      designed from the rank-k S had an information gain, under exact LVB's posterior, of 2.3; designed
-      through solves, 4.96, against 5.47 for exact LVB's own block and 1.6 for random rows
-      (``benchmarks/design_lvb_lanczos.py``).
-    - `num_lanczos`: k, the Lanczos vectors for ``variances="lanczos"`` (default 80, as the thesis).
-    - `num_probes`: Rademacher probes of the stochastic Lanczos quadrature behind ``log_z`` and
-      ``variance_fraction`` with ``variances="lanczos"`` (default 8). The first is the fit's own last
-      Lanczos run, so 1 costs nothing extra and each further probe k more products: at 64 × 64 the 8
-      probes cost about a third of a warm design step, whose loop never reads ``log_z``.
+    - `bound`: the `Logistic` bound, ``"jaakkola"`` (default; tighter) or ``"bohning"`` (curvature ¼:
+      P fixed); other sites use `local_bound` (a `ValueError` where there is none: use `vj.GKL`).
+    - `max_iter`: the most points evaluated (default 500; each O(N D² + D³)).
+    - `tol`: stop once ξ is within ``tol`` (default 1e-9) of the fixed point, max_n |ξ_n − ξ*_n|/√V_n,
+      extrapolated from two plain steps as Δ_k r/(1 − r), r = Δ_k/Δ_{k−1} (EM is linear: slow runs are
+      not stopped early), or at steps below rounding (10³ ε). SQUAREM (`vj.solvers.fixed_point`)
+      accelerates, keeping B non-decreasing; as B is stationary in ξ, ``log_z``'s gradient is good to
+      about ``tol``, the bound to ``tol²``.
+    - `variances`: ``"exact"`` (default) forms and factorises P. ``"lanczos"`` never forms P (image-size
+      D, no dense Gaussian factor; thesis §5.4 after glm-ie): warm-started Jacobi-preconditioned CG for
+      the mean, ``num_lanczos`` Lanczos vectors for the variances (`vj.design.lanczos_variances`), which
+      understate each (holding a share ``diagnostics.info.variance_fraction``, `vj.posterior.LVBInfo`, of
+      the total, about k/D for a flat spectrum), so ξ is smaller. ``log_z`` is then an estimate
+      (stochastic Lanczos quadrature; ``is_lower_bound=False``, no gradient), q's covariance a rank-k
+      `SubspaceFactor` (V Θ⁻¹ Vᵀ plus 1/θ_max off the Krylov space; free design solves with P:
+      `covariance_solve`), the run glm-ie's outer loop: plain steps until ‖Δξ‖₂/‖ξ‖₂ ≤ ``tol``
+      (``tol=1e-2``, ``max_iter`` 10–30 for design loops).
+    - `num_lanczos`: k (default 80, as the thesis); `num_probes`: probes of the quadrature behind
+      ``log_z`` and ``variance_fraction`` (default 8; the first is free, each further k products).
 
     ``vj.infer(model, vj.LVB())`` returns a `Posterior` with q = q_ξ* (a full `CholeskyFactor`,
-    S = P⁻¹) and ``log_z`` = B_LVB(ξ*), a lower bound on log Z (``is_lower_bound=True``), never
-    above the G-KL bound (thesis §4.4.1). Each step costs O(N D² + D³). ``jax.grad`` of ``log_z``
-    in the model's hyperparameters is the derivative of the optimised bound (envelope theorem:
-    B_LVB is evaluated at the frozen ξ* with the live model). The State is an `LVBState`
-    (``post.state``); another method's posterior starts from the ξ of its marginals. ``diagnostics.objective_trace`` holds B_LVB after each
-    step (non-decreasing) and ``grad_norm`` is max |∂B/∂ξ| at the end.
-    """
+    S = P⁻¹) and ``log_z`` = B_LVB(ξ*) ≤ log Z (``is_lower_bound=True``), never above G-KL's; its
+    ``jax.grad`` is the optimised bound's (envelope theorem). The State is an `LVBState`; another
+    method's posterior starts from the ξ of its marginals. ``diagnostics.objective_trace`` holds
+    B_LVB after each step, ``grad_norm`` max |∂B/∂ξ| at the end."""
 
     bound: str = eqx.field(static=True, default="jaakkola")
     max_iter: int = eqx.field(static=True, default=500)
@@ -403,17 +351,11 @@ class LVB(AbstractMethod):
                            floor=1e3 * float(jnp.finfo(dtype).eps))
 
     def _outer_loops(self, xi, model, v0, mean0=None):
-        """glm-ie's outer loop with Lanczos variances: plain steps ξ ← F̂(ξ), at most ``max_iter``, until the
-        relative change ‖F̂(ξ) − ξ‖₂/‖ξ‖₂ is at most ``tol``.
-
-        F̂ (the update from Lanczos variances, which understate every V_n) is neither monotone in the
-        bound nor a contraction: with k < D its iterates can settle into a small oscillation instead of a
-        fixed point (a period-2 cycle of about 1% in ξ on a 24-pixel image with k = 8). So neither SQUAREM
-        (which compares values) nor an extrapolated distance (which needs a contraction) applies; the run
-        is glm-ie's fixed budget of outer loops, ended early once ξ moves by less than ``tol``
-        relatively (``converged``). Each CG for the mean starts from the last one's (``mean0`` at first) and
-        stops at the relative residual `_inner_rtol` (ξ is wanted to ``tol`` only; the fit's final mean is
-        solved to 10⁻² √ε); returns the run and that last mean."""
+        """glm-ie's outer loop with Lanczos variances; returns the run and the last mean.
+        Plain steps ξ ← F̂(ξ), at most ``max_iter``, until ‖F̂(ξ) − ξ‖₂/‖ξ‖₂ ≤ ``tol`` (``converged``): F̂'s
+        variances are understated by about k/D (units of their sd would overstate steps √(D/k)-fold) and
+        F̂ is neither monotone nor a contraction (it can oscillate), so no SQUAREM, no extrapolated
+        distance. CG starts from the last mean (``mean0`` first), to `_inner_rtol` (the final one 10⁻² √ε)."""
         def step(k, state):
             xi, _, _, trace, mean = state
             value, means, variances, extras = _lanczos_marginals(model, _quadratics(xi, model, self.bound),
@@ -443,9 +385,9 @@ class LVB(AbstractMethod):
         return LVBState(_update(frozen, self.bound, mean, DiagonalFactor(scale)), jnp.zeros_like(mean), self.bound)
 
     def from_expansion(self, model, expansion) -> LVBState:
-        """ξ from the marginals of the Gaussian f ∏ exp(ν_n x_n − ½ τ_n x_n²) (the Laplace approximation at
-        the mode); where that q is improper (sites with no curvature there and no Gaussian factor to hold
-        them), or with ``variances="lanczos"`` (which never forms P), from the Gaussian factor's moments."""
+        """ξ from the marginals of f ∏ exp(ν_n x_n − ½ τ_n x_n²), the Laplace approximation at the mode.
+        From the Gaussian factor's moments where that q is improper (flat sites, no Gaussian factor), or
+        with ``variances="lanczos"`` (which never forms P)."""
         frozen = jax.lax.stop_gradient(model)
         mean, scale = frozen.initial_moments()
         fallback = _update(frozen, self.bound, mean, DiagonalFactor(scale))
@@ -565,15 +507,10 @@ def _jacobi(model, quadratics, dtype):
 
 
 def covariance_solve(post: Posterior, rtol: float = 1e-6):
-    """The map V ↦ S V (V of shape ``(D,)`` or ``(D, K)``) of an LVB posterior's exact covariance S = P⁻¹,
-    by Jacobi-preconditioned CG with P = Λ + Σ_n A_n(ξ) h_n h_nᵀ (from ``post.state``, never formed), each
-    solve stopped at ‖v − P x‖ ≤ ``rtol`` ‖v‖.
-
-    With ``variances="lanczos"`` ``post.factor`` is a rank-k estimate of S built from P's Lanczos vectors,
-    which holds S's leading eigenvectors poorly (they are P's smallest, which k products with P resolve
-    badly); products through solves hold them exactly, at the cost of one CG run per product
-    (`vj.design.free_design` uses them for such posteriors).
-    """
+    """V ↦ S V (V ``(D,)`` or ``(D, K)``) for an LVB posterior's exact covariance S = P⁻¹.
+    By Jacobi-preconditioned CG with P = Λ + Σ_n A_n(ξ) h_n h_nᵀ (``post.state``; never formed), to
+    ‖v − P x‖ ≤ ``rtol`` ‖v‖. With ``variances="lanczos"`` ``post.factor`` holds S's leading eigenvectors
+    (P's smallest) poorly; solves hold them exactly, one CG run a product (`vj.design.free_design`)."""
     state = post.state
     if not isinstance(state, LVBState):
         raise ValueError("lvb.covariance_solve: `post` must be a vj.LVB fit (its `state` an LVBState), got a "
@@ -604,19 +541,11 @@ def _quadrature_sums(theta, weights, v):
 
 def _lanczos_marginals(model, quadratics, num_lanczos, v0, mean0=None, rtol=None):
     """``(value, means, variances, extras)`` of the integral with P never formed (variances="lanczos").
-
-    - mean m = P⁻¹ r by CG (products v ↦ P v, `precision_operator`), preconditioned by P's diagonal
-      (Jacobi: Σ_n A_n h_n² from the projections' ``squared_rmv``; the site weights A_n of a sparse
-      model spread over orders of magnitude, which the diagonal absorbs) and started at ``mean0`` (the
-      last outer loop's mean, or the last fit's), to the residual ‖r − P m‖ ≤ rtol ‖r‖ (default 10⁻² √ε)
-      either way;
-    - variances of x_n = h_nᵀw + b_n from k Lanczos vectors of P started at ``v0`` (`lanczos_variances`):
-      V̂_n = Σ_k (h_nᵀ u_k)² / θ_k ≤ h_nᵀ P⁻¹ h_n, a lower bound on each variance (Seeger & Nickisch use it
-      knowingly: smaller variances give smaller ξ, so the outer loop is conservative, not divergent);
-    - value = B with log det P ≈ ‖v0‖² Σ_k ω_k log θ_k (stochastic Lanczos quadrature, `ritz_pairs`);
-    - extras = (m, θ (k,) ascending, Ritz vectors (D, k), captured share of tr P⁻¹, CG steps, v0's quadrature
-      estimates (log det P, tr P⁻¹) as `_quadrature` gives them).
-    """
+    The mean m = P⁻¹ r by CG (`precision_operator`, `_jacobi`) from ``mean0`` (the last outer loop's or
+    fit's) to ‖r − P m‖ ≤ rtol ‖r‖ (default 10⁻² √ε); V̂_n = Σ_k (h_nᵀ u_k)² / θ_k ≤ h_nᵀ P⁻¹ h_n from k
+    Lanczos vectors started at ``v0`` (`lanczos_variances`; as Seeger & Nickisch: smaller variances,
+    smaller ξ, a conservative outer loop); log det P ≈ ‖v0‖² Σ_k ω_k log θ_k (`ritz_pairs`); extras =
+    (m, θ (k,) ascending, Ritz vectors (D, k), share of tr P⁻¹ captured, CG steps, v0's `_quadrature`)."""
     product, r, const = precision_operator(model, quadratics)
     dtype, d = model.dtype, model.dim
     rtol = 1e-2 * float(jnp.finfo(dtype).eps) ** 0.5 if rtol is None else rtol
