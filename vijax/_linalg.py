@@ -1,21 +1,6 @@
-"""Shared numerical helpers: the one place for maths that several layers use.
-
-This module sits at the bottom of vijax's layers (it imports nothing from vijax), so potentials,
-Gaussian factors, covariance families, solvers, methods and models may all use it.
-
-- `LOG_2PI`: log 2π.
-- `reversed_cholesky(P)`: the upper-triangular R with P = R Rᵀ.
-- `inverse_factor(R, basis)`: C = R⁻¹ Bᵀ, the upper-triangular factor of S = B P⁻¹ Bᵀ = CᵀC.
-- `select(cond, new, old)`: a tree-wide ``jnp.where``.
-- `nan_trace(max_iter, dtype, first)`: an objective trace of ``max_iter + 1`` entries, NaN where unused.
-- `backtrack(evaluate, acceptable, step, max_halvings)`: halve a step until a trial is acceptable (the trial lowered once).
-- `neg_kl(trace, mahalanobis, logdet_q, logdet_p, dim)`: −KL between two Gaussians, from its terms.
-- `lanczos(product, v0, num_iter)`: the Lanczos basis and tridiagonal of a symmetric map (products only).
-- `pcg(A, b, M, max_iter, rtol)`: (truncated) preconditioned conjugate gradients.
-- `ritz_pairs`, `leading_eigenvectors`, `lanczos_variances`: eigenpairs and inverse diagonals built on it
-  (the free design of `vijax.design`, the Subspace family's basis, LVB's variance estimates).
-- `block_ritz_pairs`: the same from products with whole blocks (D, b), for maps whose products are solves.
-"""
+"""Shared numerical helpers, at the bottom of vijax's layers (imports nothing from vijax): Cholesky-type factors,
+tree-wide selection, objective traces, backtracking, Gaussian KL, truncated CG, and Lanczos with what is built on it
+(`vijax.design`'s free design, the Subspace family's basis, LVB's variances)."""
 
 from __future__ import annotations
 
@@ -36,39 +21,32 @@ LOG_2PI = math.log(2 * math.pi)
 def reversed_cholesky(P):
     """Upper-triangular R with P = R Rᵀ: the Cholesky factor of P with rows and columns reversed.
 
-    ``P``: a symmetric positive-definite ``(D, D)`` matrix. Then P⁻¹ = R⁻ᵀR⁻¹, so C = R⁻¹ is an
-    upper-triangular factor of the covariance P⁻¹ = CᵀC (vijax's convention, S = CᵀC). NaN where P
-    is not positive definite, like `jnp.linalg.cholesky`.
-    """
+    ``P``: symmetric positive-definite ``(D, D)``. P⁻¹ = R⁻ᵀR⁻¹, so C = R⁻¹ is an upper-triangular factor of
+    P⁻¹ = CᵀC (vijax's S = CᵀC). NaN where P is not positive definite, like `jnp.linalg.cholesky`."""
     return jnp.linalg.cholesky(P[::-1, ::-1])[::-1, ::-1]
 
 
 def inverse_factor(R, basis=None):
     """C = R⁻¹ Bᵀ, the upper-triangular factor of S = B P⁻¹ Bᵀ = CᵀC, from P = R Rᵀ (`reversed_cholesky`).
 
-    ``R``: ``(D, D)`` upper-triangular. ``basis``: B, a lower-triangular ``(D, D)`` matrix (e.g. the
-    Cholesky factor L of a prior covariance LLᵀ, for a precision P computed in whitened coordinates),
-    or None for B = I. With B lower-triangular, R⁻¹Bᵀ is a product of upper-triangular matrices and so
-    upper-triangular itself. One triangular solve (O(D³)); P⁻¹ is never formed.
-    """
+    ``R``: ``(D, D)`` upper-triangular; ``basis``: B, lower-triangular ``(D, D)`` (e.g. the Cholesky factor of a
+    prior covariance, for P in whitened coordinates; C is then a product of upper-triangular matrices) or None
+    (B = I). One O(D³) triangular solve; P⁻¹ is never formed."""
     rhs = jnp.eye(R.shape[0], dtype=R.dtype) if basis is None else basis.T
     return solve_triangular(R, rhs, lower=False)
 
 
 def select(cond, new, old):
-    """``jnp.where(cond, new, old)`` on every leaf of two pytrees of the same structure.
+    """``jnp.where(cond, new, old)`` on every leaf of two like pytrees; ``cond`` broadcasts against each leaf.
 
-    ``cond`` is a boolean scalar (or an array that broadcasts against every leaf). The usual way to
-    accept or reject a trial point inside a `jax.lax.while_loop`.
-    """
+    The usual way to accept or reject a trial point inside a `jax.lax.while_loop`."""
     return jax.tree_util.tree_map(lambda a, b: jnp.where(cond, a, b), new, old)
 
 
 def nan_trace(max_iter: int, dtype, first=None):
-    """An objective trace: shape ``(max_iter + 1,)``, NaN except entry 0, which is ``first`` if given.
+    """An objective trace, shape ``(max_iter + 1,)``: NaN except entry 0 (``first``, if given).
 
-    Loops write the objective of iterate k at index k, so the NaNs mark the iterations not run.
-    """
+    Loops write iterate k's objective at index k, so NaNs mark the iterations not run."""
     trace = jnp.full((max_iter + 1,), jnp.nan, dtype)
     return trace if first is None else trace.at[0].set(first)
 
@@ -76,16 +54,11 @@ def nan_trace(max_iter: int, dtype, first=None):
 def backtrack(evaluate, acceptable, step, max_halvings: int, placeholder=None):
     """Halve ``step`` until ``acceptable(step, evaluate(step))``, at most ``max_halvings`` times.
 
-    ``step``: a scalar, or an array of independent steps (one per column, per coordinate …), each
-    halved only while its own trial is unacceptable. ``evaluate(step)`` returns the trial's value (any
-    pytree); ``acceptable(step, value)`` a boolean of ``step``'s shape. One `jax.lax.while_loop` whose
-    first iteration is the first trial, so ``evaluate`` and ``acceptable`` are lowered once each (the
-    loop state starts from ``placeholder``, a value of ``evaluate``'s structure returned for nothing:
-    zeros of `jax.eval_shape`'s answer unless given).
-
-    Returns ``(step, value, ok, halvings)``: the last steps tried, their value, whether each is
-    acceptable (callers keep the old point where it is not) and the number of halvings.
-    """
+    ``step``: a scalar or an array of independent steps, each halved while its own trial fails. ``evaluate(step)``
+    returns any pytree; ``acceptable(step, value)`` a boolean of ``step``'s shape. One `jax.lax.while_loop` whose
+    first iteration is the first trial, so both are lowered once (the state starts from ``placeholder``, default
+    zeros of `jax.eval_shape`'s answer). Returns ``(step, value, ok, halvings)``: the last steps, their value,
+    whether each is acceptable (callers keep the old point where not) and the halvings done."""
     def unfinished(state):
         *_, ok, k = state
         return jnp.any(~ok) & (k < max_halvings)
@@ -106,20 +79,16 @@ def backtrack(evaluate, acceptable, step, max_halvings: int, placeholder=None):
 def neg_kl(trace, mahalanobis, logdet_q, logdet_p, dim):
     """−KL(N(m, V) ‖ N(μ, Σ)) = ½[log|V| − log|Σ| − tr(Σ⁻¹V) − (m − μ)ᵀΣ⁻¹(m − μ) + dim].
 
-    Each caller computes the terms in its own parametrisation (precisions, Cholesky factors,
-    whitened coordinates): ``trace`` = tr(Σ⁻¹V), ``mahalanobis`` = (m − μ)ᵀΣ⁻¹(m − μ), the log
-    determinants, and the dimension.
-    """
+    From terms each caller computes in its own parametrisation: ``trace`` = tr(Σ⁻¹V), ``mahalanobis``, the log
+    determinants and the dimension."""
     return 0.5 * (logdet_q - logdet_p - trace - mahalanobis + dim)
 
 
 def pcg(A, b, M, max_iter, rtol=None):
-    """Truncated preconditioned CG for A d = b (A a map, M the preconditioner's map); returns (d, products with A).
+    """Truncated preconditioned CG for A d = b (A, M maps); returns (d, products with A). Newton-CG's and LVB's CG.
 
-    The one CG: Newton-CG's inner solve (`solvers.NewtonCG`) and LVB's mean with Lanczos variances.
-
-    Stops at ‖b − A d‖ ≤ rtol ‖b‖ when ``rtol`` is given (a linear solve), else at the forcing
-    term of truncated Newton, min(½, (bᵀMb)^¼) ‖b‖."""
+    Stops at ‖b − A d‖ ≤ rtol ‖b‖ if ``rtol`` is given (a linear solve), else at the truncated-Newton forcing
+    term min(½, (bᵀMb)^¼) ‖b‖."""
     z = M(b)
     rz0 = jnp.vdot(b, z)
     # bᵀMb estimates the squared Newton decrement whatever the scale of the parameters.
@@ -161,17 +130,13 @@ def pcg(A, b, M, max_iter, rtol=None):
 
 
 def lanczos(product, v0, num_iter: int):
-    """``num_iter`` steps of Lanczos with full reorthogonalisation on the symmetric map ``product``.
+    """``num_iter`` = k steps of Lanczos with full reorthogonalisation on the symmetric map ``product``.
 
-    ``product`` maps ``(D,)`` to ``(D,)``; ``v0`` ``(D,)`` is the start (any scale). Returns
-    ``(Q, alpha, beta)``: the orthonormal basis Q of the Krylov space K_k(A, v0), shape ``(D, k)``, and
-    the tridiagonal T = QᵀAQ (diagonal ``alpha`` (k,), off-diagonal ``beta`` (k − 1,)), k = ``num_iter``.
-    Each step costs one product and O(D k) for the reorthogonalisation (classical Gram–Schmidt, twice:
-    without it the basis loses orthogonality as Ritz values converge and ghost copies appear). A
-    breakdown (an invariant subspace found: the residual below √ε/100 of ‖A q‖) continues with a random
-    direction orthogonal to Q and a zero coupling, so T stays exact for the subspace found. One
-    `fori_loop`: ``product`` is traced once.
-    """
+    ``product``: ``(D,)`` → ``(D,)``; ``v0``: ``(D,)`` start (any scale). Returns ``(Q, alpha, beta)``: the orthonormal
+    basis Q ``(D, k)`` of K_k(A, v0) and T = QᵀAQ (diagonal ``alpha`` (k,), off-diagonal ``beta`` (k − 1,)). Each
+    step: one product and O(D k) for classical Gram–Schmidt twice (else ghost Ritz values appear). A breakdown
+    (residual below √ε/100 of ‖A q‖) continues with a random orthogonal direction and zero coupling, so T stays
+    exact. One `fori_loop`: ``product`` is traced once."""
     D = v0.shape[0]
     dtype = v0.dtype
     rtol = 1e-2 * float(jnp.finfo(dtype).eps) ** 0.5
@@ -204,14 +169,12 @@ def lanczos(product, v0, num_iter: int):
 
 
 def ritz_pairs(product, v0, num_iter: int):
-    """The Ritz pairs of ``num_iter`` Lanczos steps from ``v0``: ``(values (k,) ascending, vectors (D, k), weights (k,))``.
+    """Ritz pairs of ``num_iter`` Lanczos steps from ``v0``: ``(values (k,) ascending, vectors (D, k), weights (k,))``.
 
-    With T = QᵀAQ = UΘUᵀ (`lanczos`), the Ritz vectors QU are orthonormal and A QU = QU Θ + (residual along
-    the next Lanczos vector); the extreme Ritz values converge first, to A's extreme eigenvalues. The
-    ``weights`` U₁ₖ² are those of the Gauss quadrature of v0's spectral measure:
-    v0ᵀ f(A) v0 ≈ ‖v0‖² Σ_k U₁ₖ² f(θ_k), exact for polynomials of degree < 2k (stochastic Lanczos
-    quadrature: with v0 ~ N(0, I) it estimates tr f(A), e.g. log det A or tr A⁻¹, unbiasedly as k grows).
-    """
+    With T = UΘUᵀ (`lanczos`), the Ritz vectors QU are orthonormal, A QU = QU Θ + (residual along the next Lanczos
+    vector), and the extreme θ converge first. ``weights`` U₁ₖ² are Gauss quadrature's: v0ᵀ f(A) v0 ≈ ‖v0‖² Σ_k U₁ₖ²
+    f(θ_k), exact for degree < 2k (stochastic Lanczos quadrature: v0 ~ N(0, I) estimates tr f(A), e.g. log det A or
+    tr A⁻¹)."""
     Q, alpha, beta = lanczos(product, v0, num_iter)
     T = jnp.diag(alpha) + jnp.diag(beta, 1) + jnp.diag(beta, -1)
     values, U = jnp.linalg.eigh(T)
@@ -219,15 +182,11 @@ def ritz_pairs(product, v0, num_iter: int):
 
 
 def block_ritz_pairs(product, V0, num_blocks: int):
-    """The Ritz pairs of the block Krylov space K_q(A, V0) = span[V0, A V0, …, A^{q−1} V0]: ``(values (m,)
-    ascending, vectors (D, m))``, m = q·b for ``V0`` of shape ``(D, b)``.
+    """Ritz pairs of K_q(A, V0) = span[V0, …, A^{q−1} V0]: ``(values (m,) ascending, vectors (D, m))``, m = q·b ≤ D.
 
-    ``product`` maps a block ``(D, b)`` to ``(D, b)``. Each step stores an orthonormal block X and its product
-    A X, and orthonormalises A X against every block so far (projection and QR, twice) for the next, so
-    T = Qᵀ(AQ) is formed from the stored products (no further product). Worth it over `ritz_pairs` where a
-    product of b vectors costs about as much as one (CG solves whose matrix is read once for the whole
-    block); one `fori_loop`, so ``product`` is traced once. Requires m ≤ D.
-    """
+    ``product`` maps ``(D, b)`` blocks (``V0``'s shape). Each step stores a block X and A X and orthonormalises A X
+    against all blocks (projection and QR, twice), so T = Qᵀ(AQ) needs no further product. Worth it over
+    `ritz_pairs` where b products cost about one (CG solves reading their matrix once per block). One `fori_loop`."""
     D, b = V0.shape
     m = num_blocks * b
     if m > D:
@@ -262,12 +221,10 @@ def leading_eigenvectors(product, dim: int, num: int, num_iter: int | None = Non
                          block: int | None = None):
     """The ``num`` largest eigenvalues and unit eigenvectors of a symmetric map, by Lanczos.
 
-    ``product`` maps ``(D,)`` to ``(D,)``; ``num_iter`` Lanczos steps (default min(D, max(2·num + 20, 40)))
-    from a random start (``key``; default PRNGKey(0)). With ``block`` = b, ``product`` maps blocks ``(D, b)``
-    and ``num_iter`` counts block steps (`block_ritz_pairs`; default 5, at most D/b). Returns
-    ``(values (num,), vectors (D, num))``, values in decreasing order. Exact (to rounding) once the Krylov
-    space is all of R^D (``num_iter`` = D, or ``num_iter``·b = D).
-    """
+    ``num_iter`` steps (default min(D, max(2·num + 20, 40))) from a random start (``key``, default PRNGKey(0)). With
+    ``block`` = b, ``product`` maps ``(D, b)`` blocks and ``num_iter`` counts block steps (`block_ritz_pairs`;
+    default 5, at most D/b). Returns ``(values (num,), vectors (D, num))``, decreasing; exact once the Krylov space
+    is R^D."""
     if block is None:
         num_iter = min(dim, max(2 * num + 20, 40)) if num_iter is None else min(int(num_iter), dim)
         size = num_iter
@@ -286,22 +243,15 @@ def leading_eigenvectors(product, dim: int, num: int, num_iter: int | None = Non
 
 
 def lanczos_variances(precision_product, dim: int, num_iter: int, key=None, dtype=None, v0=None):
-    """Marginal variances diag(P⁻¹) of a Gaussian with precision P, estimated from ``num_iter`` Lanczos vectors.
+    """Marginal variances diag(P⁻¹) of a Gaussian with precision P, from ``num_iter`` Lanczos vectors.
 
-    With Q the Lanczos basis of P (products v ↦ P v only) and T = QᵀPQ = UΘUᵀ, the estimate is
-    diag(Q T⁻¹ Qᵀ) = Σ_k (QU)²_{:k} / θ_k (Schneider & Willsky 2001; the glm-ie estimate of Seeger & Nickisch
-    2011, which the thesis's image experiments use inside LVB). Q T⁻¹ Qᵀ ≼ P⁻¹, so every estimate is a lower
-    bound on its variance, the estimates grow with num_iter (nested Krylov spaces) and are exact at
-    num_iter = D. The estimate keeps the part of P⁻¹ in the Krylov space: from a random start Lanczos spends
-    its vectors on both ends of P's spectrum, and on a compact spectrum (the image posteriors of
-    `vijax.design`: cond P ≈ 80 at D = 1024) its Ritz vectors are not yet eigenvectors, so it holds far less
-    than S's top-k eigenvalues would (there: 4% of tr P⁻¹ at k = 20 against 21% for the best rank 20; 17%
-    against 41% at k = 80; ``benchmarks/design_lanczos_share.py``); check the error at the size at hand
-    (``benchmarks/design_images.py`` reports it). Start ``v0`` (default: normal from ``key``, PRNGKey(0)).
-    Returns ``(variances (D,), ritz_values (k,), ritz_vectors (D, k))``: the Ritz values θ (ascending)
-    approximate P's eigenvalues, the smallest first, so the last columns' reverse are S = P⁻¹'s leading
-    eigenvectors.
-    """
+    With T = QᵀPQ = UΘUᵀ (products v ↦ P v only), the estimate is diag(Q T⁻¹ Qᵀ) = Σ_k (QU)²_{:k} / θ_k (Schneider
+    & Willsky 2001; glm-ie, Seeger & Nickisch 2011, used inside LVB). Q T⁻¹ Qᵀ ≼ P⁻¹: lower bounds, growing with
+    ``num_iter``, exact at D. From a random start Lanczos spends vectors on both ends of P's spectrum, so on a
+    compact spectrum the estimate holds far less of tr P⁻¹ than S's top eigenvalues would: check the error at the
+    size at hand (``benchmarks/design_images.py``). Start ``v0`` (default normal from ``key``, PRNGKey(0)). Returns
+    ``(variances (D,), ritz_values (k,), ritz_vectors (D, k))``, θ ascending (the last columns, reversed, are
+    S = P⁻¹'s leading eigenvectors)."""
     num_iter = min(int(num_iter), dim)
     v0 = _start(key, dim, dtype) if v0 is None else v0
     values, vectors, _ = ritz_pairs(precision_product, v0, num_iter)

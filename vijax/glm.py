@@ -1,8 +1,7 @@
 """Bayesian generalised linear models: builders and predictive quantities.
 
-Each builder returns a `LatentLinearModel` with prior N(0, prior_variance·I) and one
-site group over the rows of X (shape ``(N, D)``; add a column of ones yourself for
-an intercept):
+Each builder returns a `LatentLinearModel` with prior N(0, prior_variance·I) and one site group over the rows
+of X, shape ``(N, D)`` (add a column of ones for an intercept):
 
 | builder | site potential | H |
 |---|---|---|
@@ -12,15 +11,11 @@ an intercept):
 | `robust_regression` | Student-t or Laplace noise around y_n | x_n |
 | `linear_regression` | N(y_n \\| x_nᵀw, noise_scale²) (conjugate) | x_n |
 
-`hierarchical_linear` builds a `vj.hierarchical.HierarchicalModel` instead: a linear model whose
-prior scales and noise variance are uncertain, fitted by `vj.methods.ep_hyper.HierarchicalEP`.
-
-Every builder stores its data and parameters (``y``, ``prior_variance``, ``scale``, ``df``, ``offset``)
-as strongly typed arrays of X's floating dtype (an integer X becomes ``jnp.result_type(float)``), so a
-float32 X gives a float32 model and a jitted loop that updates a parameter compiles once.
-
-Predictive quantities integrate the site potential over the 1-D Gaussian marginal
-of x_*ᵀw under q, by closed form or quadrature.
+`hierarchical_linear` builds a `vj.hierarchical.HierarchicalModel` (uncertain prior scales and noise variance,
+fitted by `vj.methods.ep_hyper.HierarchicalEP`). Data and parameters (``y``, ``prior_variance``, ``scale``, ``df``,
+``offset``) are strongly typed arrays of X's floating dtype (integer X: ``jnp.result_type(float)``): a float32 X
+gives a float32 model, and a jitted loop updating a parameter compiles once. Predictive quantities integrate the
+site potential over q's 1-D Gaussian marginal of x_*ᵀw, in closed form or by quadrature.
 """
 
 from __future__ import annotations
@@ -107,8 +102,8 @@ def logistic_regression(X: ArrayLike, y: ArrayLike, prior_variance: ArrayLike = 
     Args:
         X: covariates, shape ``(N, D)`` (add a column of ones for an intercept).
         y: labels, shape ``(N,)``, all in {0, 1} or all in {−1, +1}.
-        prior_variance: v, the variance of each weight under the prior (positive; may be traced,
-            e.g. for ML-II by ``jax.grad`` of ``vj.infer(...).log_z``).
+        prior_variance: v > 0, each weight's prior variance (may be traced, e.g. for ML-II by ``jax.grad`` of
+            ``vj.infer(...).log_z``).
 
     Returns:
         A ``LatentLinearModel`` with one ``Logistic`` site group on H = diag(y) X.
@@ -122,7 +117,7 @@ def probit_regression(X: ArrayLike, y: ArrayLike, prior_variance: ArrayLike = 1.
     Args:
         X: covariates, shape ``(N, D)``.
         y: labels, shape ``(N,)``, all in {0, 1} or all in {−1, +1}.
-        prior_variance: v, the prior variance of each weight (positive).
+        prior_variance: v > 0, each weight's prior variance.
 
     Returns:
         A ``LatentLinearModel`` with one ``Probit`` site group on H = diag(y) X.
@@ -137,8 +132,8 @@ def poisson_regression(X: ArrayLike, counts: ArrayLike, prior_variance: ArrayLik
     Args:
         X: covariates, shape ``(N, D)``.
         counts: non-negative counts, shape ``(N,)``.
-        prior_variance: v, the prior variance of each weight (positive).
-        offset: a scalar or ``(N,)`` offset added to the linear predictor (e.g. log exposure).
+        prior_variance: v > 0, each weight's prior variance.
+        offset: scalar or ``(N,)``, added to the linear predictor (e.g. log exposure).
 
     Returns:
         A ``LatentLinearModel`` with one ``Poisson`` site group on H = X.
@@ -154,16 +149,15 @@ def robust_regression(X: ArrayLike, y: ArrayLike, likelihood: str = "student_t",
                       df: ArrayLike = 3.0, prior_variance: ArrayLike = 1.0) -> LatentLinearModel:
     """Regression with heavy-tailed noise: y_n = x_nᵀw + ε_n, ε_n Student-t or Laplace.
 
-    The sites are not log-concave for Student-t noise: EP, Laplace and G-KL (with its default
-    solver for such sites) apply; LVB uses the scale-mixture bound.
+    Student-t sites are not log-concave: use EP, Laplace or G-KL (its default solver); LVB uses a scale-mixture bound.
 
     Args:
         X: covariates, shape ``(N, D)``.
         y: targets, shape ``(N,)``.
-        likelihood: ``"student_t"`` (with ``df``) or ``"laplace"``.
+        likelihood: ``"student_t"`` (with ``df``, default 3) or ``"laplace"``.
         scale: the noise scale (positive; scalar or ``(N,)``).
-        df: degrees of freedom of the Student-t noise (ignored for ``"laplace"``).
-        prior_variance: v, the prior variance of each weight (positive).
+        df: the Student-t degrees of freedom (ignored for ``"laplace"``).
+        prior_variance: v > 0, each weight's prior variance.
 
     Returns:
         A ``LatentLinearModel`` with one ``StudentT`` or ``Laplace`` site group on H = X.
@@ -183,18 +177,16 @@ def robust_regression(X: ArrayLike, y: ArrayLike, likelihood: str = "student_t",
 
 def linear_regression(X: ArrayLike, y: ArrayLike, noise_scale: ArrayLike = 1.0,
                       prior_variance: ArrayLike = 1.0) -> LatentLinearModel:
-    """Conjugate Bayesian linear regression: every Gaussian method is exact on it.
-
-    p(w | X, y) ∝ N(w | 0, v I) ∏_n N(y_n | x_nᵀw, noise_scale²).
+    """Conjugate Bayesian linear regression: p(w | X, y) ∝ N(w | 0, v I) ∏_n N(y_n | x_nᵀw, noise_scale²).
 
     Args:
         X: covariates, shape ``(N, D)``.
         y: targets, shape ``(N,)``.
         noise_scale: the standard deviation of the Gaussian noise (positive).
-        prior_variance: v, the prior variance of each weight (positive).
+        prior_variance: v > 0, each weight's prior variance.
 
     Returns:
-        A ``LatentLinearModel`` with one ``Gaussian`` site group on H = X.
+        A ``LatentLinearModel`` with one ``Gaussian`` site group on H = X (every Gaussian method is exact on it).
     """
     owner = "linear_regression"
     X = _design(X, owner)
@@ -214,22 +206,16 @@ def hierarchical_linear(X, y, groups="ard", scale_prior=(0.0, 4.0), noise_prior=
 
     **Arguments:**
 
-    - `X`: ``(N, D)`` inputs (add a column of ones for an intercept; standardise the columns: the
-      default hyperpriors are on the unit scale); `y`: ``(N,)`` targets.
-    - `groups`: ``"ard"`` (one scale per input: automatic relevance determination), ``"common"`` (one
-      scale shared by all inputs: the scale mixture behind Laplace-like shrinkage), or an int array
-      ``(D,)`` of group labels 0..G−1 (a common scale within each group).
-    - `scale_prior`: (mean, variance) of the Gaussian hyperprior on each log prior variance φ_l;
-      scalars or arrays of shape ``(G,)``.
-    - `noise_prior`: (mean, variance) of the Gaussian hyperprior on the log noise variance φ_0
-      (a log-normal prior on σ²).
-    - `df`: ``None`` for the Gaussian likelihood; a positive ν for a Student-t likelihood
-      St(y_n | x_nᵀw, ν, σ²) (heavy tails: robust to outliers) whose scale² σ² = e^{φ_0} is uncertain
-      in the same way. Its tilted moments need quadrature in x at each φ_0 node
-      (`vj.methods.ep_hyper.scale_tilted_moments`); ν → ∞ recovers the Gaussian likelihood.
+    - `X`: ``(N, D)`` inputs (add a column of ones for an intercept; standardise the columns, as the default
+      hyperpriors are on the unit scale); `y`: ``(N,)`` targets.
+    - `groups`: ``"ard"`` (one scale per input: automatic relevance determination), ``"common"`` (one shared scale:
+      Laplace-like shrinkage), or an int array ``(D,)`` of group labels 0..G−1 (one scale per group).
+    - `scale_prior`, `noise_prior`: (mean, variance) of the Gaussian hyperpriors on each log prior variance φ_l
+      (scalars or ``(G,)``) and on the log noise variance φ_0 (scalars; log-normal σ²); default (0, 4).
+    - `df`: ``None`` (Gaussian) or ν > 0: St(y_n | x_nᵀw, ν, σ²), σ² = e^{φ_0}, robust to outliers (ν → ∞: Gaussian);
+      tilted moments by quadrature in x per φ_0 node (`vj.methods.ep_hyper.scale_tilted_moments`).
 
-    Hyperparameter 0 is log σ², hyperparameters 1..G the log prior variances; so
-    ``post.relevances()[1:]`` are the posterior means E[e^{φ_l}] of the groups' prior variances
+    Hyperparameter 0 is log σ², 1..G the log prior variances, so ``post.relevances()[1:]`` are E[e^{φ_l}]
     (`vj.methods.ep_hyper.HierarchicalPosterior`). Fit with ``vj.infer(model, vj.HierarchicalEP())``.
     """
     owner = "hierarchical_linear"
@@ -271,11 +257,11 @@ def hierarchical_linear(X, y, groups="ard", scale_prior=(0.0, 4.0), noise_prior=
 
 
 def hierarchical_predict(post, X_test, y_test=None, quadrature=GaussHermite()):
-    """Predictive of a `hierarchical_linear` fit: ``(mean, variance)`` of y_* (shape ``(N_test,)`` each),
-    and, with ``y_test``, also log p(y_* | data) ≈ log ∫∫ t(y_* | x; e^{φ_0}) N(x | x_*ᵀm, x_*ᵀSx_*)
-    q(φ_0) dx dφ_0, t the likelihood (Gaussian: N(y_* | x_*ᵀm, x_*ᵀSx_* + e^{φ_0}) under q(φ_0);
-    Student-t: quadrature in x too; `vj.methods.ep_hyper.scale_tilted_moments`). The variance is
-    x_*ᵀSx_* + E_q[e^{φ_0}] (times ν/(ν − 2) for a Student-t, infinite for ν ≤ 2)."""
+    """Predictive of a `hierarchical_linear` fit: ``(mean, variance)`` of y_*, each ``(N_test,)``, and with ``y_test``
+    also log p(y_* | data) ≈ log ∫∫ t(y_* | x; e^{φ_0}) N(x | x_*ᵀm, x_*ᵀSx_*) q(φ_0) dx dφ_0, t the likelihood
+    (Gaussian: N(y_* | x_*ᵀm, x_*ᵀSx_* + e^{φ_0}) under q(φ_0); Student-t: quadrature in x too,
+    `vj.methods.ep_hyper.scale_tilted_moments`).
+    The variance is x_*ᵀSx_* + E_q[e^{φ_0}] (times ν/(ν − 2) for a Student-t; infinite for ν ≤ 2)."""
     owner = "hierarchical_predict"
     X_test = _design(X_test, owner, data=False)
     mean, var = post.weights.marginals(X_test)
@@ -308,8 +294,7 @@ def predict_proba(post: Posterior, X_test: ArrayLike, quadrature: GaussHermite =
     """p(y = 1 | x_*) = ⟨φ(x_*ᵀw)⟩_q for logistic, probit or Heaviside GLMs.
 
     Args:
-        post: a posterior of a binary GLM (from ``vj.infer`` on a ``logistic_regression`` or
-            ``probit_regression`` model).
+        post: a posterior of a binary GLM (``vj.infer`` on ``logistic_regression`` or ``probit_regression``).
         X_test: test covariates, shape ``(T, D)``.
         quadrature: the 1-D rule for expectations without a closed form.
 
@@ -328,14 +313,13 @@ def predict_proba(post: Posterior, X_test: ArrayLike, quadrature: GaussHermite =
 def predict_mean(post: Posterior, X_test: ArrayLike, offset: ArrayLike = 0.0) -> jax.Array:
     """E[y_* | x_*, data] = ⟨E[y | η_*]⟩_q, η_* = x_*ᵀw + ``offset``: the predicted mean of a new observation.
 
-    Poisson (log link): ⟨e^η⟩ = exp(m_* + v_*/2), the mean count (pass the test points' log exposure as
-    ``offset``); binary GLMs: p(y = 1 | x_*) (`predict_proba`); Gaussian, Laplace and Student-t (ν > 1)
-    regression: m_*, the mean of η_* (a Cauchy likelihood has no mean). m_*, v_*: q's marginal of x_*ᵀw.
+    With m_*, v_* q's marginal of x_*ᵀw: Poisson, the mean count exp(m_* + v_*/2) (pass log exposure as ``offset``);
+    binary GLMs, `predict_proba`; Gaussian, Laplace and Student-t (ν > 1), m_* (a Cauchy likelihood has no mean).
 
     Args:
         post: a posterior of a GLM built by this module.
         X_test: test covariates, shape ``(T, D)``.
-        offset: a scalar or ``(T,)`` offset added to the linear predictor.
+        offset: scalar or ``(T,)``, added to the linear predictor.
 
     Returns:
         Predicted means, shape ``(T,)``.
@@ -369,7 +353,7 @@ def log_predictive(post: Posterior, X_test: ArrayLike, y_test: ArrayLike,
     Args:
         post: a posterior of any GLM built by this module.
         X_test: test covariates, shape ``(T, D)``.
-        y_test: test labels (binary GLMs, in the training label set) or targets / counts, shape ``(T,)``.
+        y_test: labels (binary GLMs, in the training label set) or targets / counts, shape ``(T,)``.
         quadrature: the 1-D rule for expectations without a closed form.
 
     Returns:

@@ -39,18 +39,14 @@ def _fields_repr(obj, names) -> str:
 
 
 class EPInfo(eqx.Module):
-    """What expectation propagation reports beyond the common `Diagnostics` (``post.diagnostics.info``).
+    """What expectation propagation reports beyond `Diagnostics` (``post.diagnostics.info``); all scalars.
 
-    - `max_change`: the largest change of a site parameter in the last iteration, in units of the
-      site's marginal (max over sites of |Δτ_n|·V_n and |Δν_n|·√V_n); scalar.
-    - `oscillating`: True when the moment-matching residual stopped improving (the symptom of
-      oscillating or diverging EP); scalar bool.
-    - `skipped`: site updates left out because the site's cavity was improper or its tilted moments
-      were not finite; scalar int.
-    - `shrunk`: steps shortened so that q and every cavity stay proper; scalar int.
-    - `fallback`: True when the run went on with a more robust schedule (parallel → sequential →
-      double loop) because the first did not converge; scalar bool.
-    """
+    - `max_change`: the largest site-parameter change in the last iteration, in units of the site's marginal
+      (max over sites of |Δτ_n|·V_n and |Δν_n|·√V_n).
+    - `oscillating`: the moment-matching residual stopped improving (oscillating or diverging EP); bool.
+    - `skipped`: site updates left out (improper cavity or non-finite tilted moments); int.
+    - `shrunk`: steps shortened to keep q and every cavity proper; int.
+    - `fallback`: the run went on with a more robust schedule (parallel → sequential → double loop); bool."""
 
     max_change: jax.Array
     oscillating: jax.Array
@@ -65,13 +61,10 @@ class EPInfo(eqx.Module):
 
 
 class LaplaceInfo(eqx.Module):
-    """What `vj.Laplace` and `vj.MAP` report beyond the common `Diagnostics` (``post.diagnostics.info``).
+    """What `vj.Laplace` and `vj.MAP` report beyond `Diagnostics` (``post.diagnostics.info``); scalars.
 
-    - `fallback`: True when the Hessian of the log joint at the mode was not negative definite and
-      the Gauss–Newton curvature stood in for it; scalar bool.
-    - `jitter`: what was added to the diagonal of the curvature matrix before factorising it
-      (0 unless it was singular); scalar float.
-    """
+    - `fallback`: the Hessian at the mode was not negative definite, so the Gauss–Newton curvature stood in; bool.
+    - `jitter`: added to the curvature's diagonal before factorising (0 unless it was singular); float."""
 
     fallback: jax.Array
     jitter: jax.Array
@@ -86,11 +79,9 @@ class LVBInfo(eqx.Module):
     """What `vj.LVB` with ``variances="lanczos"`` reports (``post.diagnostics.info``).
 
     - `num_lanczos`: the Lanczos vectors k behind the variance estimates; int.
-    - `variance_fraction`: Σ_n V̂_n / tr(P⁻¹), the share of q's total variance that the estimates V̂
-      hold (they are lower bounds, so this is ≤ 1 up to the noise of its denominator, a stochastic
-      Lanczos quadrature estimate of tr P⁻¹ from 8 Rademacher probes); scalar.
-    - `cg_iterations`: CG steps of the last solve P m = r for the mean; int.
-    """
+    - `variance_fraction`: Σ_n V̂_n / tr(P⁻¹), the share of q's total variance the (lower-bound) estimates hold: ≤ 1
+      up to the noise of tr P⁻¹, a stochastic Lanczos quadrature estimate from 8 Rademacher probes; scalar.
+    - `cg_iterations`: CG steps of the last solve P m = r for the mean; int."""
 
     num_lanczos: jax.Array
     variance_fraction: jax.Array
@@ -105,28 +96,20 @@ class LVBInfo(eqx.Module):
 class Diagnostics(eqx.Module):
     """How a fit went: the fields every method reports, and a method's own record in `info`.
 
-    Built by keyword only, e.g. ``Diagnostics(iterations=k, converged=ok, objective_trace=trace,
-    method="GKL", solver="NewtonCG", grad_norm=g)``. Every field is a scalar (batched under `vmap`)
-    except `objective_trace`.
+    Keyword-only, e.g. ``Diagnostics(iterations=k, converged=ok, objective_trace=trace, method="GKL",
+    solver="NewtonCG", grad_norm=g)``. Every field is a scalar (batched under `vmap`) except `objective_trace`.
 
-    - `iterations`: iterations (sweeps, outer steps) done; int.
-    - `converged`: whether the method's convergence test held at the end; bool.
-    - `stationarity`: the measure `converged` was judged by, at the end: for solver-based fits
-      (G-KL, Laplace, MAP, mean field with Gaussian factors) the squared Newton decrement
-      gᵀ(−∇²f)⁻¹g ≈ 2 × the objective's remaining gain (last measured, before the final step);
-      for EP the moment-matching residual; for LVB and free-form mean field the extrapolated
-      distance of their parameters from the fixed point; for the natural-parameter G-KL its
-      decrement ∇Bᵀ(Δm, Δλ) (see each method). NaN (default) where not measured.
-    - `grad_norm`: max |gradient| of the objective in the method's parameters at the end; NaN
-      (default) where not measured.
+    - `iterations` (int), `converged` (bool): iterations (sweeps, outer steps) done; the method's test held.
+    - `stationarity`: what `converged` was judged by, at the end: the squared Newton decrement
+      gᵀ(−∇²f)⁻¹g ≈ 2 × the remaining gain for solver-based fits (G-KL, Laplace, MAP, Gaussian mean field; last
+      measured, before the final step), ∇Bᵀ(Δm, Δλ) for natural-parameter G-KL, the moment-matching residual for
+      EP, the extrapolated distance from the fixed point for LVB and free-form mean field. NaN (default): unmeasured.
+    - `grad_norm`: max |gradient| in the method's parameters at the end; NaN (default) where not measured.
     - `objective_trace`: the objective after each iteration, shape ``(max_iter + 1,)``, NaN-padded.
-    - `num_value_evals`, `num_grad_evals`, `num_hvp_evals`: work done, for cost accounting
-      (default 0).
+    - `num_value_evals`, `num_grad_evals`, `num_hvp_evals`: work done, for cost accounting (default 0).
     - `method`, `solver`: names of what produced the answer (static strings).
-    - `info`: the method's own record, or None (default): `EPInfo` for `vj.EP` and `vj.HierarchicalEP`,
-      `LVBInfo` for `vj.LVB` with Lanczos variances, `LaplaceInfo` for `vj.Laplace` and `vj.MAP`,
-      `vj.nn.NetworkInfo` for `vj.nn.NetworkEP`.
-    """
+    - `info`: the method's own record or None (default): `EPInfo` (`vj.EP`, `vj.HierarchicalEP`), `LVBInfo` (`vj.LVB`,
+      Lanczos variances), `LaplaceInfo` (`vj.Laplace`, `vj.MAP`), `vj.nn.NetworkInfo` (`vj.nn.NetworkEP`)."""
 
     iterations: jax.Array
     converged: jax.Array
@@ -179,27 +162,21 @@ class Posterior(eqx.Module):
 
     **Fields:**
 
-    - `mean`: shape ``(D,)``.
-    - `factor`: the covariance-family factor holding S (``post.covariance`` is S, dense).
-    - `log_z`: the method's log-evidence estimate, differentiable in the model's
-      hyperparameters. For G-KL, mean field and LVB a lower bound on log Z (envelope theorem); for Laplace an
-      approximation; for MAP the log joint at the mode (not an evidence estimate).
-    - `is_lower_bound` (a property): whether `log_z` is a guaranteed lower bound: the method gives one
-      (`bound_claim`, static) **and** `log_z` is finite (a failed fit's NaN or ±inf is never reported as a
-      bound). A Python bool when `log_z` is concrete (usable in ``if``), a bool array of `log_z`'s shape
-      while traced. Because the claim is static and the flag is computed, a posterior has the same pytree
-      structure whether it was fitted inside or outside `jit`: passing either as a warm start to a jitted
-      function compiles it once.
-    - `diagnostics`: a `Diagnostics`.
-    - `model`: the model that was fitted (used by predictive functions).
-    - `state`: the method's final State (`vj.EP`: its `vj.ep.SiteParams`; `vj.LVB`: its
-      `vj.lvb.LVBState`; `vj.GKL`: `NaturalParams` or `GaussianParams`; `vj.Laplace`, `vj.MAP`: the mode):
-      ``method.fit(model, post.state)`` restarts where the fit ended.
-    - `defines_log_z` (a class attribute): False for a subclass whose method gives no evidence estimate
-      (`vj.nn.NetworkPosterior`): its `log_z` is NaN by definition, not a failed fit, and `vj.infer` does
-      not warn about it.
+    - `mean`: shape ``(D,)``; `factor`: the covariance-family factor holding S (``post.covariance``: S, dense).
+    - `log_z`: the log-evidence estimate, differentiable in the model's hyperparameters: a lower bound on log Z for
+      G-KL, mean field and LVB (envelope theorem); an approximation for Laplace; for MAP the log joint at the mode
+      (not an evidence estimate).
+    - `is_lower_bound` (property): the method claims a bound (`bound_claim`, static) **and** `log_z` is finite. A
+      Python bool for a concrete `log_z` (usable in ``if``), a bool array of its shape while traced; so a posterior
+      has one pytree structure in or out of `jit` (one compile as a warm start).
+    - `diagnostics`: a `Diagnostics`; `model`: the model fitted (used by predictive functions).
+    - `state`: the method's final State (`vj.EP`: `vj.ep.SiteParams`; `vj.LVB`: `vj.lvb.LVBState`; `vj.GKL`:
+      `NaturalParams` or `GaussianParams`; `vj.Laplace`, `vj.MAP`: the mode): ``method.fit(model, post.state)``
+      restarts where the fit ended.
+    - `defines_log_z` (class attribute): False where the method gives no evidence (`vj.nn.NetworkPosterior`): its
+      `log_z` is NaN by definition and `vj.infer` does not warn.
 
-    ``post.std`` is the marginal standard deviations ``(D,)``; ``post.summary(names)`` a readable table.
+    ``post.std``: marginal standard deviations ``(D,)``; ``post.summary(names)``: a readable table.
     """
 
     mean: jax.Array
@@ -239,10 +216,7 @@ class Posterior(eqx.Module):
         return jnp.sqrt(self.factor.variances())
 
     def marginals(self, H):
-        """Means and variances of ``H w`` under q: two arrays of shape ``(N,)``.
-
-        ``H`` is a dense ``(N, D)`` array, a BCOO matrix, or `vj.Identity(D)`.
-        """
+        """Means and variances of ``H w`` under q, each ``(N,)``; ``H``: dense ``(N, D)``, BCOO, or `vj.Identity(D)`."""
         projection = as_projection(H)
         if projection.shape[1] != self.mean.shape[0]:
             raise ValueError(f"Posterior.marginals: H has {projection.shape[1]} columns, expected {self.mean.shape[0]}.")
@@ -255,10 +229,8 @@ class Posterior(eqx.Module):
     def summary(self, names=None, max_rows: int | None = None) -> str:
         """A table of q's mean and standard deviation per coordinate, with log Z and what it is.
 
-        ``names``: one label per coordinate (a sequence of ``D`` strings); default ``w[0]``, ``w[1]``, ….
-        ``max_rows``: show at most this many coordinates (the first ones), or all (None, default).
-        For a concrete, unbatched posterior (not under `jit` or `vmap`, mean of shape ``(D,)``).
-        """
+        ``names``: ``D`` labels (default ``w[0]``, ``w[1]``, …); ``max_rows``: show the first this many (None: all).
+        For a concrete, unbatched posterior (not under `jit` or `vmap`; mean of shape ``(D,)``)."""
         if _traced(self.mean, self.log_z):
             raise ValueError("Posterior.summary: the posterior is traced (inside jit, vmap or grad); "
                              "call summary() on the concrete result outside the transformation.")
@@ -307,8 +279,8 @@ class Posterior(eqx.Module):
 
 
 def _bound_flag(claim, log_z):
-    """The method's claim ``claim`` that ``log_z`` is a lower bound, withdrawn where ``log_z`` is not finite:
-    a Python bool when both are concrete, else a bool array (traced under jit or vmap)."""
+    """``claim`` that ``log_z`` is a lower bound, withdrawn where ``log_z`` is not finite: a Python bool when both are
+    concrete, else a bool array (traced under jit or vmap)."""
     if _traced(claim, log_z):
         return jnp.logical_and(claim, jnp.isfinite(log_z))
     if np.ndim(log_z) == 0 and np.ndim(claim) == 0:

@@ -6,35 +6,22 @@ $$
 p(w) \\propto \\mathcal N(w \\mid \\mu, \\Sigma) \\prod_n \\varphi_n(h_n^\\top w).
 $$
 
-Each potential is written for a vector of sites: ``log_phi(x)`` maps an array of
-projections ``x`` (shape ``(N,)``) to ``log φ_n(x_n)``, with per-site parameters
-(``loc``, ``scale``, ``df``, ``counts``, ``eps``) that are scalars or arrays of shape
-``(N,)`` broadcast against ``x``.
-
-Every potential gives
+``log_phi(x)`` maps projections ``x``, shape ``(N,)``, to ``log φ_n(x_n)``; per-site parameters (``loc``, ``scale``,
+``df``, ``counts``, ``eps``) are scalars or ``(N,)`` arrays. Every potential gives
 
 - ``expected_log_phi(mu, sigma, quadrature)`` =
-  :math:`\\langle \\log \\varphi(\\mu + \\sigma z)\\rangle_{z\\sim\\mathcal N(0,1)}`, the site
-  term of the Gaussian KL bound — in closed form for `Gaussian`, `Laplace`,
-  `Heaviside` and `Poisson`, otherwise by quadrature (the logistic sigmoid splits
-  off its linear asymptote, the probit its quadratic one, and Student-t / Cauchy
-  resolve their peak, so the rules stay accurate for ``sigma`` up to 1e2);
-- ``log_expected_phi(mu, sigma, quadrature)`` =
-  :math:`\\log \\langle \\varphi(\\mu + \\sigma z)\\rangle`, the log predictive density;
-- the flags ``log_concave`` (the G-KL bound is then jointly concave in (m, C)),
-  ``concave_expectation`` (⟨log φ⟩ under a Gaussian is concave in its mean and standard deviation:
-  what the G-KL algorithms need; implied by ``log_concave``) and ``super_gaussian`` (local variational
-  bounds exist).
+  :math:`\\langle \\log \\varphi(\\mu + \\sigma z)\\rangle_{z\\sim\\mathcal N(0,1)}`, the G-KL site term: closed form
+  for `Gaussian`, `Laplace`, `Heaviside`, `Poisson`; else quadrature that splits off the logistic's linear and the
+  probit's quadratic asymptote and resolves the Student-t / Cauchy peak (accurate for ``sigma`` up to 1e2);
+- ``log_expected_phi`` = :math:`\\log \\langle \\varphi(\\mu + \\sigma z)\\rangle`, the log predictive density;
+- flags ``log_concave`` (G-KL bound jointly concave in (m, C)), ``concave_expectation`` (⟨log φ⟩ concave in (μ, σ),
+  what G-KL needs; implied by ``log_concave``) and ``super_gaussian`` (local variational bounds exist).
 
-Parameters are stored as strongly typed arrays of one floating dtype: the promoted dtype of the
-arrays passed (``StudentT(df=3.0, loc=y, scale=0.1)`` has ``y``'s dtype throughout), else
-``jnp.result_type(float)``; a `vj.Sites` group gives its potential the dtype of its ``H``. So an
-optimiser's update never changes their type (a jitted training step compiles once). ``repr`` shows
-scalars by value and arrays as dtype and shape: ``StudentT(df=3.0, loc=f64[100], scale=0.1)``.
-
-Conventions: data-carrying potentials take the observation as ``loc`` (or
-``counts``); `Logistic`, `Probit` and `Heaviside` act on ``y_n x_n^T w`` with the
-label folded into ``h_n`` (``labels_in_projection = True``), as the GLM builders do.
+Parameters are strongly typed arrays of one floating dtype (the arrays' promoted dtype, else
+``jnp.result_type(float)``; in a `vj.Sites` group, its ``H``'s), so an optimiser's update never changes their type
+and a jitted step compiles once. ``repr``: ``StudentT(df=3.0, loc=f64[100], scale=0.1)``. Data-carrying potentials
+take the observation as ``loc`` (or ``counts``); `Logistic`, `Probit` and `Heaviside` act on ``y_n x_n^T w``, the
+label folded into ``h_n`` (``labels_in_projection = True``).
 """
 
 from __future__ import annotations
@@ -93,16 +80,12 @@ class AbstractPotential(eqx.Module):
 
     @property
     def concave_expectation(self) -> bool:
-        """Whether F(μ, σ) = ⟨log φ(μ + σz)⟩, z ~ N(0, 1), is jointly concave in (μ, σ) (and so
-        ∂²F/∂μ² ≤ 0, i.e. every site precision λ* = −2∂F/∂σ² = −∂²F/∂μ² is ≥ 0).
+        """Whether F(μ, σ) = ⟨log φ(μ + σz)⟩, z ~ N(0, 1), is jointly concave in (μ, σ).
 
-        Then the G-KL bound is jointly concave in (m, C) (S = CᵀC) and the site-form coordinate
-        sub-problems are concave, which is what the G-KL algorithms need; φ itself need not be
-        log-concave. True wherever ``log_concave`` is (the expectation of a concave function of the
-        affine map μ + σz); a potential whose log φ is not concave but whose Gaussian expectation is
-        overrides it. The quadratic `PiecewiseLogistic` is not: its jumps (< ε_R) make ⟨log φ⟩ convex
-        in places while σ ≲ 1, however small ε_R.
-        """
+        Then every site precision λ* = −2∂F/∂σ² = −∂²F/∂μ² ≥ 0 and the G-KL bound and its site-form sub-problems
+        are concave in (m, C): what the G-KL algorithms need. True wherever ``log_concave`` is (a potential whose φ
+        is not may override). False for the quadratic `PiecewiseLogistic`: its jumps (< ε_R) make ⟨log φ⟩ convex in
+        places while σ ≲ 1."""
         return bool(self.log_concave)
 
     @abc.abstractmethod
@@ -115,9 +98,9 @@ class AbstractPotential(eqx.Module):
 
     def expected_log_phi_derivatives(self, mu, var, quadrature: GaussHermite = _DEFAULT_QUADRATURE
                                      ) -> ExpectationDerivatives:
-        """F = ⟨log φ(x)⟩ under x ~ N(``mu``, ``var``) with ∂F/∂μ, ∂F/∂v, ∂²F/∂μ∂v and ∂²F/∂v², elementwise:
-        what the natural-parameter G-KL fit needs at every site. By forward-mode differentiation of
-        `expected_log_phi` unless the potential has closed forms (cheaper to compile and to run)."""
+        """F = ⟨log φ(x)⟩, x ~ N(``mu``, ``var``), and ∂F/∂μ, ∂F/∂v, ∂²F/∂μ∂v, ∂²F/∂v², elementwise.
+
+        For the natural-parameter G-KL fit: forward-mode derivatives of `expected_log_phi` unless closed forms exist."""
         return expectation_derivatives(lambda m, v: self.expected_log_phi(m, safe_sqrt(v), quadrature), mu, var)
 
     def log_expected_phi(self, mu, sigma, quadrature: GaussHermite = _DEFAULT_QUADRATURE):
@@ -125,12 +108,9 @@ class AbstractPotential(eqx.Module):
         return quadrature.log_expect_exp(self.log_phi, mu, sigma)
 
     def tilted_moments(self, mean, var, power=1.0):
-        """Normaliser and moments of the tilted density p̂(x) ∝ φ(x)^η N(x | mean, var), η = ``power``.
+        """``(log Ẑ, E[x], Var[x])`` of the tilted p̂(x) ∝ φ(x)^η N(x | mean, var), η = ``power``, shaped like ``mean``.
 
-        Returns ``(log Ẑ, E[x], Var[x])`` with Ẑ = ∫ φ(x)^η N(x | mean, var) dx, each shaped like
-        ``mean`` (the sites of EP). By `vijax.quadrature.tilted_moments` unless the potential has a
-        closed form; potentials with a peak or kink tell the rule where it is (`_peaks`).
-        """
+        By `vijax.quadrature.tilted_moments` (told of peaks and kinks by `_peaks`) unless in closed form."""
         return tilted_moments(self, mean, var, power)
 
     def _peaks(self):
@@ -142,8 +122,7 @@ class AbstractPotential(eqx.Module):
         raise ValueError(f"{type(self).__name__} carries no observation; labels enter through H.")
 
     def site(self, n, num_sites: int) -> "AbstractPotential":
-        """The potential of site ``n`` alone: per-site parameters (arrays of shape ``(num_sites,)``)
-        indexed at ``n`` (which may be traced), shared ones kept."""
+        """The potential of site ``n`` (may be traced) alone: ``(num_sites,)`` parameters indexed, shared ones kept."""
         take = lambda a: jnp.broadcast_to(a, (num_sites,))[n] if jnp.ndim(a) == 1 else a
         return jax.tree_util.tree_map(take, self)
 
@@ -166,8 +145,7 @@ def _array_fields(module):
 
 
 def _param(name, value, owner, dtype, positive=False):
-    """A parameter as a strongly typed array of ``dtype`` (`vijax._checks.as_param`), checked finite
-    (and positive)."""
+    """A parameter as a strongly typed ``dtype`` array (`vijax._checks.as_param`), checked finite (and positive)."""
     arr = _checks.as_param(name, value, owner, dtype)
     (_checks.check_positive if positive else _checks.check_finite)(name, arr, owner)
     return arr
@@ -183,9 +161,9 @@ def _laguerre_rule(num_nodes: int):
 
 
 def _laguerre_half_lines(mu, sigma, num_nodes: int):
-    """Gauss–Laguerre nodes x ≥ 0 of ⟨r(x)⟩ = ∫₀^∞ r(x) (N(x | μ, σ²) + N(−x | μ, σ²)) dx, r(x) = log(1 + e^{−|x|}):
-    the weights times e^x r(x) (the integrand without its normal densities), and for each half line the
-    standardised distance u± = (x ∓ μ)/σ with the density N(x | ±μ, σ²) = φ(u±)/σ, along a new last axis."""
+    """Gauss–Laguerre nodes x ≥ 0 for ⟨r(x)⟩ = ∫₀^∞ r(x) (N(x | μ, σ²) + N(−x | μ, σ²)) dx, r = log(1 + e^{−|x|}).
+
+    Returns the weights times e^x r(x) and, per half line, u± = (x ∓ μ)/σ and N(x | ±μ, σ²) = φ(u±)/σ (last axis)."""
     x, w = (jnp.asarray(a, jnp.result_type(mu, sigma)) for a in _laguerre_rule(num_nodes))
     # e^x log1p(e^-x) -> 1 - e^-x / 2 for large x; avoid inf * 0 in low precision.
     big = x > 30
@@ -197,22 +175,16 @@ def _laguerre_half_lines(mu, sigma, num_nodes: int):
 
 
 def _expected_log1p_exp_neg_abs(mu, sigma, num_nodes: int = 32):
-    """⟨log(1 + e^{-|x|})⟩ for x ~ N(mu, sigma²), by Gauss–Laguerre on each half line.
-
-    Accurate when ``sigma`` is at least about 1; the integrand e^x log1p(e^-x) is smooth.
-    """
+    """⟨log(1 + e^{-|x|})⟩, x ~ N(mu, sigma²), by Gauss–Laguerre on each half line (accurate for sigma ≳ 1)."""
     weights, (_, plus), (_, minus) = _laguerre_half_lines(mu, sigma, num_nodes)
     return jnp.sum(weights * (plus + minus), axis=-1)
 
 
 def _expected_log1p_exp_neg_abs_derivatives(mu, sigma, num_nodes: int = 32) -> ExpectationDerivatives:
-    """`ExpectationDerivatives` of R = ⟨log(1 + e^{-|x|})⟩ on the nodes of `_expected_log1p_exp_neg_abs`.
+    """`ExpectationDerivatives` of R = ⟨log(1 + e^{-|x|})⟩ on the rule of `_expected_log1p_exp_neg_abs`.
 
-    Only the densities depend on (μ, v): ∂ᵏN(x | μ, v)/∂μᵏ = N Heₖ(u)/σᵏ with u = (x − μ)/σ and Heₖ the
-    probabilists' Hermite polynomials, and ∂/∂v = ½ ∂²/∂μ² (the heat equation); N(−x | μ, v) = N(x | −μ, v)
-    changes sign with odd k. These are the derivatives of the rule itself, as autodiff would give them.
-    Summed node by node (`_node_sums`), each node's terms from the two exponentials of its densities.
-    """
+    Only the densities depend on (μ, v): ∂ᵏN/∂μᵏ = N Heₖ(u)/σᵏ, u = (x − μ)/σ (Hermite Heₖ), ∂/∂v = ½ ∂²/∂μ², and
+    N(−x | μ, v) = N(x | −μ, v) flips sign with odd k: the rule's own derivatives. Summed by `_node_sums`."""
     x, w = _laguerre_rule(num_nodes)
     big = x > 30  # e^x log1p(e^-x) -> 1 - e^-x / 2
     ratio = np.where(big, 1 - 0.5 * np.exp(-x), np.exp(np.where(big, 0.0, x)) * np.log1p(np.exp(-x)))
@@ -233,9 +205,9 @@ def _expected_log1p_exp_neg_abs_derivatives(mu, sigma, num_nodes: int = 32) -> E
 
 
 def _node_sums(terms, nodes, weights, like):
-    """Σ_k terms(nodes[k], weights[k]) for a function returning a tuple of arrays shaped like ``like``: a loop
-    over the nodes (two to an iteration; more cost compile time and save little), so each node's
-    exponentials are computed once for all its terms and no (sites × nodes) array is formed."""
+    """Σ_k terms(nodes[k], weights[k]) for ``terms`` returning a tuple of arrays shaped like ``like``.
+
+    A scan unrolled by two (more costs compile time, saves little): no (sites × nodes) array is formed."""
     zeros = tuple(jnp.zeros_like(like) for _ in range(5))
     add = lambda total, node: (tuple(a + b for a, b in zip(total, terms(*node))), None)
     return jax.lax.scan(add, zeros, (nodes, weights), unroll=2)[0]
@@ -245,8 +217,8 @@ _LOG1P_SERIES = tuple(2.0 / (2 * k + 1) for k in range(17))
 
 
 def _log1p_unit(e):
-    """log(1 + e) for 0 ≤ e ≤ 1: 2 atanh(s) with s = e/(2 + e) ≤ 1/3, by 17 terms of its series (within
-    3 ulps in float64) — a polynomial, where XLA's log1p on the CPU costs several times as much."""
+    """log(1 + e), 0 ≤ e ≤ 1, as 2 atanh(s), s = e/(2 + e) ≤ 1/3, by 17 series terms (3 ulps in float64): a
+    polynomial, cheaper than XLA's log1p on the CPU."""
     s = e / (2.0 + e)
     t = s * s
     total = _LOG1P_SERIES[-1]
@@ -269,18 +241,15 @@ def _legendre_on(a, b, num_nodes: int):
 
 
 def _expected_log_ndtr_wide(mu, sigma):
-    """⟨log Φ(x)⟩ for x ~ N(mu, sigma²) with sigma ≥ 1 and |mu| ≤ 8 sigma (the bend at 0 inside).
+    """⟨log Φ(x)⟩, x ~ N(mu, sigma²), for sigma ≥ 1 and |mu| ≤ 8 sigma (the bend at 0 inside).
 
-    With g(y) = log Φ(−y) + y²/2 (smooth, ≈ −log y − ½ log 2π for large y),
+    With g(y) = log Φ(−y) + y²/2 (smooth, ≈ −log y − ½ log 2π for large y) and p the density of x,
 
-        ⟨log Φ(x)⟩ = −½⟨x²; x < 0⟩ + ∫₀^∞ log Φ(x) p(x) dx + ∫₀^∞ g(y) p(−y) dy,
+        ⟨log Φ(x)⟩ = −½⟨x²; x < 0⟩ + ∫₀^∞ log Φ(x) p(x) dx + ∫₀^∞ g(y) p(−y) dy:
 
-    p the density of x. The first term is closed form; log Φ(x) is negligible (< 1e-19) beyond
-    x = 9, so the second is Gauss–Legendre on [0, 9]; the third is Gauss–Legendre on [0, 9] and,
-    beyond, in w = y/σ: on [9/σ, 1] in log w (g is log-like there) and on [1, z₀ + 10] in w
-    (where the standard normal factor N(z₀ − w) lives, z₀ = −μ/σ). Accurate to about 1e-11
-    relative (the accuracy of `log_ndtr` near −20) over the whole wide range.
-    """
+    in closed form; by Gauss–Legendre on [0, 9] (log Φ < 1e-19 beyond); by Gauss–Legendre on [0, 9], then in w = y/σ
+    on [9/σ, 1] in log w (g is log-like there) and on [1, z₀ + 10] (where N(z₀ − w) lives, z₀ = −μ/σ). About 1e-11
+    relative (`log_ndtr`'s accuracy near −20)."""
     cut = 9.0
     z0 = -mu / sigma
     pdf = lambda z: jnp.exp(-0.5 * z**2) / _SQRT_2PI
@@ -302,10 +271,8 @@ def _expected_log_ndtr_wide(mu, sigma):
 class Logistic(AbstractPotential):
     """Logistic sigmoid φ(x) = σ(x) = 1 / (1 + e^{-x}); labels are folded into H.
 
-    The expectation splits ``log σ(x) = min(x, 0) - log(1 + e^{-|x|})``: the first
-    part has a closed form, the bounded remainder is integrated by Gauss–Laguerre
-    (for ``sigma >= 1.5``) where plain Gauss–Hermite would lose accuracy.
-    """
+    ``log σ(x) = min(x, 0) − log(1 + e^{-|x|})``: the first part in closed form, the bounded remainder by
+    Gauss–Laguerre from ``sigma >= 1.5``, where plain Gauss–Hermite loses accuracy."""
 
     log_concave: ClassVar[bool] = True
     super_gaussian: ClassVar[bool] = True
@@ -326,11 +293,11 @@ class Logistic(AbstractPotential):
 
     def expected_log_phi_derivatives(self, mu, var, quadrature: GaussHermite = _DEFAULT_QUADRATURE
                                      ) -> ExpectationDerivatives:
-        """In closed form, on the rules of `expected_log_phi`. Below σ = 1.5, ∂ᵏF/∂μᵏ = ⟨f⁽ᵏ⁾⟩ and
-        ∂/∂v = ½ ∂²/∂μ² under Gauss–Hermite, with f = log σ(x), p = σ(x), q = 1 − p: f⁽¹⁾ = q,
-        f⁽²⁾ = −pq, f⁽³⁾ = −pq(q − p), f⁽⁴⁾ = −pq(1 − 6pq). From σ = 1.5, ⟨min(x, 0)⟩ = μΦ(−a) − sφ(a)
-        (a = μ/s) has ∂/∂μ = Φ(−a), ∂/∂v = −½φ(a)/s, ∂²/∂μ∂v = ½aφ(a)/s², ∂²/∂v² = −¼(a² − 1)φ(a)/s³,
-        and the Gauss–Laguerre remainder its own (`_expected_log1p_exp_neg_abs_derivatives`)."""
+        """In closed form, on the rules of `expected_log_phi`. Below σ = 1.5, Gauss–Hermite of ∂ᵏF/∂μᵏ = ⟨f⁽ᵏ⁾⟩
+        and ∂/∂v = ½ ∂²/∂μ², with f = log σ(x), p = σ(x), q = 1 − p: f⁽¹⁾ = q, f⁽²⁾ = −pq, f⁽³⁾ = −pq(q − p),
+        f⁽⁴⁾ = −pq(1 − 6pq). From σ = 1.5, ⟨min(x, 0)⟩ = μΦ(−a) − sφ(a) (a = μ/s) has ∂/∂μ = Φ(−a), ∂/∂v = −½φ(a)/s,
+        ∂²/∂μ∂v = ½aφ(a)/s², ∂²/∂v² = −¼(a² − 1)φ(a)/s³, and the Gauss–Laguerre remainder its own
+        (`_expected_log1p_exp_neg_abs_derivatives`)."""
         mu, var = jnp.broadcast_arrays(mu, var)
         sigma = safe_sqrt(var)
         wide = sigma >= _WIDE_LOG_SIGMOID
@@ -371,9 +338,9 @@ class Logistic(AbstractPotential):
 
     @classmethod
     def _reflected(cls, mu, sigma, quadrature, derivatives):
-        """log⟨σ(x)⟩ (and, with ``derivatives``, its first two derivatives in μ). Below μ = −σ²/2 the
-        identity σ(x) = eˣσ(−x) moves the mass to the other side: ⟨σ(x)⟩_{N(μ, σ²)} =
-        e^{μ + σ²/2} ⟨σ(x)⟩_{N(−μ − σ², σ²)}, so the rules only see μ ≥ −σ²/2."""
+        """log⟨σ(x)⟩ (with ``derivatives``, also its first two μ-derivatives), reflected so the rules see μ ≥ −σ²/2.
+
+        Below μ = −σ²/2, σ(x) = eˣσ(−x) gives ⟨σ(x)⟩_{N(μ, σ²)} = e^{μ + σ²/2} ⟨σ(x)⟩_{N(−μ − σ², σ²)}."""
         mu, sigma = jnp.broadcast_arrays(mu, sigma)
         var = sigma**2
         reflect = mu < -0.5 * var
@@ -383,18 +350,15 @@ class Logistic(AbstractPotential):
 
     @staticmethod
     def _log_expected_sigmoid(mu, sigma, quadrature, derivatives):
-        """log⟨σ(x)⟩ for μ ≥ −σ²/2 (and, with ``derivatives``, its first two derivatives in μ).
+        """log⟨σ(x)⟩ for μ ≥ −σ²/2 (with ``derivatives``, also its first two μ-derivatives).
 
-        Narrow Gaussians: Gauss–Hermite on log σ, in log space; with weights π_k ∝ w_k σ(x_k) (p = σ(x),
-        q = 1 − p), ∂log Ẑ/∂μ = Σπq and ∂²log Ẑ/∂μ² = Σπq(q − p) − (Σπq)². Wide ones: ⟨σ(x)⟩ = Φ(μ/σ) +
-        ⟨σ(x) − 1[x > 0]⟩, the odd remainder −sign(x)σ(−|x|) integrated by Gauss–Laguerre, where
-        Gauss–Hermite would have to resolve the step inside the Gaussian:
+        Narrow: Gauss–Hermite in log space; with π_k ∝ w_k σ(x_k), ∂log Ẑ/∂μ = Σπq, ∂²log Ẑ/∂μ² = Σπq(q − p) − (Σπq)².
+        Wide: ⟨σ(x)⟩ = Φ(μ/σ) + ⟨σ(x) − 1[x > 0]⟩, the odd remainder −sign(x)σ(−|x|) by Gauss–Laguerre (no step):
 
         ⟨σ(x) − 1[x > 0]⟩ = ∫₀^∞ e^{−t} · (N(−t | μ, σ²) − N(t | μ, σ²)) / (1 + e^{−t}) dt,
 
-        summed relative to the largest term, so that nothing underflows where ⟨σ(x)⟩ is tiny; its
-        derivatives are the rule's, by ∂N(x | μ, σ²)/∂μ = N·(x − μ)/σ² and ∂²N/∂μ² = N·((x − μ)²/σ² − 1)/σ².
-        """
+        summed relative to the largest term (no underflow where ⟨σ(x)⟩ is tiny); derivatives by
+        ∂N/∂μ = N·(x − μ)/σ² and ∂²N/∂μ² = N·((x − μ)²/σ² − 1)/σ²."""
         wide = sigma >= _WIDE_SIGMOID
         z, w_gh = quadrature.rule(jnp.result_type(mu, sigma))
         x = mu[..., None] + jnp.where(wide, 1.0, sigma)[..., None] * z
@@ -435,21 +399,16 @@ class Logistic(AbstractPotential):
 class PiecewiseLogistic(AbstractPotential):
     """A piecewise lower bound on the logistic sigmoid: log φ(x) = −f̄(−x) ≤ log σ(x).
 
-    f̄ is the R-piece ``kind`` ("linear" or "quadratic") upper bound on f(x) = log(1 + eˣ) of
-    `vijax.piecewise` (Marlin, Khan & Murphy 2011), with maximum error ``max_error`` = ε_R, so
-    log σ(x) − ε_R ≤ log φ(x) ≤ log σ(x) for every x. Its Gaussian expectation is in closed form
-    (truncated Gaussian moments), so with `vj.GKL` the bound on log Z is exact arithmetic on a
-    valid lower bound of the logistic model, at most N·ε_R below the exact-expectation G-KL bound.
-    ``log_expected_phi`` is log⟨φ⟩ in closed form too: a lower bound on the log predictive
-    log⟨σ(x)⟩ (so `vj.glm.predict_proba` on such a posterior returns that bound; for calibrated
-    probabilities evaluate the posterior's marginals under `Logistic`). Build models with
-    `vijax.piecewise.bound_logistic_sites`.
+    f̄ is the R-piece upper bound on f(x) = log(1 + eˣ) of `vijax.piecewise` (Marlin, Khan & Murphy 2011) with
+    maximum error ``max_error`` = ε_R, so log σ(x) − ε_R ≤ log φ(x) ≤ log σ(x). ⟨log φ⟩ and log⟨φ⟩ are closed
+    form (truncated Gaussian moments): with `vj.GKL`, a valid lower bound on log Z of the logistic model, at
+    most N·ε_R below the exact G-KL bound; `vj.glm.predict_proba` returns a lower bound on log⟨σ(x)⟩ (for
+    calibrated probabilities use the marginals under `Logistic`). Build with `vijax.piecewise.bound_logistic_sites`.
 
     **Arguments:**
 
-    - `pieces`: R, 3 … 20 (the shipped tables).
-    - `kind`: ``"quadratic"`` (default; ε_20 = 1.4e-4) or ``"linear"`` (ε_20 = 3.3e-3; log-concave: φ is the
-      exponential of a concave, piecewise linear function).
+    - `pieces`: R, 3 … 20 (the shipped tables; default 20).
+    - `kind`: ``"quadratic"`` (default; ε_20 = 1.4e-4) or ``"linear"`` (ε_20 = 3.3e-3; log-concave).
     """
 
     pieces: int = eqx.field(static=True)
@@ -469,9 +428,8 @@ class PiecewiseLogistic(AbstractPotential):
 
     @property
     def concave_expectation(self):  # type: ignore[override]
-        # Linear: log-concave. Quadratic: not concave where q is narrower than the pieces' jumps: for
-        # R = 20 the largest eigenvalue of the Hessian of ⟨log φ⟩ in (μ, σ) is +0.6 at σ = 0.01 and
-        # +4e-4 at σ = 0.3, and ∂²/∂μ² > 0 there too (so λ* = −∂²F/∂μ² can be negative); ≤ 0 from σ ≈ 1.
+        # Linear: log-concave. Quadratic: not concave where q is narrower than the pieces' jumps (σ ≲ 1),
+        # where ∂²F/∂μ² > 0 too (λ* can be negative); docs/benchmarks.md has the numbers.
         return self.kind == "linear"
 
     @property
@@ -499,12 +457,12 @@ class Probit(AbstractPotential):
         return log_ndtr(x)
 
     def expected_log_phi(self, mu, sigma, quadrature: GaussHermite = _DEFAULT_QUADRATURE):
-        # Plain Gauss–Hermite is off by up to 7% (σ = 100, μ = 3σ) once the bend of log Φ near 0
-        # lies inside a wide Gaussian; there the split rule of `_expected_log_ndtr_wide` is used.
+        # Plain Gauss–Hermite is inaccurate once the bend of log Φ near 0 lies inside a wide Gaussian;
+        # there the split rule of `_expected_log_ndtr_wide` is used.
         mu, sigma = jnp.broadcast_arrays(mu, sigma)
         wide = (sigma >= 1.0) & (jnp.abs(mu) <= 8 * sigma)
         small = quadrature.expect(self.log_phi, jnp.where(wide, 0.0, mu), jnp.where(wide, 1.0, sigma))
-        # The split rule costs ~6× the plain rule per point: skip it when no point needs it.
+        # The split rule costs several plain rules per point: skip it when no point needs it.
         large = jax.lax.cond(jnp.any(wide),
                              lambda: _expected_log_ndtr_wide(jnp.where(wide, mu, 0.0), jnp.where(wide, sigma, 1.0)),
                              lambda: jnp.zeros_like(small))
@@ -525,11 +483,8 @@ class Probit(AbstractPotential):
 
 
 def _inverse_mills(t, terms=40):
-    """N(t)/Φ(−t) for t ≥ 10 by the continued fraction Φ(−t)/N(t) = 1/(t + 1/(t + 2/(t + ⋯))).
-
-    (`log_ndtr` is accurate to only ~4e-9 below −20, and ρ(z + ρ) in the tilted variance of a
-    probit site cancels to ~1/z²: the continued fraction keeps it to rounding.)
-    """
+    """N(t)/Φ(−t) for t ≥ 10 by the continued fraction Φ(−t)/N(t) = 1/(t + 1/(t + 2/(t + ⋯))), as `log_ndtr` has
+    only ~4e-9 accuracy below −20 and ρ(z + ρ) in a probit site's tilted variance cancels to ~1/z²."""
     t = jnp.maximum(t, 10.0)
     tail = t
     for k in range(terms, 0, -1):
@@ -538,10 +493,9 @@ def _inverse_mills(t, terms=40):
 
 
 class Heaviside(AbstractPotential):
-    """Noise-robust step φ(x) = ε + (1 − 2ε)·1[x > 0], label-noise rate ``eps`` in (0, ½).
+    """Noise-robust step φ(x) = ε + (1 − 2ε)·1[x > 0], label-noise rate ``eps`` in (0, ½) (default 0.05).
 
-    Closed form: ⟨log φ⟩ = log(1 − ε) + Φ(−μ/σ)·log(ε / (1 − ε)).
-    """
+    Closed form: ⟨log φ⟩ = log(1 − ε) + Φ(−μ/σ)·log(ε / (1 − ε))."""
 
     eps: jax.Array
     labels_in_projection: ClassVar[bool] = True
@@ -610,20 +564,15 @@ class Gaussian(AbstractPotential):
 
 @jax.custom_jvp
 def _mean_abs(d, sigma):
-    """⟨|d + σz|⟩, z ~ N(0, 1): σ·2N(a) + d·erf(a/√2) with a = d/σ (|d| at σ = 0); d, σ of one shape.
+    """⟨|d + σz|⟩, z ~ N(0, 1): σ·2N(a) + d·erf(a/√2), a = d/σ (|d| at σ = 0); d, σ of one shape.
 
-    Its derivatives are given in closed form (the N(a) terms cancel):
+    A custom JVP gives Hessian-vector products the closed-form derivatives (the N(a) terms cancel):
 
     $$
     \\frac{\\partial}{\\partial d}\\langle|d + \\sigma z|\\rangle = \\operatorname{erf}(a/\\sqrt2),
     \\qquad
-    \\frac{\\partial}{\\partial \\sigma}\\langle|d + \\sigma z|\\rangle = 2\\mathcal N(a),
+    \\frac{\\partial}{\\partial \\sigma}\\langle|d + \\sigma z|\\rangle = 2\\mathcal N(a).
     $$
-
-    so the gradient, and the Hessian-vector products of a bound (forward over reverse), differentiate these
-    two short expressions instead of the whole formula. Same values; several times less work per
-    Hessian-vector product once XLA fuses the per-site chain into a product with K columns (the sparse
-    linear model's chevron bound).
     """
     positive = sigma > 0
     s = jnp.where(positive, sigma, 1.0)
@@ -645,8 +594,7 @@ def _mean_abs_jvp(primals, tangents):
 class Laplace(AbstractPotential):
     """Laplace φ(x) = exp(−|loc − x| / scale) / (2 scale).
 
-    Closed form: with a = (μ − loc)/σ, ⟨|x − loc|⟩ = σ[2 N(a) + a·erf(a/√2)].
-    """
+    Closed form: with a = (μ − loc)/σ, ⟨|x − loc|⟩ = σ[2 N(a) + a·erf(a/√2)]."""
 
     loc: jax.Array
     scale: jax.Array
@@ -691,17 +639,14 @@ _FOURIER_EDGES_ABS = (0.0, 2.0, 4.0)
 
 
 def _expected_log1p_square(a, b, quadrature: GaussHermite):
-    """⟨log(1 + u²)⟩ for u ~ N(a, b²): the peaked part of the Student-t and Cauchy log densities.
+    """⟨log(1 + u²)⟩, u ~ N(a, b²): the peaked part of the Student-t and Cauchy log densities.
 
-    When the peak at u = 0 lies inside a wide Gaussian (b ≥ ½, |a| ≤ 8b) Gauss–Hermite cannot
-    resolve it; there the identity log(1 + u²) = 2∫₀^∞ (1 − cos ut) e^{−t} dt/t gives
+    Where Gauss–Hermite cannot resolve the peak (b ≥ ½, |a| ≤ 8b), log(1 + u²) = 2∫₀^∞ (1 − cos ut) e^{−t} dt/t gives
 
         ⟨log(1 + u²)⟩ = 2 ∫ (1 − cos(a eᵛ) e^{−b² e^{2v}/2}) exp(−eᵛ) dv      (t = eᵛ),
 
-    a smooth integrand, integrated by composite 16-point Gauss–Legendre on the panels
-    ``_FOURIER_EDGES_*`` over v ∈ [−log b − 14, 4]; the part below, where the integrand is
-    (a² + b²) e^{2v} / 2 to leading order, is added in closed form. Relative error ≲ 1e-13.
-    """
+    smooth: 16-point Gauss–Legendre on the panels ``_FOURIER_EDGES_*`` over v ∈ [−log b − 14, 4], the part
+    below ((a² + b²) e^{2v} / 2 to leading order) in closed form. Relative error ≲ 1e-13."""
     wide = (b >= 0.5) & (jnp.abs(a) <= 8 * b)
     b_gh = jnp.where(wide, 0.1, b)
     narrow_value = quadrature.expect(lambda u: jnp.log1p(u**2), jnp.where(wide, 0.0, a), b_gh)
@@ -785,9 +730,7 @@ class Cauchy(AbstractPotential):
 class Poisson(AbstractPotential):
     """Poisson count likelihood with log link, φ(x) = e^{yx − e^x} / y!, ``counts`` y ≥ 0.
 
-    Closed form: ⟨log φ⟩ = yμ − exp(μ + σ²/2) − log y!. (The expectation exceeds the
-    floating-point range once μ + σ²/2 > 709 in float64, ≈ 88 in float32.)
-    """
+    ⟨log φ⟩ = yμ − exp(μ + σ²/2) − log y! (overflows once μ + σ²/2 > 709 in float64, ≈ 88 in float32)."""
 
     counts: jax.Array
     log_concave: ClassVar[bool] = True
@@ -815,10 +758,8 @@ class Custom(AbstractPotential):
     **Arguments:**
 
     - `log_phi`: maps an array of projections to ``log φ`` elementwise.
-    - `expected_log_phi`: optional closed form ``(mu, sigma) -> ⟨log φ(mu + sigma z)⟩``;
-      Gauss–Hermite quadrature of ``log_phi`` is used otherwise.
-    - `log_concave`, `super_gaussian`: what the user knows of φ (used to choose
-      solvers and to report guarantees).
+    - `expected_log_phi`: optional closed form ``(mu, sigma) -> ⟨log φ(mu + sigma z)⟩`` (default: Gauss–Hermite).
+    - `log_concave`, `super_gaussian`: what is known of φ (default False; chooses solvers, reports guarantees).
     """
 
     # The callables split into their arrays (leaves, e.g. of a bound method of another potential) and the
@@ -878,19 +819,12 @@ class Masked(AbstractPotential):
     0 & \\text{otherwise,} \\end{cases}
     $$
 
-    so a masked-out site is a constant factor 1 of the target: it changes neither Z nor the
-    posterior, whatever its projection h_n. Every Gaussian quantity follows exactly, per site:
-    ⟨log φ̃⟩ = 0 and log⟨φ̃⟩ = 0; every derivative in x, μ or σ is 0 (so the site's Laplace and
-    G-KL curvature is 0); the tilted density φ̃^η N(x | m, v) is the cavity itself, so its moments
-    are (log Ẑ, E x, Var x) = (0, m, v) and an EP site that starts at precision 0 stays there; the
-    LVB local bound is the zero quadratic. Values are selected with `jnp.where`, never multiplied by
-    the mask, so whatever ``potential`` gives at a masked-out site (it is still evaluated) does not
-    reach the result; keep its per-site parameters valid there (`vijax.pad_sites` copies a real
-    site), because a non-finite value inside would still reach reverse-mode derivatives.
-
-    ``mask`` is an array (a boolean per site, or a scalar), a traced leaf of the model: models that
-    differ only in which sites are on share one compiled program. This is what `vijax.pad_sites`
-    builds, to fit data sets of different sizes with one compilation.
+    so a masked-out site changes neither Z nor the posterior, whatever h_n: ⟨log φ̃⟩ = log⟨φ̃⟩ = 0, all derivatives
+    are 0, the tilted moments are the cavity's (0, m, v) (an EP site at precision 0 stays there), and the LVB bound is
+    the zero quadratic. Values are chosen by `jnp.where`, never multiplied by the mask, so what ``potential`` gives
+    there does not reach the result; but keep its parameters valid (`vijax.pad_sites` copies a real site), or a
+    non-finite value still reaches reverse-mode derivatives.
+    ``mask`` is a traced leaf: models differing only in it share one compiled program (what `vijax.pad_sites` uses).
 
     **Arguments:**
 

@@ -1,8 +1,7 @@
 """Second-order and quasi-Newton maximisers, each a single `jax.lax.while_loop`.
 
-Every solver maximises a scalar objective ``fn(x)`` of a flat vector ``x`` (vijax's
-objectives are bounds and evidences, larger is better). Because the whole run is one
-`while_loop`, fits compose with `jax.jit` and `jax.vmap`.
+Every solver maximises a scalar ``fn(x)`` of a flat vector ``x`` (vijax's bounds and evidences: larger is better);
+one `while_loop` per run, so fits compose with `jax.jit` and `jax.vmap`.
 
 **Stopping rule.** Each solver stops on the squared Newton decrement
 
@@ -11,26 +10,14 @@ $$
 \\approx 2\\,(f^* - f(x)) \\approx \\lVert x - x^* \\rVert^2_{-\\nabla^2 f},
 $$
 
-estimated by gᵀd with d the solver's own ascent direction (the Newton-CG direction, the
-dense Newton direction, the L-BFGS direction, or the preconditioned gradient). λ² is
-invariant to affine changes of the parameters: a coefficient measured in metres and one in
-kilometres, a prior variance of 1 or 1e6, give the same test. Once λ² ≤ ``tol`` (or below the
-rounding of f, 4 ε |f|, where that is larger: float32's resolution in float32) the solver
-takes that last step (checked like any other) and stops. Newton converges quadratically, so
-the returned point is far closer to the optimum than ``tol`` alone says: the default
-``tol = 1e-10`` of the Newton solvers leaves envelope-theorem gradients and moments at their
-float64 accuracy. The quasi-Newton solver `LBFGS`, whose last step gains less, defaults
-to ``tol = 1e-14`` for the same accuracy. `Solution.decrement` reports the last λ² measured.
+estimated by gᵀd, d the solver's own ascent direction; λ² is affine invariant (a change of units or of prior scale
+leaves the test unchanged). Once λ² ≤ ``tol`` (or below f's rounding, 4 ε |f|, if larger) the solver takes that
+last step (checked like any other) and stops; `Solution.decrement` reports the last λ² measured. Newton converges
+quadratically, so the Newton solvers' default ``tol = 1e-10`` leaves envelope-theorem gradients and moments at
+float64 accuracy; `LBFGS`, whose last step gains less, defaults to ``tol = 1e-14``.
 
-- `NewtonCG` — Hessian-free Newton: preconditioned conjugate gradients on
-  autodiff Hessian-vector products (``jax.linearize`` of the gradient, so each
-  product reuses the forward pass), truncated by a forcing sequence, with an
-  Armijo backtracking line search that guarantees ascent.
-- `Newton` — dense Hessian (small problems); indefinite Hessians are shifted to
-  negative definite by their eigenvalues.
-- `LBFGS` — limited-memory BFGS whose initial inverse Hessian is the preconditioner
-  (for vijax's bounds, the curvature that also preconditions `NewtonCG`), with a strong
-  Wolfe line search; for non-concave objectives.
+Solvers: `NewtonCG` (Hessian-free, preconditioned CG, Armijo search), `Newton` (dense Hessian, small problems),
+`GaussNewton` (preconditioner as inverse Hessian) and `LBFGS` (preconditioned, for non-concave objectives).
 """
 
 from __future__ import annotations
@@ -52,13 +39,10 @@ _DECREMENT_ROUNDING = 4  # a predicted gain ½λ² below a few ulps of f cannot 
 
 
 class Solution(NamedTuple):
-    """What a solver returns.
+    """What a solver returns; ``trace[k]`` is f after iteration k (``trace[0]`` at ``x0``, NaN after the last).
 
-    ``trace[k]`` is the objective after iteration k (``trace[0]`` at ``x0``; NaN after
-    the last iteration). Evaluation counts let benchmarks convert iterations into cost.
-    ``decrement`` is the last squared Newton decrement gᵀd measured (before the final step,
-    which reduces it further); ``converged`` says it was at most the stopping threshold.
-    """
+    ``decrement``: the last squared Newton decrement gᵀd measured (before the final step); ``converged``: it was at
+    most the threshold."""
 
     x: jax.Array
     value: jax.Array
@@ -75,17 +59,14 @@ class Solution(NamedTuple):
 class AbstractSolver(eqx.Module):
     """A maximiser: ``maximise(fn, x0, preconditioner) -> Solution``.
 
-    ``preconditioner(x)``, where given, returns a map v ↦ M v with M a positive-definite
-    approximation of (−∇²fn(x))⁻¹.
-    """
+    ``preconditioner(x)``, if given, returns v ↦ M v, M a positive-definite approximation of (−∇²fn(x))⁻¹."""
 
     tol: eqx.AbstractVar[float]
     max_iter: eqx.AbstractVar[int]
 
     @abc.abstractmethod
     def maximise(self, fn: Callable, x0: jax.Array, preconditioner: Callable | None = None) -> Solution:
-        """Maximise ``fn`` (a scalar function of a flat ``(P,)`` vector) from ``x0``, optionally
-        preconditioned by ``preconditioner(x)`` (see the class docstring); one `lax.while_loop`."""
+        """Maximise ``fn`` (scalar, of a flat ``(P,)`` vector) from ``x0``, optionally preconditioned."""
 
     def threshold(self, f):
         """The squared Newton decrement at which the solver stops: ``tol``, or the rounding of f."""
@@ -93,12 +74,10 @@ class AbstractSolver(eqx.Module):
 
 
 def iterate(step, state, max_iter: int, done=None):
-    """``state = step(k, state)`` for k = 0, 1, … until ``done(k, state)`` or ``max_iter`` steps.
+    """``state = step(k, state)`` for k = 0, 1, … until ``done(k, state)`` or ``max_iter`` steps; ``(state, k)``.
 
-    A `jax.lax.fori_loop` that stops early: the loop of vijax's iterative schemes (mean-field sweeps,
-    E-steps, nested EP). ``done(k, state)`` is checked before each step, with k the number of steps
-    taken (None: never done). Returns ``(state, k)``.
-    """
+    The early-stopping loop of vijax's iterative schemes (mean-field sweeps, E-steps, nested EP). ``done`` (None:
+    never) is checked before each step, k the number of steps taken."""
     def unfinished(carry):
         k, state = carry
         return (k < max_iter) if done is None else (k < max_iter) & ~done(k, state)
@@ -112,13 +91,10 @@ def iterate(step, state, max_iter: int, done=None):
 
 
 def extrapolated_distance(change, previous_change, floor):
-    """How far a linearly converging fixed-point iteration still is from its limit.
+    """How far a linearly converging fixed-point iteration still is from its limit (LVB's, free-form mean field's).
 
-    With steps of size Δ_k = ``change`` and Δ_{k−1} = ``previous_change`` and the rate r = Δ_k/Δ_{k−1},
-    the remaining distance is Δ_k r/(1 − r) (a geometric series): a slowly contracting run is far from
-    its limit however small its steps. inf until a contraction is seen; 0 once Δ_k ≤ ``floor`` (steps
-    lost in rounding). The stopping rule of vijax's fixed-point methods (LVB, free-form mean field).
-    """
+    With Δ_k = ``change``, Δ_{k−1} = ``previous_change``, r = Δ_k/Δ_{k−1}: Δ_k r/(1 − r) (a geometric series; a slow
+    run is far however small its steps). inf until a contraction is seen; 0 once Δ_k ≤ ``floor`` (rounding)."""
     rate = change / previous_change
     contracting = jnp.isfinite(previous_change) & (rate < 1)
     extrapolated = jnp.where(contracting, change * rate / jnp.where(contracting, 1 - rate, 1.0), jnp.inf)
@@ -139,20 +115,16 @@ class FixedPoint(NamedTuple):
 def fixed_point(evaluate, update, change, x0, *, tol, max_evals, floor):
     """Maximise an objective by its monotone fixed-point map x ← F(x) (an EM), accelerated by SQUAREM.
 
-    ``evaluate(x) -> (value, aux)`` computes the objective and what the map needs (the expensive part);
-    ``update(x, aux) -> F(x)`` is the map itself, for which value(F(x)) ≥ value(x); ``change(a, b, aux)``
-    measures a step (e.g. in units of q's standard deviations). Plain steps converge linearly, at the
-    rate of the slowest direction. Every cycle takes two plain steps x₁ = F(x₀), x₂ = F(x₁) and, with
-    r = x₁ − x₀ and v = x₂ − 2x₁ + x₀, tries the squared extrapolation (Varadhan & Roland 2008)
+    ``evaluate(x) -> (value, aux)``: the objective and what the map needs (the expensive part); ``update(x, aux)``:
+    F(x), with value(F(x)) ≥ value(x); ``change(a, b, aux)``: a step's size (e.g. in q's standard deviations). Plain
+    steps converge linearly, at the slowest direction's rate, so each cycle takes x₁ = F(x₀), x₂ = F(x₁) and, with
+    r = x₁ − x₀ and v = x₂ − 2x₁ + x₀, tries (Varadhan & Roland 2008)
 
         x' = x₀ − 2αr + α²v,   α = −‖r‖/‖v‖ ≤ −1,
 
-    accepted where value(x') ≥ value(x₁) (to 16 ulps), else the run goes on from x₂: the accepted iterates never
-    lower the objective beyond its rounding, and where the extrapolation fails the run is plain EM. The run stops when the
-    two plain steps' extrapolated distance (`extrapolated_distance`) is at most ``tol``, returning x₂.
-
-    One loop iteration evaluates one point, so ``evaluate`` appears once in the compiled program.
-    """
+    accepted if value(x') ≥ value(x₁) (to 16 ulps), else the run goes on from x₂ (plain EM): the objective never
+    drops beyond rounding. Stops, returning x₂, when the two plain steps' `extrapolated_distance` is ≤ ``tol``.
+    One evaluation per loop iteration, so ``evaluate`` appears once in the compiled program."""
     value, aux = evaluate(x0)
     leaves = lambda t: jax.tree_util.tree_leaves(t)
     axpy = lambda a, x, y: jax.tree_util.tree_map(lambda u, w: a * u + w, x, y)
@@ -236,9 +208,8 @@ _C1 = 1e-4
 
 
 def _acceptable(f, slope, f_new, dphi_new, alpha=1.0):
-    """Sufficient increase (Armijo) for the step α along d, or — once the increase is lost in
-    the rounding of f near the optimum — Hager and Zhang's approximate Wolfe conditions:
-    f_new within a few ulps of f and the directional derivative −0.8 φ'(0) ≤ φ'(α) ≤ 0.9 φ'(0)."""
+    """Sufficient increase (Armijo) for step α along d or, once the gain is lost in f's rounding, Hager and Zhang's
+    approximate Wolfe conditions: f_new within a few ulps of f and −0.8 φ'(0) ≤ φ'(α) ≤ 0.9 φ'(0)."""
     finite = jnp.isfinite(f_new) & jnp.isfinite(dphi_new)
     armijo = f_new >= f + _C1 * alpha * slope
     rounding = _ROUNDING * jnp.finfo(jnp.result_type(f)).eps * jnp.abs(f)
@@ -249,15 +220,10 @@ def _acceptable(f, slope, f_new, dphi_new, alpha=1.0):
 def _newton_loop(solver, fn, x0, local_model, direction):
     """Shared loop of the Newton solvers, with the objective traced once.
 
-    ``local_model(x)`` returns the objective, its gradient and curvature information at ``x``;
-    ``direction(x, g, curvature)`` returns a Newton direction and the number of Hessian-vector
-    products it used. Each iteration of the one `while_loop` evaluates one trial point x + αd (the
-    first, x0 itself): accepted (Armijo, or the approximate Wolfe conditions once the gain is lost
-    in f's rounding), it becomes the point, its direction is computed from the local model already
-    at hand, and the next trial is the full step; rejected, α is halved. So an accepted full step
-    (the usual case) costs one evaluation, and the program holds one copy of the objective and of
-    the direction. Once the decrement gᵀd is below the solver's threshold, that step is the last.
-    """
+    ``local_model(x)``: objective, gradient and curvature; ``direction(x, g, curvature)``: a Newton direction and its
+    Hessian-vector product count. Each iteration evaluates one trial x + αd (first x0): accepted (`_acceptable`), it
+    becomes the point, its direction comes from the local model at hand and the next trial is the full step;
+    rejected, α is halved. Once gᵀd is below the threshold, that step is the last."""
     dtype = x0.dtype
     zero, false = jnp.array(0), jnp.array(False)
     trace = nan_trace(solver.max_iter, dtype)
@@ -304,18 +270,14 @@ def _solution(solver, x, f, g, k, decrement, done, trace, n_val, n_grad, n_hvp) 
 
 
 class NewtonCG(AbstractSolver):
-    """Hessian-free (truncated) Newton.
+    """Hessian-free (truncated) Newton with Armijo backtracking.
 
-    The Newton system −∇²f · d = ∇f is solved by preconditioned conjugate gradients
-    to relative residual η_k = min(½, (gᵀMg)^{1/4}) (M the preconditioner: gᵀMg estimates
-    the squared Newton decrement, so η_k does not depend on the problem's scale; loose far
-    from the optimum, where a short CG run is a well-scaled preconditioned gradient step,
-    tight near it, for superlinear convergence), stopping early on non-negative curvature.
-    With a concave objective (G-KL with log-concave sites) the steps converge superlinearly.
+    −∇²f · d = ∇f is solved by preconditioned CG on autodiff Hessian-vector products to relative residual
+    η_k = min(½, (gᵀMg)^{1/4}) (scale-free, as gᵀMg estimates λ²: loose far from the optimum, tight near it),
+    stopping early on non-negative curvature; superlinear on concave objectives (G-KL with log-concave sites).
 
-    **Arguments:** `tol` (the squared Newton decrement gᵀd at which the last step is taken;
-    see the module docstring), `max_iter` (Newton iterations), `max_cg` (CG iterations per
-    Newton step).
+    **Arguments:** `tol` (λ² = gᵀd at which the last step is taken; 1e-10, see the module docstring), `max_iter`
+    (Newton iterations; 100), `max_cg` (CG iterations per Newton step; 50).
     """
 
     tol: float = 1e-10
@@ -339,12 +301,9 @@ class NewtonCG(AbstractSolver):
 class Newton(AbstractSolver):
     """Dense Newton: forms the Hessian by autodiff; for small parameter counts.
 
-    An indefinite Hessian is replaced by −V max(|λ|, δ) Vᵀ (its eigenvalues made
-    negative), so every step is an ascent direction.
+    An indefinite Hessian is replaced by −V max(|λ|, δ) Vᵀ, so every step is an ascent direction.
 
-    **Arguments:** `tol` (the squared Newton decrement at which the last step is taken),
-    `max_iter` (Newton iterations).
-    """
+    **Arguments:** `tol` (λ² at which the last step is taken; 1e-10), `max_iter` (Newton iterations; 100)."""
 
     tol: float = 1e-10
     max_iter: int = eqx.field(static=True, default=100)
@@ -368,14 +327,11 @@ class Newton(AbstractSolver):
 class GaussNewton(AbstractSolver):
     """Newton steps with the preconditioner as the inverse Hessian: d = M(x) ∇f(x).
 
-    For vijax's log joints M is the inverse of the Gauss–Newton curvature Λ + Σ H diag(ω⁺) Hᵀ, so
-    these are exact Newton steps wherever the sites are log-concave (and ascent directions
-    elsewhere), at the cost of the one factorisation M makes and no Hessian-vector products: the
-    cheapest solver to compile and run where the preconditioner is that good. Without a
-    preconditioner it is gradient ascent with backtracking (not recommended).
+    For vijax's log joints M⁻¹ = Λ + Σ H diag(ω⁺) Hᵀ (Gauss–Newton): exact Newton steps where the sites are
+    log-concave, ascent elsewhere, one factorisation and no Hessian-vector products (the cheapest solver where M is
+    that good). Without a preconditioner, gradient ascent with backtracking (not recommended).
 
-    **Arguments:** `tol` (the squared decrement gᵀMg at which the last step is taken), `max_iter`.
-    """
+    **Arguments:** `tol` (gᵀMg at which the last step is taken; 1e-10), `max_iter` (100)."""
 
     tol: float = 1e-10
     max_iter: int = eqx.field(static=True, default=100)
@@ -414,25 +370,16 @@ class _LBFGSState(NamedTuple):
 class LBFGS(AbstractSolver):
     """Limited-memory BFGS, preconditioned, with a strong Wolfe line search.
 
-    The direction is H_k ∇f from the two-loop recursion over the last ``memory`` pairs
-    (s_i, y_i) = (x_{i+1} − x_i, ∇f(x_i) − ∇f(x_{i+1})), with the initial inverse Hessian
-    H_k⁰ = M(x_k), the preconditioner at the current point (Nocedal & Wright §7.2; for
-    vijax's bounds the same curvature that preconditions `NewtonCG`), or the usual scaled
-    identity sᵀy/yᵀy I without one. A pair with sᵀy ≤ 0 (possible without concavity) is not
-    stored. The step meets the strong Wolfe conditions with ``c2 = 0.9`` (`_Bracket`), tried at
-    α = 1 first, so a well-preconditioned run takes nearly Newton steps. The iterations and the
-    line searches' trials run in one `lax.while_loop` whose body evaluates the objective once
-    (at x0 on the first pass), so the compiled program holds one copy of the objective and its
-    gradient.
+    The direction H_k ∇f comes from the two-loop recursion over the last ``memory`` pairs (s_i, y_i) =
+    (x_{i+1} − x_i, ∇f(x_i) − ∇f(x_{i+1})) with H_k⁰ = M(x_k), the preconditioner at the current point (Nocedal &
+    Wright §7.2; for vijax's bounds the curvature that preconditions `NewtonCG`), or sᵀy/yᵀy I without one; pairs
+    with sᵀy ≤ 0 are dropped. Steps meet the strong Wolfe conditions with ``c2 = 0.9`` (`_Bracket`), α = 1 tried
+    first. One `lax.while_loop`, one objective evaluation per pass. With ``gain_tol``, the run also stops
+    (converged) once f rose by at most ``gain_tol`` over ``gain_window`` iterations: for objectives known only to
+    some accuracy (AI-KL's lattice bound), where the decrement test asks for progress finer than that.
 
-    Optionally the run also stops (converged) once the objective rose by at most ``gain_tol``
-    over the last ``gain_window`` iterations: for an objective known only to some accuracy (AI-KL's
-    lattice bound), the decrement test asks for progress finer than that accuracy, which
-    L-BFGS reaches slowly along flat directions.
-
-    **Arguments:** `tol` (the squared decrement gᵀH_k g at which the last step is taken),
-    `max_iter` (iterations), `memory` (pairs kept), `max_backtracks` (line-search trials),
-    `gain_tol` (default None: no gain test), `gain_window` (iterations, default 10).
+    **Arguments:** `tol` (gᵀH_k g at which the last step is taken; 1e-14), `max_iter` (1000), `memory` (pairs kept;
+    10), `max_backtracks` (line-search trials; 30), `gain_tol` (None: no gain test), `gain_window` (10).
     """
 
     tol: float = 1e-14
@@ -516,22 +463,15 @@ class LBFGS(AbstractSolver):
 
 
 class _Bracket(NamedTuple):
-    """The line search of `LBFGS`, one trial per pass of their loop: a step α along
-    ascent direction ``d`` meeting the strong Wolfe conditions
+    """The line search of `LBFGS`, one trial per loop pass: a step α along ascent direction ``d`` with
 
-        φ(α) ≥ φ(0) + c₁ α φ'(0)   and   |φ'(α)| ≤ c₂ φ'(0),     φ(α) = fn(x + α d).
+        φ(α) ≥ φ(0) + c₁ α φ'(0)   and   |φ'(α)| ≤ c₂ φ'(0),     φ(α) = fn(x + α d),
 
-    Near the optimum the sufficient-increase test is lost in the rounding of φ; there the
-    approximate Wolfe conditions of `_acceptable` stand in for it.
-
-    Each trial evaluates fn and its gradient, so the accepted step's gradient comes for
-    free. Before a bracket is known, the next trial extrapolates φ' linearly to zero (at
-    most ×10); inside a bracket [lo, hi] (either order) it is the zero of the secant on φ'
-    when the ends' derivatives have opposite signs, else the maximiser of the quadratic
-    through φ(lo), φ'(lo), φ(hi), kept 10 % away from both ends. On a quadratic the second
-    trial is exact. Where the curvature condition is never met the
-    best acceptable step (``lo``) is kept; ``lo`` = 0 means there is none.
-    """
+    the first replaced near the optimum by `_acceptable`'s approximate Wolfe conditions. Each trial gives fn and
+    its gradient. Without a bracket the next trial extrapolates φ' linearly to zero (at most ×10); inside [lo, hi]
+    (either order) it is the secant zero of φ' if the ends' slopes differ in sign, else the maximiser of the
+    quadratic through φ(lo), φ'(lo), φ(hi), kept 10 % from both ends (exact on a quadratic at the second trial).
+    Without the curvature condition the best acceptable step ``lo`` is kept; ``lo`` = 0: none."""
 
     lo: jax.Array  # best acceptable step so far (0 at the start) ...
     f_lo: jax.Array
@@ -553,8 +493,8 @@ def _wolfe_start(f, g, slope, alpha0):
 
 
 def _wolfe_step(b, f, slope, d, c2, f_a, g_a):
-    """One trial of the line search (`_Bracket`): the bracket ``b`` updated with the trial's objective ``f_a`` and gradient
-    ``g_a`` at x + b.alpha d (``f``, ``slope``: φ(0) and φ'(0))."""
+    """One trial of the line search (`_Bracket`): ``b`` updated with the objective ``f_a`` and gradient ``g_a`` at
+    x + b.alpha d (``f``, ``slope``: φ(0) and φ'(0))."""
     dtype = f.dtype
     inf = jnp.asarray(jnp.inf, dtype)
     c2_slope = c2 * slope

@@ -1,14 +1,9 @@
 r"""Sparse variational GPs with inducing points (Titsias 2009; Hensman et al. 2013).
 
-Notation: inputs ``X`` (N, d), targets ``y`` (N,), inducing inputs ``Z`` (M, d),
-:math:`K_{ZZ} = k(Z, Z) + \text{jitter}\, I = L L^\top`, :math:`K_{ZX} = k(Z, X)`,
-:math:`Q_{XX} = K_{XZ} K_{ZZ}^{-1} K_{ZX}`, noise variance :math:`\sigma^2`.
-The jittered :math:`K_{ZZ}` is used consistently everywhere, so that all functions
-describe one model, :math:`p(u) = \mathcal N(0, K_{ZZ})`.
-
-A kernel is callable as ``kernel(X1, X2=None)`` -> (N1, N2) covariance and has
-``kernel.diagonal(X)`` -> (N,) with :math:`k(x_n, x_n)`.
-
+Notation: inputs ``X`` (N, d), targets ``y`` (N,), inducing inputs ``Z`` (M, d), noise variance :math:`\sigma^2`,
+:math:`K_{ZZ} = k(Z, Z) + \text{jitter}\, I = L L^\top` (jittered everywhere, so all functions describe one model,
+:math:`p(u) = \mathcal N(0, K_{ZZ})`), :math:`K_{ZX} = k(Z, X)`, :math:`Q_{XX} = K_{XZ} K_{ZZ}^{-1} K_{ZX}`.
+A kernel is callable as ``kernel(X1, X2=None)`` -> (N1, N2) covariance, with ``kernel.diagonal(X)`` -> (N,).
 Everything costs :math:`O(N M^2)`: no N x N matrix and no explicit inverse is formed.
 """
 
@@ -87,22 +82,17 @@ def collapsed_elbo(kernel: AbstractKernel, X: ArrayLike, y: ArrayLike, noise_var
 
     $$
     \mathcal L_2 = \log \mathcal N(y \mid 0, Q_{XX} + \sigma^2 I)
-    - \frac{1}{2\sigma^2} \operatorname{tr}(K_{XX} - Q_{XX}).
+    - \frac{1}{2\sigma^2} \operatorname{tr}(K_{XX} - Q_{XX}),
     $$
 
-    With :math:`A = \sigma^{-1} L^{-1} K_{ZX}`, :math:`B = I + A A^\top = L_B L_B^\top` and
-    :math:`c = \sigma^{-1} L_B^{-1} A y`, the matrix determinant lemma and Woodbury give
+    exact when ``inducing = X`` (up to jitter), below otherwise. With :math:`A = \sigma^{-1} L^{-1} K_{ZX}`,
+    :math:`B = I + A A^\top = L_B L_B^\top`, :math:`c = \sigma^{-1} L_B^{-1} A y`, so that
+    :math:`\operatorname{tr}(Q_{XX}) / \sigma^2 = \operatorname{tr}(A A^\top)`, the determinant lemma and Woodbury give
 
     $$
-    \log \mathcal N(y \mid 0, Q_{XX} + \sigma^2 I)
-    = -\tfrac N2 \log 2\pi - \tfrac N2 \log\sigma^2 - \textstyle\sum_m \log (L_B)_{mm}
-    - \frac{y^\top y}{2\sigma^2} + \tfrac12 c^\top c,
-
-    \operatorname{tr}(Q_{XX}) / \sigma^2 = \operatorname{tr}(A A^\top).
+    \log \mathcal N(y \mid 0, Q_{XX} + \sigma^2 I) = -\tfrac N2 \log 2\pi - \tfrac N2 \log\sigma^2
+    - \textstyle\sum_m \log (L_B)_{mm} - \frac{y^\top y}{2\sigma^2} + \tfrac12 c^\top c.
     $$
-
-    Equals the exact log marginal likelihood when ``inducing = X`` (up to jitter) and is
-    below it otherwise.
     """
     X, Z, y, noise_variance = _inputs("collapsed_elbo", X, inducing, y, noise_variance)
     N = X.shape[0]
@@ -116,18 +106,14 @@ def collapsed_elbo(kernel: AbstractKernel, X: ArrayLike, y: ArrayLike, noise_var
 
 def optimal_inducing_posterior(kernel: AbstractKernel, X: ArrayLike, y: ArrayLike, noise_variance: ArrayLike,
                                inducing: ArrayLike, jitter: float = 1e-6) -> tuple[jax.Array, jax.Array]:
-    r"""The optimal :math:`q(u)` of the collapsed bound.
+    r"""The optimal :math:`q(u)` of the collapsed bound: ``(mean_u, cov_u)``, shapes (M,) and (M, M).
 
     $$
-    q(u) = \mathcal N\big(\sigma^{-2} K_{ZZ} \Lambda^{-1} K_{ZX} y,\;
-    K_{ZZ} \Lambda^{-1} K_{ZZ}\big),
+    q(u) = \mathcal N\big(\sigma^{-2} K_{ZZ} \Lambda^{-1} K_{ZX} y,\; K_{ZZ} \Lambda^{-1} K_{ZZ}\big),
     \qquad \Lambda = K_{ZZ} + \sigma^{-2} K_{ZX} K_{XZ} = L B L^\top,
     $$
 
-    so that, with :math:`W = L L_B^{-\top}`, mean :math:`= W c` and covariance :math:`= W W^\top`.
-
-    Returns ``(mean_u, cov_u)`` of shapes (M,) and (M, M).
-    """
+    so with :math:`W = L L_B^{-\top}`, mean :math:`= W c` and covariance :math:`= W W^\top`."""
     X, Z, y, noise_variance = _inputs("optimal_inducing_posterior", X, inducing, y, noise_variance)
     L, _, _, LB, c = _titsias_terms(kernel, X, y, noise_variance, Z, jitter)
     W = solve_triangular(LB, L.T, lower=True).T  # W = L L_B^{-T}
@@ -151,17 +137,15 @@ def _marginals(kernel, Z, L, mean_u, chol_or_cov, X, is_chol):
 
 def predict_sparse(kernel: AbstractKernel, inducing: ArrayLike, mean_u: ArrayLike, cov_u: ArrayLike, X_test: ArrayLike,
                    jitter: float = 1e-6) -> tuple[jax.Array, jax.Array]:
-    r"""Predictive marginals of the latent function under :math:`q(u) = \mathcal N(\mu, S)`.
+    r"""Predictive marginals of the latent function under :math:`q(u) = \mathcal N(\mu, S)`: ``(mean, var)``, each (T,).
 
     $$
     q(f_*) = \mathcal N\big(K_{*Z} K_{ZZ}^{-1}\mu,\;
     k_{**} - \operatorname{diag}(K_{*Z} K_{ZZ}^{-1} K_{Z*})
-    + \operatorname{diag}(K_{*Z} K_{ZZ}^{-1} S K_{ZZ}^{-1} K_{Z*})\big).
+    + \operatorname{diag}(K_{*Z} K_{ZZ}^{-1} S K_{ZZ}^{-1} K_{Z*})\big);
     $$
 
-    Returns ``(mean, var)``, each of shape (T,). Add the noise variance to ``var`` for
-    the predictive distribution of noisy observations.
-    """
+    add the noise variance to ``var`` for noisy observations."""
     X_test, Z, _, _ = _inputs("predict_sparse", X_test, inducing)
     mean_u, cov_u = _q_u("predict_sparse", mean_u, "cov_u", cov_u, Z.shape[0])
     L = _chol_kzz(kernel, Z, jitter)
@@ -184,19 +168,12 @@ def svgp_elbo(mean_u: ArrayLike, chol_u: ArrayLike, kernel: AbstractKernel, indu
 
     with :math:`S = R R^\top` (:math:`R` = ``tril(chol_u)``), :math:`a_n = K_{ZZ}^{-1} k_{Zn}`,
     :math:`q(f_n) = \mathcal N(a_n^\top \mu,\; k_{nn} - a_n^\top K_{ZZ} a_n + a_n^\top S a_n)` and
+    :math:`2\,\mathrm{KL} = \|L^{-1} R\|_F^2 + \|L^{-1}\mu\|^2 - M + 2\sum_m \log L_{mm} - 2\sum_m \log |R_{mm}|`.
 
-    $$
-    2\,\mathrm{KL} = \|L^{-1} R\|_F^2 + \|L^{-1}\mu\|^2 - M
-    + 2\textstyle\sum_m \log L_{mm} - 2\sum_m \log |R_{mm}|.
-    $$
-
-    ``likelihood`` is a vijax potential over the batch (e.g.
-    ``vijax.potentials.Gaussian(loc=y, scale=sigma)``); its ``expected_log_phi(mu, sigma)``
-    gives :math:`\langle \log \varphi(\mu + \sigma z)\rangle`. ``num_data`` defaults to the
-    batch size. Classification likelihoods (``Probit()``, ``Logistic()``) act on y_n f_n and need
-    the batch's ``labels`` (in {0, 1} or {−1, +1}), as in `vj.gp.model`. For a Gaussian likelihood
-    the maximum over :math:`q(u)` is `collapsed_elbo`, attained at `optimal_inducing_posterior`.
-    """
+    ``likelihood``: a vijax potential over the batch (e.g. ``vijax.potentials.Gaussian(loc=y, scale=sigma)``);
+    ``num_data`` defaults to the batch size. Classification likelihoods (``Probit()``, ``Logistic()``) act on
+    y_n f_n and need the batch's ``labels`` ({0, 1} or {−1, +1}), as in `vj.gp.model`. For a Gaussian likelihood
+    the maximum over :math:`q(u)` is `collapsed_elbo`, attained at `optimal_inducing_posterior`."""
     X, Z, _, _ = _inputs("svgp_elbo", X, inducing)
     M, N = Z.shape[0], X.shape[0]
     mean_u, R = _q_u("svgp_elbo", mean_u, "chol_u", chol_u, M)
@@ -219,10 +196,9 @@ def svgp_natural_step(mean_u, chol_u, kernel, inducing, X, likelihood, num_data=
                       jitter=1e-6, labels=None):
     r"""One natural-gradient step on q(u) for `svgp_elbo` (Hensman et al. 2013; Salimbeni et al. 2018).
 
-    In whitened coordinates v = L⁻¹u (prior N(0, I)), q(v) = N(m̃, S̃) has natural parameters
-    θ = (S̃⁻¹m̃, S̃⁻¹). The natural gradient of the bound is the ordinary gradient in the
-    expectation parameters, so with g_m, g_v the derivatives of the scaled expected log-likelihood
-    with respect to each marginal's mean and variance, and ã_n = L⁻¹k_Zn,
+    In whitened coordinates v = L⁻¹u (prior N(0, I)), q(v) = N(m̃, S̃) has natural parameters θ = (S̃⁻¹m̃, S̃⁻¹); the
+    natural gradient is the gradient in the expectation parameters, so with g_m, g_v the derivatives of the scaled
+    expected log-likelihood in each marginal's mean and variance, and ã_n = L⁻¹k_Zn,
 
     $$
     S̃^{-1} \leftarrow (1-\rho) S̃^{-1} + \rho \big(I - 2 \tilde A \operatorname{diag}(g_v) \tilde A^\top\big),
@@ -230,14 +206,11 @@ def svgp_natural_step(mean_u, chol_u, kernel, inducing, X, likelihood, num_data=
     S̃^{-1}m̃ \leftarrow (1-\rho) S̃^{-1}m̃ + \rho \big(\tilde A g_m - 2 \tilde A \operatorname{diag}(g_v) \tilde A^\top m̃\big).
     $$
 
-    With ρ = ``learning_rate`` = 1 and a Gaussian likelihood on the full data, one step lands on
-    `optimal_inducing_posterior`. Minibatches pass ``num_data`` (and classification ``labels``) as
-    in `svgp_elbo`; use ρ < 1 then.
-    Likelihoods that are not log-concave (Student-t) can make S̃⁻¹ indefinite for large ρ: ρ is then
-    halved until it is positive definite, so a step never leaves q improper.
-
-    Returns the new ``(mean_u, chol_u)`` (unwhitened, ``chol_u`` lower-triangular).
-    """
+    With ρ = ``learning_rate`` = 1 (default) and a Gaussian likelihood on the full data, one step lands on
+    `optimal_inducing_posterior`; minibatches pass ``num_data`` (and ``labels``) as in `svgp_elbo`, with ρ < 1.
+    Where S̃⁻¹ would turn indefinite (non-log-concave likelihoods such as Student-t, large ρ), ρ is halved until it
+    is positive definite (after 30 failed halvings q is left as it is). Returns the new ``(mean_u, chol_u)``
+    (unwhitened, ``chol_u`` lower-triangular)."""
     X, Z, _, _ = _inputs("svgp_natural_step", X, inducing)
     M, N = Z.shape[0], X.shape[0]
     mean_u, R = _q_u("svgp_natural_step", mean_u, "chol_u", chol_u, M)
