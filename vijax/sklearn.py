@@ -1,7 +1,7 @@
 """scikit-learn estimators over vijax's models (needs the ``sklearn`` extra: ``pip install "vijax[sklearn]"``).
 
-scikit-learn is not a dependency of vijax; this module is the only place that imports it, and
-``import vijax`` does not import this module (``vj.sklearn`` loads it on first access).
+The only module importing scikit-learn (not a vijax dependency); ``import vijax`` does not import it,
+``vj.sklearn`` loads it on first access.
 
 | estimator | model | kind |
 |---|---|---|
@@ -12,21 +12,14 @@ scikit-learn is not a dependency of vijax; this module is the only place that im
 | `GPClassifier` | `vj.gp.model` with a logistic or probit likelihood | classifier |
 | `GPRegressor` | `vj.gp.model` with a Gaussian / Student-t / Laplace likelihood | regressor |
 
-Every estimator takes the inference method as a parameter (``method="gkl"``, ``"ep"``, ``"laplace"``,
-``"map"``, ``"lvb"``, ``"meanfield"``, or a method instance such as ``vj.GKL(covariance=...)``), so
-``GridSearchCV`` can choose it, and after ``fit`` holds
-
-- ``posterior_``: the `vj.Posterior` (its ``mean``, ``covariance``, ``diagnostics``, …);
-- ``log_z_``: the method's estimate of the log evidence (a lower bound for G-KL, LVB, mean field);
-- for the GLMs ``coef_`` and ``intercept_`` (posterior means), for the GPs ``kernel_`` (the kernel
-  used, after ML-II if ``optimize=True``).
-
-GLM fits pad the data to the next power of two of rows (`vj.pad_sites`, exact: padded sites are
-switched off), so cross-validation folds of similar sizes share one compiled program.
-
-Saving a fitted estimator or posterior: both pickle (``pickle.dump(est, f)``); a posterior alone can
-also be written with ``equinox.tree_serialise_leaves(path, est.posterior_)`` and read back into a
-template of the same structure, e.g. ``jax.eval_shape`` of the same fit (see the user guide).
+The inference method is a parameter (``method="gkl"``, ``"ep"``, ``"laplace"``, ``"map"``, ``"lvb"``,
+``"meanfield"``, or an instance such as ``vj.GKL(covariance=...)``), so ``GridSearchCV`` can choose it.
+After ``fit``: ``posterior_`` (the `vj.Posterior`), ``log_z_`` (the log evidence estimate; a lower
+bound for G-KL, LVB, mean field), and ``coef_``, ``intercept_`` (posterior means; GLMs) or ``kernel_``
+(the kernel used, after ML-II if ``optimize=True``; GPs). GLM fits pad the rows to the next power of
+two (`vj.pad_sites`, exact), so cross-validation folds of similar sizes share one compiled program.
+Estimators and posteriors pickle; a posterior alone also saves with ``equinox.tree_serialise_leaves``
+and loads into a template of the same structure, e.g. ``jax.eval_shape`` of the same fit (user guide).
 """
 
 from __future__ import annotations
@@ -145,7 +138,7 @@ class BayesianLogisticRegression(_GLMClassifier):
     Args:
         method: ``"gkl"`` (default; ``log_z_`` a lower bound), ``"ep"``, ``"laplace"``, ``"map"``,
             ``"lvb"``, ``"meanfield"``, or a vijax method instance.
-        prior_variance: v, the prior variance of every weight (and of the intercept).
+        prior_variance: v, the prior variance of every weight and of the intercept (default 1).
         fit_intercept: append a column of ones to X (its weight is ``intercept_``).
 
     Attributes:
@@ -212,8 +205,7 @@ class BayesianRobustRegression(RegressorMixin, BaseEstimator):
     """Bayesian linear regression with Student-t or Laplace noise; ``predict`` is the posterior mean of x_*ᵀw.
 
     Args:
-        method: a method name or instance; ``"ep"`` is a good choice for heavy-tailed noise (see
-            `BayesianLogisticRegression` for the others).
+        method: a method name or instance; ``"ep"`` suits heavy-tailed noise.
         likelihood: ``"student_t"`` or ``"laplace"``.
         scale: the noise scale.
         df: Student-t degrees of freedom.

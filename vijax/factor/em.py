@@ -1,33 +1,28 @@
 """Variational EM for latent Gaussian factor models: vmapped E-steps, M-steps, the EM driver.
 
-**E-step.** For each data point, q(z_n) = N(m_n, V_n) maximises L_n (thesis eq. 3.21). With g = ∂f̲/∂m̃
-and G = ∂f̲/∂Ṽ summed over the point's observed columns, one step is
+**E-step.** Each q(z_n) = N(m_n, V_n) maximises L_n (thesis eq. 3.21). With g = ∂f̲/∂m̃ and
+G = ∂f̲/∂Ṽ summed over the point's observed columns, a natural-gradient step in q's natural parameters is
 
     P* = Σ⁻¹ − 2 Σ_d W_dᵀ G_d W_d,        P ← (1 − ρ) P + ρ P*,        m ← m + ρ P⁻¹ (−Σ⁻¹(m − μ) + Σ_d W_dᵀ g_d)
 
-(natural-gradient ascent in q's natural parameters). At ρ = 1 it is Newton's method in m with the
-covariance at its fixed point: for a bound that is a Gaussian expectation of a fixed function
-(piecewise, Gaussian, Poisson, Jaakkola at fixed ξ) the Hessian in m̃ is 2G (Price's theorem), and for
-quadratic bounds one step is the thesis's closed-form E-step (Algs. 2, 4, 5). A step that would lower
-L_n is rejected and ρ halved; an accepted one doubles ρ (up to 1), so every L_n rises monotonically.
-A point stops once q is within ``tol`` of its fixed point, in units of q's own marginal standard
-deviations: accepted steps move m and diag V by Δ_k = max_i(|Δm_i|/√V_ii, |ΔV_ii|/V_ii), and the
-distance still to go is extrapolated from the last two as Δ_k r/(1 − r), r = Δ_k/Δ_{k−1}
-(`vj.solvers.extrapolated_distance`: the plain steps converge linearly, slowly where the likelihood
-dominates the prior), or after ``max_iter`` steps. (A test on the change of L_n would stop with q
-only √tol from its optimum: L_n is stationary there.) A point also stops, converged, once it has
-*settled*: an accepted step that did not shrink did not change L_n beyond its rounding, so q is at its
-optimum to the accuracy with which the bound is evaluated (the piecewise bounds' derivatives carry
-noise of about 10⁻⁸, which leaves the steps wandering at that level without a measurable contraction).
-The step is written for one point and mapped over all of them with `jax.vmap` inside one `jax.jit`.
-When every likelihood has constant curvature (Gaussian, Böhning) and no entry is missing, P* is the
-same for every point: V is computed once and only the means iterate (the shared-covariance
-shortcut of thesis Alg. 5).
+At ρ = 1 this is Newton's method in m with the covariance at its fixed point (for a Gaussian
+expectation of a fixed function, i.e. piecewise, Gaussian, Poisson, Jaakkola at fixed ξ, the Hessian in
+m̃ is 2G by Price's theorem), and for quadratic bounds the closed-form E-step (Algs. 2, 4, 5). A step
+that would lower L_n is rejected and ρ halved; an accepted one doubles ρ (up to 1): L_n never falls.
+A point stops after ``max_iter`` steps, or once q is within ``tol`` of its fixed point in its marginal
+standard deviations: with Δ_k = max_i(|Δm_i|/√V_ii, |ΔV_ii|/V_ii) of the accepted steps, the distance
+left is Δ_k r/(1 − r), r = Δ_k/Δ_{k−1} (`vj.solvers.extrapolated_distance`; the steps converge
+linearly, slowly where the likelihood dominates the prior; a test on L_n, stationary at the optimum,
+would stop √tol away). It also stops, converged, once *settled*: an accepted step neither shrank nor
+changed L_n beyond its rounding, so q is optimal to the bound's accuracy (the piecewise bounds'
+derivatives carry noise of about 10⁻⁸, where the steps wander without measurable contraction). Points are `jax.vmap`ped in one `jax.jit`; with
+constant-curvature likelihoods (Gaussian, Böhning) and no missing entry P* is shared, so V is computed
+once and only the means iterate (thesis Alg. 5).
 
 **M-step.** μ and Σ in closed form (eq. 3.37; the graphical lasso when penalised); each column's
-(W_d, w_0d) by steps with the curvature Σ_n Λ_dn ⊗ ⟨x̃x̃ᵀ⟩, x̃ = (z_n, 1), Λ = −2G — for quadratic
-bounds the closed forms (3.42–3.43, 4.14–4.15, 4.30–4.31, 5.28–5.29) — backtracked per column so the
-bound never falls; then each likelihood's own parameters (`update`).
+(W_d, w_0d) by steps with the curvature Σ_n Λ_dn ⊗ ⟨x̃x̃ᵀ⟩, x̃ = (z_n, 1), Λ = −2G (for quadratic bounds
+the closed forms 3.42–3.43, 4.14–4.15, 4.30–4.31, 5.28–5.29), backtracked per column so the bound never
+falls; then each likelihood's own parameters (`update`).
 """
 
 from __future__ import annotations
@@ -57,8 +52,7 @@ _ROUNDING = 10  # a step that lowers L_n by less than this many ulps is rounding
 class Posteriors(NamedTuple):
     """The per-point Gaussians q(z_n) = N(mean[n], cov[n]) and their bounds L_n.
 
-    ``precision`` = cov⁻¹; ``iterations`` and ``converged`` report the last E-step per point.
-    """
+    ``precision`` = cov⁻¹; ``iterations`` and ``converged`` report the last E-step per point."""
 
     mean: jax.Array        # (N, L)
     cov: jax.Array         # (N, L, L)
@@ -82,9 +76,8 @@ def _logdet_from_precision(chol):
 
 
 def _psd(h):
-    """Per-column curvature matrices (D_b, K, K) clipped to be positive semi-definite (round-off in a
-    concave bound's curvature, or a bound that is not concave in m̃, must not give an indefinite
-    step matrix)."""
+    """Per-column curvatures (D_b, K, K) clipped to positive semi-definite, so round-off (or a bound not
+    concave in m̃) never gives an indefinite step matrix."""
     if h.shape[-1] == 1:
         return jnp.maximum(h, 0.0)
     w, q = jnp.linalg.eigh(0.5 * (h + jnp.swapaxes(h, -1, -2)))
@@ -147,10 +140,8 @@ class _PointState(NamedTuple):
 def _point_e_step(model, prior, y, mask, mean, cov, precision, shared, max_iter, tol, newton, record=False):
     """Monotone natural-gradient ascent of L_n for one point (``shared``: a fixed (V, P, log|V|) or None).
 
-    Each iteration evaluates the sites once, with their gradient, at the proposed q: if the step is
-    accepted that gradient drives the next step, so rejected steps are the only wasted work. Returns
-    the final (mean, cov, precision, bound, iterations, converged) and a `_PointExtras`.
-    """
+    One site evaluation (with gradient) an iteration, at the proposed q, which drives the next step if
+    accepted. Returns (mean, cov, precision, bound, iterations, converged) and a `_PointExtras`."""
     eye = jnp.eye(model.latent_dim, dtype=mean.dtype)
     floor = 1e3 * float(jnp.finfo(mean.dtype).eps)  # steps lost in rounding (float32's resolution in float32)
     if shared is None:
@@ -225,19 +216,14 @@ def _shared_covariance(model: FactorModel, prior: Prior):
 @eqx.filter_jit
 def e_step(model: FactorModel, Y, mask, q: Posteriors, max_iter: int = 500, tol: float = 1e-9,
            complete: bool = False, newton: bool = False) -> Posteriors:
-    """Fit every q(z_n), warm-started at ``q``, by `jax.vmap` of the per-point ascent.
+    """Fit every q(z_n), warm-started at ``q``, by `jax.vmap` of the per-point ascent (for `EM`, `EStep`).
 
-    ``complete`` (static) says no entry is missing, which allows the shared-covariance shortcut.
-    ``newton`` (static) steps the means with the bound's own curvature in m̃, −∂²f̲/∂m̃², instead of
-    the fixed-point curvature −2∂f̲/∂Ṽ. The two agree for bounds that are Gaussian expectations of a
-    fixed function (piecewise, Poisson, Gaussian); for bounds with optimised local parameters
-    (Böhning, Jaakkola, log, tilted) the fixed-point curvature is a majoriser and its steps converge
-    linearly, slowly where the likelihood dominates the prior, while Newton's converge quadratically.
-    It costs one more L × L factorisation per step, so it pays for large latent spaces with few
-    points (`vj.gp.softmax`), not for many small ones.
-
-    The building block of `EM` and `EStep` (the methods of `vj.infer` on an observed factor model).
-    """
+    ``complete`` (static): no entry is missing, allowing the shared-covariance shortcut. ``newton``
+    (static): step the means with the bound's own curvature −∂²f̲/∂m̃², not the fixed-point −2∂f̲/∂Ṽ.
+    They agree for Gaussian expectations of a fixed function (piecewise, Poisson, Gaussian); with
+    optimised local parameters (Böhning, Jaakkola, log, tilted) the latter is a majoriser and converges
+    linearly, Newton quadratically. One more L × L factorisation a step: it pays for large latent
+    spaces with few points (`vj.gp.softmax`), not for many small ones."""
     return e_step_run(model, Y, mask, q, max_iter, tol, complete, newton)[0]
 
 
@@ -390,11 +376,9 @@ def m_step(model: FactorModel, Y, mask, q: Posteriors, loading_steps: int = 1, w
 class EMState(eqx.Module):
     """The State of `EM`: where the EM loop stands.
 
-    - `model`: the `FactorModel` reached (after the last M-step);
-    - `posteriors`: every q(z_n) after the last E-step (`Posteriors`), where the next E-step starts;
-    - `bound`: the bound Σ_n w_n L_n of the last E-step (−inf before the first), which the next
-      iteration's relative change is measured from.
-    """
+    `model`: the `FactorModel` after the last M-step; `posteriors`: every q(z_n) after the last E-step,
+    where the next one starts; `bound`: that E-step's Σ_n w_n L_n (−inf before the first), from which
+    the next relative change is measured."""
 
     model: FactorModel
     posteriors: Posteriors
@@ -404,10 +388,8 @@ class EMState(eqx.Module):
 class FactorInfo(eqx.Module):
     """What `EM` and `EStep` report beyond the common `Diagnostics` (``post.diagnostics.info``).
 
-    - `e_step_iterations`: the most iterations a point's (last) E-step took; scalar int.
-    - `e_step_unconverged`: points whose (last) E-step stopped at its iteration cap before q reached
-      its fixed point to the E-step's tolerance; scalar int.
-    """
+    Scalar ints: `e_step_iterations`, the most iterations a point's (last) E-step took;
+    `e_step_unconverged`, points whose (last) E-step hit its cap before reaching its tolerance."""
 
     e_step_iterations: jax.Array
     e_step_unconverged: jax.Array
@@ -423,21 +405,15 @@ class FactorPosterior(Posterior):
     """What `EM` and `EStep` return: the per-point posteriors q(z_n), the model they were fitted under,
     and the bound.
 
-    A batch of N Gaussians, one per row: ``mean`` ``(N, L)``, ``covariance`` ``(N, L, L)``, ``std``
-    ``(N, L)``, ``marginals(H)`` (H of shape ``(K, L)``: means and variances ``(N, K)``), ``sample(key,
-    S)`` ``(S, N, L)``; ``factor`` holds the N Cholesky factors (a batched `vj.covariance.CholeskyFactor`,
-    as a posterior under `jax.vmap` has). Also:
-
-    - `log_z`: the bound Σ_n w_n L_n (minus the ℓ1 penalty of a sparse graphical model) of the last
-      E-step: a lower bound on log p(Y | fitted) (an M-step never lowers the bound at fixed q);
-    - `fitted`: the `FactorModel` EM learned (loadings, offsets, prior, likelihood parameters; for
-      `EStep`, the model as given): predict new rows with ``vj.infer(vj.factor.observe(post.fitted,
-      Y_new, mask_new), vj.factor.EStep())``;
-    - `posteriors`: the per-point `Posteriors` (mean, cov, precision, bound L_n, iterations, converged);
-    - `model`: the `ObservedModel` that was fitted; `state`: the method's State (`EMState` for `EM`,
-      `Posteriors` for `EStep`); `diagnostics`: a `vj.Diagnostics` with a `FactorInfo`.
-
-    `vj.factor.log_predictive`, `probabilities` and `impute` take it.
+    N Gaussians, one per row: ``mean`` ``(N, L)``, ``covariance`` ``(N, L, L)``, ``std`` ``(N, L)``,
+    ``marginals(H)`` (H ``(K, L)``: means and variances ``(N, K)``), ``sample(key, S)`` ``(S, N, L)``;
+    ``factor`` a batched `vj.covariance.CholeskyFactor`. Also `log_z`, the last E-step's Σ_n w_n L_n
+    (minus a sparse graphical model's ℓ1 penalty), a lower bound on log p(Y | fitted); `fitted`, the
+    learned `FactorModel` (the given one for `EStep`: predict new rows with
+    ``vj.infer(vj.factor.observe(post.fitted, Y_new, mask_new), vj.factor.EStep())``); `posteriors`,
+    the per-point `Posteriors`; `model`, the `ObservedModel`; `state`, an `EMState` (`EM`) or
+    `Posteriors` (`EStep`); `diagnostics` with a `FactorInfo`. `vj.factor.log_predictive`,
+    `probabilities` and `impute` take it.
     """
 
     fitted: FactorModel
@@ -535,32 +511,25 @@ class _EMLoop(NamedTuple):
 
 class EM(AbstractMethod):
     """Variational EM for latent Gaussian factor models: alternate E-steps (every q(z_n), `jax.vmap`ped,
-    warm-started) and M-steps (the model's parameters) until the bound's relative change is below
-    ``tol`` or ``max_iter`` iterations.
+    warm-started) and M-steps until the bound's relative change is below ``tol``, or ``max_iter``.
 
         model = vj.factor.factor_analysis(vj.factor.Bernoulli(), latent_dim=2, key=key, num_columns=D)
         post = vj.infer(vj.factor.observe(model, Y, mask), vj.factor.EM(max_iter=100))
-        post.log_z, post.fitted, post.diagnostics.objective_trace
 
     **Arguments:**
 
     - `max_iter`: EM iterations at most (static: it sizes the trace); default 100.
-    - `tol`: converged when |B_k − B_{k−1}| / (1 + |B_k|) < ``tol`` for the bound B_k of the k-th E-step
-      (default 1e-6); traced, so a new value reuses the compiled fit.
-    - `e_step_max_iter`, `e_step_tol`: each E-step's iteration cap (static) and tolerance (traced; q
-      within ``e_step_tol`` of its fixed point in units of its marginal standard deviations, see `e_step`).
+    - `tol`: converged when |B_k − B_{k−1}| / (1 + |B_k|) < ``tol``, B_k the bound of the k-th E-step
+      (default 1e-6; traced).
+    - `e_step_max_iter`, `e_step_tol`: each E-step's cap (static) and tolerance (traced: q within
+      ``e_step_tol`` of its fixed point in its marginal standard deviations, see `e_step`).
 
-    Returns a `FactorPosterior`: ``log_z`` the bound of the last E-step, ``fitted`` the learned
-    `FactorModel`, ``posteriors`` every q(z_n), ``state`` an `EMState` (so ``vj.infer(data, EM(),
-    init=post)`` continues where the fit ended), and ``diagnostics``: `iterations` (E-steps run),
-    `converged`, `stationarity` (the last relative change of the bound), `objective_trace` (entry 0 the
-    bound the fit started from, NaN for a cold start; entry k the bound after the k-th E-step, never
-    falling; NaN-padded to ``max_iter + 1``), method ``"EM"``, and a `FactorInfo`. A fit that stops at
-    ``max_iter`` before converging is reported by `vj.infer`'s `ConvergenceWarning`. When EM stops
-    unconverged, ``fitted`` is one M-step ahead of ``posteriors`` (the loop's state: the next iteration
-    starts with an E-step under it).
-
-    The whole loop is one compiled program (E-step and M-step inside a `jax.lax.while_loop`).
+    Returns a `FactorPosterior` (``state`` an `EMState`: ``init=post`` continues the fit). Diagnostics:
+    `iterations` (E-steps), `converged`, `stationarity` (the last relative change), `objective_trace`
+    (entry 0 the starting bound, NaN for a cold start; entry k the bound after E-step k, never falling;
+    NaN-padded to ``max_iter + 1``), method ``"EM"``, a `FactorInfo`. `vj.infer`'s `ConvergenceWarning`
+    reports an unconverged stop, and ``fitted`` is then one M-step ahead of ``posteriors``. The loop is
+    one compiled `jax.lax.while_loop`.
     """
 
     max_iter: int = eqx.field(static=True, default=100)
@@ -634,15 +603,14 @@ class EStep(AbstractMethod):
         test = vj.infer(vj.factor.observe(post.fitted, Y_test, observed), vj.factor.EStep())
         log_p = vj.factor.log_predictive(test, Y_test, key=key)
 
-    **Arguments:** `max_iter` (static; default 1000) and `tol` (traced; default 1e-9): each point stops
-    once q is within ``tol`` of its fixed point in units of its marginal standard deviations, or after
+    **Arguments:** `max_iter` (static; default 1000), `tol` (traced; default 1e-9): each point stops
+    once q is within ``tol`` of its fixed point in its marginal standard deviations, or after
     ``max_iter`` steps (see `e_step`); `newton` (static): mean steps with the bound's own curvature.
 
-    Returns a `FactorPosterior` (``fitted`` the model as given; ``state`` the `Posteriors`; ``log_z``
-    Σ_n w_n L_n minus any ℓ1 penalty) whose diagnostics report `iterations` (the most a point took),
-    `converged` (every point), `stationarity` (the largest extrapolated distance from a fixed point),
-    `grad_norm` (max |∂L_n/∂m|), and `objective_trace` (Σ_n w_n L_n after each iteration, each point
-    held at its final value once it stopped; entry 0 the start).
+    Returns a `FactorPosterior` (``state`` the `Posteriors`; ``log_z`` Σ_n w_n L_n minus any ℓ1
+    penalty). Diagnostics: `iterations` (a point's most), `converged` (every point), `stationarity` (the
+    largest extrapolated distance), `grad_norm` (max |∂L_n/∂m|), `objective_trace` (Σ_n w_n L_n after
+    each iteration, stopped points at their final value; entry 0 the start).
     """
 
     max_iter: int = eqx.field(static=True, default=1000)

@@ -1,36 +1,31 @@
 """Per-column likelihoods p(y_d | η_d) of a latent Gaussian factor model, with their Gaussian bounds.
 
-A column d has K predictors η_d = W_d z + w_0d ∈ R^K (K = 1 except for categorical data). Under
-q(z) = N(m, V) they are Gaussian, η_d ~ N(m̃_d, Ṽ_d) with m̃_d = W_d m + w_0d and Ṽ_d = W_d V W_dᵀ, and
-each likelihood gives a lower bound
+Column d has K predictors η_d = W_d z + w_0d ∈ R^K (K = 1 except for categorical data). Under
+q(z) = N(m, V), η_d ~ N(m̃_d, Ṽ_d), m̃_d = W_d m + w_0d, Ṽ_d = W_d V W_dᵀ, and each likelihood gives
 
     f̲(y, m̃, Ṽ) ≤ ⟨log p(y | η)⟩_{N(η | m̃, Ṽ)}
 
-(Khan thesis eq. 3.20), with any local variational parameters already at their optimum (Jaakkola
-ξ = √(m̃² + ṽ), Böhning ψ = m̃, the tilted bound's a by its fixed point). By the envelope theorem
-the gradients of f̲ in (m̃, Ṽ) are then those of the bound at fixed local parameters, which is all the
-E- and M-steps need.
+(Khan thesis eq. 3.20) with its local variational parameters at their optimum (Jaakkola ξ = √(m̃² + ṽ),
+Böhning ψ = m̃, the tilted bound's a by its fixed point), so by the envelope theorem its gradients in
+(m̃, Ṽ) are those at fixed local parameters: all the E- and M-steps need. Methods act on a block's D_b
+columns at once: ``y`` ``(D_b,)``, ``mean`` ``(D_b, K)``, ``cov`` ``(D_b, K, K)``. Per-column
+parameters (Gaussian noise, ordinal thresholds) have a leading axis D_b (`for_columns` broadcasts
+scalars) and are strongly typed float arrays (`vijax._checks.as_param`), of the model's dtype once a
+builder (`factor_analysis`, `graphical_model`) places them in a block.
 
-Every method is written for the D_b columns of a block at once: ``y`` has shape ``(D_b,)``,
-``mean`` ``(D_b, K)``, ``cov`` ``(D_b, K, K)``; per-column parameters (Gaussian noise, ordinal
-thresholds) carry a leading axis of length D_b (`for_columns` broadcasts scalars to it). They are
-strongly typed floating arrays (`vijax._checks.as_param`), of the model's dtype once a builder
-(`factor_analysis`, `graphical_model`) has placed them in a block.
+Binary, ordinal and stick-breaking likelihoods use the logistic log-partition
+llp(x) = log(1 + eˣ) = −log σ(−x), with ``bound`` a lower bound on ⟨log σ⟩ (so ⟨llp(x)⟩ under
+N(m̃, ṽ) is at most minus it under N(−m̃, ṽ)):
 
-Binary, ordinal and stick-breaking likelihoods are written through the logistic log-partition
-llp(x) = log(1 + eˣ) = −log σ(−x), and take ``bound``, a lower bound on ⟨log σ⟩ from the core library
-(so ⟨llp(x)⟩ under N(m̃, ṽ) is bounded by minus that bound under N(−m̃, ṽ)):
-
-- ``"piecewise"`` (default): the `vijax.potentials.PiecewiseLogistic` site, log φ = −f̄(−x) with f̄
-  the R-piece upper bound of `vijax.piecewise` (error ≤ ε_R, Marlin, Khan & Murphy 2011); ``pieces``
-  (3 … 20) and ``kind`` (``"quadratic"`` or ``"linear"``) choose it;
-- ``"jaakkola"``: the LVB bound `vijax.lvb.Jaakkola` at its optimal ξ (`AbstractLocalBound.expected`):
+- ``"piecewise"`` (default): the `vijax.potentials.PiecewiseLogistic` site, log φ = −f̄(−x), f̄ the
+  R-piece upper bound of `vijax.piecewise` (error ≤ ε_R, Marlin, Khan & Murphy 2011), chosen by
+  ``pieces`` (3 … 20) and ``kind`` (``"quadratic"`` or ``"linear"``);
+- ``"jaakkola"``: `vijax.lvb.Jaakkola` at its optimal ξ (`AbstractLocalBound.expected`):
   ⟨llp⟩ ≤ (m̃ − ξ)/2 + llp(ξ), ξ = √(m̃² + ṽ) (thesis eq. 4.43);
-- ``"bohning"``: `vijax.lvb.Bohning` at its optimal ψ: ⟨llp⟩ ≤ llp(m̃) + ṽ/8 (eq. 4.41): fixed
-  curvature ¼, so the posterior covariance of every data point is the same (`constant_curvature`).
+- ``"bohning"``: `vijax.lvb.Bohning` at its optimal ψ: ⟨llp⟩ ≤ llp(m̃) + ṽ/8 (eq. 4.41), curvature ¼
+  fixed, so every data point has the same posterior covariance (`constant_curvature`).
 
-The Gaussian and Poisson columns take their expectations from `vijax.potentials.Gaussian` and
-`vijax.potentials.Poisson`.
+Gaussian and Poisson columns use `vijax.potentials.Gaussian` and `vijax.potentials.Poisson`.
 """
 
 from __future__ import annotations
@@ -62,11 +57,9 @@ _HALVINGS = 20  # Newton steps on threshold parameters shortened at most 2⁻²�
 class AbstractLikelihood(eqx.Module):
     """A column likelihood p(y | η), η ∈ R^K, and its bound f̲ on ⟨log p(y | η)⟩ under N(m̃, Ṽ).
 
-    Class flags: ``constant_curvature`` (−2 ∂f̲/∂Ṽ does not depend on y or q, so all data points share
-    one posterior covariance: Gaussian, Böhning), ``intercept`` (whether the column has an offset
-    w_0d; ordinal thresholds absorb it), ``num_outcomes`` (number of discrete values, None for
-    continuous data).
-    """
+    Class flags: ``constant_curvature`` (−2 ∂f̲/∂Ṽ independent of y and q, so all points share one
+    posterior covariance: Gaussian, Böhning), ``intercept`` (whether the column has an offset w_0d;
+    ordinal thresholds absorb it), ``num_outcomes`` (number of discrete values; None if continuous)."""
 
     constant_curvature: ClassVar[bool] = False
     intercept: ClassVar[bool] = True
@@ -103,8 +96,8 @@ class AbstractLikelihood(eqx.Module):
     def update(self, y, weight, mean, cov) -> "AbstractLikelihood":
         """M-step for the likelihood's own parameters given q's predictors (``(N, D_b, ...)``).
 
-        ``weight`` (N, D_b) is each entry's weight in the bound: the row's weight where observed, 0
-        where missing (``y`` holds a valid placeholder there)."""
+        ``weight`` (N, D_b): each entry's weight in the bound, the row's weight where observed and 0 where
+        missing (``y`` holds a valid placeholder there)."""
         return self
 
     def predictive_mean(self, mean, cov):
@@ -142,10 +135,9 @@ def _llp_bound(bound, pieces, kind):
 
 
 class GaussianColumn(AbstractLikelihood):
-    """y ~ N(η, ψ) with per-column noise variance ψ (``noise``), learned in closed form by the M-step
-    (ψ_d = mean over observed n of (y − m̃)² + ṽ) unless ``learn_noise=False``. The bound is exact:
-    ⟨log N(y | η, ψ)⟩ = log N(y | m̃, ψ) − ṽ/(2ψ), the `vijax.potentials.Gaussian` site's expectation.
-    """
+    """y ~ N(η, ψ), per-column noise variance ψ (``noise``), learned in closed form by the M-step,
+    ψ_d = mean over observed n of (y − m̃)² + ṽ, unless ``learn_noise=False``. Exact bound (the
+    `vijax.potentials.Gaussian` site's): ⟨log N(y | η, ψ)⟩ = log N(y | m̃, ψ) − ṽ/(2ψ)."""
 
     noise: jax.Array
     learn_noise: bool = eqx.field(static=True, default=True)
@@ -243,12 +235,10 @@ class Ordinal(AbstractLikelihood):
 
         log p(y = k | η) = η − llp(η − φ_{k+1}) − llp(η − φ_k) + log(e^{−φ_k} − e^{−φ_{k+1}})
 
-    (thesis eq. 6.4 with its sign corrected), log p(y = 0 | η) = −llp(η − φ_1) and
-    log p(y = C−1 | η) = η − φ_{C−1} − llp(η − φ_{C−1}); each ⟨llp⟩ is bounded by ``bound``.
-    The thresholds are φ_1 = ``first`` and φ_{k+1} = φ_k + exp(``log_gaps``_k), so they stay ordered;
-    the M-step learns them per column by Newton's method on the bound. The column has no intercept
-    (the thresholds absorb it).
-    """
+    (thesis eq. 6.4, sign corrected), log p(y = 0 | η) = −llp(η − φ_1),
+    log p(y = C−1 | η) = η − φ_{C−1} − llp(η − φ_{C−1}); each ⟨llp⟩ bounded by ``bound``.
+    φ_1 = ``first``, φ_{k+1} = φ_k + exp(``log_gaps``_k), so they stay ordered; the M-step learns them
+    per column by Newton's method on the bound. No intercept (the thresholds absorb it)."""
 
     first: jax.Array
     log_gaps: jax.Array
@@ -366,12 +356,10 @@ class StickBreaking(_Categorical):
 
         p(y = k | η) = σ(η_k) ∏_{j<k} (1 − σ(η_j)),   p(y = C−1 | η) = ∏_{j<C−1} (1 − σ(η_j)),
 
-    so log p(y = k | η) = [k < C−1] η_k − Σ_{j ≤ min(k, C−2)} llp(η_j) (thesis eq. 5.35, the last
-    category's product over j = 0 … C−2). Only the sticks' marginals enter the bound, each ⟨llp⟩ bounded
-    by ``bound`` (piecewise by default). The category order is the label order: relabel to try others.
-    Even with the Böhning bound the curvature depends on y (sticks after y's do not enter), so the
-    covariance is not shared between data points.
-    """
+    so log p(y = k | η) = [k < C−1] η_k − Σ_{j ≤ min(k, C−2)} llp(η_j) (thesis eq. 5.35). Only the
+    sticks' marginals enter, each ⟨llp⟩ bounded by ``bound`` (piecewise by default). The categories
+    are in label order (relabel to try others). The curvature depends on y even with Böhning (sticks
+    after y's do not enter), so no covariance is shared between points."""
 
     llp: _LogPartitionBound
 
@@ -394,20 +382,19 @@ class StickBreaking(_Categorical):
 
 
 class Multinomial(_Categorical):
-    """Multinomial logit, y ∈ {0, …, C−1}, p(y = k | η) = e^{η_k}/Σ_j e^{η_j} with η_0 = 0 and
-    K = C − 1 predictors (η_1 … η_{C−1}). ⟨lse⟩ is bounded by ``bound``:
+    """Multinomial logit, y ∈ {0, …, C−1}, p(y = k | η) = e^{η_k}/Σ_j e^{η_j}, η_0 = 0, K = C − 1
+    predictors (η_1 … η_{C−1}). ⟨lse⟩ is bounded by ``bound``:
 
-    - ``"bohning"`` (Khan thesis §5.4): f̲ = eᵀm̃ − lse₁(m̃) − ½ tr(AṼ), A = ½(I − 11ᵀ/C), at the
-      optimal ψ = m̃; fixed curvature A, so all data points share one covariance;
+    - ``"bohning"`` (default; Khan thesis §5.4): f̲ = eᵀm̃ − lse₁(m̃) − ½ tr(AṼ), A = ½(I − 11ᵀ/C), at
+      the optimal ψ = m̃; fixed curvature A, so all data points share one covariance;
     - ``"log"`` (Blei & Lafferty): f̲ = eᵀm̃ − lse₁(m̃ + ṽ/2);
     - ``"tilted"``: ⟨lse(η)⟩ ≤ aᵀm̃ + log Σ_k exp(β_kᵀm̃ + ½β_kᵀṼβ_k), β_k = e_k − a, over all C
-      coordinates (η_0 ≡ 0): the full-covariance form of the tilted bound (thesis A.59), valid for
-      every Ṽ (the diagonal form of Knowles & Minka is not, see the errata), with a at its fixed
-      point a = softmax(β-shifted means), the bound's stationarity condition Ṽ(p − a) = 0. a = 0
-      is the log bound, so "tilted" ≥ "log";
+      coordinates (η_0 ≡ 0): the full-covariance tilted bound (thesis A.59), valid for every Ṽ (Knowles
+      & Minka's diagonal form is not, see the errata), a at its fixed point a = softmax(β-shifted
+      means), where Ṽ(p − a) = 0. a = 0 is the log bound, so "tilted" ≥ "log";
     - ``"pos"`` (product of sigmoids, Bouchard 2007): lse(η) ≤ β + Σ_{k=0}^{C−1} llp(η_k − β), each
-      ⟨llp⟩ by the ``pieces``-piece ``kind`` bound (η_0 ≡ 0 exactly), with β at its optimum by Newton's
-      method. Accurate only near the direction of one predictor (thesis §5.3).
+      ⟨llp⟩ by the ``pieces``-piece ``kind`` bound (η_0 ≡ 0 exactly), β optimal by Newton's method.
+      Accurate only near the direction of one predictor (thesis §5.3).
     """
 
     bound: str = eqx.field(static=True)

@@ -1,45 +1,40 @@
 """EP over hyperparameters: Gaussian sites with uncertain log variances (Jylänki 2013, §2.3, Publication IV).
 
-For a `vj.hierarchical.HierarchicalModel`, every site t_n(x_n, φ_l) = N(x_n | y_n, e^{φ_l}) touches
-one latent projection x_n = h_nᵀw + b_n and one hyperparameter φ_l = φ_{l_n}. EP approximates
+For a `vj.hierarchical.HierarchicalModel`, each site t_n(x_n, φ_l) = N(x_n | y_n, e^{φ_l}) touches one
+latent projection x_n = h_nᵀw + b_n and one hyperparameter φ_l = φ_{l_n}. EP approximates
 
 $$
 p(w, φ) \\approx q(w)\\,q(φ), \\qquad q(w) \\propto \\prod_n e^{ν_n x_n - τ_n x_n^2/2}, \\qquad
 q(φ) = \\prod_l \\mathcal N(φ_l \\mid μ_l, s_l^2) \\propto p(φ) \\prod_n e^{ν^φ_n φ_{l_n} - τ^φ_n φ_{l_n}^2/2}
 $$
 
-(eq. 2.9: θ and φ approximated independently; the φ-sites are Gaussian in φ, the conjugate family of
-the Gaussian hyperprior). Each site update forms the cavities q_{−n}(x) = N(m₋, V₋) and
-q_{−n}(φ_l) = N(μ₋, s₋²) (`vj.ep.cavity`) and the tilted distribution
+(eq. 2.9: w and φ independent; the φ-sites Gaussian, conjugate to the Gaussian hyperprior). With the
+cavities N(m₋, V₋) of x and N(μ₋, s₋²) of φ_l (`vj.ep.cavity`), the tilted distribution
 
 $$
-\\hat p_n(x, φ) \\propto \\mathcal N(x \\mid y_n, e^{φ})^η\\, \\mathcal N(x \\mid m_-, V_-)\\, \\mathcal N(φ \\mid μ_-, s_-^2),
+\\hat p_n(x, φ) \\propto \\mathcal N(x \\mid y_n, e^{φ})^η\\, \\mathcal N(x \\mid m_-, V_-)\\, \\mathcal N(φ \\mid μ_-, s_-^2)
 $$
 
-whose x-integral is analytic given φ (Gaussian times Gaussian): with s²(φ) = e^φ/η,
-Z(φ) = c(φ) N(y_n | m₋, V₋ + s²(φ)), c(φ) = (2πe^φ)^{(1−η)/2} η^{−1/2}, and the conditional moments
+is Gaussian in x given φ: with s²(φ) = e^φ/η, Z(φ) = c(φ) N(y_n | m₋, V₋ + s²(φ)),
+c(φ) = (2πe^φ)^{(1−η)/2} η^{−1/2}, and
 
     E[x | φ] = m₋ + V₋ (y_n − m₋)/(V₋ + s²(φ)),   Var[x | φ] = V₋ s²(φ)/(V₋ + s²(φ)).
 
-The remaining 1-D integral over φ uses a Gauss–Hermite rule under the φ cavity
-(`log_variance_tilted_moments`), giving Ẑ_n and the first two moments of x and φ; no 2-D quadrature.
-
-A Student-t site St(y_n | x, ν, e^{φ}) (a robust likelihood with an uncertain scale) has no closed
-form given φ; `scale_tilted_moments` takes the conditional (Z(φ), E[x | φ], Var[x | φ]) from the
-potential's own ``tilted_moments`` (`vijax.quadrature.tilted_moments`) at each φ node and combines
-them the same way. Everything else (cavities, steps, energy, q(φ)) is the same. As ν → ∞ it is the
-Gaussian site.
-Sites move by the damped EP step (`vj.ep.site_step`, eqs. 2.36–2.37 and 2.38) in parallel: all sites
-from one q, then q once (a Cholesky of the D × D precision of q(w), a segment sum for q(φ)); a step is
-halved until q and every cavity are proper. The energy is eq. 2.42/2.45 with the φ terms added:
+A Gauss–Hermite rule under the φ cavity does the remaining 1-D integral (`log_variance_tilted_moments`):
+Ẑ_n and the moments of x and φ without 2-D quadrature. A Student-t site St(y_n | x, ν, e^{φ}) (robust,
+with an uncertain scale) takes (Z(φ), E[x | φ], Var[x | φ]) from the potential's ``tilted_moments``
+at each φ node instead (`scale_tilted_moments`); all else is the same, and ν → ∞ is the Gaussian site.
+All sites move in parallel by the damped EP step (`vj.ep.site_step`, eqs. 2.36–2.38), then q once (a
+Cholesky of q(w)'s D × D precision, a segment sum for q(φ)); a step is halved until q and every cavity
+are proper. The energy is eq. 2.42/2.45 with the φ terms added:
 
 $$
 \\log Z_{\\rm EP} = \\log\\!\\int\\!\\prod_n \\tilde t_n\\,dw + \\log\\!\\int\\! p(φ)\\prod_n \\tilde t^φ_n\\,dφ
 + \\frac1η\\sum_n\\big[\\log\\hat Z_n + \\log Z(q_{-n}(x)) - \\log Z(q(x_n)) + \\log Z(q_{-n}(φ)) - \\log Z(q(φ_{l_n}))\\big].
 $$
 
-Where the hyperprior variances go to 0 (q(φ) collapses to a point μ_0), the tilted distributions are
-Gaussian and EP is exact: the fit is the conjugate posterior at φ = μ_0, and log Z_EP its evidence.
+As the hyperprior variances go to 0 (q(φ) a point μ_0) the tilted distributions are Gaussian and EP is
+exact: the conjugate posterior at φ = μ_0, log Z_EP its evidence.
 """
 
 from __future__ import annotations
@@ -73,10 +68,8 @@ _MAX_HALVINGS = 30
 def log_variance_tilted_moments(loc, mean, var, hyper_mean, hyper_var, power=1.0, quadrature=GaussHermite()):
     """Normaliser and moments of p̂(x, φ) ∝ N(x | loc, e^φ)^η N(x | mean, var) N(φ | hyper_mean, hyper_var).
 
-    Analytic in x given φ, Gauss–Hermite in φ (module docstring): `scale_tilted_moments` with a
-    `vj.potentials.Gaussian` site. Arguments broadcast elementwise.
-    Returns ``(log Ẑ, E x, Var x, E φ, Var φ)``, each of the broadcast shape.
-    """
+    `scale_tilted_moments` with a `vj.potentials.Gaussian` site (analytic in x given φ). Arguments
+    broadcast elementwise; returns ``(log Ẑ, E x, Var x, E φ, Var φ)`` of that shape."""
     dtype = jnp.result_type(loc, mean, var, hyper_mean, hyper_var, float)
     loc = jnp.asarray(loc, dtype)
     return scale_tilted_moments(potentials.Gaussian(loc, jnp.ones((), dtype)), mean, var, hyper_mean, hyper_var,
@@ -86,18 +79,15 @@ def log_variance_tilted_moments(loc, mean, var, hyper_mean, hyper_var, power=1.0
 def scale_tilted_moments(potential, mean, var, hyper_mean, hyper_var, power=1.0, quadrature=GaussHermite()):
     """Normaliser and moments of p̂(x, φ) ∝ t(x; e^{φ/2})^η N(x | mean, var) N(φ | hyper_mean, hyper_var),
 
-    where t(x; s) is ``potential`` (a location–scale site: `vj.potentials.Gaussian` or `StudentT`)
-    with its ``scale`` set to s, so φ is its log scale² (a log variance for a Gaussian site). The
-    ``scale`` the potential holds is ignored. Given φ, the x-integral is the potential's own
-    ``tilted_moments`` at the Gauss–Hermite nodes φ_q of the φ cavity: closed form for a Gaussian
-    site; for a Student-t site `vijax.quadrature.tilted_moments` (no closed form exists), so the
-    Student-t case is a 2-D rule, nodes in φ times panels in x. Then, with weights p_q ∝ w_q Z(φ_q),
+    t(x; s) being ``potential`` (a location–scale site, `vj.potentials.Gaussian` or `StudentT`) with
+    ``scale`` s (the one it holds is ignored): φ is its log scale². At the Gauss–Hermite nodes φ_q of
+    the φ cavity the x-integral is the potential's ``tilted_moments`` (closed form for a Gaussian;
+    `vijax.quadrature.tilted_moments` for a Student-t, so a 2-D rule). With p_q ∝ w_q Z(φ_q),
 
         Ẑ = Σ_q w_q Z(φ_q),  E x = Σ_q p_q E[x | φ_q],  Var x = Σ_q p_q (Var[x | φ_q] + (E[x | φ_q] − E x)²),
 
-    and E φ, Var φ from the same weights. The potential's array parameters (per-site ``loc``, ``df``)
-    and the other arguments broadcast elementwise. Returns ``(log Ẑ, E x, Var x, E φ, Var φ)``, each
-    of the broadcast shape.
+    and E φ, Var φ from the same weights. Per-site ``loc``, ``df`` and the other arguments broadcast
+    elementwise; returns ``(log Ẑ, E x, Var x, E φ, Var φ)`` of that shape.
     """
     potential = eqx.tree_at(lambda t: t.scale, potential, 1.0)  # ignored: set at the φ nodes below
     leaves = [a for a in jax.tree_util.tree_leaves(potential) if eqx.is_array(a)]
@@ -127,9 +117,8 @@ def scale_tilted_moments(potential, mean, var, hyper_mean, hyper_var, power=1.0,
 
 
 class HierarchicalState(eqx.Module):
-    """The State of `HierarchicalEP`: the site parameters of w (``sites``, a `vj.ep.SiteParams` with one
-    pair of ``(N_g,)`` arrays per site group of the plug-in model) and of φ (``hyper_sites``, the same
-    shapes: each site's Gaussian in its hyperparameter φ_{l_n})."""
+    """The State of `HierarchicalEP`: the w-sites (``sites``, a `vj.ep.SiteParams`, one pair of ``(N_g,)``
+    arrays per site group of the plug-in model) and the φ-sites (``hyper_sites``, same shapes)."""
 
     sites: SiteParams
     hyper_sites: SiteParams
@@ -138,14 +127,12 @@ class HierarchicalState(eqx.Module):
 class HierarchicalPosterior(Posterior):
     """q(w) q(φ) from `HierarchicalEP`: a `vj.Posterior` of q(w) with q(φ) beside it.
 
-    - `mean`, `factor` (``covariance``): q(w) = N(mean, S); ``log_z``: log Z_EP of the joint over w and
-      φ (an approximation, not a bound), differentiable in the model's data and hyperprior at the
-      frozen sites; ``diagnostics`` (``stationarity`` is the moment-matching residual, ``info`` a
-      `vj.EPInfo`); ``model``: the `vj.HierarchicalModel` fitted; ``state``: the `HierarchicalState`.
-    - `hyper_mean`, `hyper_var`: q(φ_l) = N(hyper_mean_l, hyper_var_l), shape ``(L,)``.
-    - `weights` (a property): q(w) as a plain `vj.Posterior` of the plug-in model (every φ at its prior
-      mean), for the GLM predictive functions; its ``state`` is the w-sites, so it warm-starts `vj.EP`.
-    """
+    - `mean`, `factor`: q(w); ``log_z``: log Z_EP over w and φ (an approximation, not a bound),
+      differentiable in the data and hyperprior at the frozen sites; ``diagnostics`` (``stationarity``
+      the moment residual, ``info`` a `vj.EPInfo`); ``model``; ``state``: a `HierarchicalState`.
+    - `hyper_mean`, `hyper_var` ``(L,)``: q(φ_l) = N(hyper_mean_l, hyper_var_l).
+    - `weights` (property): q(w) as a `vj.Posterior` of the plug-in model (every φ at its prior mean),
+      for the GLM predictive functions; its ``state``, the w-sites, warm-starts `vj.EP`."""
 
     hyper_mean: jax.Array
     hyper_var: jax.Array
@@ -196,9 +183,9 @@ def _q_hyper(model: HierarchicalModel, hyper_sites: SiteParams):
 
 
 def _cavity_log_ratio(m, V, tau, nu, power, m_c, V_c):
-    """log Z(m₋, V₋) − log Z(m, V) (`vj.ep.log_normaliser`) for the cavity of the site (τ, ν), without the
-    cancellation of the two terms m²/2V when V is tiny (a hyperparameter collapsed to a point):
-    m₋ − m = ηV₋(τm − ν) and m₋/V₋ − m/V = −ην are exact."""
+    """log Z(m₋, V₋) − log Z(m, V) (`vj.ep.log_normaliser`) for the cavity of site (τ, ν), without the
+    cancellation of the m²/2V terms at tiny V (a collapsed hyperparameter): m₋ − m = ηV₋(τm − ν) and
+    m₋/V₋ − m/V = −ην are exact."""
     shift = m_c / V_c
     return 0.5 * (-jnp.log1p(-power * tau * V) + power * V_c * (tau * m - nu) * shift - power * nu * m)
 
@@ -223,18 +210,14 @@ class HierarchicalEP(AbstractMethod):
 
     - `damping`: δ ∈ (0, 1], the fraction of each EP step taken (default 0.5: many sites share one φ,
       and their undamped parallel steps on it add up and overshoot).
-    - `power`: η ∈ (0, 1] (power EP; 1 is standard EP).
-    - `max_iter`, `tol`: at most ``max_iter`` parallel iterations; converged when the moment-matching
-      residual (max over sites of |m̂ − m|/√V + |log V̂/V|, for x and for φ) is at most ``tol``.
+    - `power`: η ∈ (0, 1] (power EP; default 1, standard EP).
+    - `max_iter`, `tol`: at most ``max_iter`` parallel iterations (default 500); converged when the
+      moment residual, max over sites of |m̂ − m|/√V + |log V̂/V| for x and φ, is ≤ ``tol`` (1e-6).
     - `quadrature`: the Gauss–Hermite rule over φ (default 32 nodes).
 
-    ``vj.infer(model, vj.HierarchicalEP())`` returns a `HierarchicalPosterior`, inside or outside `jit`.
-    The State is a `HierarchicalState` (the w- and φ-sites); the cold start is the exact Gaussian sites
-    at φ = μ_0 (q(w) the conjugate posterior there; a Student-t group's at its plug-in scale) with zero
-    φ-sites (q(φ) the hyperprior). ``init`` may be a `HierarchicalPosterior` (its State), another
-    method's `vj.Posterior` of q(w) or a ``(D,)`` point w (every site's expansion at its mean, or at w,
-    with zero φ-sites). ``damping``, ``power`` and ``tol`` are traced: a new value reuses the program.
-    """
+    Returns a `HierarchicalPosterior`, in or out of `jit`. Cold start: `init_state`. ``init`` may also
+    be a `HierarchicalPosterior`, another method's `vj.Posterior` of q(w) or a ``(D,)`` point w (each
+    site's expansion at the mean or w, zero φ-sites). ``damping``, ``power``, ``tol`` are traced."""
 
     damping: float = 0.5
     power: float = 1.0
@@ -260,8 +243,8 @@ class HierarchicalEP(AbstractMethod):
                              f"vj.glm.hierarchical_linear), got {type(model).__name__}.")
 
     def init_state(self, model: HierarchicalModel) -> HierarchicalState:
-        """The exact Gaussian sites at φ = μ_0 (q(w) = the conjugate posterior there) and zero φ-sites
-        (q(φ) = the hyperprior)."""
+        """The cold start: the exact Gaussian sites at φ = μ_0 (q(w) the conjugate posterior there; a
+        Student-t group's at its plug-in scale), zero φ-sites (q(φ) the hyperprior)."""
         dtype = model.dtype
         prec, shift = [], []
         for group in model.model.sites:

@@ -10,62 +10,30 @@ w_{kj} \\mid φ \\sim \\mathcal N(0, e^{φ_{l_j}}), \\quad φ_l \\sim \\mathcal 
 \\quad v_0 \\sim \\mathcal N(0, σ_v^2).
 $$
 
-x̃ = [x, 1] (the input bias is a weight like the others, with its own scale group). ``groups="ard"``
-gives every input its own φ_l shared by all hidden units (Neal 1996's ARD), ``"common"`` one scale for
-all inputs (Laplace-like shrinkage). The output weights are half-Gaussian (the thesis uses a
-left-truncated Student-t; the truncation is what removes the sign symmetry of an odd g, the tail is
-a secondary choice).
+x̃ = [x, 1] (the input bias has its own scale group); ``groups="ard"``: one φ_l per input, shared by
+the hidden units (Neal 1996's ARD), ``"common"``: one for all. Half-Gaussian output weights (the
+thesis: a left-truncated Student-t) remove the sign symmetry of the odd g(a) = erf(a/√2) = 2Φ(a) − 1;
+E_{N(a|m,s²)} g = erf(m/√(2(1+s²))) in closed form, E g² (an Owen-T integral) by Gauss–Hermite.
 
-**Activation.** g(a) = erf(a/√2) = 2Φ(a) − 1: odd (the thesis's motivating case), bounded, and with
-E_{N(a|m,s²)} g(a) = erf(m/√(2(1+s²))) in closed form, so the predictive mean is exact given the
-marginals of the hidden activations. Its second moment has no elementary closed form (an Owen-T
-integral), so E g² comes from the same Gauss–Hermite nodes as the hidden units' tilted moments,
-which need 1-D quadrature anyway; the closed-form mean checks that rule.
+**Approximation** (thesis §3.3): q(v) ∏_k q(w_k) q(φ), all Gaussian, q(φ) factorised. Point i has a
+rank-one site in v, exp(−τ_i(u_iᵀv)²/2 + ν_i u_iᵀv) (u_i = ḡ_i at the fixed point), a scalar site on
+each activation h_ik = w_kᵀx̃_i, and one on φ_0. Under the cavity:
 
-**Approximation** (thesis §3.3): q(v) ∏_k q(w_k) q(φ), all Gaussian, q(φ) factorised. Every data
-point i has a site with three parts: a rank-one Gaussian in v, exp(−τ_i(u_iᵀv)²/2 + ν_i u_iᵀv)
-(a pseudo-observation of f_i in the direction u_i, which is ḡ_i at the fixed point), scalar
-Gaussians in each activation h_ik = w_kᵀx̃_i, and a Gaussian in φ_0. Its tilted moments, under the cavity q_{−i}:
+- f_i = vᵀg̃_i, g̃ = [g(h_i1), …, g(h_iK), 1], is taken as Gaussian (exact cavity moments);
+  N(y_i | f, e^{φ_0}) is then analytic in f, Gauss–Hermite in φ_0
+  (`vj.methods.ep_hyper.log_variance_tilted_moments`);
+- v by a linear-filter step: Cov(v, f_i) = Σ₋ḡ_i gives E v, Cov v from E f_i, Var f_i; the site is
+  rank one, −β ḡḡᵀ (Sherman–Morrison), and (τ_i, ν_i), u_i are damped towards it (O(K²) a point);
+- each h_ik alone: given h_ik = h, f_i is Gaussian with mean E f + μ_k(g(h) − ḡ_k) and variance
+  Σ_kk g(h)² + 2g(h)Cov(v_k, r) + Var r (r the rest of the sum); Gauss–Hermite in h and in φ_0.
 
-- f_i = vᵀg̃_i, g̃ = [g(h_i1), …, g(h_iK), 1], is taken as Gaussian with its exact cavity mean and
-  variance; N(y_i | f, e^{φ_0}) then gives the tilted moments of (f_i, φ_0) analytically in f and by
-  Gauss–Hermite in φ_0 (`vj.methods.ep_hyper.log_variance_tilted_moments`);
-- v by a linear-filter (unscented-filter-like) step: (v, f_i) jointly Gaussian under the cavity with
-  Cov(v, f_i) = Σ₋ḡ_i, so E v and Cov v follow from E f_i and Var f_i, a rank-one change whose site is
-  −β ḡḡᵀ (Sherman–Morrison);
-- each h_ik conditioned on one activation at a time: given h_ik = h, f_i is Gaussian with mean
-  E f + μ_k(g(h) − ḡ_k) and variance Σ_kk g(h)² + 2g(h)Cov(v_k, r) + Var r (r the rest of the sum), and
-  the 1-D tilted of h_ik is by Gauss–Hermite in h (with Gauss–Hermite over the φ_0 cavity inside).
-
-The input-weight prior sites N(w_kj | 0, e^{φ_{l_j}}) are `HierarchicalEP`'s sites (analytic given φ,
-1-D quadrature over φ); the positivity sites on v_k have truncated-Gaussian tilted moments. All sites
-move together (parallel EP) by a damped step, halved until q and every cavity are proper.
-
-**Start.** EP starts from a MAP fit of the network (`map_estimate`; ``NetworkEP(init="map")``):
-activation sites centred on its input weights, weak sites on v centred on its output weights. From
-random or zero input weights (the thesis's choice) parallel EP kills most hidden units: with
-E v_k ≈ 0 a unit's activation sites get no information, so a unit whose first v update asked for a
-negative output weight (pinned at 0 by the positivity sites) never turns its input weights round.
-`NetworkEP` states what was seen.
-
-**Calibration.** The predictive variance Var f_* + E σ² is exact under q, but E σ² tends to come out
-above the true noise: at EP's fixed point the noise sites make E σ² ≈ the mean of E_q(y_i − f_i)² over
-the training data, i.e. the residual of q's mean plus Var_q f_i, and the factorised q's mean fits
-the training data less closely than the posterior's (tests' problem: n = 80, K = 3, true σ² = 0.04,
-sample 0.045; q's mean leaves a training residual 0.062 and Var_q f ≈ 0.016, so E σ² = 0.077 and the
-test z-scores have variance 0.57; with σ² held at 0.04 by a tight noise prior the z-scores have
-variance 0.97 and the RMSE improves). Not a bug in the predictive: an EP noise estimate absorbing the
-factorised fit's misfit, so the intervals err on the wide side.
-
-**Cost** per iteration: K Choleskys of (d+1)², the activation marginals O(nKd²), the tilted moments
-O(nK·Q·P) (Q, P quadrature nodes), and the cavities of v by Sherman–Morrison from the one
-(K+1)² covariance of q(v), O(nK²) in two n × (K+1) × (K+1) products (formerly a (K+1)² Cholesky per
-data point, O(nK³), which dominated from K = 8): linear in n, and in K but for that product.
-
-The v sites are kept rank one by construction: each iteration moves (τ_i, ν_i) and the direction u_i
-by the damped step towards the linear-filter site in the current ḡ_i. Damping the (K+1)² natural
-parameters instead (as before) mixes rank-one sites of different directions into full-rank ones;
-both schemes have the same fixed points (there u_i = ḡ_i), and the rank-one one costs O(K²) a point.
+The prior sites N(w_kj | 0, e^{φ_{l_j}}) are `HierarchicalEP`'s, the positivity sites on v_k truncated
+Gaussians. All sites move together from a MAP start (`map_estimate`), damped, the step halved until q
+and every cavity are proper. Per iteration: K Choleskys of (d+1)², O(nKd²) marginals, O(nK·Q·P)
+tilted moments (Q, P nodes), O(nK²) v cavities. The predictive variance Var f_* + E σ² is exact under
+q, but E σ² tends to exceed the true noise (at the fixed point E σ² ≈ the mean of E_q(y_i − f_i)², and
+the factorised q's mean fits the data less closely than the posterior's), so the intervals err wide;
+a tight ``noise_prior`` holds a known σ².
 """
 
 from __future__ import annotations
@@ -115,14 +83,12 @@ class TwoLayerNetwork(eqx.Module):
 
     **Arguments:**
 
-    - `X`: ``(n, d)`` inputs (standardise them; a bias column is appended); `y`: ``(n,)`` targets
-      (standardise them too: the default priors are on the unit scale).
-    - `num_hidden`: K.
-    - `groups`: ``"ard"`` (one scale per input, default), ``"common"``, or an int array ``(d,)`` of
-      group labels 0..G−1. The input bias always has its own group (the last).
-    - `scale_prior`: (mean, variance) of each log input-weight variance φ_l.
-    - `noise_prior`: (mean, variance) of φ_0 = log σ².
-    - `output_variance`: σ_v², the prior variance of the output weights and bias.
+    - `X`: ``(n, d)`` inputs (a bias column is appended); `y`: ``(n,)`` targets. Standardise both:
+      the default priors are on the unit scale.
+    - `num_hidden`: K. `groups`: ``"ard"`` (one scale per input, default), ``"common"``, or an int
+      array ``(d,)`` of group labels 0..G−1; the input bias has its own group (the last).
+    - `scale_prior`, `noise_prior`: (mean, variance) of each log input-weight variance φ_l, and of
+      φ_0 = log σ². `output_variance`: σ_v², the prior variance of the output weights and bias.
     """
 
     X: jax.Array  # (n, d + 1), with the bias column
@@ -223,9 +189,8 @@ def _segment(values, labels, L, offset):
 def _per_unit(fn, *xs):
     """``fn`` mapped over the hidden units (the leading axis) one at a time, by `jax.lax.map`.
 
-    Not `vmap`: on CPU a batched LAPACK call splits its batch over XLA's thread pool, and two such
-    calls running at once (the per-unit solves beside the per-point v cavities) can each wait for the
-    other's threads — a deadlock seen at n = 400 on two cores. K is small, so the loop costs little."""
+    Not `vmap`: on CPU two batched LAPACK calls running at once (the per-unit solves beside the per-point
+    v cavities) can each wait for the other's share of XLA's thread pool and deadlock. K is small."""
     return jax.lax.map(lambda args: fn(*args), xs)
 
 
@@ -288,11 +253,9 @@ def _ones(shape, dtype):
 def map_estimate(net: TwoLayerNetwork, w0, iterations: int = 500):
     """Input weights ``(K, d+1)`` and output weights ``(K+1,)`` maximising the log joint with every φ
     at its prior mean (noise variance e^{μ_0}, weight variances e^{μ_l}), by L-BFGS from input weights
-    `w0` and output weights 1/2. The noise stays at its prior mean on purpose: with φ_0 learnt too,
-    the MAP network interpolates the data (concrete: e^{φ_0} ≈ 0.016 for standardised targets), and
-    parallel EP started there drove q(φ_0) to e^{−24} and stalled. The output weights v_1..v_K are
-    parametrised as softplus(u) ≥ 0 (the half-Gaussian prior's mode is then found on u's scale: a
-    starting point, not a posterior mode to report)."""
+    `w0` and output weights 1/2. The noise stays at its prior mean on purpose: with φ_0 learnt too the
+    MAP network interpolates the data, and parallel EP started there collapses q(φ_0) and stalls.
+    v_1..v_K = softplus(u) ≥ 0 (the mode is found on u's scale: a start, not a posterior mode)."""
     K, D = w0.shape
     dtype = net.X.dtype
     w_var = jnp.exp(net.hyper_mean[1 + net.labels])
@@ -312,9 +275,8 @@ def map_estimate(net: TwoLayerNetwork, w0, iterations: int = 500):
 
 
 class NetworkState(eqx.Module):
-    """The State of `NetworkEP`: the site parameters (`NetworkSites`) and the iterations run before
-    (``iteration``, a scalar int), so that a refit from ``post.state`` continues the schedule of momentum
-    and prior damping where the fit ended."""
+    """The State of `NetworkEP`: the sites (`NetworkSites`) and the iterations run before (``iteration``),
+    so a refit from ``post.state`` continues the momentum and prior-damping schedule."""
 
     sites: NetworkSites
     iteration: jax.Array
@@ -323,10 +285,10 @@ class NetworkState(eqx.Module):
 class NetworkInfo(eqx.Module):
     """What `NetworkEP` reports beyond the common `vj.Diagnostics` (``post.diagnostics.info``).
 
-    - `residuals`: the moment residual of each kind of site at the end, shape ``(6,)``: activations,
-      noise (φ_0), input-weight priors, their scales, positivity of v, output weights.
-    - `residual_trace`: the moment residual after each iteration, shape ``(max_iter + 1,)``, NaN-padded
-      (network EP has no objective, so ``diagnostics.objective_trace`` is NaN).
+    - `residuals` ``(6,)``: the final moment residual of the activation, noise (φ_0), input-weight prior,
+      scale, positivity and output-weight sites.
+    - `residual_trace` ``(max_iter + 1,)``: the residual after each iteration, NaN-padded (there is no
+      objective: ``diagnostics.objective_trace`` is NaN).
     - `shrunk`: iterations whose step was halved to keep q proper; scalar int.
     """
 
@@ -338,20 +300,16 @@ class NetworkInfo(eqx.Module):
 class NetworkPosterior(Posterior):
     """q(v) ∏ q(w_k) q(φ) of a `TwoLayerNetwork` fitted by `NetworkEP`: a `vj.Posterior` of the weights.
 
-    - `w_mean` ``(K, d+1)``, `w_cov` ``(K, d+1, d+1)``: q(w_k) (the last input is the bias).
-    - `v_mean` ``(K+1,)``, `v_cov`: q(v) (the last entry is the output bias v_0).
-    - `hyper_mean`, `hyper_var` ``(L,)``: q(φ): index 0 is log σ², then the input groups, then the bias.
-    - `mean`, `factor` (``covariance``, ``sample``, ``std``): q(θ) of all the weights θ = [w_1; …; w_K; v]
-      (input weights unit by unit, then the output weights), ``(K(d+1) + K + 1,)``, its covariance
-      block-diagonal (a dense `CholeskyFactor`: (K(d+1) + K + 1)² numbers).
-    - `log_z`: NaN. Network EP defines no evidence estimate: its tilted moments are approximations
-      (f taken Gaussian under each cavity, each activation conditioned on one at a time, a linear-filter
-      step for v) that are not the derivatives of any one tilted normaliser, so the EP energy
-      (Jylänki eqs. 2.42, 2.45) is not stationary at its fixed points and its value is no estimate of
-      log p(y) to rely on; the thesis gives none for networks either. ``defines_log_z`` is False, so
-      `vj.infer` does not report the NaN as a failed fit.
-    - `diagnostics`: a `vj.Diagnostics` (``stationarity`` the moment residual, ``info`` a `NetworkInfo`);
-      `model`: the `TwoLayerNetwork`; `state`: the `NetworkState` (warm starts, e.g. ``init=post``).
+    - `w_mean` ``(K, d+1)``, `w_cov` ``(K, d+1, d+1)``: q(w_k) (the last input is the bias); `v_mean`
+      ``(K+1,)``, `v_cov`: q(v) (the last entry is v_0); `hyper_mean`, `hyper_var` ``(L,)``: q(φ),
+      index 0 log σ², then the input groups, then the bias.
+    - `mean`, `factor`: q(θ), θ = [w_1; …; w_K; v] ``(K(d+1) + K + 1,)``, a block-diagonal covariance
+      held as a dense `CholeskyFactor`.
+    - `log_z`: NaN (``defines_log_z`` is False: `vj.infer` does not call it a failure). The tilted
+      moments are not the derivatives of one tilted normaliser, so the EP energy (Jylänki eqs. 2.42,
+      2.45) is not stationary at the fixed points and estimates no log p(y); the thesis gives none.
+    - `diagnostics` (``stationarity`` the moment residual, ``info`` a `NetworkInfo`), `model`, and
+      `state`, the `NetworkState` (warm starts, e.g. ``init=post``).
     """
 
     w_mean: jax.Array
@@ -379,13 +337,13 @@ class NetworkPosterior(Posterior):
         return jnp.exp(self.hyper_mean[0] + 0.5 * self.hyper_var[0])
 
     def relevances(self):
-        """E_q[e^{φ_l}] for the input groups (shape ``(G,)``): the posterior mean prior variance of the
-        weights of each group; irrelevant inputs get small values."""
+        """E_q[e^{φ_l}] for the input groups, ``(G,)``: each group's posterior mean prior weight variance
+        (small for irrelevant inputs)."""
         return jnp.exp(self.hyper_mean[1:-1] + 0.5 * self.hyper_var[1:-1])
 
     def predict(self, X_test):
-        """Predictive ``(mean, variance)`` of y_* (shape ``(N,)`` each): f_* = vᵀg̃_* with the activations'
-        marginals under q (exact mean and variance of f_* under q(v)∏q(w_k)), plus E[σ²]."""
+        """Predictive ``(mean, variance)`` of y_*, ``(N,)`` each: the exact moments of f_* = vᵀg̃_* under
+        q(v)∏q(w_k), plus E[σ²]."""
         mean, var_f = self._f(X_test)
         return mean, var_f + self.noise_variance()
 
@@ -421,69 +379,39 @@ class NetworkEP(AbstractMethod):
 
     **Arguments:**
 
-    - `damping`: δ ∈ (0, 1], the fraction of each EP step taken (default 0.3: the thesis notes that
-      parallel updates need more damping than sequential ones).
-    - `prior_damping`: from iteration 1000 on, the input-weight prior sites and their scale sites move
-      with damping ``prior_damping`` instead of ``damping`` (default 0.6; None: ``damping``
-      throughout). A rescue for runs that have not converged by then, so the runs that converge
-      earlier are untouched. Why (``benchmarks/ep_nn.py``'s first
-      simulated problem): under the default schedule the residual hovered at 0.01–0.04 for 1500
-      iterations while hidden units died and came back (5 → 8 alive near iteration 800), the
-      positivity, prior and scale sites re-settling after each; with the prior sites at 0.6 from
-      iteration 1000 it converged at iteration 1764 with 8 units alive (test RMSE 0.280, against 0.308
-      after 1000 iterations unconverged). From the first iteration, 0.6 converged in 436 iterations but
-      with 5 units alive (RMSE 0.315), and on the Friedman problem it changed which units live (6 of 8,
-      against 8 at damping 0.3): the early iterations choose the fixed point. A larger damping of the
-      activation or output-weight sites diverges (slump, 0.6 from iteration 1000).
-    - `momentum`: β ∈ [0, 1): each move is δ·(EP step) + β·(previous move), and the previous move is
-      dropped whenever the moment residual rose (a heavy-ball step with adaptive restart; default
-      0.7; 0 gives plain damped EP). Why: after the first hundred iterations the residual falls like
-      a power of the iteration count, not geometrically: q drifts slowly along a ridge of the
-      factorised posterior (a live unit's output weight growing while its input weights shrink, the
-      noise and scale sites following), and a larger damping (0.5–1) makes the activation sites
-      oscillate instead. The restart keeps the fast, oscillating directions damped while the
-      momentum carries the slow drift. It starts after 200 plain damped iterations: with momentum
-      from the start, EP on ``benchmarks/ep_nn.py``'s slump problem converged in 238 iterations, but
-      to a fixed point with 2 of 8 units alive and a test RMSE 6 times plain EP's: the early moves
-      decide which units live, and momentum amplifies them. Measured on ``benchmarks/ep_nn.py``'s
-      problems (see ``benchmarks/results/ep_nn.txt``).
-    - `max_iter`, `tol`: at most ``max_iter`` iterations; converged when the moment-matching residual
-      (max over sites of |m̂ − m|/√V + |log V̂/V| for the activations, output weights and φ) ≤ ``tol``
-      (defaults 2000 and 1e-3: the residual falls slowly, the activation sites last; 1e-3 took 348
-      iterations on the tests' problem, and ``benchmarks/ep_nn.py`` reports where 1000 were not
-      enough).
+    - `damping`: δ ∈ (0, 1], the fraction of each EP step taken (default 0.3: parallel updates need
+      more damping than sequential ones, as the thesis notes).
+    - `prior_damping`: the input-weight prior and scale sites' damping from iteration 1000 on (default
+      0.6; None: ``damping``): a rescue for runs not converged by then (earlier ones are untouched),
+      whose units still die and revive while those sites re-settle. Not from the start: the early
+      iterations choose which units live. More damping on the other sites diverges.
+    - `momentum`: β ∈ [0, 1): each move is δ·(EP step) + β·(previous move), restarted from zero when the
+      moment residual rises (default 0.7; 0: plain EP). Late on, q drifts along a ridge of the factorised
+      posterior (the residual falling like a power of the iteration count), and larger damping (0.5–1)
+      makes the activation sites oscillate: the restart damps those, the momentum carries the drift. Off
+      for the first 200 iterations, whose moves decide which units live.
+    - `max_iter`, `tol`: converged when the moment residual, max over sites of |m̂ − m|/√V + |log V̂/V|, is
+      ≤ ``tol`` (defaults 2000 and 1e-3: the residual falls slowly, the activation sites last).
     - `activation_nodes`, `noise_nodes`: Gauss–Hermite nodes over each activation and over φ_0.
-    - `init`: where EP starts. ``"map"`` (default): activation sites centred on the input weights of
-      a MAP fit of the network (`map_estimate`: 500 L-BFGS iterations on the log joint, weight scales
-      at their prior means, from random weights N(0, 1/d) drawn with `key`), and weak sites on v
-      centred on its output weights. ``"random"``: activation sites centred on the random weights themselves, q(v) the prior.
-      From random weights, parallel EP falls into a state where most hidden units are dead
-      (E v_k ≈ 0): the units start as near-linear random features, the first v update asks negative
-      output weights of about half of them, the positivity sites pin those at 0, and with E v_k ≈ 0 a
-      unit's activation sites get no information from the data, so its input weights never turn
-      round (on ``benchmarks/ep_nn.py``'s simulated problem 2 of 8 units stayed alive and the test
-      RMSE was twice GP-ARD's). The same happens without the positivity prior (q(v_k) then straddles
-      0). The thesis blames its weaker real-data results on its zero initialisation of the input
-      weights; a MAP start gives EP diverse, live units with positive output weights.
-    - `init_precision`: the precision of the starting activation sites (all-zero weights would leave
-      every hidden unit identical, and EP keeps identical units identical).
-    - `init_output_precision`: the total precision of the starting sites on v (``"map"``).
-    - `nonnegative_activation_sites`: cap each activation's tilted variance at its cavity variance, so
-      that no activation site has a negative precision (default True). A hidden unit's activation
-      sites are n rank-one terms on a (d+1)-dimensional w_k; with negative precisions allowed, their
-      parallel updates kept oscillating (moment residuals ≈ 1–3 after hundreds of damped iterations on
-      the simulated problems of ``benchmarks/ep_nn.py``); with the cap they converge. The fixed point
-      then matches the tilted means, and the variances wherever the cap is inactive.
-    - `key`: the `jax.random` key of the start's random input weights (None, the default:
-      ``jax.random.PRNGKey(0)``, made when the start runs). An array leaf: another key reuses the
-      compiled start.
+    - `init`: ``"map"`` (default): activation sites centred on the input weights of `map_estimate` (500
+      L-BFGS iterations from random weights N(0, 1/d) drawn with `key`), weak sites on v on its output
+      weights. ``"random"``: activation sites on the random weights, q(v) the prior; parallel EP then
+      kills most units: the first v update asks negative output weights of about half, the positivity
+      sites pin them at 0, and a unit with E v_k ≈ 0 learns nothing, so never turns round.
+    - `init_precision`: the starting activation sites' precision (at random weights: zero weights would
+      leave the units identical, and EP keeps them so). `init_output_precision`: the starting v sites'
+      total precision (``"map"``).
+    - `nonnegative_activation_sites`: cap each activation's tilted variance at its cavity's, so no
+      activation site has negative precision (default True: a unit's n rank-one sites on w_k otherwise
+      oscillate under parallel updates); the fixed point then matches the tilted means, and the variances
+      where the cap is inactive.
+    - `key`: the `jax.random` key of the random start weights (None: ``jax.random.PRNGKey(0)``); an array
+      leaf, so another key reuses the compiled start.
 
-    ``vj.infer(net, vj.nn.NetworkEP())`` returns a `NetworkPosterior` (``log_z`` NaN: see there),
-    inside or outside `jit`. The State is a `NetworkState`: the sites and the iteration count; the
-    start (`init`) is its own compiled program, the EP loop another. ``init`` may be a
-    `NetworkPosterior` or a `NetworkState` of this network's shapes (no other method's posterior
-    converts: the network's weights enter non-linearly). ``damping``, ``prior_damping``, ``momentum``,
-    ``tol`` and the starting precisions are traced: a new value reuses the programs.
+    Returns a `NetworkPosterior`, in or out of `jit`; ``init`` may be one, or a `NetworkState`, of this
+    network's shapes (no other posterior converts: the weights enter non-linearly). The start and the
+    loop are separate programs; ``damping``, ``prior_damping``, ``momentum``, ``tol`` and the starting
+    precisions are traced: new values reuse them.
     """
 
     damping: float = 0.3
@@ -564,8 +492,7 @@ class NetworkEP(AbstractMethod):
         return tuple(jnp.shape(x) for x in state.sites) == shapes and jnp.shape(state.iteration) == ()
 
     def to_state(self, net: TwoLayerNetwork, init) -> NetworkState:
-        """A `NetworkState` of this network's shapes as it is, a `NetworkPosterior`'s ``state``; anything
-        else raises a `ValueError`."""
+        """A `NetworkState` of this network's shapes, or a `NetworkPosterior`'s ``state``; else `ValueError`."""
         state = init.state if isinstance(init, Posterior) else init
         if self.is_state(net, state):
             return state
@@ -573,8 +500,8 @@ class NetworkEP(AbstractMethod):
                          f"shapes (e.g. post.state of a NetworkEP fit); got {type(init).__name__}.")
 
     def fit(self, net: TwoLayerNetwork, state) -> NetworkPosterior:
-        """The EP loop from ``state`` (`start`, `to_state` or ``post.state``); ``vj.infer(net, method)`` does both.
-        The key only seeds the start: the loop's program is shared by every key (None included)."""
+        """The EP loop from ``state`` (`start`, `to_state` or ``post.state``); ``vj.infer(net, method)`` does
+        both. The key only seeds the start: every key (None too) shares the loop's program."""
         return AbstractMethod.fit(dataclasses.replace(self, key=None), net, state)
 
     # ------------------------------------------------------------------------------ EP

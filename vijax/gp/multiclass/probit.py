@@ -1,8 +1,7 @@
 """Multi-class GP classification with the multinomial-probit likelihood, by nested EP.
 
-C classes, N inputs, one latent function per class, f_c ~ GP(0, K_c) independently; the latent
-vector is class-major, f = (f_1(x_1), …, f_1(x_N), …, f_C(x_N)), and f_i ∈ R^C collects the values
-at input i.
+C classes, N inputs, f_c ~ GP(0, K_c) independently; the latent f is class-major,
+f = (f_1(x_1), …, f_1(x_N), …, f_C(x_N)), and f_i ∈ R^C holds the values at input i.
 
 **Multinomial probit, nested EP** (Riihimäki, Jylänki & Vehtari, JMLR 2013; Jylänki thesis §3.2):
 
@@ -10,9 +9,9 @@ $$
 p(y_i = c \\mid f_i) = \\int \\mathcal N(u \\mid 0, 1) \\prod_{j \\ne c} \\Phi(u + f_{ic} - f_{ij})\\, du .
 $$
 
-Dropping the integral over the auxiliary u_i leaves C − 1 probit factors Φ(z_ij), each on a scalar
-z_ij = u_i + f_{i,y_i} − f_ij. Each outer site's tilted moments come from an *inner* EP over these
-factors with scalar sites exp(−½ τ_ij z² + ν_ij z); integrating u_i out of the inner approximation
+Without the integral over the auxiliary u_i there are C − 1 probit factors Φ(z_ij),
+z_ij = u_i + f_{i,y_i} − f_ij. An *inner* EP over them, with sites exp(−½ τ_ij z² + ν_ij z) (the
+`vijax.methods.ep` maths, as in `vj.EP`), gives each outer site's tilted moments; integrating u_i out
 gives the outer site exp(−½ f_iᵀ T̃_i f_i + h_iᵀ f_i) with
 
 $$
@@ -21,38 +20,27 @@ $$
 h_i = e_{y_i} 1^\\top a_i - a_i,\\ a_i = \\nu_i - \\tau_i (1^\\top \\nu_i)/S_i
 $$
 
-(τ_{i,y_i} = ν_{i,y_i} = 0). T̃_i 1 = 0 and rank T̃_i = C − 1: the structure of R&W's softmax
-Laplace, so with W = Σ_i U_i T̃_i U_iᵀ = D − D R S⁻¹ Rᵀ D (D = diag π, R the stacked identities)
-the posterior Σ = (K⁻¹ + W)⁻¹ costs one N × N Cholesky per class plus one for
-M = Σ_c E_c, E_c = D_c½ (I + D_c½ K_c D_c½)⁻¹ D_c½ (R&W Alg. 3.3), O(C N³) in all:
+(τ_{i,y_i} = ν_{i,y_i} = 0). T̃_i 1 = 0 and rank T̃_i = C − 1, as in R&W's softmax Laplace:
+with W = Σ_i U_i T̃_i U_iᵀ = D − D R S⁻¹ Rᵀ D (D = diag π, R the stacked identities),
+Σ = (K⁻¹ + W)⁻¹ takes one N × N Cholesky per class and one of M = Σ_c E_c,
+E_c = D_c½ (I + D_c½ K_c D_c½)⁻¹ D_c½ (R&W Alg. 3.3), O(C N³) in all:
 
 $$
 \\Sigma = K - K E K + K E R M^{-1} R^\\top E K .
 $$
 
-The outer loop is the paper's *incremental* scheme: one damped inner update of every (τ_ij, ν_ij)
-per outer iteration, all sites in parallel, from the z_ij marginals of the current q (the inner
-approximation's f-marginal *is* q(f_i), and u_i | f_i is Gaussian with precision S_i, so no C × C
-cavity is ever formed). Its fixed points are those of nested EP with converged inner EPs, and
-`log_z` is the EP energy (Jylänki eqs. 2.42/2.45) of the augmented model, which equals the nested
-energy there; it is stationary in the sites, so ``jax.grad`` of `log_z` in the kernel
-hyperparameters is the total derivative (`energy`). `tilted_moments` runs one full
-inner EP (sequential over the C − 1 factors) for a given cavity; `predict_proba` uses it at each
-test input with the predictive N(μ_*, Σ_*) as the cavity (the EP estimate of the orthant
-probability), or a 1-D Gauss–Hermite rule (``rule=``).
-
-The inner sites are updated by the EP maths of `vijax.methods.ep` (`cavity`, `site_step`, `moment_residual`,
-`log_normaliser`), as in `vj.EP`.
-
-**Use:** nested EP is a method of `vj.infer` on the multi-class GP model, which carries the kernels,
-inputs and labels; predictions take the posterior and the test inputs:
+The outer loop is the paper's *incremental* scheme: one damped inner update of every (τ_ij, ν_ij) an
+iteration, in parallel, from the z_ij marginals of the current q (the inner f-marginal *is* q(f_i) and
+u_i | f_i has precision S_i: no C × C cavity is formed). Its fixed points are nested EP's with converged
+inner EPs; `log_z`, the EP energy (Jylänki eqs. 2.42/2.45) of the augmented model, equals the nested
+energy there and is stationary in the sites, so its ``jax.grad`` in the kernel hyperparameters is the
+total derivative (`energy`). `tilted_moments` runs one full inner EP; `predict_proba` runs it with the
+predictive N(μ_*, Σ_*) as the cavity (EP's orthant probability), or a 1-D Gauss–Hermite rule.
 
     model = vj.gp.multiclass.model(kernel, X, labels, num_classes)
     post = vj.infer(model, vj.gp.multiclass.NestedEP())          # a NestedEPPosterior over f
     p = vj.gp.multiclass.predict_proba(post, X_test)             # (T, C)
-
-``post.state`` holds the inner sites (`NestedEPState`), so ``vj.infer(other_model, NestedEP(),
-init=post)`` starts a model of the same shapes (e.g. at neighbouring kernel hyperparameters) from them.
+    post2 = vj.infer(other_model, vj.gp.multiclass.NestedEP(), init=post)   # same shapes: warm start
 """
 
 from __future__ import annotations
@@ -101,9 +89,8 @@ _PROBIT = Probit()
 def multinomial_probit_log_likelihood(f, label, quadrature=GaussHermite(64)):
     """log p(y = label | f) = log ∫ N(u | 0, 1) ∏_{j≠label} Φ(u + f_label − f_j) du, by Gauss–Hermite in u.
 
-    ``f`` has shape ``(C,)`` (vmap for more); ``label`` an integer. The integrand is smooth, so
-    64 nodes give near machine precision for |f_c − f_j| up to about 10.
-    """
+    ``f``: ``(C,)`` (vmap for more); ``label``: an int. The integrand is smooth: 64 nodes give near
+    machine precision for |f_c − f_j| up to about 10."""
     f = jnp.asarray(f)
     onehot = jax.nn.one_hot(label, f.shape[-1], dtype=f.dtype)
     gap = f @ onehot - f  # f_label − f_j, 0 at j = label where Φ is replaced by 1
@@ -133,9 +120,8 @@ def _site_precision(pi, S):
 def _z_marginals(m, V, tau, nu, onehot):
     """Means and variances of z_j = u + f_y − f_j under q(f) = N(m, V) and the inner u | f.
 
-    u | f ~ N((s − τᵀd)/S, 1/S) with d_j = f_y − f_j, so z = s/S + (I − 1ρᵀ) d + noise, ρ = τ/S.
-    Entry y is u itself, which no factor uses (masked by the callers).
-    """
+    u | f ~ N((s − τᵀd)/S, 1/S), d_j = f_y − f_j, so z = s/S + (I − 1ρᵀ) d + noise, ρ = τ/S. Entry y
+    is u itself, in no factor (the callers mask it)."""
     C = m.shape[-1]
     eye = jnp.eye(C, dtype=m.dtype)
     S = 1.0 + jnp.sum(tau)
@@ -157,12 +143,9 @@ class _ScalarUpdate(NamedTuple):
 def _scalar_update(mz, vz, tau, nu, active):
     """The EP update of every probit factor Φ(z) from its marginal N(mz, vz) under q (elementwise).
 
-    The cavity, step, residual and energy terms are those of `vj.EP` (`vj.ep.cavity`, `site_step`,
-    `moment_residual`, `log_normaliser`; power η = 1). A factor whose cavity is improper
-    (1/v − τ ≤ 0) or whose new site is not finite is left alone; for a proper cavity the probit
-    (log-concave) gives τ_new > 0, so every π stays ≥ 0 and the posterior's B_c = I + D_c½ K_c D_c½
-    stays positive definite.
-    """
+    The `vj.EP` maths (power η = 1). A factor with an improper cavity (1/v − τ ≤ 0) or a non-finite new
+    site is left alone; a proper cavity gives τ_new > 0 (the probit is log-concave), so every π stays
+    ≥ 0 and the posterior's B_c = I + D_c½ K_c D_c½ positive definite."""
     mc, vc, proper = cavity(mz, vz, tau, nu)
     proper = active & proper
     log_zhat, m_hat, v_hat = _PROBIT.tilted_moments(jnp.where(proper, mc, 0.0), vc)
@@ -230,16 +213,14 @@ def tilted_moments(cavity_mean, cavity_cov, label, max_iter=100, tol=1e-10):
 
     **Arguments:**
 
-    - `cavity_mean`, `cavity_cov`: m, shape ``(C,)``, and V, shape ``(C, C)`` (positive definite).
-    - `label`: the class y, an integer in 0 … C − 1.
+    - `cavity_mean` ``(C,)``, `cavity_cov` ``(C, C)`` (positive definite): m and V.
+    - `label`: the class y, an int in 0 … C − 1.
     - `max_iter`, `tol`: at most ``max_iter`` sequential sweeps over the C − 1 probit factors, until
       every factor's moment-matching residual is ≤ ``tol``.
 
-    **Returns:** ``(log_z, mean, cov, converged)``: the EP estimates of log Ẑ = log ∫ N(f | m, V)
-    p(y | f) df (an orthant probability of a (C − 1)-dimensional Gaussian, which inner EP does not
-    compute exactly), of the tilted mean ``(C,)`` and covariance ``(C, C)``. Cost O(C⁴) per sweep
-    (C ≲ 20 is the intended range). Pure: ``jax.vmap`` it over sites.
-    """
+    **Returns:** ``(log_z, mean, cov, converged)``: EP's estimates of log Ẑ = log ∫ N(f | m, V) p(y | f) df
+    (a (C − 1)-dimensional Gaussian orthant probability, not exact), of the tilted mean ``(C,)`` and
+    covariance ``(C, C)``. O(C⁴) a sweep (meant for C ≲ 20). Pure: ``jax.vmap`` it over sites."""
     m0 = jnp.asarray(cavity_mean)
     V0 = jnp.asarray(cavity_cov, m0.dtype)
     onehot = jax.nn.one_hot(label, m0.shape[0], dtype=m0.dtype)
@@ -265,7 +246,7 @@ def _side_by_side(P):
 
 
 def _class_factors(Kc, pic):
-    """For one class: log det B with B = I + D½KD½ (the `SiteForm` of K⁻¹ + D), E = D½B⁻¹D½ = (K + D⁻¹)⁻¹
+    """One class's log det B, B = I + D½KD½ (the `SiteForm` of K⁻¹ + D), E = D½B⁻¹D½ = (K + D⁻¹)⁻¹
     and E K."""
     sites = SiteForm.of(Kc, pic)
     E = sites.sites_solve(jnp.eye(Kc.shape[0], dtype=Kc.dtype))
@@ -308,8 +289,9 @@ def _evaluate(K, tau, nu, onehot):
 class NestedEPState(eqx.Module):
     """The State of `NestedEP`: the inner sites exp(−½ τ_ij z² + ν_ij z) of every probit factor.
 
-    ``tau`` and ``nu`` have shape ``(N, C)``; the entry of each input's own class is 0 (it is u itself,
-    in no factor). Zero sites are the cold start (q = the prior)."""
+    ``tau``, ``nu``: ``(N, C)``, 0 at each input's own class (u itself, in no factor). Zero sites are the
+    cold start (q = the prior); ``init=post`` starts a model of the same shapes (e.g. at neighbouring
+kernel hyperparameters) from a fit's sites."""
 
     tau: jax.Array
     nu: jax.Array
@@ -318,10 +300,8 @@ class NestedEPState(eqx.Module):
 class NestedEPInfo(eqx.Module):
     """What `NestedEP` reports beyond the common `Diagnostics` (``post.diagnostics.info``).
 
-    - `damping`: δ at the end (halved from the method's ``damping`` whenever the residual rose); scalar.
-    - `skipped`: factor updates left out in the last iteration (improper cavity or non-finite moments);
-      scalar int.
-    """
+    Scalars: `damping`, δ at the end (halved from ``damping`` whenever the residual rose); `skipped`,
+    factor updates left out in the last iteration (improper cavity or non-finite moments)."""
 
     damping: jax.Array
     skipped: jax.Array
@@ -333,14 +313,13 @@ class NestedEPInfo(eqx.Module):
 
 
 class NestedEPFactor(AbstractFactor):
-    """The covariance of nested EP's q(f) in its structured form (C·N × C·N, class-major, never stored):
+    """The covariance of nested EP's q(f) in structured form (C·N × C·N, class-major, never stored):
 
         Σ = K − KEK + KER M⁻¹ RᵀEK,     K = blkdiag(K_c), E = blkdiag(E_c), M = Σ_c E_c
 
-    (R&W Alg. 3.3). ``variances()`` costs O(C N²); ``dense()``, ``cholesky()``, ``logdet()``,
-    ``projected_variances`` and ``sample`` form Σ (small N·C only). Fields: ``prior_cov`` K_c
-    ``(C, N, N)``, ``E`` ``(C, N, N)`` and ``m_factor``, M factorised (a `Primal`, ``(N, N)``).
-    """
+    (R&W Alg. 3.3). Fields: ``prior_cov`` K_c and ``E``, ``(C, N, N)``; ``m_factor``, M as a `Primal`
+    ``(N, N)``. ``variances()`` costs O(C N²); ``dense()``, ``cholesky()``, ``logdet()``,
+    ``projected_variances`` and ``sample`` form Σ (small N·C only)."""
 
     prior_cov: jax.Array
     E: jax.Array
@@ -383,15 +362,10 @@ class NestedEPFactor(AbstractFactor):
 class NestedEPPosterior(Posterior):
     """A `vj.Posterior` of nested EP: q(f) = N(mean, Σ) over the class-major latent f, ``(C·N,)``.
 
-    Beyond the `Posterior` fields (``mean``; ``factor`` a `NestedEPFactor`, so ``covariance``,
-    ``std``, ``marginals``, ``sample`` work; ``log_z`` the EP energy, an approximation of
-    log p(y | X), not a bound; ``diagnostics``; ``model`` the `MulticlassModel`; ``state`` the
-    `NestedEPState`):
-
-    - `site_cov`: the C × C block of Σ at each input, ``(N, C, C)``;
-    - `alpha`: K⁻¹ mean, ``(C, N)`` (predictive means, R&W Alg. 3.4);
-    - `class_means` (a property): the mean as ``(C, N)``.
-    """
+    ``factor`` is a `NestedEPFactor`, ``log_z`` the EP energy (an approximation of log p(y | X), not a
+    bound), ``model`` the `MulticlassModel`, ``state`` the `NestedEPState`. Also `site_cov`
+    ``(N, C, C)``, the C × C block of Σ at each input; `alpha` ``(C, N)``, K⁻¹ mean (for the predictive
+    means, R&W Alg. 3.4); and `class_means` (property), the mean as ``(C, N)``."""
 
     site_cov: jax.Array
     alpha: jax.Array
@@ -419,12 +393,10 @@ _MIN_DAMPING = 0.05  # δ is halved when the residual rises, down to this (or th
 
 
 def energy(state: NestedEPState, model: MulticlassModel):
-    """The EP energy at the sites ``state`` (a pure, differentiable scalar function of the model).
+    """The EP energy at the sites ``state``: a pure, differentiable scalar function of the model.
 
-    At an EP fixed point the energy is stationary in the sites, so with the sites held fixed (e.g.
-    ``post.state`` of a converged fit), ``jax.grad`` in the model's kernels is d log Z_EP / dθ.
-    ``vj.infer(model, vj.gp.multiclass.NestedEP()).log_z`` is this at its final sites.
-    """
+    Stationary in the sites at an EP fixed point, so with a converged ``post.state`` held fixed its
+    ``jax.grad`` in the kernels is d log Z_EP / dθ. `NestedEP`'s ``log_z`` is this at its final sites."""
     onehot = model.onehot()
     return _evaluate(model.prior_covariances(), state.tau * (1 - onehot), state.nu * (1 - onehot), onehot)[2]
 
@@ -432,28 +404,22 @@ def energy(state: NestedEPState, model: MulticlassModel):
 class NestedEP(AbstractMethod):
     """Nested EP for the multinomial-probit multi-class GP (Riihimäki, Jylänki & Vehtari 2013).
 
-    ``vj.infer(vj.gp.multiclass.model(kernel, X, labels, C), vj.gp.multiclass.NestedEP())`` returns a
-    `NestedEPPosterior`: q(f) over the class-major latent f, ``log_z`` the EP energy (an approximation
-    of log p(y | X) whose gradient in the kernels is the total derivative), a `vj.Diagnostics` and the
-    inner sites as ``post.state`` (`NestedEPState`; the cold start is zero sites).
+    Returns a `NestedEPPosterior` (module docstring); the cold start is zero sites.
 
     **Arguments:**
 
-    - `damping`: the initial δ ∈ (0, 1] of the parallel site updates; halved (down to 0.05, or δ if
-      smaller) whenever the largest moment-matching residual rises.
+    - `damping`: the initial δ ∈ (0, 1] of the parallel site updates (default 0.7); halved, down to
+      0.05 (or δ if smaller), whenever the largest moment-matching residual rises.
     - `tol`: converged when max_ij |m̂_ij − m_ij|/√v_ij + |log(v̂_ij/v_ij)| ≤ ``tol`` over the probit
-      factors (the energy's error is of order tol²).
-    - `max_iter`: most outer iterations (static: it sizes the objective trace).
+      factors (default 1e-8; the energy's error is of order tol²). Traced, as is ``damping``.
+    - `max_iter`: most outer iterations (static: it sizes the objective trace; default 500).
 
-    ``damping`` and ``tol`` are traced: new values reuse the compiled fit. One outer iteration costs
-    O(C N³) (C Cholesky factorisations of N × N matrices and one more of M) plus O(C² N²) for the
-    per-input C × C covariances.
-
-    **Diagnostics:** `iterations` (outer), `converged`, `stationarity` (the largest moment-matching
-    residual over the probit factors at the returned sites), `grad_norm` (max |∂ log_z / ∂(τ, ν)|
-    there: 0 at an EP fixed point, up to O(tol)), `objective_trace` (the energy at the start of each
-    outer iteration and at the end, NaN-padded to ``max_iter + 1``), evaluation counts, method
-    ``"NestedEP"``, solver ``"parallel"``, and `info` a `NestedEPInfo` (final δ, skipped updates).
+    An outer iteration costs O(C N³) (C + 1 Choleskys of N × N) and O(C² N²) for the per-input
+    covariances. **Diagnostics:** `iterations` (outer), `converged`, `stationarity` (the largest
+    residual at the returned sites), `grad_norm` (max |∂ log_z / ∂(τ, ν)| there: 0 at a fixed point,
+    up to O(tol)), `objective_trace` (the energy at the start of each outer iteration and at the end,
+    NaN-padded to ``max_iter + 1``), evaluation counts, method ``"NestedEP"``, solver ``"parallel"``,
+    `info` a `NestedEPInfo`.
     """
 
     damping: float = 0.7
@@ -506,8 +472,8 @@ class NestedEP(AbstractMethod):
     def solve(self, model: MulticlassModel, state: NestedEPState) -> NestedEPPosterior:
         """Parallel incremental nested EP from the sites, then the posterior and energy at the final sites.
 
-        The loop runs on stop_gradient(K); the energy is then evaluated with the live K at the frozen
-        sites, so its gradient is the total derivative."""
+        The loop runs on stop_gradient(K), the energy with the live K at the frozen sites: its gradient is
+        the total derivative."""
         K = model.prior_covariances()
         frozen = jax.lax.stop_gradient(K)
         onehot = jax.lax.stop_gradient(model.onehot())
@@ -557,8 +523,7 @@ def predict(post: NestedEPPosterior, X_test):
     """Predictive latent means ``(T, C)`` and covariances ``(T, C, C)`` at ``X_test`` ``(T, d)`` (R&W Alg. 3.4).
 
     μ_*c = k_c*ᵀ α_c and Σ_* = diag_c(k_c** − k_c*ᵀ E_c k_c*) + (E k_*)ᵀ M⁻¹ (E k_*), with the kernels
-    and X of ``post.model``.
-    """
+    and X of ``post.model``."""
     owner = "vj.gp.multiclass.predict"
     post = _fitted(post, owner)
     return _predict(post, _checks.as_inputs(X_test, owner))
@@ -581,9 +546,7 @@ def _predict(post, X_test):
 def _gauss_hermite_proba(mean, cov, quadrature):
     """p(y = c) = P(g_c ≥ g_j ∀j), g = f + ε, by a 1-D rule in g_c with each f_j | g_c Gaussian.
 
-    Exact (up to the rule) when cov is diagonal; otherwise the correlation of the f_j given g_c
-    is dropped.
-    """
+    Exact (up to the rule) for a diagonal cov; otherwise the f_j's correlation given g_c is dropped."""
     C = mean.shape[0]
     var = jnp.diag(cov)
 
@@ -604,18 +567,16 @@ def _gauss_hermite_proba(mean, cov, quadrature):
 
 
 def predict_proba(post: NestedEPPosterior, X_test, rule="ep", quadrature=GaussHermite(64)):
-    """Class probabilities p(y_* = c | x_*, data) at ``X_test`` ``(T, d)``: shape ``(T, C)``, rows summing to one.
+    """Class probabilities p(y_* = c | x_*, data) at ``X_test`` ``(T, d)``: ``(T, C)``, rows summing to one.
 
-    The predictive latent f_* ~ N(μ_*, Σ_*) (`predict`) is integrated against the likelihood:
+    The predictive f_* ~ N(μ_*, Σ_*) (`predict`) against the likelihood, renormalised:
 
-    - ``rule="ep"`` (default): log p(y_* = c) is the inner-EP estimate of log ∫ N(f | μ_*, Σ_*)
-      p(c | f) df (`tilted_moments` with the predictive as the cavity), which keeps every
-      between-class correlation of Σ_*; the C estimates are renormalised (EP's orthant probabilities
-      sum to 1 only approximately).
-    - ``rule="quadrature"``: with g = f_* + ε, p(c) = P(g_c ≥ g_j ∀j) by ``quadrature`` in g_c
-      (the u of the likelihood shifted by f_c), each f_j replaced by its Gaussian conditional given
-      g_c; exact for a class-diagonal Σ_* (far from the data) and an approximation otherwise;
-      renormalised.
+    - ``rule="ep"`` (default): the inner-EP estimate of log ∫ N(f | μ_*, Σ_*) p(c | f) df
+      (`tilted_moments`), keeping every between-class correlation of Σ_* (EP's orthant probabilities
+      sum to 1 only approximately, hence the renormalisation);
+    - ``rule="quadrature"``: with g = f_* + ε, p(c) = P(g_c ≥ g_j ∀j) by ``quadrature`` in g_c, each
+      f_j replaced by its Gaussian conditional given g_c: exact for a class-diagonal Σ_* (far from the
+      data), an approximation otherwise.
     """
     owner = "vj.gp.multiclass.predict_proba"
     if rule not in RULES:
