@@ -22,6 +22,29 @@ def test_lbfgs_on_rosenbrock():
     np.testing.assert_allclose(sol.x, [1.0, 1.0], atol=1e-5)
 
 
+def test_newton_cg_caps_its_conjugate_gradients(rng):
+    """`max_cg` bounds the Hessian-vector products of each Newton step; a cap below the problem's needs
+    costs iterations, not the answer."""
+    A, b, x_star = _concave_quadratic(rng, 30, 1e3)
+    fn = lambda x: b @ x - 0.5 * x @ A @ x
+    full = vj.solvers.NewtonCG().maximise(fn, jnp.zeros(30))
+    capped = vj.solvers.NewtonCG(max_cg=3, max_iter=2000).maximise(fn, jnp.zeros(30))
+    assert bool(full.converged) and bool(capped.converged)
+    assert int(full.num_hvp_evals) > 3 * int(full.iterations)
+    assert int(capped.num_hvp_evals) == 3 * int(capped.iterations) and int(capped.iterations) > 10 * int(full.iterations)
+    np.testing.assert_allclose(capped.x, x_star, atol=1e-4)
+
+
+def test_lbfgs_line_search_stops_at_max_backtracks():
+    """`max_backtracks` trials per line search at most: with one, the first step from Rosenbrock's
+    standard start is not acceptable, and L-BFGS stops there and says so rather than go on."""
+    fn = lambda x: -(100.0 * (x[1] - x[0] ** 2) ** 2 + (1.0 - x[0]) ** 2)
+    x0 = jnp.array([-1.2, 1.0])
+    sol = vj.solvers.LBFGS(max_backtracks=1).maximise(fn, x0)
+    assert not bool(sol.converged) and int(sol.iterations) == 0 and int(sol.num_grad_evals) == 2
+    np.testing.assert_array_equal(sol.x, x0)
+
+
 def test_lbfgs_reports_a_failed_line_search():
     # Finite only at the start: no step can increase it, so the solver must stop and say so.
     fn = lambda x: jnp.where(jnp.all(x == 0), 0.0, jnp.nan) + jnp.sum(x)

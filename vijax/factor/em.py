@@ -300,15 +300,14 @@ def _block_values(block, Y, mask, weights, q, loadings, offsets):
     return _column_sums(blk, Y, mask, weights, *jax.vmap(blk.predictors)(q.mean, q.cov))
 
 
-def _update_loadings(block, Y, mask, weights, q: Posteriors, steps: int):
-    """Backtracked curvature steps on each column's (W_d, w_0d); never lowers a column's bound."""
+def _update_loadings(block, Y, mask, weights, q: Posteriors):
+    """One backtracked curvature step on each column's (W_d, w_0d); never lowers a column's bound."""
     d, k, l = block.loadings.shape
     moments = jnp.concatenate([jnp.concatenate([q.cov + q.mean[:, :, None] * q.mean[:, None, :], q.mean[:, :, None]], 2),
                                jnp.concatenate([q.mean[:, None, :], jnp.ones_like(q.mean[:, :1, None])], 2)], 1)
     free = jnp.ones(l + 1, bool).at[l].set(block.likelihood.intercept)
 
-    def one_step(_, params):
-        w, w0 = params
+    def one_step(w, w0):
         blk = eqx.tree_at(lambda b: (b.loadings, b.offsets), block, (w, w0))
         # One pass over the sites: the column values and ∂/∂(m̃, Ṽ), which give both the gradient in
         # (W_d, w_0d) — ∂m̃/∂W_d = m, ∂Ṽ/∂W_d through W_d V W_dᵀ — and the curvature Λ = −2 sym ∂/∂Ṽ.
@@ -342,7 +341,7 @@ def _update_loadings(block, Y, mask, weights, q: Posteriors, steps: int):
         return (jnp.where(ok[:, None, None], w + t[:, None, None] * step[..., :l], w),
                 jnp.where(ok[:, None], w0 + t[:, None] * step[..., l], w0))
 
-    w, w0 = jax.lax.fori_loop(0, steps, one_step, (block.loadings, block.offsets))
+    w, w0 = one_step(block.loadings, block.offsets)
     return eqx.tree_at(lambda b: (b.loadings, b.offsets), block, (w, w0))
 
 
@@ -355,7 +354,7 @@ def _update_likelihood(block, Y, mask, weights, q):
 
 
 @eqx.filter_jit
-def m_step(model: FactorModel, Y, mask, q: Posteriors, loading_steps: int = 1, weights=None) -> FactorModel:
+def m_step(model: FactorModel, Y, mask, q: Posteriors, weights=None) -> FactorModel:
     """Update μ, Σ (if ``learn_prior``), each block's loadings (if ``learn_loadings``) and likelihood,
     maximising Σ_n w_n L_n (``weights`` w_n: default 1)."""
     weights = jnp.ones(Y.shape[0], Y.dtype) if weights is None else weights
@@ -364,7 +363,7 @@ def m_step(model: FactorModel, Y, mask, q: Posteriors, loading_steps: int = 1, w
     blocks = []
     for block in model.blocks:
         if model.learn_loadings:
-            block = _update_loadings(block, Y, mask, weights, q, loading_steps)
+            block = _update_loadings(block, Y, mask, weights, q)
         blocks.append(_update_likelihood(block, Y, mask, weights, q))
     return eqx.tree_at(lambda m: m.blocks, model, tuple(blocks))
 
@@ -582,7 +581,7 @@ class EM(AbstractMethod):
             value = weights @ q.bound - penalty_term(s.model, total)
             change = jnp.abs(value - s.value) / (1.0 + jnp.abs(value))
             converged = change < self.tol
-            fm = jax.lax.cond(converged, lambda m: m, lambda m: _cast_like(m_step(m, Y, mask, q, 1, weights), m), s.model)
+            fm = jax.lax.cond(converged, lambda m: m, lambda m: _cast_like(m_step(m, Y, mask, q, weights), m), s.model)
             return _EMLoop(fm, q, value, change, converged, s.trace.at[k + 1].set(value))
 
         init = _EMLoop(state.model, state.posteriors, state.bound.astype(dtype), jnp.asarray(jnp.inf, dtype),

@@ -60,6 +60,7 @@ __all__ = ["AbstractBase", "Normal", "SkewNormal", "GeneralisedNormal", "AIKLPar
 _SPAN = 6.0  # lattice end points at ±_SPAN σ_y (thesis §6.3.1)
 _PADDINGS = ("window", "full")
 _SCHEMES = ("joint", "blockwise")
+_MAX_CYCLES = 20  # the blockwise scheme's cycles (each a sweep over both blocks) at most
 
 
 def _pow_abs(x, p):
@@ -601,7 +602,7 @@ class AIKL(AbstractMethod):
       optimiser followed lattice error), the start is returned with a warning (``fell_back``).
     - `scheme`: ``"joint"`` (default, the faster: docs/guide/aikl.md) or ``"blockwise"`` (the thesis's, for
       log-concave sites): (L, b, θ), then (U, b, θ), each concave for fixed θ, until a cycle gains less
-      than ``tol_k / 100``, after `max_cycles` (default 20), or at the solver's `max_iter`.
+      than ``tol_k / 100``, after 20 cycles, or at the solver's `max_iter`.
 
     ``vj.infer(model, vj.AIKL())`` returns an `AIKLPosterior`; ``log_z`` is the bound (below log Z up to the
     lattice error, ``diagnostics.info.lattice_change``), at least G-KL's for a family with the Gaussian, as
@@ -616,7 +617,6 @@ class AIKL(AbstractMethod):
     tol_k: float = 1e-3
     max_doublings: int = eqx.field(static=True, default=4)
     scheme: str = eqx.field(static=True, default="joint")
-    max_cycles: int = eqx.field(static=True, default=20)
 
     def __check_init__(self):
         if not isinstance(self.base, AbstractBase):
@@ -626,7 +626,6 @@ class AIKL(AbstractMethod):
         _check_positive_int("max_doublings", self.max_doublings, 0)
         if self.scheme not in _SCHEMES:
             raise ValueError(f"AIKL: `scheme` must be one of {_SCHEMES}, got {self.scheme!r}.")
-        _check_positive_int("max_cycles", self.max_cycles, 1)
         if self.padding not in _PADDINGS:
             raise ValueError(f"AIKL: `padding` must be one of {_PADDINGS}, got {self.padding!r}.")
         if self.solver is not None and not isinstance(self.solver, AbstractSolver):
@@ -747,7 +746,7 @@ class AIKL(AbstractMethod):
         quasi-Newton steps off it. ``trace`` holds the bound after each sweep (``trace[0]`` NaN)."""
         solver = self._solver()
         tol = self.tol_k / 100.0
-        max_sweeps = 2 * self.max_cycles
+        max_sweeps = 2 * _MAX_CYCLES
         dtype = x0.dtype
         nan = jnp.full((), jnp.nan, dtype)
 
