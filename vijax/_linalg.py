@@ -1,5 +1,5 @@
 """Shared numerical helpers, at the bottom of vijax's layers (imports nothing from vijax): Cholesky-type factors,
-tree-wide selection, objective traces, backtracking, Gaussian KL, truncated CG, and Lanczos with what is built on it
+tree-wide selection, objective traces, backtracking, the 1-D Gaussian log density, Gaussian KL, truncated CG, and Lanczos with what is built on it
 (`vijax.design`'s free design, the Subspace family's basis, LVB's variances)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 from jax.scipy.linalg import solve_triangular
 
-__all__ = ["LOG_2PI", "reversed_cholesky", "inverse_factor", "select", "nan_trace", "backtrack", "neg_kl", "pcg", "lanczos",
+__all__ = ["LOG_2PI", "reversed_cholesky", "inverse_factor", "select", "nan_trace", "backtrack", "normal_log_density", "neg_kl", "pcg", "lanczos",
            "ritz_pairs", "block_ritz_pairs", "leading_eigenvectors", "lanczos_variances"]
 
 LOG_2PI = math.log(2 * math.pi)
@@ -74,6 +74,11 @@ def backtrack(evaluate, acceptable, step, max_halvings: int, placeholder=None):
     # Start one halving "before" the first trial: 2·step halved is step exactly (a power of two).
     ok = jnp.zeros(jnp.shape(step), bool)
     return jax.lax.while_loop(unfinished, halve, (2 * step, placeholder, ok, jnp.array(-1)))
+
+
+def normal_log_density(x, mean, var):
+    """log N(x | mean, var) = −½(log 2π + log var + (x − mean)²/var), elementwise (broadcast)."""
+    return -0.5 * (LOG_2PI + jnp.log(var) + (x - mean) ** 2 / var)
 
 
 def neg_kl(trace, mahalanobis, logdet_q, logdet_p, dim):

@@ -38,7 +38,7 @@ import numpy as np
 from jax.scipy.special import erf, gammaln, log_ndtr, ndtr
 
 from . import _checks, _piecewise
-from ._linalg import LOG_2PI
+from ._linalg import LOG_2PI, normal_log_density
 from .quadrature import (ExpectationDerivatives, GaussHermite, expectation_derivatives, moments_from_log_normaliser,
                          safe_sqrt, tilted_moments)
 
@@ -541,21 +541,21 @@ class Gaussian(AbstractPotential):
         self.scale = _param("scale", scale, "Gaussian", dtype, positive=True)
 
     def log_phi(self, x):
-        return -0.5 * (LOG_2PI + 2 * jnp.log(self.scale) + ((self.loc - x) / self.scale) ** 2)
+        return normal_log_density(self.loc, x, self.scale**2)
 
     def expected_log_phi(self, mu, sigma, quadrature: GaussHermite = _DEFAULT_QUADRATURE):
         return self.log_phi(mu) - 0.5 * (sigma / self.scale) ** 2
 
     def log_expected_phi(self, mu, sigma, quadrature: GaussHermite = _DEFAULT_QUADRATURE):
         var = self.scale**2 + sigma**2
-        return -0.5 * (LOG_2PI + jnp.log(var) + (self.loc - mu) ** 2 / var)
+        return normal_log_density(self.loc, mu, var)
 
     def tilted_moments(self, mean, var, power=1.0):
         # φ^η = (2πs²)^{(1−η)/2} η^{−1/2} N(loc | x, s²/η): a Gaussian again.
         s2 = self.scale**2 / power
         total = var + s2
         log_z = 0.5 * (1 - power) * jnp.log(2 * jnp.pi * self.scale**2) - 0.5 * jnp.log(power) \
-            - 0.5 * (LOG_2PI + jnp.log(total) + (self.loc - mean) ** 2 / total)
+            + normal_log_density(self.loc, mean, total)
         return log_z, mean + var * (self.loc - mean) / total, var * s2 / total
 
     def observe(self, y):

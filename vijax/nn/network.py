@@ -49,7 +49,7 @@ from jax.scipy.special import erf, log_ndtr, logsumexp
 
 from .. import _checks
 from .._factorisation import Primal
-from .._linalg import LOG_2PI, backtrack, select
+from .._linalg import LOG_2PI, backtrack, normal_log_density, select
 from ..covariance import CholeskyFactor
 from ..methods import AbstractMethod
 from ..methods.ep import cavity, moment_residual, site_step
@@ -354,7 +354,7 @@ class NetworkPosterior(Posterior):
 
         def log_density(phi):
             total = var_f + jnp.exp(phi)
-            return -0.5 * (LOG_2PI + jnp.log(total) + (y_test - mean) ** 2 / total)
+            return normal_log_density(y_test, mean, total)
 
         ones = jnp.ones_like(mean)
         return self.quadrature.log_expect_exp(log_density, self.hyper_mean[0] * ones,
@@ -560,7 +560,7 @@ class NetworkEP(AbstractMethod):
         zp, wp = GaussHermite(self.noise_nodes).rule(dtype)
         noise = jnp.exp(p_mc[:, None] + jnp.sqrt(p_Vc)[:, None] * zp)  # (n, P)
         total = S[..., None] + noise[:, None, None, :]
-        log_lik = logsumexp(-0.5 * (LOG_2PI + jnp.log(total) + (y[:, None, None, None] - M[..., None]) ** 2 / total)
+        log_lik = logsumexp(normal_log_density(y[:, None, None, None], M[..., None], total)
                             + jnp.log(wp), axis=-1)  # (n, K, Q)
         log_w = log_lik + jnp.log(wz)
         p = jnp.exp(log_w - logsumexp(log_w, -1, keepdims=True))
