@@ -6,13 +6,11 @@ import shutil
 import tempfile
 import time
 
-# XLA's CPU code generation for the test session (the tests only; vijax leaves it alone). The suite is
-# mostly compilation, and what it checks is the programs' arithmetic, not their speed: with LLVM at
-# optimisation level 0 and XLA's loop emitters instead of its fusion emitters, CPU compiles take about
-# a quarter of the time (the default suite: 1,152 s of compilation → 264 s) while runs get slower by
-# a few milliseconds. The programs (HLO) are the same; the machine code differs in rounding only (no
-# fused multiply–adds at level 0). VIJAX_TEST_XLA_FLAGS replaces these flags ("default": XLA's own
-# settings, what users get); flags already in XLA_FLAGS are kept. Set before JAX starts its backend.
+# XLA's CPU code generation for the test session (the tests only; vijax leaves it alone): LLVM at
+# optimisation level 0 and XLA's loop emitters compile in about a quarter of the time and run slower;
+# the programs (HLO) are the same, the machine code rounds differently (tests/README.md, "Compiler
+# settings"). VIJAX_TEST_XLA_FLAGS replaces these flags ("default": XLA's own settings, what users
+# get); flags already in XLA_FLAGS are kept. Set before JAX starts its backend.
 _TEST_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
 _flags = os.environ.get("VIJAX_TEST_XLA_FLAGS", _TEST_XLA_FLAGS)
 if _flags != "default":

@@ -1,6 +1,5 @@
 """Free-form mean field (H = I): the coordinate-ascent bound against independent quadrature."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest

@@ -29,7 +29,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import functools
-from typing import Callable, ClassVar
+from typing import ClassVar
 
 import equinox as eqx
 import jax

@@ -148,17 +148,13 @@ def _gp_prior(post, owner):
     return prior
 
 
-def _recorded(post, owner):
-    """The kernel and inputs the posterior's `GPModel` records."""
-    _gp_prior(post, owner)
+def _latent(post, X_test, owner):
+    """The latent predictive marginals at ``X_test`` under the kernel and inputs the posterior's `GPModel` records."""
+    prior = _gp_prior(post, owner)
     if not isinstance(post.model, GPModel):
         raise ValueError(f"{owner}: the posterior's model is a {type(post.model).__name__}, which does not record "
                          "a kernel and inputs; build it with vj.gp.model(kernel, X, likelihood).")
-    return post.model.kernel, post.model.X
-
-
-def _latent(post, kernel, X, X_test, owner):
-    prior = _gp_prior(post, owner)
+    kernel, X = post.model.kernel, post.model.X
     X_test = _checks.as_inputs(X_test, owner)
     if X.shape[0] != prior.dim:
         raise ValueError(f"{owner}: X has {X.shape[0]} rows but the model has {prior.dim} latent values.")
@@ -191,8 +187,7 @@ def predict(post: Posterior, X_test: ArrayLike) -> tuple[jax.Array, jax.Array]:
     jitter are those its model records.
     """
     owner = "vj.gp.predict"
-    kernel, X = _recorded(post, owner)
-    return _latent(post, kernel, X, X_test, owner)
+    return _latent(post, X_test, owner)
 
 
 def predict_proba(post: Posterior, X_test: ArrayLike, quadrature: GaussHermite = GaussHermite()) -> jax.Array:
@@ -202,8 +197,7 @@ def predict_proba(post: Posterior, X_test: ArrayLike, quadrature: GaussHermite =
     potential = post.model.sites[0].potential
     if not potential.labels_in_projection:
         raise ValueError(f"{owner}: needs a classification posterior, got a {type(potential).__name__} likelihood.")
-    kernel, X = _recorded(post, owner)
-    mean, var = _latent(post, kernel, X, X_test, owner)
+    mean, var = _latent(post, X_test, owner)
     return jnp.exp(potential.log_expected_phi(mean, safe_sqrt(var), quadrature))
 
 
@@ -217,8 +211,7 @@ def log_predictive(post: Posterior, X_test: ArrayLike, y_test: ArrayLike,
     owner = "vj.gp.log_predictive"
     _gp_prior(post, owner)
     potential = post.model.sites[0].potential
-    kernel, X = _recorded(post, owner)
-    mean, var = _latent(post, kernel, X, X_test, owner)
+    mean, var = _latent(post, X_test, owner)
     y_test = _checks.as_float_array("y_test", y_test, owner, ndim=1)
     if y_test.shape[0] != mean.shape[0]:
         raise ValueError(f"{owner}: X_test has {mean.shape[0]} rows but `y_test` has {y_test.shape[0]} entries.")
