@@ -45,8 +45,8 @@ variant, so compilation is excluded; ``jax.block_until_ready``); and the mean ±
 over seeds of log Z_EP − log Z_IS and of log Z_EP − (G-KL bound); the number of runs whose log Z_EP is
 below the G-KL bound, and whose |log Z_EP − log Z_IS| exceeds 3 IS standard errors. Non-finite log Z
 values are excluded from the means and counted in the ``nan`` column. Each block's header gives the
-mean G-KL bound and the mean ESS and IS standard error over seeds. Columns ``fb`` and ``osc`` count
-``diagnostics.info.fallback`` and ``diagnostics.info.oscillating``.
+mean G-KL bound and the mean ESS and IS standard error over seeds. Columns ``fb`` and ``stl`` count
+``diagnostics.info.fallback`` and ``diagnostics.status == vj.Status.STALLED``.
 
 Run (float64 is switched on by this script)::
 
@@ -199,7 +199,7 @@ def run_case(data, likelihood, seeds, dl_seeds, num_is, log):
             d = post.diagnostics
             rec["variants"][name] = dict(
                 log_z=float(post.log_z), converged=bool(d.converged), iterations=int(d.iterations),
-                seconds=seconds, fallback=bool(d.info.fallback), oscillating=bool(d.info.oscillating),
+                seconds=seconds, fallback=bool(d.info.fallback), stalled=int(d.status) == vj.Status.STALLED,
                 skipped=int(d.info.skipped), shrunk=int(d.info.shrunk), max_change=float(d.info.max_change),
                 num_value_evals=int(d.num_value_evals))
             if name == "default":
@@ -229,7 +229,7 @@ def summarise(runs):
         gkl_diff = [v["log_z"] - r["gkl"] for r, v in rs if finite(v["log_z"])]
         rows.append(dict(
             variant=name, runs=len(rs), converged=sum(v["converged"] for _, v in rs),
-            fallback=sum(v["fallback"] for _, v in rs), oscillating=sum(v["oscillating"] for _, v in rs),
+            fallback=sum(v["fallback"] for _, v in rs), stalled=sum(v["stalled"] for _, v in rs),
             nonfinite=sum(not finite(v["log_z"]) for _, v in rs),
             median_iterations=float(np.median([v["iterations"] for _, v in rs])),
             median_seconds=float(np.median([v["seconds"] for _, v in rs])),
@@ -242,7 +242,7 @@ def summarise(runs):
 
 def format_table(case_rows, runs, dl_seeds, seeds):
     out = io.StringIO()
-    header = (f"  {'variant':<12} {'conv':>7} {'fb':>3} {'osc':>3} {'nan':>3} {'iters':>6} {'time s':>7} "
+    header = (f"  {'variant':<12} {'conv':>7} {'fb':>3} {'stl':>3} {'nan':>3} {'iters':>6} {'time s':>7} "
               f"{'logZ_EP − logZ_IS':>19} {'logZ_EP − G-KL':>17} {'<GKL':>4} {'>3se':>4}")
     for (data, likelihood), rows in case_rows.items():
         rs = [r for r in runs if r["data"] == data and r["likelihood"] == likelihood]
@@ -255,11 +255,11 @@ def format_table(case_rows, runs, dl_seeds, seeds):
         for r in rows:
             name = r["variant"] + ("†" if r["variant"] == "double loop" and dl_seeds < seeds else "")
             a, b = r["minus_is"], r["minus_gkl"]
-            print(f"  {name:<12} {r['converged']:>3}/{r['runs']:<3} {r['fallback']:>3} {r['oscillating']:>3} "
+            print(f"  {name:<12} {r['converged']:>3}/{r['runs']:<3} {r['fallback']:>3} {r['stalled']:>3} "
                   f"{r['nonfinite']:>3} {r['median_iterations']:>6.0f} {r['median_seconds']:>7.3f} "
                   f"{a[0]:>9.4f} ± {a[1]:<7.4f} {b[0]:>8.4f} ± {b[1]:<6.4f} {r['below_gkl']:>4} "
                   f"{r['beyond_is_3se']:>4}", file=out)
-    print("\nconv: converged runs / runs; fb: fallback schedule used; osc: residual stopped improving; "
+    print("\nconv: converged runs / runs; fb: fallback schedule used; stl: the last schedule's residual stopped improving; "
           "nan: non-finite log Z\n(excluded from the means); iters, time: medians (compilation "
           "excluded); differences: mean ± s.e. over seeds;\n<GKL: runs with log Z_EP below the G-KL bound; "
           ">3se: runs with |log Z_EP − log Z_IS| > 3 IS s.e. + 0.001.", file=out)

@@ -49,7 +49,7 @@ def test_lbfgs_reports_a_failed_line_search():
     # Finite only at the start: no step can increase it, so the solver must stop and say so.
     fn = lambda x: jnp.where(jnp.all(x == 0), 0.0, jnp.nan) + jnp.sum(x)
     sol = vj.solvers.LBFGS().maximise(fn, jnp.zeros(3))
-    assert not bool(sol.converged)
+    assert int(sol.status) == vj.Status.STALLED
     assert int(sol.iterations) == 0
     np.testing.assert_array_equal(sol.x, np.zeros(3))
 

@@ -9,6 +9,7 @@ from .hierarchical import HierarchicalModel
 from .model import GaussianFactor, Identity, LatentLinearModel, Sites
 from .padding import pad_sites
 from .posterior import Diagnostics, EPInfo, LaplaceInfo, Posterior
+from .solvers import Status
 from .sharding import shard_sites
 
 __version__ = "0.1.0"
@@ -34,6 +35,7 @@ __all__ = [
     "ConvergenceWarning",
     "Posterior",
     "Diagnostics",
+    "Status",
     "EPInfo",
     "LaplaceInfo",
     "AbstractMethod",

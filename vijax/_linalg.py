@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 from jax.scipy.linalg import solve_triangular
 
-__all__ = ["LOG_2PI", "reversed_cholesky", "inverse_factor", "select", "nan_trace", "backtrack", "normal_log_density", "neg_kl", "pcg", "lanczos",
+__all__ = ["LOG_2PI", "reversed_cholesky", "inverse_factor", "select", "nan_trace", "backtrack", "normal_log_density", "gaussian_entropy", "neg_kl", "pcg", "lanczos",
            "ritz_pairs", "block_ritz_pairs", "leading_eigenvectors", "lanczos_variances"]
 
 LOG_2PI = math.log(2 * math.pi)
@@ -79,6 +79,11 @@ def backtrack(evaluate, acceptable, step, max_halvings: int, placeholder=None):
 def normal_log_density(x, mean, var):
     """log N(x | mean, var) = −½(log 2π + log var + (x − mean)²/var), elementwise (broadcast)."""
     return -0.5 * (LOG_2PI + jnp.log(var) + (x - mean) ** 2 / var)
+
+
+def gaussian_entropy(logdet_cov, dim):
+    """The differential entropy of a ``dim``-variate Gaussian, ½ log det(2πe S) = ½(log det S + dim (1 + log 2π))."""
+    return 0.5 * (logdet_cov + dim * (1.0 + LOG_2PI))
 
 
 def neg_kl(trace, mahalanobis, logdet_q, logdet_p, dim):

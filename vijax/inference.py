@@ -9,6 +9,7 @@ import numpy as np
 from . import _checks
 from .methods import AbstractMethod
 from .posterior import Posterior
+from .solvers import Status
 
 __all__ = ["infer", "ConvergenceWarning"]
 
@@ -43,30 +44,31 @@ def infer(model, method, init=None) -> Posterior:
     state = method.start(model) if init is None else method.to_state(model, init)
     post = method.fit(model, state)
     _warn_unless_converged(post)
-    if _checks.is_concrete(post.log_z) and np.ndim(post.log_z) == 0:
-        message = method.report(post)
-        if message is not None:
-            warnings.warn(message, UserWarning, stacklevel=2)
     return post
 
 
 def _warn_unless_converged(post: Posterior) -> None:
-    """A `ConvergenceWarning` for a concrete fit (not under `jit`, `vmap` or `grad`) that did not converge."""
+    """A `ConvergenceWarning` saying why a concrete fit (not under `jit`, `vmap` or `grad`) did not converge."""
     d = post.diagnostics
-    if not (_checks.is_concrete(d.converged, post.log_z) and np.ndim(d.converged) == 0):
+    if not (_checks.is_concrete(d.status, post.log_z) and np.ndim(d.status) == 0):
         return
     name = f"{d.method} ({d.solver})"
-    log_z = float(post.log_z)
-    if not np.isfinite(log_z) and post.defines_log_z:
-        warnings.warn(f"{name}: log Z is {log_z}, the fit failed, and it is not a lower bound "
-                      "(post.is_lower_bound is False); see post.diagnostics (a wider or improper "
-                      "posterior than the data determine, or non-finite data, are the usual causes).",
-                      ConvergenceWarning, stacklevel=3)
-    elif not bool(d.converged):
-        warnings.warn(f"{name} stopped after {int(d.iterations)} iterations without converging (final "
-                      f"stationarity {float(d.stationarity):.3g}): log Z, its gradient and the moments are not at "
-                      "the optimum. Raise the method's iteration limit or see post.diagnostics.",
-                      ConvergenceWarning, stacklevel=3)
+    status = Status(int(d.status))
+    if status == Status.NONFINITE or (not np.isfinite(float(post.log_z)) and post.defines_log_z):
+        message = (f": log Z is {float(post.log_z)}, the fit failed, and it is not a lower bound "
+                   "(post.is_lower_bound is False); a wider or improper posterior than the data determine, or "
+                   "non-finite data, are the usual causes")
+    elif status == Status.CONVERGED:
+        return
+    elif status == Status.FELL_BACK:
+        message = (": the optimum found has a lower objective than the start, so the posterior is the start; see "
+                   "post.diagnostics.info")
+    else:
+        why = ("no further progress was possible" if status == Status.STALLED
+               else "the iteration limit came first (raise the method's iteration limit)")
+        message = (f" stopped after {int(d.iterations)} iterations without converging: {why} (final stationarity "
+                   f"{float(d.stationarity):.3g}); log Z, its gradient and the moments are not at the optimum")
+    warnings.warn(f"{name}{message}. See post.diagnostics.", ConvergenceWarning, stacklevel=3)
 
 
 def __dir__():

@@ -12,8 +12,9 @@ import numpy as np
 from .covariance import AbstractFactor
 from .model import LatentLinearModel
 from .projections import as_projection
+from .solvers import Status
 
-__all__ = ["Posterior", "Diagnostics", "EPInfo", "LaplaceInfo", "LVBInfo"]
+__all__ = ["Posterior", "Diagnostics", "Status", "EPInfo", "LaplaceInfo", "LVBInfo"]
 
 
 def _traced(*xs) -> bool:
@@ -34,8 +35,9 @@ def _show(x) -> str:
     return type(x).__name__
 
 
-def _fields_repr(obj, names) -> str:
-    return f"{type(obj).__name__}(" + ", ".join(f"{n}={_show(getattr(obj, n))}" for n in names) + ")"
+def _fields_repr(obj, names, **shown) -> str:
+    """``Type(name=value, …)``; ``shown`` replaces a field's text."""
+    return f"{type(obj).__name__}(" + ", ".join(f"{n}={shown.get(n) or _show(getattr(obj, n))}" for n in names) + ")"
 
 
 class EPInfo(eqx.Module):
@@ -43,13 +45,12 @@ class EPInfo(eqx.Module):
 
     - `max_change`: the largest site-parameter change in the last iteration, in units of the site's marginal
       (max over sites of |Δτ_n|·V_n and |Δν_n|·√V_n).
-    - `oscillating`: the moment-matching residual stopped improving (oscillating or diverging EP); bool.
     - `skipped`: site updates left out (improper cavity or non-finite tilted moments); int.
     - `shrunk`: steps shortened to keep q and every cavity proper; int.
-    - `fallback`: the run went on with a more robust schedule (parallel → sequential → double loop); bool."""
+    - `fallback`: a schedule stopped improving (it oscillated or diverged) and the run went on with a more robust
+      one (parallel → sequential → double loop); bool. Why the run ended is `Diagnostics.status`."""
 
     max_change: jax.Array
-    oscillating: jax.Array
     skipped: jax.Array
     shrunk: jax.Array
     fallback: jax.Array
@@ -57,7 +58,7 @@ class EPInfo(eqx.Module):
     def __repr__(self):
         if _traced(self):
             return super().__repr__()
-        return _fields_repr(self, ("max_change", "oscillating", "skipped", "shrunk", "fallback"))
+        return _fields_repr(self, ("max_change", "skipped", "shrunk", "fallback"))
 
 
 class LaplaceInfo(eqx.Module):
@@ -96,11 +97,14 @@ class LVBInfo(eqx.Module):
 class Diagnostics(eqx.Module):
     """How a fit went: the fields every method reports, and a method's own record in `info`.
 
-    Keyword-only, e.g. ``Diagnostics(iterations=k, converged=ok, objective_trace=trace, method="GKL",
-    solver="NewtonCG", grad_norm=g)``. Every field is a scalar (batched under `vmap`) except `objective_trace`.
+    Keyword-only, e.g. ``Diagnostics(iterations=k, status=vj.Status.of(ok, value=f), objective_trace=trace,
+    method="GKL", solver="NewtonCG", grad_norm=g)``. Every field is a scalar (batched under `vmap`) except
+    `objective_trace`.
 
-    - `iterations` (int), `converged` (bool): iterations (sweeps, outer steps) done; the method's test held.
-    - `stationarity`: what `converged` was judged by, at the end: the squared Newton decrement
+    - `iterations` (int): iterations (sweeps, outer steps) done.
+    - `status` (int32): why the fit stopped, a `vj.Status` code; ``converged`` (property) is
+      ``status == vj.Status.CONVERGED``.
+    - `stationarity`: what convergence was judged by, at the end: the squared Newton decrement
       gᵀ(−∇²f)⁻¹g ≈ 2 × the remaining gain for solver-based fits (G-KL, Laplace, MAP, Gaussian mean field; last
       measured, before the final step), ∇Bᵀ(Δm, Δλ) for natural-parameter G-KL, the moment-matching residual for
       EP, the extrapolated distance from the fixed point for LVB and free-form mean field. NaN (default): unmeasured.
@@ -112,7 +116,7 @@ class Diagnostics(eqx.Module):
       Lanczos variances), `LaplaceInfo` (`vj.Laplace`, `vj.MAP`), `vj.nn.NetworkInfo` (`vj.nn.NetworkEP`)."""
 
     iterations: jax.Array
-    converged: jax.Array
+    status: jax.Array
     stationarity: jax.Array
     grad_norm: jax.Array
     objective_trace: jax.Array
@@ -123,13 +127,13 @@ class Diagnostics(eqx.Module):
     solver: str = eqx.field(static=True)
     info: EPInfo | LaplaceInfo | LVBInfo | None = None
 
-    def __init__(self, *, iterations, converged, objective_trace, method: str, solver: str,
+    def __init__(self, *, iterations, status, objective_trace, method: str, solver: str,
                  stationarity=None, grad_norm=None, num_value_evals=0, num_grad_evals=0, num_hvp_evals=0,
                  info=None):
         dtype = jnp.result_type(objective_trace)
         nan = jnp.full((), jnp.nan, dtype if jnp.issubdtype(dtype, jnp.floating) else float)
         self.iterations = iterations
-        self.converged = converged
+        self.status = jnp.asarray(status, jnp.int32)
         self.stationarity = nan if stationarity is None else stationarity
         self.grad_norm = nan if grad_norm is None else grad_norm
         self.objective_trace = objective_trace
@@ -140,21 +144,30 @@ class Diagnostics(eqx.Module):
         self.solver = solver
         self.info = info
 
+    @property
+    def converged(self) -> jax.Array:
+        """Whether the method's stopping test held: ``status == vj.Status.CONVERGED`` (a bool array)."""
+        return self.status == Status.CONVERGED
+
+    @property
+    def reason(self) -> str:
+        """The status as a word (``"converged"``, ``"max_iter"``, …) for a concrete, unbatched fit."""
+        return Status(int(self.status)).name.lower()
+
     @classmethod
     def from_solution(cls, sol, method: str, solver: str, info=None) -> "Diagnostics":
-        """From a `vj.solvers` solution (its iterations, convergence, decrement, trace and counts)."""
-        return cls(iterations=sol.iterations, converged=sol.converged, stationarity=sol.decrement,
+        """From a `vj.solvers` solution (its iterations, status, decrement, trace and counts)."""
+        return cls(iterations=sol.iterations, status=sol.status, stationarity=sol.decrement,
                    grad_norm=sol.grad_norm, objective_trace=sol.trace, num_value_evals=sol.num_value_evals,
                    num_grad_evals=sol.num_grad_evals, num_hvp_evals=sol.num_hvp_evals, method=method,
                    solver=solver, info=info)
 
-
     def __repr__(self):
         if _traced(self):
             return super().__repr__()
-        return _fields_repr(self, ("method", "solver", "iterations", "converged", "stationarity", "grad_norm",
-                                   "num_value_evals", "num_grad_evals", "num_hvp_evals", "objective_trace",
-                                   "info"))
+        fields = ("method", "solver", "iterations", "status", "stationarity", "grad_norm", "num_value_evals",
+                  "num_grad_evals", "num_hvp_evals", "objective_trace", "info")
+        return _fields_repr(self, fields, status=self.reason if np.ndim(self.status) == 0 else None)
 
 
 class Posterior(eqx.Module):
@@ -259,7 +272,7 @@ class Posterior(eqx.Module):
             kind = "the log joint at the mode, not an evidence estimate"
         else:
             kind = "an approximation of log Z"
-        status = "converged" if bool(np.all(d.converged)) else "NOT converged"
+        status = "converged" if bool(np.all(d.converged)) else f"NOT converged ({d.reason})"
         width = max([len("coordinate")] + [len(n) for n in names[:shown]])
         lines = [f"{d.method} ({d.solver}): {status} after {int(d.iterations)} iterations",
                  f"log Z = {log_z:.6g} ({kind})",

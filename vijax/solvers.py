@@ -23,6 +23,7 @@ Solvers: `NewtonCG` (Hessian-free, preconditioned CG, Armijo search), `Newton` (
 from __future__ import annotations
 
 import abc
+import enum
 from typing import Callable, NamedTuple
 
 import equinox as eqx
@@ -31,29 +32,62 @@ import jax.numpy as jnp
 
 from ._linalg import nan_trace, pcg, select
 
-__all__ = ["AbstractSolver", "NewtonCG", "Newton", "GaussNewton", "LBFGS", "Solution",
+__all__ = ["AbstractSolver", "NewtonCG", "Newton", "GaussNewton", "LBFGS", "Solution", "Status",
            "iterate", "extrapolated_distance", "FixedPoint", "fixed_point"]
 
 _ROUNDING = 64  # f is known to about this many ulps: a smaller increase of f is no evidence of progress
 _DECREMENT_ROUNDING = 4  # a predicted gain ½λ² below a few ulps of f cannot be realised
 
 
+class Status(enum.IntEnum):
+    """Why a fit stopped: `Diagnostics.status`, an int array (per fit under `vmap`); compare with these members.
+
+    - `CONVERGED` (0): the method's stopping test held.
+    - `MAX_ITER` (1): the iteration limit came first.
+    - `STALLED` (2): no further progress was possible: a line search found no rise, a fixed-point iteration
+      stopped improving (EP oscillating), a step could not be shortened enough.
+    - `NONFINITE` (3): the objective is not finite at the end.
+    - `FELL_BACK` (4): the optimum found was worse than the start, which is returned (`vj.AIKL`)."""
+
+    CONVERGED = 0
+    MAX_ITER = 1
+    STALLED = 2
+    NONFINITE = 3
+    FELL_BACK = 4
+
+    @staticmethod
+    def of(converged, *, value=None, stalled=False, fell_back=False) -> jax.Array:
+        """The status code (int32) from a run's flags: ``value``, the objective at the end (None: not checked),
+        not finite → `NONFINITE`; else ``fell_back`` → `FELL_BACK`; else ``converged`` → `CONVERGED`; else
+        ``stalled`` → `STALLED`; else `MAX_ITER`."""
+        code = jnp.where(converged, 0, jnp.where(stalled, 2, 1))
+        code = jnp.where(fell_back, 4, code)
+        if value is not None:
+            code = jnp.where(jnp.isfinite(value), code, 3)
+        return code.astype(jnp.int32)
+
+
 class Solution(NamedTuple):
     """What a solver returns; ``trace[k]`` is f after iteration k (``trace[0]`` at ``x0``, NaN after the last).
 
-    ``decrement``: the last squared Newton decrement gᵀd measured (before the final step); ``converged``: it was at
-    most the threshold."""
+    ``decrement``: the last squared Newton decrement gᵀd measured (before the final step); ``status``: a `Status`
+    (`CONVERGED`: the decrement was at most the threshold; `STALLED`: the line search found no acceptable step)."""
 
     x: jax.Array
     value: jax.Array
     grad_norm: jax.Array  # max |gradient| at x
     iterations: jax.Array
-    converged: jax.Array
+    status: jax.Array
     trace: jax.Array
     num_value_evals: jax.Array  # objective only
     num_grad_evals: jax.Array  # objective and gradient
     num_hvp_evals: jax.Array  # Hessian-vector products
     decrement: jax.Array  # gᵀd, the squared Newton decrement (estimated by the solver's direction)
+
+    @property
+    def converged(self) -> jax.Array:
+        """``status == Status.CONVERGED``."""
+        return self.status == Status.CONVERGED
 
 
 class AbstractSolver(eqx.Module):
@@ -255,7 +289,7 @@ def _newton_loop(solver, fn, x0, local_model, direction):
                           s.n_grad + 1, s.n_hvp + n_hvp)
 
     s = jax.lax.while_loop(cond, body, state)
-    return _solution(solver, s.x, s.f, s.g, s.k, s.slope, s.done, s.trace, s.n_val, s.n_grad, s.n_hvp)
+    return _solution(solver, s.x, s.f, s.g, s.k, s.slope, s.done, s.trace, s.n_val, s.n_grad, s.n_hvp, s.failed)
 
 
 def _ascent_with_count(direction_and_count, g):
@@ -263,10 +297,11 @@ def _ascent_with_count(direction_and_count, g):
     return _ascent(g, d) + (n,)
 
 
-def _solution(solver, x, f, g, k, decrement, done, trace, n_val, n_grad, n_hvp) -> Solution:
-    """``done``: the last step was taken from a point whose decrement was below the threshold."""
-    converged = jnp.isfinite(f) & (done | (decrement <= solver.threshold(f)))
-    return Solution(x, f, _max_abs(g), k, converged, trace, n_val, n_grad, n_hvp, decrement)
+def _solution(solver, x, f, g, k, decrement, done, trace, n_val, n_grad, n_hvp, failed) -> Solution:
+    """``done``: the last step was taken from a point whose decrement was below the threshold; ``failed``: the line
+    search found no acceptable step."""
+    status = Status.of(done | (decrement <= solver.threshold(f)), value=f, stalled=failed)
+    return Solution(x, f, _max_abs(g), k, status, trace, n_val, n_grad, n_hvp, decrement)
 
 
 class NewtonCG(AbstractSolver):
@@ -459,7 +494,8 @@ class LBFGS(AbstractSolver):
                             false, nan_trace(self.max_iter, dtype), jnp.array(0), _wolfe_start(f0, zeros, 0.0, 1.0),
                             jnp.array(True))
         s = jax.lax.while_loop(cond, body, state)
-        return _solution(self, s.x, s.f, s.g, s.k, s.slope, s.done, s.trace, jnp.array(0), s.n_grad, jnp.array(0))
+        return _solution(self, s.x, s.f, s.g, s.k, s.slope, s.done, s.trace, jnp.array(0), s.n_grad, jnp.array(0),
+                         s.failed)
 
 
 class _Bracket(NamedTuple):

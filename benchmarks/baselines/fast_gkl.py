@@ -23,9 +23,9 @@ Symbols → code: K (prior covariance) ``K``; μ ``mu``; V ``V``; v = diag V ``v
 diag(K⁻¹) ``lam``; α = K⁻¹(m − μ) ``alpha`` (the O–A ``a``); F(m, v) = Σ_d f̲_d ``expected``. K⁻¹ is
 never formed: tr(K⁻¹V) = D − λᵀv and (m − μ)ᵀK⁻¹(m − μ) = αᵀ(m − μ) hold for V⁻¹ = K⁻¹ + diag λ.
 
-Built on the library's site form: the bound is `vijax.methods._gkl_natural.site_bound` (in whitened
+Built on the library's site form: the bound is `vijax.methods._gkl_natural._site_bound` (in whitened
 coordinates, log det S̃⁻¹ = −log det(VK⁻¹) and log f(m̃) = −½αᵀ(m − μ) − (D/2) log 2π), V from λ is
-`_gkl_natural.covariance_from_lambda` on the whitened model, and the Newton point in m and the O–A
+`covariance_from_lambda` (the library's primal factorisation `_gkl_natural._Primal`) on the whitened model, and the Newton point in m and the O–A
 integral are `vijax.methods._gaussian.integrate_diagonal`. What is Alg. 3's own stays here: the scalar
 column problems, the rank-one updates of V and the Armijo-backtracked Newton iteration in m.
 
@@ -53,7 +53,7 @@ import optax
 
 import vijax as vj
 from vijax.methods._gaussian import diagonal_form, integrate_diagonal
-from vijax.methods._gkl_natural import covariance_from_lambda, site_bound
+from vijax.methods._gkl_natural import _Primal, _site_bound
 from vijax._linalg import nan_trace
 from vijax.quadrature import GaussHermite, safe_sqrt
 
@@ -148,12 +148,19 @@ def _covariance(model, lam):
     return CL.T @ CL, var, -logdet_precision
 
 
+def covariance_from_lambda(work, lam):
+    """``(C, variances, log det S⁻¹)`` for S⁻¹ = Λ + Hᵀdiag(λ)H of ``work`` (``lam`` all sites stacked):
+    S = CᵀC, C upper-triangular (NaN unless S⁻¹ is positive definite)."""
+    fac = _Primal(work).factor(lam)
+    return fac.core, fac.variances, fac.logdet
+
+
 def _bound(logdet, lam, var, alpha, m, mu, expected):
     """½[log det(VK⁻¹) − tr(K⁻¹V) − (m−μ)ᵀK⁻¹(m−μ) + D] + F, with tr(K⁻¹V) = D − λᵀv: the library's
-    `site_bound` in whitened coordinates (log det S̃⁻¹ = −log det(VK⁻¹), |m̃|² = αᵀ(m − μ))."""
+    `_site_bound` in whitened coordinates (log det S̃⁻¹ = −log det(VK⁻¹), |m̃|² = αᵀ(m − μ))."""
     d = m.shape[0]
     log_f = -0.5 * (alpha @ (m - mu)) - 0.5 * d * math.log(2 * math.pi)
-    return site_bound(-logdet, lam, var, log_f, d, expected)
+    return _site_bound(-logdet, lam, var, log_f, d, expected)
 
 
 # ---------------------------------------------------------------------------- scalar sub-problem

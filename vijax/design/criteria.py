@@ -21,7 +21,7 @@ import jax.numpy as jnp
 
 # Lanczos lives in the foundation layer (one implementation for design, the Subspace family and LVB);
 # it is re-exported here as part of `vj.design`.
-from .._linalg import LOG_2PI, lanczos, lanczos_variances, leading_eigenvectors
+from .._linalg import gaussian_entropy, lanczos, lanczos_variances, leading_eigenvectors
 from ..covariance import ChevronFactor, CholeskyFactor, DiagonalFactor, SubspaceFactor
 from ..methods import lvb
 from ..posterior import Posterior
@@ -190,7 +190,7 @@ def _free_design(post, key, num_rows, num_iter):
 def entropy(post):
     """The differential entropy ½ log det(2πe S) of q, from the factor's log det S."""
     factor = _factor(post)
-    return 0.5 * (factor.logdet() + factor.dim * (1.0 + LOG_2PI))
+    return gaussian_entropy(factor.logdet(), factor.dim)
 
 
 def __dir__():

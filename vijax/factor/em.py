@@ -39,7 +39,7 @@ from .._linalg import backtrack, nan_trace, select
 from ..covariance import CholeskyFactor
 from ..methods import AbstractMethod
 from ..posterior import Diagnostics, Posterior
-from ..solvers import extrapolated_distance, iterate
+from ..solvers import Status, extrapolated_distance, iterate
 from .model import FactorModel, ObservedModel, Prior, block_data, neg_kl, site_terms
 
 __all__ = ["EM", "EStep", "EMState", "FactorPosterior", "FactorInfo", "Posteriors", "e_step", "m_step", "initial_posteriors",
@@ -588,7 +588,8 @@ class EM(AbstractMethod):
                        jnp.asarray(False), nan_trace(self.max_iter, dtype, start))
         out, iterations = iterate(step, init, self.max_iter, lambda _, s: s.converged)
         diagnostics = Diagnostics(
-            iterations=iterations, converged=out.converged, stationarity=out.change, objective_trace=out.trace,
+            iterations=iterations, status=Status.of(out.converged, value=out.value), stationarity=out.change,
+            objective_trace=out.trace,
             num_value_evals=iterations, method="EM", solver="E-step (natural gradient) / M-step",
             info=_factor_info(out.q))
         return FactorPosterior(out.model, out.q, out.value, diagnostics, model, EMState(out.model, out.q, out.value))
@@ -652,7 +653,8 @@ class EStep(AbstractMethod):
         trace = _total_trace(extras.trace, q.bound, q.iterations, data.weights) - penalty_term(fm, jnp.sum(data.weights))
         iterations = jnp.max(q.iterations)
         diagnostics = Diagnostics(
-            iterations=iterations, converged=jnp.all(q.converged), stationarity=jnp.max(extras.distance),
+            iterations=iterations, status=Status.of(jnp.all(q.converged), value=value),
+            stationarity=jnp.max(extras.distance),
             grad_norm=jnp.max(extras.grad_norm), objective_trace=trace, num_value_evals=jnp.sum(q.iterations) + q.mean.shape[0],
             num_grad_evals=jnp.sum(q.iterations) + q.mean.shape[0], method="EStep",
             solver="natural gradient (Newton)" if self.newton else "natural gradient", info=_factor_info(q))

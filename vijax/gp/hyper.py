@@ -20,6 +20,7 @@ from jax.typing import ArrayLike
 
 from .. import _checks
 from ..posterior import Diagnostics, Posterior
+from ..solvers import Status
 from .kernels import AbstractKernel
 from .models import DEFAULT_JITTER, model
 from ..methods import AbstractMethod
@@ -99,7 +100,7 @@ def fit_hyperparameters(kernel: AbstractKernel, X: ArrayLike, likelihood: Abstra
     # here, so that the direction (or update) compiles once rather than once more at its second call.
     opt_state = _checks.strongly_typed(transform.init(params))
     (value, post), grad = _value_and_grad(params, data, method, _start(params, data, method))
-    trace, evals, converged, change = [-float(value)], 1, False, np.inf
+    trace, evals, converged, stalled, change = [-float(value)], 1, False, False, np.inf
     if progress:
         print(f"{owner}: step    0  log Z = {trace[0]:.6f}", flush=True)
     for it in range(1, max_iter + 1) if np.isfinite(trace[0]) else ():
@@ -117,12 +118,14 @@ def fit_hyperparameters(kernel: AbstractKernel, X: ArrayLike, likelihood: Abstra
                     break
                 alpha *= 0.5
             if not accepted:  # no step raises log Ẑ: stop at the last point
+                stalled = True
                 break
         else:
             trial, new_state = _update(grad, opt_state, params, value, data, method, post.state, transform)
             (t_value, t_post), t_grad = _value_and_grad(trial, data, method, post.state)
             evals += 1
             if not np.isfinite(float(t_value)):  # stop at the last finite point
+                stalled = True
                 break
         params, opt_state, value, post, grad = trial, new_state, t_value, t_post, t_grad
         trace.append(-float(value))
@@ -135,7 +138,7 @@ def fit_hyperparameters(kernel: AbstractKernel, X: ArrayLike, likelihood: Abstra
     leaves = [jnp.max(jnp.abs(g)) for g in jax.tree_util.tree_leaves(grad)]
     dtype = jnp.result_type(post.log_z)
     diagnostics = Diagnostics(
-        iterations=jnp.asarray(len(trace) - 1), converged=jnp.asarray(converged),
+        iterations=jnp.asarray(len(trace) - 1), status=Status.of(converged, value=trace[-1], stalled=stalled),
         stationarity=jnp.asarray(change, dtype),
         grad_norm=jnp.max(jnp.stack(leaves)).astype(dtype) if leaves else jnp.zeros((), dtype),
         objective_trace=jnp.asarray(trace, dtype), num_value_evals=jnp.asarray(evals),

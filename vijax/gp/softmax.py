@@ -36,6 +36,7 @@ from ..factor import Block, FactorModel, Multinomial, elbo_point
 from ..factor.em import Posteriors, e_step_run
 from ..methods import AbstractMethod
 from ..posterior import Diagnostics, Posterior
+from ..solvers import Status
 from ._layout import MulticlassModel, check_model as _check_model
 
 __all__ = ["SoftmaxBound", "SoftmaxState", "BOUNDS", "predict", "predict_proba"]
@@ -164,7 +165,7 @@ class SoftmaxBound(AbstractMethod):
         iterations = q.iterations[0]
         trace = extras.trace[0].at[iterations].set(jax.lax.stop_gradient(log_z))
         diagnostics = Diagnostics(
-            iterations=iterations, converged=q.converged[0], stationarity=extras.distance[0],
+            iterations=iterations, status=Status.of(q.converged[0], value=log_z), stationarity=extras.distance[0],
             grad_norm=extras.grad_norm[0], objective_trace=trace, num_value_evals=iterations + 1,
             num_grad_evals=iterations + 1, num_hvp_evals=jnp.zeros((), iterations.dtype), method="SoftmaxBound",
             solver="E-step (Newton)")

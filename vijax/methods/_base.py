@@ -100,10 +100,6 @@ class AbstractMethod(eqx.Module):
             raise ValueError(f"infer: `model` must be a vj.LatentLinearModel for vj.{type(self).__name__}, got "
                              f"{type(model).__name__}.")
 
-    def report(self, post: Posterior) -> str | None:
-        """A warning for a concrete fit beyond non-convergence (`vj.infer` issues it), or None."""
-        return None
-
     def start_dense(self, model: LatentLinearModel) -> bool | None:
         """Whether the start's mode search may form the D × D curvature (None: decided by the model)."""
         return None

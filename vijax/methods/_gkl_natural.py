@@ -52,7 +52,6 @@ prior) is whitened first (w = μ + Lw̃: Λ = I); else Λ is its precision (diag
 from __future__ import annotations
 
 import itertools
-import math
 from typing import NamedTuple
 
 import jax
@@ -60,12 +59,13 @@ import jax.numpy as jnp
 from jax.scipy.linalg import lu_factor, lu_solve
 
 from .._factorisation import Primal, SiteForm
-from .._linalg import nan_trace, select
+from .._linalg import gaussian_entropy, nan_trace, select
 from ..model import LatentLinearModel
 from ..posterior import Diagnostics
+from ..solvers import Status, iterate
 from ._gaussian import diagonal_form
 
-__all__ = ["applies", "fit", "fixed_point_precisions", "is_state", "NaturalFit", "site_bound", "covariance_from_lambda"]
+__all__ = ["applies", "fit", "fixed_point_precisions", "is_state", "NaturalFit"]
 
 _MAX_HALVINGS = 30
 _ROUNDING = 4  # B is known to a few ulps: a fall within that is no evidence against a step
@@ -124,19 +124,11 @@ def _split(x, sizes):
     return tuple(jnp.split(x, list(itertools.accumulate(sizes[:-1])))) if len(sizes) > 1 else (x,)
 
 
-def site_bound(logdet_precision, lam, variances, log_f, dim: int, expected):
-    """The G-KL bound at q = N(m, S), S⁻¹ = Λ + Hᵀdiag(λ)H, from its pieces (``benchmarks/baselines`` too).
-    B = D/2 (1 + log 2π) − ½ log det S⁻¹ + log f(m) − ½ (D − λᵀσ²) + F; ``logdet_precision`` = log det S⁻¹,
-    ``lam``, ``variances`` = σ² (all sites stacked), ``log_f`` = log f(m), ``dim`` = D, ``expected`` = F."""
-    log_const = 0.5 * dim * (1.0 + math.log(2 * math.pi))
-    return log_const - 0.5 * logdet_precision + log_f - 0.5 * (dim - lam @ variances) + expected
-
-
-def covariance_from_lambda(work: LatentLinearModel, lam):
-    """``(C, variances, log det S⁻¹)`` for S⁻¹ = Λ + Hᵀdiag(λ)H of ``work`` (``lam`` all sites stacked):
-    S = CᵀC, C upper-triangular, by the primal form's factorisation (NaN unless S⁻¹ is positive definite)."""
-    fac = _Primal(work).factor(lam)
-    return fac.core, fac.variances, fac.logdet
+def _site_bound(logdet_precision, lam, variances, log_f, dim: int, expected):
+    """The G-KL bound at q = N(m, S), S⁻¹ = Λ + Hᵀdiag(λ)H, from its pieces:
+    B = H[q] + log f(m) − ½ (D − λᵀσ²) + F; ``logdet_precision`` = log det S⁻¹, ``lam``, ``variances`` = σ² (all
+    sites stacked), ``log_f`` = log f(m), ``dim`` = D, ``expected`` = F."""
+    return gaussian_entropy(-logdet_precision, dim) + log_f - 0.5 * (dim - lam @ variances) + expected
 
 
 # ------------------------------------------------------------------------------- linear algebra
@@ -446,7 +438,7 @@ def fit(model: LatentLinearModel, work: LatentLinearModel, mean, lam, quadrature
         means = tuple(mu + jnp.broadcast_to(g.offset, mu.shape) for mu, g in zip(means, work.sites))
         site = _site_derivatives(work, quadrature, means, _split(fac.variances, sizes))
         log_f, grad_f = jax.value_and_grad(prior.log_density)(m) if prior is not None else (0.0, 0.0)
-        value = site_bound(fac.logdet, lam, fac.variances, log_f, d, site.value)
+        value = _site_bound(fac.logdet, lam, fac.variances, log_f, d, site.value)
         grad = grad_f + lin.project_t(site.mean)
         # A step with its decrement below `loose` is the last (see `body`).
         loose = jnp.maximum(tol, _ROUNDING * eps * jnp.abs(value))
@@ -508,11 +500,13 @@ def fit(model: LatentLinearModel, work: LatentLinearModel, mean, lam, quadrature
                       last | (stuck & (decrement <= loose)), jnp.where(ok, s.trace.at[k].set(p.value), s.trace),
                       s.evals + 1)
 
-    s = jax.lax.while_loop(lambda s: (s.k < max_iter) & (s.evals < _MAX_EVALS_PER_ITER * max_iter) & ~s.done,
-                           body, state)
+    cap = _MAX_EVALS_PER_ITER * max_iter  # points evaluated, one per pass
+    s, _ = iterate(lambda _, s: body(s), state, cap, lambda _, s: (s.k >= max_iter) | (s.evals >= cap) | s.done)
     p = s.point
     grad_norm = jnp.maximum(jnp.max(jnp.abs(p.grad)), jnp.max(0.5 * jnp.abs(p.gap)))
-    diagnostics = Diagnostics(iterations=s.k, converged=jnp.isfinite(p.value) & s.converged,
+    # stuck: no step down to 2⁻³⁰ raised B while the decrement was still above the loose threshold
+    stalled = s.done & ~s.converged
+    diagnostics = Diagnostics(iterations=s.k, status=Status.of(s.converged, value=p.value, stalled=stalled),
                               stationarity=s.decrement, grad_norm=grad_norm, objective_trace=s.trace,
                               num_value_evals=s.evals, num_grad_evals=s.evals, num_hvp_evals=0, method="GKL",
                               solver=f"natural-parameter ascent ({'dual' if lin.dense_coupling else 'primal'})")

@@ -44,12 +44,12 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 from jax.scipy.special import gammaln, log_ndtr
 
-from .._linalg import LOG_2PI
+from .._linalg import LOG_2PI, gaussian_entropy
 from ..covariance import CholeskyFactor, Full
 from ..model import LatentLinearModel
 from ..posterior import Diagnostics, Posterior
 from ..projections import as_projection
-from ..solvers import LBFGS, AbstractSolver, Solution
+from ..solvers import LBFGS, AbstractSolver, Solution, Status, iterate
 from ._base import AbstractMethod, same_shapes
 from ._envelope import computed
 from .gkl import GKL, bound_at
@@ -135,7 +135,7 @@ class Normal(AbstractBase):
         return -0.5 * (LOG_2PI + v**2) + 0.0 * theta
 
     def entropy(self, theta):
-        return jnp.full_like(theta, 0.5 * (LOG_2PI + 1.0))
+        return jnp.full_like(theta, gaussian_entropy(0.0, 1))
 
     def sample(self, key, theta, shape):
         return jax.random.normal(key, tuple(shape) + theta.shape, theta.dtype)
@@ -210,7 +210,7 @@ class SkewNormal(AbstractBase):
         log_cdf = log_ndtr(theta[..., None] * r)
         density = 2.0 * jnp.exp(-0.5 * (LOG_2PI + r**2)) * jnp.exp(log_cdf)
         expected = (grid[1] - grid[0]) * jnp.sum(density * log_cdf, axis=-1) / scale[..., 0]
-        return 0.5 * (LOG_2PI + 1.0) - math.log(2.0) - expected - jnp.log(sigma)
+        return gaussian_entropy(0.0, 1) - math.log(2.0) - expected - jnp.log(sigma)
 
     def skewness(self, theta):
         _, mu, sigma = _skew_constants(theta)
@@ -518,21 +518,21 @@ class AIKLInfo(eqx.Module):
       coarser one's bound, else the finest tried; `lattice_change`: |B(K) − B(K/2)| there.
     - `gaussian_log_z`: the G-KL bound at the starting Gaussian (NaN with a warm start);
       `start_log_z`: the AI-KL bound at the start, on ``log_z``'s lattice.
-    - `fell_back`: the optimum's bound was below the start's (the optimiser followed lattice error):
-      the posterior is the start, and `vj.infer` warns."""
+
+    Where the optimum's bound is below the start's on this lattice (the optimiser followed lattice error at
+    ``lattice_points``; raise it), the posterior is the start and ``diagnostics.status`` is
+    `vj.Status.FELL_BACK` (`vj.infer` warns)."""
 
     lattice_points: jax.Array
     lattice_change: jax.Array
     gaussian_log_z: jax.Array
     start_log_z: jax.Array
-    fell_back: jax.Array
 
     def __repr__(self):
         if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(self)):
             return super().__repr__()
         return (f"AIKLInfo(lattice_points={int(self.lattice_points)}, lattice_change={float(self.lattice_change):.3g}, "
-                f"gaussian_log_z={float(self.gaussian_log_z):.6g}, start_log_z={float(self.start_log_z):.6g}, "
-                f"fell_back={bool(self.fell_back)})")
+                f"gaussian_log_z={float(self.gaussian_log_z):.6g}, start_log_z={float(self.start_log_z):.6g})")
 
 
 class AIKLState(eqx.Module):
@@ -599,7 +599,7 @@ class AIKL(AbstractMethod):
     - `padding`: ``"window"`` (default) or ``"full"``; `span`: end points at ±span σ_y (default 6).
     - `tol_k`: the final bound is re-evaluated at 2K, 4K, … until it changes by less than this
       (default 1e-3), at most `max_doublings` times (default 4); if it is then below the start's (the
-      optimiser followed lattice error), the start is returned with a warning (``fell_back``).
+      optimiser followed lattice error), the start is returned with a warning (status `vj.Status.FELL_BACK`).
     - `scheme`: ``"joint"`` (default, the faster: docs/guide/aikl.md) or ``"blockwise"`` (the thesis's, for
       log-concave sites): (L, b, θ), then (U, b, θ), each concave for fixed θ, until a cycle gains less
       than ``tol_k / 100``, after 20 cycles, or at the solver's `max_iter`.
@@ -671,14 +671,6 @@ class AIKL(AbstractMethod):
         template = AIKLParams(*(jax.ShapeDtypeStruct(s, model.dtype) for s in (d, d * 2, d * 2)), theta)
         return same_shapes(state.params, template)
 
-    def report(self, post) -> str | None:
-        info = post.diagnostics.info
-        if not bool(info.fell_back):
-            return None
-        return (f"AIKL: re-evaluated at K = {int(info.lattice_points)}, the optimum's bound is below the start's "
-                f"({float(info.start_log_z):.6g}): the optimiser followed lattice error at K = "
-                f"{self.lattice_points}, so the posterior is the start. Raise `lattice_points`.")
-
     def _probe(self, start, model):
         """θ after trying each of the base's probe values in each coordinate in turn, keeping improvements."""
         probes = jnp.asarray(self.base.probes(), start.theta.dtype)
@@ -741,7 +733,7 @@ class AIKL(AbstractMethod):
 
     def _blockwise(self, objective, x0, in_lower):
         """The blockwise scheme of `AIKL` (each block concave for log-concave sites and fixed θ, thesis
-        §6.4; the joint problem is not). One `lax.while_loop` of sweeps around the solver (the objective
+        §6.4; the joint problem is not). One loop (`vj.solvers.iterate`) of sweeps around the solver (the objective
         traced once); the frozen block enters through `stop_gradient`, whose zero gradient keeps
         quasi-Newton steps off it. ``trace`` holds the bound after each sweep (``trace[0]`` NaN)."""
         solver = self._solver()
@@ -750,25 +742,26 @@ class AIKL(AbstractMethod):
         dtype = x0.dtype
         nan = jnp.full((), jnp.nan, dtype)
 
-        def sweep(s):
+        def sweep(_, s):
             x, trace, i, iters, grads, _, _, _ = s
             free = jnp.where(i % 2 == 0, in_lower, ~in_lower)
             sol = solver.maximise(lambda y: objective(jnp.where(free, y, jax.lax.stop_gradient(y))), x)
             return (sol.x, trace.at[i + 1].set(sol.value), i + 1, iters + sol.iterations,
-                    grads + sol.num_grad_evals, sol.converged, sol.grad_norm, sol.decrement)
+                    grads + sol.num_grad_evals, sol.status, sol.grad_norm, sol.decrement)
 
         def settled(trace, i):
             return (i >= 2) & (i % 2 == 0) & (trace[i] - trace[jnp.maximum(i - 2, 0)] < tol)
 
-        def unfinished(s):
+        def finished(_, s):
             _, trace, i, iters, *_ = s
-            return (i < max_sweeps) & (iters < solver.max_iter) & ~settled(trace, i)
+            return (iters >= solver.max_iter) | settled(trace, i)
 
         zero = jnp.array(0)
-        state = (x0, jnp.full((max_sweeps + 1,), jnp.nan, dtype), zero, zero, zero, jnp.array(False), nan, nan)
-        x, trace, i, iters, grads, converged, grad_norm, decrement = jax.lax.while_loop(unfinished, sweep, state)
-        converged = converged & settled(trace, i)
-        return Solution(x, trace[i], grad_norm, iters, converged, trace, zero, grads, zero, decrement)
+        state = (x0, jnp.full((max_sweeps + 1,), jnp.nan, dtype), zero, zero, zero, jnp.int32(Status.MAX_ITER), nan,
+                 nan)
+        (x, trace, i, iters, grads, status, grad_norm, decrement), _ = iterate(sweep, state, max_sweeps, finished)
+        status = jnp.where((status == Status.CONVERGED) & ~settled(trace, i), Status.MAX_ITER, status)
+        return Solution(x, trace[i], grad_norm, iters, status, trace, zero, grads, zero, decrement)
 
     def _value(self, params, frozen, k):
         """The bound at ``params`` on the lattice of K = ``k``."""
@@ -784,7 +777,7 @@ class AIKL(AbstractMethod):
 
     def _result(self, model, start, opt, sol, gaussian, index, pairs, change):
         """The posterior from the optimum's and the start's bounds ``pairs[index]`` on the chosen lattice:
-        the start (``fell_back``) if the optimum's is lower (the fit followed the coarse lattice's error)."""
+        the start (status `FELL_BACK`) if the optimum's is lower (the fit followed the coarse lattice's error)."""
         ks = self._lattices()
         base, padding, span = self.base, self.padding, self.span
         value, start_value = pairs[0], pairs[1]
@@ -794,7 +787,8 @@ class AIKL(AbstractMethod):
         branches = [lambda p, m, k=k: bound(p, m, base, k, padding, span) for k in ks]
         log_z = computed(value, lambda p, m, i: jax.lax.switch(i, branches, p, m), opt, model, index)
         info = AIKLInfo(lattice_points=jnp.asarray(ks)[index], lattice_change=change, gaussian_log_z=gaussian,
-                        start_log_z=start_value, fell_back=fell_back)
+                        start_log_z=start_value)
+        sol = sol._replace(status=jnp.where(fell_back, Status.FELL_BACK, sol.status).astype(jnp.int32))
         diagnostics = Diagnostics.from_solution(sol, method="AIKL", solver=type(self._solver()).__name__, info=info)
         # the densities and samples of the posterior use the finest lattice
         return AIKLPosterior(opt, base, ks[-1], padding, span, log_z, diagnostics, model)

@@ -60,7 +60,7 @@ from .._linalg import LOG_2PI as _LOG_2PI, backtrack, select
 from ..covariance import CholeskyFactor
 from ..model import LatentLinearModel
 from ..posterior import Diagnostics, EPInfo, Posterior
-from ..solvers import iterate
+from ..solvers import Status, iterate
 from .. import _checks
 from ._base import AbstractMethod, same_shapes
 from ._envelope import computed
@@ -264,7 +264,6 @@ class _Run(NamedTuple):
     started: jax.Array  # whether ``ev`` is the evaluation of ``sites`` (False: a placeholder, see `solve`)
     outer: tuple  # the double loop's (anchor, its inner optimum Φ, extrapolation factor ω)
     phase: jax.Array  # the index of the running schedule in `EP._chain` (> 0: a fallback took over)
-    oscillated: jax.Array  # a schedule handed over for want of progress (``patience`` iterations)
 
 
 def _largest_proper_fraction(conditions):
@@ -346,7 +345,7 @@ class EP(AbstractMethod):
         """η for the site maths: the Python 1.0 of standard EP (closed-form tilted moments), else `power`."""
         return 1.0 if self.unit_power else self.power
 
-    # Shared loop machinery. One `while_loop` runs the schedule and its fallbacks: each iteration
+    # Shared loop machinery. One loop (`vj.solvers.iterate`) runs the schedule and its fallbacks: each iteration
     # proposes new sites by the running schedule (`lax.switch` on ``run.phase``), evaluates them, and
     # lets the schedule accept or reject, so `_evaluate` (the tilted integrals, a Cholesky) is traced
     # into the program once, whatever the chain. A schedule that stops unconverged hands over to the
@@ -398,8 +397,7 @@ class EP(AbstractMethod):
         """The next schedule, from the best sites so far (a diverging run may end far from any fixed
         point), with a fresh patience budget and the iterations left of ``max_iter``."""
         fresh = run._replace(sites=run.best_sites, ev=run.best_ev, residual=_residual(run.best_ev),
-                             since_best=jnp.array(0), stuck=jnp.array(False), phase=run.phase + 1,
-                             oscillated=run.oscillated | (run.since_best >= self.patience))
+                             since_best=jnp.array(0), stuck=jnp.array(False), phase=run.phase + 1)
         return self._prepared(fresh)
 
     def _iteration(self, model, work):
@@ -648,10 +646,12 @@ class EP(AbstractMethod):
                    evals=zero, skipped=zero, shrunk=zero, change=nan, stuck=false, best_sites=sites, best_ev=ev,
                    damping=jnp.asarray(self.step_fraction, dtype), alpha=jnp.ones((), dtype), halvings=zero,
                    tol=jnp.asarray(self.tol, dtype), started=false,
-                   outer=((ev.marginal_mean, ev.marginal_var), nan, jnp.ones((), dtype)), phase=zero,
-                   oscillated=false)
-        cond = lambda run: ~run.started | self._running(run)
-        return self._finish(model, jax.lax.while_loop(cond, self._iteration(frozen, work), run))
+                   outer=((ev.marginal_mean, ev.marginal_var), nan, jnp.ones((), dtype)), phase=zero)
+        # `_running` stops the run; the cap only bounds the passes (an iteration, or a halving of its step).
+        body = self._iteration(frozen, work)
+        run, _ = iterate(lambda _, run: body(run), run, (self.max_iter + len(self._chain) + 1) * (_MAX_HALVINGS + 2),
+                         lambda _, run: run.started & ~self._running(run))
+        return self._finish(model, run)
 
     @property
     def _chain(self):
@@ -674,10 +674,11 @@ class EP(AbstractMethod):
         _, mean, C = integrate(frozen, _quadratics(sites), *work)
         grad = _energy_gradient(ev, frozen, C, self._eta)
         grad_norm = jnp.max(jnp.stack([jnp.max(jnp.abs(g), initial=0.0) for g in jax.tree_util.tree_leaves(grad)]))
-        info = EPInfo(max_change=run.change, oscillating=run.oscillated | (run.since_best >= self.patience),
-                      skipped=run.skipped, shrunk=run.shrunk, fallback=run.phase > 0)
+        info = EPInfo(max_change=run.change, skipped=run.skipped, shrunk=run.shrunk, fallback=run.phase > 0)
+        # the last schedule stopped for want of progress (oscillating or diverging), or its step vanished
+        stalled = run.stuck | (run.since_best >= self.patience)
         diagnostics = Diagnostics(
-            iterations=run.k, converged=converged, stationarity=residual, grad_norm=grad_norm,
+            iterations=run.k, status=Status.of(converged, value=ev.value, stalled=stalled), stationarity=residual, grad_norm=grad_norm,
             objective_trace=run.trace, num_value_evals=run.evals, num_grad_evals=1, num_hvp_evals=0, method="EP",
             solver=self.schedule, info=info)
         factor = CholeskyFactor.from_matrix(C).canonical()

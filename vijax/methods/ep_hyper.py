@@ -52,7 +52,7 @@ from ..covariance import CholeskyFactor
 from ..hierarchical import HierarchicalModel
 from ..posterior import Diagnostics, EPInfo, Posterior
 from ..quadrature import GaussHermite
-from ..solvers import iterate
+from ..solvers import Status, iterate
 from ..start import expand_at
 from ._base import AbstractMethod, compiled, same_shapes
 from ._envelope import computed
@@ -371,9 +371,9 @@ class HierarchicalEP(AbstractMethod):
         # log Z_EP as evaluated, differentiable in the model at the frozen sites (stationary at a fixed point).
         log_z = computed(ev.value, lambda method, s, m: method.evaluate(m, s.sites, s.hyper_sites).value,
                          self, final, model)
-        info = EPInfo(max_change=change, oscillating=jnp.array(False), skipped=skipped, shrunk=shrunk,
-                      fallback=jnp.array(False))
-        diagnostics = Diagnostics(iterations=k, converged=residual <= self.tol, stationarity=residual,
+        info = EPInfo(max_change=change, skipped=skipped, shrunk=shrunk, fallback=jnp.array(False))
+        diagnostics = Diagnostics(iterations=k, status=Status.of(residual <= self.tol, value=ev.value),
+                                  stationarity=residual,
                                   objective_trace=trace, method="HierarchicalEP", solver="parallel",
                                   num_value_evals=evals, info=info)
         q_mean, q_var = ev.q_hyper

@@ -22,7 +22,6 @@ H L, and the answer is mapped back as m = μ + L m̃, C = C̃ Lᵀ.
 
 from __future__ import annotations
 
-import math
 
 import equinox as eqx
 import jax
@@ -30,7 +29,7 @@ import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 from jax.scipy.linalg import solve_triangular
 
-from .._linalg import backtrack
+from .._linalg import backtrack, gaussian_entropy
 from .._curvature import Curvature
 from ..covariance import AbstractCovariance, AbstractFactor, CholeskyFactor, Full
 from ..model import LatentLinearModel
@@ -57,7 +56,7 @@ class GaussianParams(eqx.Module):
 def bound(params: GaussianParams, model: LatentLinearModel, quadrature: GaussHermite = _DEFAULT_QUADRATURE):
     """The G-KL lower bound on log Z at ``params`` (a pure, differentiable scalar function)."""
     m, factor = params.mean, params.factor
-    value = 0.5 * (m.shape[0] * (1.0 + math.log(2 * math.pi)) + factor.logdet())
+    value = gaussian_entropy(factor.logdet(), m.shape[0])
     if model.prior is not None:
         value = value + model.prior.expected_log_density(m, factor)
     for group in model.sites:

@@ -46,7 +46,7 @@ from ..covariance import CholeskyFactor, DiagonalFactor, SubspaceFactor
 from ..model import LatentLinearModel
 from ..posterior import Diagnostics, LVBInfo, Posterior
 from .._linalg import nan_trace
-from ..solvers import FixedPoint, fixed_point, iterate
+from ..solvers import FixedPoint, Status, fixed_point, iterate
 from ._base import AbstractMethod
 from ._gaussian import integrate, marginals, precision_operator, working_model
 from ..start import expand_at_mode
@@ -419,7 +419,8 @@ class LVB(AbstractMethod):
         # model has the derivative of the optimal bound in every hyperparameter.
         log_z = bound(xi, model, self.bound)
         # Work done: one bound evaluation per point tried (k), one gradient (for grad_norm).
-        diagnostics = Diagnostics(iterations=k, converged=converged, stationarity=run.distance, grad_norm=grad_norm,
+        diagnostics = Diagnostics(iterations=k, status=Status.of(converged, value=run.value),
+                                  stationarity=run.distance, grad_norm=grad_norm,
                                   objective_trace=trace, num_value_evals=k, num_grad_evals=1, num_hvp_evals=0,
                                   method="LVB", solver="fixed_point")
         return Posterior(mean, CholeskyFactor.from_matrix(C).canonical(), log_z, diagnostics, model,
@@ -456,7 +457,8 @@ class LVB(AbstractMethod):
         # variance found, 1/θ_max (S ≽ λ_max(P)⁻¹ I), so that q is proper.
         factor = SubspaceFactor(V, jnp.diag(1 / jnp.sqrt(theta)), 1 / jnp.sqrt(theta[-1]))
         info = LVBInfo(jnp.asarray(min(self.num_lanczos, frozen.dim)), fraction, cg)
-        diagnostics = Diagnostics(iterations=run.evaluations, converged=run.converged, stationarity=run.distance,
+        diagnostics = Diagnostics(iterations=run.evaluations, status=Status.of(run.converged, value=run.value),
+                                  stationarity=run.distance,
                                   objective_trace=run.trace, num_value_evals=run.evaluations, num_grad_evals=0,
                                   num_hvp_evals=0, method="LVB", solver="fixed_point", info=info)
         # log_z: B_LVB with ½ log det P from stochastic Lanczos quadrature (one probe): an estimate, not a

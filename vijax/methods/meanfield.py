@@ -45,7 +45,7 @@ from ..covariance import Diagonal, DiagonalFactor
 from ..model import Identity, LatentLinearModel
 from ..posterior import Diagnostics, Posterior
 from ..quadrature import GaussHermite
-from ..solvers import AbstractSolver, extrapolated_distance, iterate
+from ..solvers import AbstractSolver, Status, extrapolated_distance, iterate
 from ._base import AbstractMethod
 from .gkl import GKL
 from ..start import expand_at_mode
@@ -188,13 +188,13 @@ class MeanField(AbstractMethod):
         start = (c, mean, residual, inf, inf, trace)
         (c, _, _, change, previous, trace), sweeps = iterate(sweep, start, self.max_iter, finished)
         stationarity = distance(change, previous)
-        converged = (stationarity <= self.tol) & jnp.isfinite(trace[sweeps])
 
         c, v = jax.lax.stop_gradient((c, v))
         _, mean, var = factor_moments(c, v, frozen, self.quadrature)
         log_z = bound(c, v, model, self.quadrature)  # live model: the envelope theorem
         # Work done: the bound once at the start and after every sweep (the sweeps' 1-D tilted moments aside).
-        diagnostics = Diagnostics(iterations=sweeps, converged=converged, stationarity=stationarity,
+        status = Status.of(stationarity <= self.tol, value=trace[sweeps])
+        diagnostics = Diagnostics(iterations=sweeps, status=status, stationarity=stationarity,
                                   objective_trace=trace, num_value_evals=sweeps + 1, method="MeanField",
                                   solver="coordinate_ascent")
         return Posterior(mean, DiagonalFactor(jnp.sqrt(var)), log_z, diagnostics, model, bound_claim=True,

@@ -56,7 +56,7 @@ from ..methods.ep import cavity, moment_residual, site_step
 from ..methods.ep_hyper import log_variance_tilted_moments
 from ..posterior import Diagnostics, Posterior
 from ..quadrature import GaussHermite
-from ..solvers import LBFGS, iterate
+from ..solvers import LBFGS, Status, iterate
 
 __all__ = ["TwoLayerNetwork", "NetworkEP", "NetworkPosterior", "NetworkState", "NetworkSites", "NetworkInfo",
            "activation", "expected_activation", "map_estimate"]
@@ -657,14 +657,15 @@ class NetworkEP(AbstractMethod):
 
         zeros = jax.tree_util.tree_map(jnp.zeros_like, sites)
         no = jnp.array(False)
-        (sites, ev, _, _, _, trace, shrunk), k = iterate(step, (sites, ev, no, no, zeros, trace, jnp.array(0)),
-                                                         self.max_iter + 1, done)
+        (sites, ev, stuck, _, _, trace, shrunk), k = iterate(step, (sites, ev, no, no, zeros, trace, jnp.array(0)),
+                                                             self.max_iter + 1, done)
         q = ev.q
         eye = jnp.eye(net.X.shape[1], dtype=dtype)
         w_cov = _per_unit(lambda f: f.solve(eye), q.w_precision)
         iterations = k - 1  # the first pass only evaluated the start
         info = NetworkInfo(residuals=ev.residuals, residual_trace=trace, shrunk=shrunk)
-        diagnostics = Diagnostics(iterations=iterations, converged=ev.residual <= self.tol, stationarity=ev.residual,
+        status = Status.of(ev.residual <= self.tol, value=ev.residual, stalled=stuck)
+        diagnostics = Diagnostics(iterations=iterations, status=status, stationarity=ev.residual,
                                   objective_trace=jnp.full((self.max_iter + 1,), jnp.nan, dtype), method="NetworkEP",
                                   solver="parallel", num_value_evals=k, info=info)
         return NetworkPosterior(q.w_mean, w_cov, q.v_mean, q.v_cov, q.phi_mean, q.phi_var, diagnostics, net,

@@ -61,7 +61,7 @@ from ...methods.ep import cavity, log_normaliser, moment_residual, site_step
 from ...posterior import Diagnostics, Posterior
 from ...potentials import Probit
 from ...quadrature import GaussHermite
-from ...solvers import iterate
+from ...solvers import Status, iterate
 from .._layout import MulticlassModel, check_model as _check_model
 
 __all__ = [
@@ -499,7 +499,8 @@ class NestedEP(AbstractMethod):
         gradient = jax.grad(lambda t, n: _evaluate(frozen, t, n, onehot)[2], argnums=(0, 1))(*sites)
         grad_norm = jnp.max(jnp.abs(jnp.where(onehot == 0, jnp.stack(gradient), 0.0)))
         diagnostics = Diagnostics(
-            iterations=iterations, converged=loop.residual <= self.tol, stationarity=jnp.max(update.residual),
+            iterations=iterations, status=Status.of(loop.residual <= self.tol, value=log_z),
+            stationarity=jnp.max(update.residual),
             grad_norm=grad_norm, objective_trace=loop.trace.at[iterations].set(jax.lax.stop_gradient(log_z)),
             num_value_evals=iterations + 1, num_grad_evals=jnp.asarray(1), num_hvp_evals=jnp.asarray(0),
             method="NestedEP", solver="parallel", info=NestedEPInfo(loop.damping, update.skipped))
