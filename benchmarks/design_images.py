@@ -30,6 +30,25 @@ against N (mean ± s.e. over images), reconstructions at several budgets, and ti
     # the reduced 16-image protocol run here (16 × 16 pixels, N = 25 → 55 in blocks of 10):
     python benchmarks/design_images.py --size 16 --images 16 --start 25 --steps 3 --rows 10 --chevron 20 --lanczos 20 \
         --no-lanczos-check --save-means --tag 16img_16px
+
+Two more modes, on the same images and seeds:
+
+- ``--paired TAG [TAG ...]``: a paired per-image comparison of earlier runs (``results/design_images_<tag>.json``;
+  every run draws image i's starting rows, noise and random-design keys from i alone, so runs of different
+  methods or settings on the same images are paired). For each method of each run, the ℓ2 error at every N
+  (mean ± s.e. over images) and its paired difference at the last N from ``--baseline`` (default MAP Rand of the
+  first run): mean ± s.e. and on how many images the method is lower. Saved as
+  ``design_images_paired_<tag>.txt`` with ``--tag``.
+- ``--lvb-design-check``: where LVB with Lanczos variances (``--lanczos`` vectors, ``--lvb-iter`` loops) loses
+  against exact LVB. On each image it fits both to the same N0 rows and separates the fit (the ℓ2 error of each
+  mean, the share of tr P⁻¹ the Lanczos vectors hold) from the design: the free-design block of ``--rows`` rows
+  chosen from each posterior, scored by its information gain under the *exact* LVB posterior, and the ℓ2 error
+  of the refits after measuring that block (and, for reference, ``--rows`` random unit-norm rows). Saved as
+  ``design_lvb_lanczos_<tag>.txt`` and ``.json``.
+
+    python benchmarks/design_images.py --paired 16img_16px 16px_lvbexact 16px_lvb20_it300 --tag lvb_16px
+    python benchmarks/design_images.py --lvb-design-check --size 16 --images 8 --start 25 --rows 10 --lanczos 20 \
+        --tag 16px_k20
 """
 
 from __future__ import annotations
@@ -78,6 +97,14 @@ def load_image(name, size):
     return 2 * (small - lo) / (hi - lo) - 1
 
 
+def measurements(w, i, num):
+    """Image i's ``num`` starting rows (random, unit norm) and their noisy measurements of ``w``."""
+    rng = np.random.default_rng(100 + i)
+    M = rng.normal(size=(num, w.size))
+    M /= np.linalg.norm(M, axis=1, keepdims=True)
+    return M, M @ w + np.sqrt(NU2) * rng.normal(size=num)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=64)
@@ -102,10 +129,19 @@ def main():
                         help="comma-separated tags of earlier --save-means runs: merge their curves and plots under --tag")
     parser.add_argument("--methods", default="G-KL,LVB,MAP Rand")
     parser.add_argument("--tag", default="")
+    parser.add_argument("--paired", nargs="+", default=None, metavar="TAG",
+                        help="compare earlier runs (their tags) image by image, against --baseline")
+    parser.add_argument("--baseline", default="MAP Rand", help="--paired: the method of the first run compared against")
+    parser.add_argument("--lvb-design-check", action="store_true",
+                        help="LVB Lanczos against exact LVB: fit and designed block, scored under the exact posterior")
     args = parser.parse_args()
     name = "design_images" + (f"_{args.tag}" if args.tag else "")
     if args.combine:
         return combine(args, name)
+    if args.paired:
+        return paired(args)
+    if args.lvb_design_check:
+        return lvb_design_check(args)
     log = Tee()
     shape = (args.size, args.size)
     D = args.size**2
@@ -131,10 +167,7 @@ def main():
             w = load_image(image_name, args.size).ravel()
             if len(truths) < len(images):
                 truths.append(w)
-            rng = np.random.default_rng(100 + i)
-            M = rng.normal(size=(args.start, D))
-            M /= np.linalg.norm(M, axis=1, keepdims=True)
-            y = M @ w + np.sqrt(NU2) * rng.normal(size=args.start)
+            M, y = measurements(w, i, args.start)
             r = vj.design.sequential(M, y, NU2, B, prior, method, args.steps, rows_per_step=args.rows, design=design,
                                      truth=w, key=jax.random.PRNGKey(i), keep_means=True, **fit_tol)
             if i == indices[0] and label == "LVB" and not args.no_lanczos_check:
@@ -224,6 +257,86 @@ def combine(args, name):
     truths = np.concatenate([npz[i]["truths"] for i in having[labels[0]]])
     size = parts[0]["args"]["size"]
     plot_reconstructions(means, truths, curves, (size, size), RESULTS / f"{name}_reconstructions.png", num_images=4)
+
+
+def paired(args):
+    """``--paired``: per-image differences between earlier runs on the same images (module docstring)."""
+    runs = {t: json.loads((RESULTS / f"design_images_{t}.json").read_text()) for t in args.paired}
+    first = runs[args.paired[0]]
+    images = first["images"]
+    base = np.array(first["errors"][args.baseline])
+    N = first["curves"][args.baseline]["N"]
+    log = Tee()
+    log(f"# paired over {len(images)} images ({', '.join(images)}); baseline {args.baseline} of run {args.paired[0]}; "
+        f"N = {N}")
+    for tag, run in runs.items():
+        if run["images"] != images:
+            raise SystemExit(f"run {tag} has other images ({run['images']}): not paired")
+        for label, errs in run["errors"].items():
+            errs = np.array(errs)
+            a = run["args"]
+            setting = f"lanczos {a.get('lanczos')}, <= {a.get('lvb_iter')} loops" if label == "LVB" else ""
+            err = "  ".join(f"{m:.2f} ± {s:.2f}" for m, s in (mean_se(errs[:, k]) for k in range(errs.shape[1])))
+            log(f"{tag:18s} {label:9s} {setting:26s} error {err}")
+            if label == args.baseline and tag == args.paired[0]:
+                continue
+            m, s = mean_se(base[:, -1] - errs[:, -1])
+            lower = int(np.sum(base[:, -1] > errs[:, -1]))
+            log(f"{'':18s} {'':9s} {'':26s} {args.baseline} − {label} at N={N[-1]}: {m:+.2f} ± {s:.2f}, lower on "
+                f"{lower}/{len(errs)} images")
+    if args.tag:
+        log.save(f"design_images_paired_{args.tag}")
+
+
+def lvb_design_check(args):
+    """``--lvb-design-check``: LVB with Lanczos variances against exact LVB, fit and design apart (module docstring)."""
+    name = "design_lvb_lanczos" + (f"_{args.tag}" if args.tag else "")
+    D = args.size**2
+    B, prior, _ = image_prior((args.size, args.size))
+    exact = vj.LVB()
+    approx = vj.LVB(variances="lanczos", num_lanczos=args.lanczos, tol=1e-2, max_iter=args.lvb_iter, num_probes=1)
+    log = Tee()
+    log(f"# {name}: {args.images} images ({args.size}, {args.size}), N0={args.start}, block of {args.rows} rows, LVB "
+        f"exact against LVB Lanczos k={args.lanczos} (tol 1e-2, <= {args.lvb_iter} loops), nu2={NU2}")
+    keys = ["err_exact", "err_lanczos", "share", "gain_exact_design", "gain_lanczos_design", "gain_random",
+            "refit_exact_design", "refit_lanczos_design", "refit_random", "lanczos_refit_exact_design",
+            "lanczos_refit_lanczos_design"]
+    table = {k: [] for k in keys}
+    for i, image in enumerate(IMAGES[:args.images]):
+        w = load_image(image, args.size).ravel()
+        M, y = measurements(w, i, args.start)
+        model = vj.design.sparse_linear_model(M, y, NU2, B, prior)
+        pe, pl = vj.infer(model, exact), vj.infer(model, approx)
+        key = jax.random.PRNGKey(i)
+        blocks = {"exact_design": np.asarray(vj.design.free_design(pe, args.rows, key=key)[0]),
+                  "lanczos_design": np.asarray(vj.design.free_design(pl, args.rows, key=key)[0]),
+                  "random": np.asarray(vj.design.random_rows(key, args.rows, D))}
+        noise = np.sqrt(NU2) * np.random.default_rng(500 + i).normal(size=args.rows)  # the same noise for every block
+
+        def refit(method, new, init):
+            more = vj.design.sparse_linear_model(np.concatenate([M, new]), np.concatenate([y, new @ w + noise]), NU2, B,
+                                                 prior)
+            return float(np.linalg.norm(np.asarray(vj.infer(more, method, init=init).mean) - w))
+
+        row = {"err_exact": float(np.linalg.norm(np.asarray(pe.mean) - w)),
+               "err_lanczos": float(np.linalg.norm(np.asarray(pl.mean) - w)),
+               "share": float(pl.diagnostics.info.variance_fraction)}
+        for k, rows in blocks.items():
+            row[f"gain_{k}"] = float(vj.design.information_gain(pe, rows, NU2))
+            row[f"refit_{k}"] = refit(exact, rows, pe)
+            if k != "random":
+                row[f"lanczos_refit_{k}"] = refit(approx, rows, pl)
+        for k in keys:
+            table[k].append(row[k])
+        log(f"{image:22s} " + ", ".join(f"{k} {row[k]:.3f}" for k in keys))
+    log("mean ± s.e. over images:")
+    for k in keys:
+        m, s = mean_se(table[k])
+        log(f"  {k:30s} {m:8.3f} ± {s:.3f}")
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{name}.json").write_text(json.dumps({"args": vars(args), "images": IMAGES[:args.images],
+                                                      "table": table}, indent=1))
+    log.save(name)
 
 
 def lanczos_error(post, log):

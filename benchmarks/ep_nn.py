@@ -36,13 +36,20 @@ points, default 250; ``--methods``: rerun only these, keeping the other methods'
 ``--problems a,b``: only these problems; ``--nuts-budget W,S``: NUTS warm-up and draws, default 500,500;
 ``--no-scaling``: skip the timing runs and leave ``ep_nn.txt`` alone, print the table).
 Writes ``benchmarks/results/ep_nn.{txt,json}``.
+
+``--convergence PROBLEM``: where EP-NN fails to converge on one problem. One `vj.nn.NetworkEP` fit (its
+defaults, or ``--damping``, ``--prior-damping``, ``--momentum``; ``--iterations`` at most, default 2000):
+the moment residual every 100 iterations, at the end the residual of each kind of site (activations,
+noise, input-weight priors, their scale sites, positivity of v, output weights), the units alive
+(E v_k > 0.1) and the test RMSE / mean log predictive density. Printed only; earlier runs, with per-kind
+damping schedules, are in ``benchmarks/results/ep_nn_convergence.txt``.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import pathlib
-import sys
 import time
 
 import jax
@@ -52,8 +59,8 @@ import numpy as np
 jax.config.update("jax_enable_x64", True)
 
 import vijax as vj  # noqa: E402
+from _common import RESULTS, timed  # noqa: E402
 
-RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 DATA = next((p / "shared" / "data" for p in pathlib.Path(__file__).resolve().parents if (p / "shared" / "data").is_dir()),
             pathlib.Path(__file__).resolve().parents[2] / "shared" / "data")
 K = 8
@@ -181,21 +188,57 @@ def scaling(quick):
     return out
 
 
+def convergence(args, data):
+    """``--convergence``: one EP-NN fit's residual trace, each kind of site's residual and the test metrics."""
+    Xtr, ytr, Xte, yte, sy = data[args.convergence]
+    defaults = vj.nn.NetworkEP()
+    method = vj.nn.NetworkEP(
+        damping=defaults.damping if args.damping is None else args.damping,
+        prior_damping=(defaults.prior_damping if args.prior_damping is None
+                       else None if args.prior_damping.lower() == "none" else float(args.prior_damping)),
+        momentum=defaults.momentum if args.momentum is None else args.momentum, max_iter=args.iterations)
+    print(f"{args.convergence} (n = {len(ytr)}, d = {Xtr.shape[1]}), K = {K}: {method}", flush=True)
+    post, (seconds,) = timed(lambda: vj.infer(vj.nn.TwoLayerNetwork(Xtr, ytr, num_hidden=K), method))
+    d = post.diagnostics
+    trace = np.asarray(d.info.residual_trace)
+    for k in range(100, int(d.iterations) + 1, 100):
+        print(f"  iteration {k:5d}: residual {trace[k]:.3g}")
+    mean, _ = post.predict(Xte)
+    rmse, lpd = metrics(np.asarray(mean), np.asarray(post.log_predictive(Xte, yte)), yte, sy)
+    print(f"stopped at iteration {int(d.iterations)} ({seconds:.0f} s, compilation included), residual "
+          f"{float(d.stationarity):.3g}, converged {bool(d.converged)}; per kind [h activations, p noise, w input-weight "
+          f"priors, s scales, pos positivity, v outputs] {np.array2string(np.asarray(d.info.residuals), precision=2)}; "
+          f"units alive {int(np.sum(np.asarray(post.v_mean[:-1]) > 0.1))}/{K}; test RMSE {rmse:.4f}, LPD {lpd:.4f}")
+
+
 def main():
-    quick = "--quick" in sys.argv
-    nuts_max_n = int(sys.argv[sys.argv.index("--nuts-max-n") + 1]) if "--nuts-max-n" in sys.argv else 250
-    only = sys.argv[sys.argv.index("--methods") + 1].split(",") if "--methods" in sys.argv else None
-    names = sys.argv[sys.argv.index("--problems") + 1].split(",") if "--problems" in sys.argv else None
-    if "--nuts-budget" in sys.argv:
-        warmup, samples = sys.argv[sys.argv.index("--nuts-budget") + 1].split(",")
-        NUTS_BUDGET.update(num_warmup=int(warmup), num_samples=int(samples))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer sizes in the scaling runs")
+    parser.add_argument("--nuts-max-n", type=int, default=250, help="NUTS-NN on problems with at most N training points")
+    parser.add_argument("--methods", default=None, help="rerun only these (EP-NN,GP-ARD,NUTS-NN), keep the others")
+    parser.add_argument("--problems", default=None, help="only these problems (comma-separated)")
+    parser.add_argument("--nuts-budget", default="500,500", help="NUTS warm-up and draws, W,S")
+    parser.add_argument("--no-scaling", action="store_true", help="skip the timing runs, leave ep_nn.txt alone")
+    parser.add_argument("--convergence", default=None, metavar="PROBLEM", help="EP-NN's convergence on one problem")
+    parser.add_argument("--iterations", type=int, default=2000, help="--convergence: iterations at most")
+    parser.add_argument("--damping", type=float, default=None, help="--convergence: NetworkEP's damping")
+    parser.add_argument("--prior-damping", default=None, help="--convergence: NetworkEP's prior_damping (or none)")
+    parser.add_argument("--momentum", type=float, default=None, help="--convergence: NetworkEP's momentum")
+    args = parser.parse_args()
+    quick, nuts_max_n = args.quick, args.nuts_max_n
+    only = args.methods.split(",") if args.methods else None
+    names = args.problems.split(",") if args.problems else None
+    warmup, samples = args.nuts_budget.split(",")
+    NUTS_BUDGET.update(num_warmup=int(warmup), num_samples=int(samples))
     rng = np.random.default_rng(0)
     rows, record = [], {}
+    data = {name: standardise(*split) for name, *split in problems(rng)}
+    if args.convergence:
+        return convergence(args, data)
     saved_scaling = None
     if only and (RESULTS / "ep_nn.json").exists():  # rerun some methods, keep the others' results
         record = json.loads((RESULTS / "ep_nn.json").read_text())
         saved_scaling = record.pop("scaling", None)
-    data = {name: standardise(*split) for name, *split in problems(rng)}
     ntrain = {name: len(d[1]) for name, d in data.items()}
     runs = [(name, label, method) for label, method in (("EP-NN", ep_nn), ("GP-ARD", gp_ard)) for name in data]
     runs += [(name, "NUTS-NN", nuts_nn) for name in data if ntrain[name] <= nuts_max_n]
@@ -223,7 +266,7 @@ def main():
             last = set(np.argsort(-rel)[relevant:].tolist()) == set(range(relevant, d))
             lines.append(f"  {label:8s} " + " ".join(f"{v:8.3g}" for v in rel) + f"   irrelevant ranked last: {last}")
     RESULTS.mkdir(exist_ok=True)
-    if "--no-scaling" in sys.argv:
+    if args.no_scaling:
         print("\n".join(lines))
         return
     (RESULTS / "ep_nn.txt").write_text("\n".join(lines) + "\n(scaling runs pending)\n")

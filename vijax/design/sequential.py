@@ -44,10 +44,10 @@ def design_method(method: AbstractMethod, fit_tol: float | None = FIT_TOL) -> Ab
     (after a designed step) relative, the chosen 3-row block by a largest principal angle of 1e-6 rad, the
     information gain and the ℓ2 error not in the printed 4 and 7 digits; it saved one Newton iteration
     per fit (27 and 18 against 28 and 19 at 1e-10), about 10% of a warm step's CPU time
-    (`benchmarks/design_tolerance.py`, ``benchmarks/results/design_tolerance.txt``). The evidence
-    ``log_z`` and its gradients want the optimum: fit with ``fit_tol=None`` (or give the method a solver)
-    when they matter. The full covariance family's natural-gradient fixed point has its own stopping rule
-    and is left alone.
+    (``benchmarks/results/design_tolerance.txt``; ``benchmarks/design_images.py --gkl-tol`` runs the image
+    design loop at either tolerance). The evidence ``log_z`` and its gradients want the optimum: fit with
+    ``fit_tol=None`` (or give the method a solver) when they matter. The full covariance family's
+    natural-gradient fixed point has its own stopping rule and is left alone.
     """
     if fit_tol is None or not isinstance(method, GKL) or method.solver is not None:
         return method
