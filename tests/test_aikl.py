@@ -3,6 +3,8 @@
 Problems are small (D ≤ 3) and share one logistic-regression model, so the few fits compile once.
 """
 
+import warnings
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -282,10 +284,22 @@ def _sample_standard_skew(rng, nu, size):
 def test_skew_normal_bound_between_gkl_and_exact(logistic2, gkl2, skew2):
     exact = grid_posterior(lambda W: np.asarray(jax.vmap(logistic2.log_joint)(jnp.asarray(W))))[0]
     assert float(gkl2.log_z) < float(skew2.log_z) < exact + 1e-3
-    assert float(skew2.log_z) - float(gkl2.log_z) > 0.05  # a skewed posterior: a real gain
+    # a skewed posterior: the skew-normal base closes most of G-KL's gap (0.31 nats; 97 % at K = 64 and 128)
+    assert (float(skew2.log_z) - float(gkl2.log_z)) / (exact - float(gkl2.log_z)) > 0.9
     assert abs(float(skew2.diagnostics.info.gaussian_log_z) - float(gkl2.log_z)) < 1e-12 or \
         np.isnan(float(skew2.diagnostics.info.gaussian_log_z))
     assert bool(skew2.diagnostics.converged)
+
+
+def test_normal_base_keeps_the_gaussian_optimum_without_a_warning(logistic2, gkl2):
+    """A Gaussian base makes q Gaussian: the G-KL optimum, where the cold start already is. The lattice bound's
+    error moves the optimiser off it by ~1e-8; that is no fall-back, and no warning."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        post = vj.infer(logistic2, vj.AIKL(base=aikl.Normal(), lattice_points=K))
+    assert post.diagnostics.reason == "converged"
+    assert abs(float(post.log_z) - float(gkl2.log_z)) < 1e-6
+    np.testing.assert_allclose(post.mean, gkl2.mean, atol=1e-4)
 
 
 def test_samples_and_marginal_densities_match_moments(skew2):

@@ -61,8 +61,7 @@ def _warn_unless_converged(post: Posterior) -> None:
     elif status == Status.CONVERGED:
         return
     elif status == Status.FELL_BACK:
-        message = (": the optimum found has a lower objective than the start, so the posterior is the start; see "
-                   "post.diagnostics.info")
+        message = ": the optimum found has a lower objective than the start, so the posterior is the start"
     else:
         why = ("no further progress was possible" if status == Status.STALLED
                else "the iteration limit came first (raise the method's iteration limit)")

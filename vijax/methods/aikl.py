@@ -519,9 +519,9 @@ class AIKLInfo(eqx.Module):
     - `gaussian_log_z`: the G-KL bound at the starting Gaussian (NaN with a warm start);
       `start_log_z`: the AI-KL bound at the start, on ``log_z``'s lattice.
 
-    Where the optimum's bound is below the start's on this lattice (the optimiser followed lattice error at
-    ``lattice_points``; raise it), the posterior is the start and ``diagnostics.status`` is
-    `vj.Status.FELL_BACK` (`vj.infer` warns)."""
+    Where the optimum's bound is below the start's on this lattice, the posterior is the start; below by more
+    than ``tol_k`` (the optimiser followed lattice error at ``lattice_points``; raise it), ``diagnostics.status``
+    is `vj.Status.FELL_BACK` and `vj.infer` warns."""
 
     lattice_points: jax.Array
     lattice_change: jax.Array
@@ -598,8 +598,9 @@ class AIKL(AbstractMethod):
       below `tol_k` over 10 iterations: the K-point optimum is only as good as its lattice error (≳ `tol_k`).
     - `padding`: ``"window"`` (default) or ``"full"``; `span`: end points at ±span σ_y (default 6).
     - `tol_k`: the final bound is re-evaluated at 2K, 4K, … until it changes by less than this
-      (default 1e-3), at most `max_doublings` times (default 4); if it is then below the start's (the
-      optimiser followed lattice error), the start is returned with a warning (status `vj.Status.FELL_BACK`).
+      (default 1e-3), at most `max_doublings` times (default 4); if it is then below the start's, the start is
+      returned, with a warning (status `vj.Status.FELL_BACK`: the optimiser followed lattice error) if it is
+      below by more than `tol_k`.
     - `scheme`: ``"joint"`` (default, the faster: docs/guide/aikl.md) or ``"blockwise"`` (the thesis's, for
       log-concave sites): (L, b, θ), then (U, b, θ), each concave for fixed θ, until a cycle gains less
       than ``tol_k / 100``, after 20 cycles, or at the solver's `max_iter`.
@@ -777,13 +778,17 @@ class AIKL(AbstractMethod):
 
     def _result(self, model, start, opt, sol, gaussian, index, pairs, change):
         """The posterior from the optimum's and the start's bounds ``pairs[index]`` on the chosen lattice:
-        the start (status `FELL_BACK`) if the optimum's is lower (the fit followed the coarse lattice's error)."""
+        the start if the optimum's is lower; status `FELL_BACK` if lower by more than ``tol_k`` (the fit followed
+        the coarse lattice's error)."""
         ks = self._lattices()
         base, padding, span = self.base, self.padding, self.span
         value, start_value = pairs[0], pairs[1]
-        fell_back = start_value > value
-        opt = jax.tree_util.tree_map(lambda a, b: jnp.where(fell_back, a, b), start, opt)
-        value = jnp.where(fell_back, start_value, value)
+        # The better of the two is returned; the fit fell back only where the start is better by more than the
+        # lattice resolves (``tol_k``): a Gaussian base's optimum is the start, up to lattice error.
+        keep_start = start_value > value
+        fell_back = start_value > value + self.tol_k
+        opt = jax.tree_util.tree_map(lambda a, b: jnp.where(keep_start, a, b), start, opt)
+        value = jnp.maximum(start_value, value)
         branches = [lambda p, m, k=k: bound(p, m, base, k, padding, span) for k in ks]
         log_z = computed(value, lambda p, m, i: jax.lax.switch(i, branches, p, m), opt, model, index)
         info = AIKLInfo(lattice_points=jnp.asarray(ks)[index], lattice_change=change, gaussian_log_z=gaussian,
