@@ -527,18 +527,32 @@ class Heaviside(AbstractPotential):
 # Observation potentials: φ(x) = p(loc | x)
 
 
-class Gaussian(AbstractPotential):
-    """Gaussian likelihood φ(x) = N(loc | x, scale²) (conjugate: every method is exact)."""
+class _LocationScale(AbstractPotential):
+    """A likelihood of an observation ``loc`` with a positive ``scale``, peaked at ``loc`` (super-Gaussian)."""
 
     loc: jax.Array
     scale: jax.Array
-    log_concave: ClassVar[bool] = True
     super_gaussian: ClassVar[bool] = True
 
     def __init__(self, loc=0.0, scale=1.0):
         dtype = _checks.float_dtype(loc, scale)
-        self.loc = _param("loc", loc, "Gaussian", dtype)
-        self.scale = _param("scale", scale, "Gaussian", dtype, positive=True)
+        self.loc = _param("loc", loc, type(self).__name__, dtype)
+        self.scale = _param("scale", scale, type(self).__name__, dtype, positive=True)
+
+    def _peaks(self):
+        return ((self.loc, self.scale),)
+
+    def observe(self, y):
+        return dataclasses.replace(self, loc=y)
+
+
+class Gaussian(_LocationScale):
+    """Gaussian likelihood φ(x) = N(loc | x, scale²) (conjugate: every method is exact)."""
+
+    log_concave: ClassVar[bool] = True
+
+    def _peaks(self):
+        return ()  # smooth, and every expectation is in closed form
 
     def log_phi(self, x):
         return normal_log_density(self.loc, x, self.scale**2)
@@ -557,9 +571,6 @@ class Gaussian(AbstractPotential):
         log_z = 0.5 * (1 - power) * jnp.log(2 * jnp.pi * self.scale**2) - 0.5 * jnp.log(power) \
             + normal_log_density(self.loc, mean, total)
         return log_z, mean + var * (self.loc - mean) / total, var * s2 / total
-
-    def observe(self, y):
-        return Gaussian(y, self.scale)
 
 
 @jax.custom_jvp
@@ -591,20 +602,12 @@ def _mean_abs_jvp(primals, tangents):
     return _mean_abs(d, sigma), slope_d * dd + slope_sigma * dsigma
 
 
-class Laplace(AbstractPotential):
+class Laplace(_LocationScale):
     """Laplace φ(x) = exp(−|loc − x| / scale) / (2 scale).
 
     Closed form: with a = (μ − loc)/σ, ⟨|x − loc|⟩ = σ[2 N(a) + a·erf(a/√2)]."""
 
-    loc: jax.Array
-    scale: jax.Array
     log_concave: ClassVar[bool] = True
-    super_gaussian: ClassVar[bool] = True
-
-    def __init__(self, loc=0.0, scale=1.0):
-        dtype = _checks.float_dtype(loc, scale)
-        self.loc = _param("loc", loc, "Laplace", dtype)
-        self.scale = _param("scale", scale, "Laplace", dtype, positive=True)
 
     def log_phi(self, x):
         return -jnp.log(2 * self.scale) - jnp.abs(self.loc - x) / self.scale
@@ -621,13 +624,8 @@ class Laplace(AbstractPotential):
         wide = jnp.logaddexp(common - d / b + log_ndtr(d / s - s / b), common + d / b + log_ndtr(-d / s - s / b))
         return -jnp.log(2 * b) + jnp.where(sigma > 0, wide, -jnp.abs(d) / b)
 
-    def _peaks(self):
-        # The closed form of log Ẑ (as in `log_expected_phi`) loses digits in its second derivative once
-        # the cavity is much wider than the scale (log Φ far in its tail); the rule resolves the kink.
-        return ((self.loc, self.scale),)
-
-    def observe(self, y):
-        return Laplace(y, self.scale)
+    # The closed form of log Ẑ (as in `log_expected_phi`) loses digits in its second derivative once the cavity
+    # is much wider than the scale (log Φ far in its tail): tilted moments use the rule, told of the kink (`_peaks`).
 
 
 # Panel edges of the Fourier integral below, in v = log t relative to -log b (where b t = 1): the
@@ -696,20 +694,11 @@ class StudentT(AbstractPotential):
         return ((self.loc, self.scale),)
 
     def observe(self, y):
-        return StudentT(self.df, y, self.scale)
+        return dataclasses.replace(self, loc=y)
 
 
-class Cauchy(AbstractPotential):
+class Cauchy(_LocationScale):
     """Cauchy likelihood φ(x) = 1 / (π scale (1 + ((loc − x)/scale)²)) (Student-t with one dof)."""
-
-    loc: jax.Array
-    scale: jax.Array
-    super_gaussian: ClassVar[bool] = True
-
-    def __init__(self, loc=0.0, scale=1.0):
-        dtype = _checks.float_dtype(loc, scale)
-        self.loc = _param("loc", loc, "Cauchy", dtype)
-        self.scale = _param("scale", scale, "Cauchy", dtype, positive=True)
 
     def log_phi(self, x):
         r = (self.loc - x) / self.scale
@@ -719,12 +708,6 @@ class Cauchy(AbstractPotential):
         mu, sigma = jnp.broadcast_arrays(mu, sigma)
         peak = _expected_log1p_square((mu - self.loc) / self.scale, sigma / self.scale, quadrature)
         return -jnp.log(jnp.pi * self.scale) - peak
-
-    def _peaks(self):
-        return ((self.loc, self.scale),)
-
-    def observe(self, y):
-        return Cauchy(y, self.scale)
 
 
 class Poisson(AbstractPotential):
