@@ -60,10 +60,10 @@ class Status(enum.IntEnum):
         """The status code (int32) from a run's flags: ``value``, the objective at the end (None: not checked),
         not finite → `NONFINITE`; else ``fell_back`` → `FELL_BACK`; else ``converged`` → `CONVERGED`; else
         ``stalled`` → `STALLED`; else `MAX_ITER`."""
-        code = jnp.where(converged, 0, jnp.where(stalled, 2, 1))
-        code = jnp.where(fell_back, 4, code)
+        code = jnp.where(converged, Status.CONVERGED, jnp.where(stalled, Status.STALLED, Status.MAX_ITER))
+        code = jnp.where(fell_back, Status.FELL_BACK, code)
         if value is not None:
-            code = jnp.where(jnp.isfinite(value), code, 3)
+            code = jnp.where(jnp.isfinite(value), code, Status.NONFINITE)
         return code.astype(jnp.int32)
 
 
