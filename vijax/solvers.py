@@ -29,6 +29,7 @@ from typing import Callable, NamedTuple
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import optax
 
 from ._linalg import nan_trace, pcg, select
 
@@ -160,10 +161,6 @@ def fixed_point(evaluate, update, change, x0, *, tol, max_evals, floor):
     drops beyond rounding. Stops, returning x₂, when the two plain steps' `extrapolated_distance` is ≤ ``tol``.
     One evaluation per loop iteration, so ``evaluate`` appears once in the compiled program."""
     value, aux = evaluate(x0)
-    leaves = lambda t: jax.tree_util.tree_leaves(t)
-    axpy = lambda a, x, y: jax.tree_util.tree_map(lambda u, w: a * u + w, x, y)
-    sub = lambda x, y: jax.tree_util.tree_map(jnp.subtract, x, y)
-    norm = lambda t: jnp.sqrt(sum((jnp.vdot(u, u) for u in leaves(t)), jnp.zeros((), value.dtype)))
     inf = jnp.array(jnp.inf, value.dtype)
     trace = nan_trace(max_evals, value.dtype)
     # phase 0: the point is an accepted iterate x₀; 1: the point is x₁; 2: the point is x'.
@@ -184,13 +181,13 @@ def fixed_point(evaluate, update, change, x0, *, tol, max_evals, floor):
         trace = jnp.where(accept, s["trace"].at[accepted].set(s["value"]), s["trace"])
         x0 = select(accept, s["point"], s["x0"])
         # At x₁: x₂ = F(x₁), the plain steps' distance, and the extrapolation.
-        r, x2 = sub(s["point"], s["x0"]), fx
-        v = sub(sub(x2, s["point"]), r)
+        r, x2 = optax.tree.sub(s["point"], s["x0"]), fx
+        v = optax.tree.sub(optax.tree.sub(x2, s["point"]), r)
         distance = extrapolated_distance(change(x2, s["point"], s["aux"]), change(s["point"], s["x0"], s["aux"]), floor)
-        nv = norm(v)
-        alpha = jnp.where(nv > 0, -norm(r) / jnp.where(nv > 0, nv, 1.0), -1.0)
+        nv = optax.tree.norm(v)
+        alpha = jnp.where(nv > 0, -optax.tree.norm(r) / jnp.where(nv > 0, nv, 1.0), -1.0)
         alpha = jnp.minimum(alpha, -1.0)
-        extrapolated = axpy(alpha**2, v, axpy(-2 * alpha, r, s["x0"]))
+        extrapolated = optax.tree.add_scale(optax.tree.add_scale(s["x0"], -2 * alpha, r), alpha**2, v)
         at_x1 = (s["phase"] == 1)
         done = at_x1 & (distance <= tol)
         point = select(accept, fx, select(at_x1, select(done, x2, extrapolated), s["x2"]))
