@@ -6,7 +6,10 @@ The gradient is that of ``post.log_z`` (the envelope theorem: each method evalua
 once more at its stopped-gradient optimum, so ∂ log Ẑ/∂θ needs no differentiation through the inner
 fit). Each outer step warm-starts the inner fit from the previous posterior. Kernel parameters are
 stored as logarithms, and the trained likelihood parameters (by default its ``scale``) are optimised
-as logarithms too, so every step keeps them positive.
+as logarithms too, so every step keeps them positive. Optional bounds (natural scale) clip every step
+and the start; restarts from log-uniform draws within them reuse the first run's compiled programs
+(same shapes) and the best final log Ẑ is kept. A multi-class GP (``num_classes``) shares one kernel
+across its classes, its log Ẑ that of `vj.gp.multiclass.NestedEP` or `vj.gp.softmax.SoftmaxBound`.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from .. import _checks
 from ..posterior import Diagnostics, Posterior
 from ..solvers import Status
 from .kernels import AbstractKernel
+from ._layout import MulticlassModel, model as multiclass_model
 from .models import DEFAULT_JITTER, model
 from ..methods import AbstractMethod
 from ..potentials import AbstractPotential
@@ -44,7 +48,9 @@ class HyperparameterFit(eqx.Module):
       that finds no rise, stops the run at the last point, not converged), ``stationarity`` that last
       relative change, ``grad_norm`` max |∂ log Ẑ/∂θ| at the returned point (θ: the log-parameters),
       ``num_value_evals`` and ``num_grad_evals`` the fits (each with its gradient) of the run,
-      line-search trials included.
+      line-search trials included (all of the returned run's).
+    - `run_log_z`: the final log Ẑ of every run, ``(num_restarts + 1,)``, the run from the given start
+      first; `log_z` is its largest finite entry.
     """
 
     kernel: AbstractKernel
@@ -52,6 +58,7 @@ class HyperparameterFit(eqx.Module):
     posterior: Posterior
     log_z: jax.Array
     diagnostics: Diagnostics
+    run_log_z: jax.Array
 
     @property
     def converged(self) -> bool:
@@ -59,17 +66,26 @@ class HyperparameterFit(eqx.Module):
         return bool(self.diagnostics.converged)
 
 
-def fit_hyperparameters(kernel: AbstractKernel, X: ArrayLike, likelihood: AbstractPotential, method: AbstractMethod, *,
-                        labels: ArrayLike | None = None, mean: ArrayLike = 0.0, jitter: float = DEFAULT_JITTER,
+def fit_hyperparameters(kernel: AbstractKernel, X: ArrayLike, likelihood: AbstractPotential | None,
+                        method: AbstractMethod, *, labels: ArrayLike | None = None, num_classes: int | None = None,
+                        mean: ArrayLike = 0.0, jitter: float = DEFAULT_JITTER,
                         train_likelihood: tuple[str, ...] | None = None,
                         optimizer: optax.GradientTransformation | None = None, max_iter: int = 100,
-                        tol: float = 1e-6, progress: bool = False) -> HyperparameterFit:
+                        tol: float = 1e-6, num_restarts: int = 0, bounds=None, seed=0,
+                        progress: bool = False) -> HyperparameterFit:
     """Maximise the method's log Ẑ over the kernel's and the likelihood's parameters.
 
     **Arguments:**
 
     - `kernel`, `X`, `likelihood`, `labels`, `mean`, `jitter`: as for `vj.gp.model`.
-    - `method`: any vijax method (`vj.GKL()`, `vj.EP()`, `vj.Laplace()`, `vj.LVB()`, …).
+    - `num_classes`: C for a multi-class GP: the model is then ``vj.gp.multiclass.model(kernel, X,
+      labels, num_classes, jitter)``, one `kernel` shared by the C latent functions (its parameters
+      fitted jointly), `likelihood` must be None (the method's own: the multinomial probit for
+      `vj.gp.multiclass.NestedEP`, the softmax for `vj.gp.softmax.SoftmaxBound`), `labels` the integer
+      classes 0 … C − 1 and `mean` 0. Both methods' ``log_z`` is stationary in their sites or
+      variational parameters, so its kernel gradient is the envelope gradient used here.
+    - `method`: any vijax method (`vj.GKL()`, `vj.EP()`, `vj.Laplace()`, `vj.LVB()`, …; with
+      `num_classes`, `vj.gp.multiclass.NestedEP()` or `vj.gp.softmax.SoftmaxBound()`).
     - `train_likelihood`: names of positive likelihood parameters to learn; default ``("scale",)``
       when the likelihood has a scale, else none. ``()`` keeps the likelihood fixed.
     - `optimizer`: None (default) for L-BFGS: directions from ``optax.scale_by_lbfgs`` (the first one
@@ -80,39 +96,122 @@ def fit_hyperparameters(kernel: AbstractKernel, X: ArrayLike, likelihood: Abstra
       ``grad`` and ``value_fn``, so optax's own line searches work too).
     - `max_iter`, `tol`: at most ``max_iter`` outer steps; stop when log Ẑ changes by less than
       ``tol·(1 + |log Ẑ|)``.
+    - `bounds`: None (default: unbounded), a pair ``(low, high)`` for every parameter, or a dict from
+      parameter names to pairs, e.g. ``{"lengthscale": (1e-2, 1e2), "scale": (1e-3, 1.0)}``: bounds in
+      the parameters' natural (positive) scale, like scikit-learn's kernel ``*_bounds``, with
+      0 < low < high < ∞. The names are the kernel's parameters without their ``log_`` prefix
+      (``lengthscale``, ``variance``, ``period``; a name bounds that parameter in every term of a sum
+      or product kernel, every entry of an ARD lengthscale) and the names in `train_likelihood`;
+      parameters a dict does not name are unbounded. The start is projected into the bounds, and so
+      is every step: the log-parameters are clipped to [log low, log high] (L-BFGS drops the gradient's
+      and the direction's components that leave the box at an active bound and backtracks on the
+      projected step; a given optax `optimizer`'s updates are clipped).
+    - `num_restarts`: further runs (default 0), each from log-parameters drawn uniformly in
+      [log low, log high] for every bounded parameter (the others keep their given start), as
+      scikit-learn's ``n_restarts_optimizer``; needs `bounds`. The run with the highest final log Ẑ is
+      returned (the first run, from the given start, wins ties). The runs have the same shapes, so they
+      reuse the first run's compiled programs.
+    - `seed`: the restarts' draws, ``numpy.random.default_rng(seed)`` (an int, None or a NumPy
+      Generator; default 0, so a call is reproducible).
     - `progress`: print log Ẑ after every step.
+
+    The result's `diagnostics` are the returned run's; ``run_log_z`` holds every run's final log Ẑ.
     """
     owner = "vj.gp.fit_hyperparameters"
-    if train_likelihood is None:
-        train_likelihood = ("scale",) if hasattr(likelihood, "scale") else ()
-    for name in train_likelihood:
-        if not hasattr(likelihood, name):
-            raise ValueError(f"{owner}: the {type(likelihood).__name__} likelihood has no parameter `{name}`.")
+    if num_classes is None:
+        if likelihood is None:
+            raise ValueError(f"{owner}: `likelihood` is None; give a vj.potentials likelihood, or `num_classes` "
+                             "for a multi-class GP (vj.gp.multiclass.model), whose likelihood the method sets.")
+        if train_likelihood is None:
+            train_likelihood = ("scale",) if hasattr(likelihood, "scale") else ()
+        for name in train_likelihood:
+            if not hasattr(likelihood, name):
+                raise ValueError(f"{owner}: the {type(likelihood).__name__} likelihood has no parameter `{name}`.")
+        data = (X, likelihood, labels, mean, jitter, None)
+    else:
+        data = _multiclass_data(kernel, X, likelihood, labels, num_classes, mean, jitter, train_likelihood, owner)
+        train_likelihood = ()
     if not (isinstance(max_iter, int) and max_iter >= 1):
         raise ValueError(f"{owner}: `max_iter` must be a positive integer, got {max_iter!r}.")
+    if not (isinstance(num_restarts, (int, np.integer)) and not isinstance(num_restarts, bool) and num_restarts >= 0):
+        raise ValueError(f"{owner}: `num_restarts` must be an integer ≥ 0, got {num_restarts!r}.")
     # Everything the jitted functions need travels as arguments (arrays traced, the rest static), so
     # a second call with data of the same shapes reuses the compiled start, evaluation and direction. The
     # inner fit is carried as the method's State: each fit starts from the last accepted one.
-    data = (X, likelihood, labels, mean, jitter)
-    params = (kernel, {name: jnp.log(jnp.asarray(getattr(likelihood, name))) for name in train_likelihood})
+    params = _checks.strongly_typed(
+        (kernel, {name: jnp.log(jnp.asarray(getattr(likelihood, name))) for name in train_likelihood}))
+    limits = None if bounds is None else _limits(bounds, params, owner)
+    starts = [params]
+    if num_restarts:
+        if limits is None:
+            raise ValueError(f"{owner}: `num_restarts` = {num_restarts} draws each restart's parameters within "
+                             "`bounds`; give bounds=(low, high) for every parameter or a dict such as "
+                             "{'lengthscale': (0.01, 100.0), 'variance': (0.01, 100.0)}.")
+        try:
+            rng = np.random.default_rng(seed)
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"{owner}: `seed` must be an int, None or a numpy.random.Generator, got "
+                             f"{seed!r}.") from error
+        starts += [_draw(params, limits, rng) for _ in range(num_restarts)]
+    runs = []
+    for r, start in enumerate(starts):
+        prefix = f"{owner}: run {r}," if num_restarts else f"{owner}:"
+        runs.append(_run(start, data, method, optimizer, limits, max_iter, tol, progress and prefix))
+    finals = [run[3][-1] for run in runs]
+    best = max(range(len(runs)), key=lambda r: (np.isfinite(finals[r]), finals[r] if np.isfinite(finals[r])
+                                                else -np.inf, -r))
+    params, post, grad, trace, evals, converged, stalled, change = runs[best]
+    if limits is not None:  # at an active bound, only the components that stay in the box
+        grad = _free_gradient(grad, params, limits)
+    leaves = [jnp.max(jnp.abs(g)) for g in jax.tree_util.tree_leaves(grad)]
+    dtype = jnp.result_type(post.log_z)
+    diagnostics = Diagnostics(
+        iterations=jnp.asarray(len(trace) - 1), status=Status.of(converged, value=trace[-1], stalled=stalled),
+        stationarity=jnp.asarray(change, dtype),
+        grad_norm=jnp.max(jnp.stack(leaves)).astype(dtype) if leaves else jnp.zeros((), dtype),
+        objective_trace=_host_array(trace, dtype), num_value_evals=jnp.asarray(evals),
+        num_grad_evals=jnp.asarray(evals), num_hvp_evals=jnp.asarray(0),
+        method=post.diagnostics.method, solver="ML-II (L-BFGS)" if optimizer is None else "ML-II (optax)")
+    return HyperparameterFit(params[0], _likelihood(params, data), post, post.log_z, diagnostics,
+                             _host_array(finals, dtype))
+
+
+def _host_array(values, dtype):
+    """Python floats as a device array, converted by NumPy (``jnp.asarray`` of a list compiles a
+    conversion per length; `jax.device_put` of a NumPy array compiles nothing)."""
+    return jax.device_put(np.asarray(values, dtype=dtype))
+
+
+def _run(params, data, method, optimizer, limits, max_iter, tol, progress):
+    """One ML-II run from ``params``: ``(params, fit, gradient, trace, evaluations, converged, stalled,
+    last relative change)``, the trace of log Ẑ as Python floats."""
     transform = _LBFGS if optimizer is None else optimizer
+    if limits is not None:
+        params = _project(params, limits)
     # Optimizer states hold weakly typed scalars, which their updates return strongly typed: made strong
     # here, so that the direction (or update) compiles once rather than once more at its second call.
     opt_state = _checks.strongly_typed(transform.init(params))
     (value, post), grad = _value_and_grad(params, data, method, _start(params, data, method))
     trace, evals, converged, stalled, change = [-float(value)], 1, False, False, np.inf
     if progress:
-        print(f"{owner}: step    0  log Z = {trace[0]:.6f}", flush=True)
+        print(f"{progress} step    0  log Z = {trace[0]:.6f}", flush=True)
     for it in range(1, max_iter + 1) if np.isfinite(trace[0]) else ():
         if optimizer is None:
-            direction, new_state, predicted = _lbfgs_direction(grad, opt_state, params)
+            if limits is None:
+                direction, new_state, predicted = _lbfgs_direction(grad, opt_state, params)
+            else:
+                direction, new_state, predicted = _lbfgs_direction_in_box(grad, opt_state, params, limits)
             predicted = float(predicted)  # −log Ẑ falls by about α·predicted along −direction
             alpha, accepted = 1.0, False
             for _ in range(_MAX_HALVINGS):
-                trial = _along(params, direction, jnp.asarray(alpha))
+                if limits is None:
+                    trial, fall = _along(params, direction, jnp.asarray(alpha)), alpha * predicted
+                else:  # the first-order fall along the projected step
+                    trial, fall = _along_in_box(params, direction, jnp.asarray(alpha), limits, grad)
+                    fall = float(fall)
                 (t_value, t_post), t_grad = _value_and_grad(trial, data, method, post.state)
                 evals += 1
-                limit = float(value) - _ARMIJO * alpha * predicted + _RISE_TOLERANCE * (1 + abs(float(value)))
+                limit = float(value) - _ARMIJO * fall + _RISE_TOLERANCE * (1 + abs(float(value)))
                 if np.isfinite(float(t_value)) and float(t_value) <= limit:
                     accepted = True
                     break
@@ -122,6 +221,8 @@ def fit_hyperparameters(kernel: AbstractKernel, X: ArrayLike, likelihood: Abstra
                 break
         else:
             trial, new_state = _update(grad, opt_state, params, value, data, method, post.state, transform)
+            if limits is not None:
+                trial = _project(trial, limits)
             (t_value, t_post), t_grad = _value_and_grad(trial, data, method, post.state)
             evals += 1
             if not np.isfinite(float(t_value)):  # stop at the last finite point
@@ -130,21 +231,89 @@ def fit_hyperparameters(kernel: AbstractKernel, X: ArrayLike, likelihood: Abstra
         params, opt_state, value, post, grad = trial, new_state, t_value, t_post, t_grad
         trace.append(-float(value))
         if progress:
-            print(f"{owner}: step {it:4d}  log Z = {trace[-1]:.6f}", flush=True)
+            print(f"{progress} step {it:4d}  log Z = {trace[-1]:.6f}", flush=True)
         change = abs(trace[-1] - trace[-2]) / (1 + abs(trace[-1]))
         if change <= tol:
             converged = True
             break
-    leaves = [jnp.max(jnp.abs(g)) for g in jax.tree_util.tree_leaves(grad)]
-    dtype = jnp.result_type(post.log_z)
-    diagnostics = Diagnostics(
-        iterations=jnp.asarray(len(trace) - 1), status=Status.of(converged, value=trace[-1], stalled=stalled),
-        stationarity=jnp.asarray(change, dtype),
-        grad_norm=jnp.max(jnp.stack(leaves)).astype(dtype) if leaves else jnp.zeros((), dtype),
-        objective_trace=jnp.asarray(trace, dtype), num_value_evals=jnp.asarray(evals),
-        num_grad_evals=jnp.asarray(evals), num_hvp_evals=jnp.asarray(0),
-        method=post.diagnostics.method, solver="ML-II (L-BFGS)" if optimizer is None else "ML-II (optax)")
-    return HyperparameterFit(params[0], _likelihood(params, data), post, post.log_z, diagnostics)
+    return params, post, grad, trace, evals, converged, stalled, change
+
+
+def _multiclass_data(kernel, X, likelihood, labels, num_classes, mean, jitter, train_likelihood, owner):
+    """The validated data of a multi-class GP (`vj.gp.multiclass.model`), as ``_build`` takes it."""
+    if likelihood is not None:
+        raise ValueError(f"{owner}: with `num_classes` the model is vj.gp.multiclass.model and its likelihood is the "
+                         f"method's (NestedEP: multinomial probit, SoftmaxBound: softmax); pass likelihood=None, got "
+                         f"{type(likelihood).__name__}.")
+    if train_likelihood:
+        raise ValueError(f"{owner}: a multi-class GP has no likelihood parameters to train; leave `train_likelihood` "
+                         f"unset, got {train_likelihood!r}.")
+    if labels is None:
+        raise ValueError(f"{owner}: a multi-class GP needs `labels`, integer classes in 0 … num_classes − 1.")
+    if not (np.ndim(mean) == 0 and _checks.is_concrete(mean) and float(mean) == 0.0):
+        raise ValueError(f"{owner}: a multi-class GP has prior mean 0 (vj.gp.multiclass.model has no `mean`); "
+                         "leave `mean` at 0.")
+    template = multiclass_model(kernel, X, labels, num_classes, jitter)  # validates X, labels, C and jitter
+    return (template.X, None, template.labels, 0.0, template.jitter, template.num_classes)
+
+
+def _kernel_names(kernel):
+    """The natural name of every leaf of ``kernel`` (``log_lengthscale`` → ``lengthscale``), in leaf order."""
+    names = []
+    for path, _ in jax.tree_util.tree_flatten_with_path(kernel)[0]:
+        key = path[-1] if path else None
+        name = getattr(key, "name", str(key))
+        names.append(name[4:] if name.startswith("log_") else name)
+    return names
+
+
+def _limits(bounds, params, owner):
+    """``bounds`` as (low, high) pytrees shaped like ``params``, in the log scale; ±inf where unbounded."""
+    kernel, lik = params
+    kernel_leaves, treedef = jax.tree_util.tree_flatten(kernel)
+    kernel_names = _kernel_names(kernel)
+    available = sorted(set(kernel_names) | set(lik))
+
+    def pair(value, what):
+        try:
+            low, high = (float(v) for v in value)
+        except (TypeError, ValueError):
+            low = high = None
+        if low is None or not (0 < low < high < np.inf):
+            raise ValueError(f"{owner}: `bounds` {what} must be a pair (low, high) with 0 < low < high < inf, in the "
+                             f"parameters' natural scale (e.g. (1e-2, 1e2)); got {value!r}.")
+        return np.log(low), np.log(high)
+
+    if isinstance(bounds, dict):
+        unknown = sorted(set(bounds) - set(available))
+        if unknown:
+            raise ValueError(f"{owner}: `bounds` names {unknown}, which are no parameters being fitted; the names are "
+                             f"{available} (kernel parameters without their log_ prefix, and `train_likelihood`).")
+        table = {name: pair(value, f"for {name!r}") for name, value in bounds.items()}
+    else:
+        both = pair(bounds, "given as one pair")
+        table = {name: both for name in available}
+    unbounded = (-np.inf, np.inf)
+
+    def limits(side):
+        leaves = [jnp.full(jnp.shape(leaf), table.get(name, unbounded)[side], jnp.result_type(leaf))
+                  for leaf, name in zip(kernel_leaves, kernel_names)]
+        return (jax.tree_util.tree_unflatten(treedef, leaves),
+                {name: jnp.full(jnp.shape(v), table.get(name, unbounded)[side], jnp.result_type(v))
+                 for name, v in lik.items()})
+
+    return limits(0), limits(1)
+
+
+def _draw(params, limits, rng):
+    """A restart: each bounded log-parameter uniform in [log low, log high], the others as in ``params``."""
+    def draw(value, low, high):
+        low, high = np.asarray(low), np.asarray(high)
+        bounded = np.isfinite(low) & np.isfinite(high)
+        drawn = rng.uniform(np.where(bounded, low, 0.0), np.where(bounded, high, 1.0), size=np.shape(value))
+        return jnp.asarray(np.where(bounded, drawn, np.asarray(value)), jnp.result_type(value))
+
+    return jax.tree_util.tree_map(draw, params, *limits)
 
 
 _LBFGS = optax.scale_by_lbfgs()  # one instance, so the default hashes equal across calls
@@ -163,7 +332,10 @@ def _likelihood(params, data):
 
 
 def _build(params, data):
-    X, _, labels, mean, jitter = data
+    X, _, labels, mean, jitter, num_classes = data
+    if num_classes is not None:  # validated by `_multiclass_data`; one kernel shared by every class
+        kernel = jax.tree_util.tree_map(lambda p: p.astype(X.dtype), params[0])
+        return MulticlassModel((kernel,) * num_classes, X, labels, jitter, num_classes), None
     lik = _likelihood(params, data)
     return model(params[0], X, lik, labels=labels, mean=mean, jitter=jitter), lik
 
@@ -199,6 +371,52 @@ def _lbfgs_direction(grad, opt_state, params):
 def _along(params, direction, alpha):
     """params − α·direction."""
     return jax.tree_util.tree_map(lambda p, d: p - alpha.astype(p.dtype) * d, params, direction)
+
+
+@eqx.filter_jit
+def _project(params, limits):
+    """``params`` clipped into the box ``limits`` = (low, high)."""
+    return jax.tree_util.tree_map(jnp.clip, params, *limits)
+
+
+def _leaving(params, step, limits):
+    """Where a move by −``step`` leaves the box at an active bound (lower bound and step > 0, or upper
+    bound and step < 0)."""
+    low, high = limits
+    return jax.tree_util.tree_map(lambda p, s, lo, hi: ((p <= lo) & (s > 0)) | ((p >= hi) & (s < 0)),
+                                  params, step, low, high)
+
+
+def _zero(tree, mask):
+    return jax.tree_util.tree_map(lambda x, m: jnp.where(m, jnp.zeros_like(x), x), tree, mask)
+
+
+@eqx.filter_jit
+def _free_gradient(grad, params, limits):
+    """The gradient with the components that leave the box at an active bound set to 0."""
+    return _zero(grad, _leaving(params, grad, limits))
+
+
+@eqx.filter_jit
+def _lbfgs_direction_in_box(grad, opt_state, params, limits):
+    """`_lbfgs_direction` within bounds: the components of the gradient and of the direction that leave
+    the box at an active bound are dropped; the projected gradient itself where that direction is no
+    descent direction."""
+    free = _zero(grad, _leaving(params, grad, limits))
+    direction, opt_state = _LBFGS.update(free, opt_state, params)
+    direction = _zero(direction, _leaving(params, direction, limits))
+    predicted = optax.tree.vdot(free, direction)
+    descent = predicted > 0
+    direction = jax.tree_util.tree_map(lambda d, g: jnp.where(descent, d, g), direction, free)
+    return direction, opt_state, jnp.where(descent, predicted, optax.tree.vdot(free, free))
+
+
+@eqx.filter_jit
+def _along_in_box(params, direction, alpha, limits, grad):
+    """The projected step clip(params − α·direction) and ∇ᵀ(params − trial), the first-order fall of
+    −log Ẑ along it."""
+    trial = _project(_along(params, direction, alpha), limits)
+    return trial, optax.tree.vdot(grad, jax.tree_util.tree_map(jnp.subtract, params, trial))
 
 
 @eqx.filter_jit
