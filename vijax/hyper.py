@@ -10,7 +10,7 @@ approximation; G-KL, LVB, mean field: a lower bound), differentiable in θ by th
 - integrates θ against a prior p(θ) = exp(``log_prior(theta)``) by a central composite design or a grid around the
   mode of log p̂(y | θ) + log p(θ) (`integrate`, after GPstuff's ``gp_ia`` and INLA), or by NUTS (`sample`, with
   NumPyro); both return a `vj.posterior.Mixture`: points θ_k, weights w_k and the method's fit q_k at each point, one
-  vmapped fit, so the GP and GLM predictive functions (`vj.gp.predict_proba`, `vj.glm.log_predictive`, …) accept
+  compiled program, so the GP and GLM predictive functions (`vj.gp.predict_proba`, `vj.glm.log_predictive`, …) accept
   them and return the predictive mixed over θ:
 
       p(y_* | y) ≈ Σ_k w_k ∫ p(y_* | f_*) q_k(f_*) df_*.
@@ -61,20 +61,18 @@ def _log_prior(log_prior, theta):
 
 
 @eqx.filter_jit
-def _fits(build, method, log_prior, thetas, init):
-    """The fits and log densities at the rows of ``thetas``: one vmapped fit."""
-    def one(theta):
-        value, post = _log_density(theta, build, method, log_prior, init)
-        return value, post
-
-    return jax.vmap(one)(thetas)
+def _fits(build, method, log_prior, thetas, init, batch_size):
+    """The log densities and fits at the rows of ``thetas``: one program, `jax.lax.map` over them in batches of
+    ``batch_size`` (vmapped within a batch; one at a time, unbatched, for 1)."""
+    return jax.lax.map(lambda th: _log_density(th, build, method, log_prior, init), thetas,
+                       batch_size=None if batch_size == 1 else batch_size)
 
 
 @eqx.filter_jit
-def _gradients(build, method, log_prior, thetas, init):
-    """∇_θ (log p̂ + log p) at the rows of ``thetas`` (envelope gradients), vmapped."""
+def _gradients(build, method, log_prior, thetas, init, batch_size):
+    """∇_θ (log p̂ + log p) at the rows of ``thetas`` (envelope gradients), one program as `_fits`."""
     grad = jax.grad(lambda th: _log_density(th, build, method, log_prior, init)[0])
-    return jax.vmap(grad)(thetas)
+    return jax.lax.map(grad, thetas, batch_size=None if batch_size == 1 else batch_size)
 
 
 @eqx.filter_jit
@@ -249,7 +247,7 @@ class Integration(Mixture):
 
 def integrate(build: Callable, method: AbstractMethod, log_prior: Callable, theta0, rule: str = "ccd", *,
               f0: float = 1.1, step: float = 0.5, extent: float = 4.0, max_points: int = 20_000,
-              difference_step: float = 1e-3, solver: LBFGS | None = None) -> Integration:
+              difference_step: float = 1e-3, solver: LBFGS | None = None, batch_size: int = 1) -> Integration:
     """Integrate the hyperparameters θ by a central composite design or a grid around the mode of p(θ | y).
 
     With ℓ(θ) = log p̂(y | θ) + log p(θ) (``log_prior(theta)`` a JAX function, up to a constant):
@@ -259,9 +257,9 @@ def integrate(build: Callable, method: AbstractMethod, log_prior: Callable, thet
     2. the Hessian A = −∇²ℓ(θ̂) by central differences of the envelope gradient, A_:i = −(∇ℓ(θ̂ + h e_i) −
        ∇ℓ(θ̂ − h e_i))/(2h), symmetrised: the envelope theorem makes the first derivative of log p̂ exact at the
        inner optimum, but `jax.hessian` of it would miss how the optimum moves with θ, so second derivatives come
-       from differences of first ones (2P gradients, one vmapped program);
+       from differences of first ones (2P gradients, one program);
     3. whitened coordinates z along A's principal axes: θ = θ̂ + L z with Σ = A⁻¹ = V diag(λ) Vᵀ, L = V diag(√λ);
-    4. the rule's points z_k, one vmapped fit at all θ_k, and weights w_k ∝ Δ_k exp(ℓ(θ_k)):
+    4. the rule's points z_k, the fits at all θ_k in one program, and weights w_k ∝ Δ_k exp(ℓ(θ_k)):
 
        - ``rule="ccd"`` (Rue, Martino & Chopin 2009 §6.5; GPstuff's ``gp_ia``): `ccd_design` scaled by f0 (> 1), so
          the non-central points lie on the sphere |z| = f0·√P, with Δ_0 = (2π)^{P/2}(1 − 1/f0²) at the centre and
@@ -287,6 +285,11 @@ def integrate(build: Callable, method: AbstractMethod, log_prior: Callable, thet
       spacing and radius in standard deviations, and the most points it may have.
     - `difference_step`: h of the Hessian's differences, in θ's units.
     - `solver`: the mode search's `vj.solvers.LBFGS` (default ``LBFGS(tol=1e-10, max_iter=200)``).
+    - `batch_size`: the fits at the points are one compiled program that visits them `batch_size` at a time
+      (`jax.lax.map`), vmapped within a batch. The default 1 fits one point after another: under `jax.vmap` a
+      method's data-dependent branches (EP's fallback schedules, a solver's safeguards) run on every lane and
+      every iteration runs until the slowest lane converges, which costs more than it saves for dense fits on a
+      CPU; raise it on an accelerator.
 
     Returns an `Integration` (a `vj.posterior.Mixture`): pass it to `vj.gp.predict_proba`, `vj.gp.predict`,
     `vj.gp.log_predictive`, `vj.glm.predict_proba`, `vj.glm.predict_mean` or `vj.glm.log_predictive` for the
@@ -308,6 +311,8 @@ def integrate(build: Callable, method: AbstractMethod, log_prior: Callable, thet
     if rule == "grid" and not (step > 0 and extent >= step):
         raise ValueError(f"{owner}: the grid needs `step` > 0 and `extent` ≥ `step`, got step={step!r}, "
                          f"extent={extent!r}.")
+    if not (isinstance(batch_size, (int, np.integer)) and batch_size >= 1):
+        raise ValueError(f"{owner}: `batch_size` must be a positive integer, got {batch_size!r}.")
     if not difference_step > 0:
         raise ValueError(f"{owner}: `difference_step` must be positive, got {difference_step!r}.")
     solver = LBFGS(tol=1e-10, max_iter=200) if solver is None else solver
@@ -334,8 +339,8 @@ def integrate(build: Callable, method: AbstractMethod, log_prior: Callable, thet
         raise ValueError(f"{owner}: the mode search failed (log density {float(sol.value)} at {mode}); check that "
                          "the prior is proper and the model defined near theta0.")
     shifts = difference_step * np.eye(dim)
-    grads = np.asarray(_gradients(build, method, log_prior, jnp.asarray(np.concatenate([mode + shifts, mode - shifts]),
-                                                                        dtype), post0), np.float64)
+    around = jnp.asarray(np.concatenate([mode + shifts, mode - shifts]), dtype)
+    grads = np.asarray(_gradients(build, method, log_prior, around, post0, min(batch_size, 2 * dim)), np.float64)
     hessian = (grads[:dim] - grads[dim:]).T / (2 * difference_step)  # column i: ∂∇ℓ/∂θ_i
     precision = -0.5 * (hessian + hessian.T)
     eigenvalues, vectors = np.linalg.eigh(precision)
@@ -346,7 +351,7 @@ def integrate(build: Callable, method: AbstractMethod, log_prior: Callable, thet
     scales = 1.0 / np.sqrt(eigenvalues)
     L = vectors * scales  # Σ = L Lᵀ, columns along the principal axes
     points = mode + z @ L.T
-    values, posteriors = _fits(build, method, log_prior, jnp.asarray(points, dtype), post0)
+    values, posteriors = _fits(build, method, log_prior, jnp.asarray(points, dtype), post0, batch_size)
     values = np.asarray(values, np.float64)
     values = np.where(np.isfinite(values), values, -np.inf)
     if not np.isfinite(values[0]):
@@ -430,7 +435,7 @@ class Samples(Mixture):
 
 def sample(build: Callable, method: AbstractMethod, log_prior: Callable, key, num_samples: int, num_warmup: int,
            theta0, *, num_posteriors: int | None = 200, target_accept_prob: float = 0.8,
-           dense_mass: bool = True) -> Samples:
+           dense_mass: bool = True, batch_size: int = 1) -> Samples:
     """NUTS over θ on log p̂(y | θ) + log p(θ), the latent variables integrated by the method (NumPyro's sampler).
 
     Each step of the sampler fits the method at θ, warm-started from its fit at ``theta0``, and uses the envelope
@@ -442,9 +447,10 @@ def sample(build: Callable, method: AbstractMethod, log_prior: Callable, key, nu
     - `build`, `method`, `log_prior`: as for `integrate`.
     - `key`: a `jax.random` key; `num_samples`, `num_warmup`: draws kept and warm-up (adaptation) steps, one chain.
     - `theta0`: the starting point, ``(P,)`` (e.g. ``vj.hyper.integrate(...).mode``).
-    - `num_posteriors`: the method is fitted at this many draws (evenly thinned; None: every draw), one vmapped fit,
+    - `num_posteriors`: the method is fitted at this many draws (evenly thinned; None: every draw), in one program,
       for the predictive mixture.
     - `target_accept_prob`, `dense_mass`: NumPyro's NUTS settings (a dense mass matrix by default: P is small).
+    - `batch_size`: as for `integrate`, for the fits at the points.
 
     Returns `Samples` (a `vj.posterior.Mixture`: the predictive functions mix over its points with equal weights).
     """
@@ -463,6 +469,8 @@ def sample(build: Callable, method: AbstractMethod, log_prior: Callable, key, nu
     for name, value, least in (("num_samples", num_samples, 1), ("num_warmup", num_warmup, 0)):
         if not (isinstance(value, (int, np.integer)) and value >= least):
             raise ValueError(f"{owner}: `{name}` must be an integer ≥ {least}, got {value!r}.")
+    if not (isinstance(batch_size, (int, np.integer)) and batch_size >= 1):
+        raise ValueError(f"{owner}: `batch_size` must be a positive integer, got {batch_size!r}.")
     if num_posteriors is not None and not (isinstance(num_posteriors, (int, np.integer)) and num_posteriors >= 1):
         raise ValueError(f"{owner}: `num_posteriors` must be a positive integer or None, got {num_posteriors!r}.")
     theta0 = _check_theta(theta0, owner)
@@ -485,7 +493,7 @@ def sample(build: Callable, method: AbstractMethod, log_prior: Callable, key, nu
                        ess=as_array(effective_sample_size(draws[None])))
     k = num_samples if num_posteriors is None else min(num_posteriors, num_samples)
     points = draws[np.round(np.linspace(0, num_samples - 1, k)).astype(int)]
-    values, posteriors = _fits(build, method, log_prior, as_array(points), post0)
+    values, posteriors = _fits(build, method, log_prior, as_array(points), post0, batch_size)
     weights = as_array(np.full(k, 1.0 / k))
     draws, points = as_array(draws), as_array(points)
     return Samples(draws=draws, points=points, weights=weights, posteriors=posteriors, log_densities=values, info=info)
