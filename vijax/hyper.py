@@ -60,19 +60,28 @@ def _log_prior(log_prior, theta):
     return log_prior(theta)
 
 
+def _map(fn, thetas, batch_size):
+    """``fn`` at each row of ``thetas`` by `jax.lax.map`: one at a time for ``batch_size`` 1, else vmapped within
+    whole batches (the rows padded to a multiple of the batch by repeating the last, the padding dropped after)."""
+    if batch_size == 1:
+        return jax.lax.map(fn, thetas)
+    count = thetas.shape[0]
+    batch = min(batch_size, count)
+    index = jnp.minimum(jnp.arange(-(-count // batch) * batch), count - 1)
+    out = jax.lax.map(fn, thetas[index], batch_size=batch)
+    return jax.tree_util.tree_map(lambda leaf: leaf[:count], out)
+
+
 @eqx.filter_jit
 def _fits(build, method, log_prior, thetas, init, batch_size):
-    """The log densities and fits at the rows of ``thetas``: one program, `jax.lax.map` over them in batches of
-    ``batch_size`` (vmapped within a batch; one at a time, unbatched, for 1)."""
-    return jax.lax.map(lambda th: _log_density(th, build, method, log_prior, init), thetas,
-                       batch_size=None if batch_size == 1 else batch_size)
+    """The log densities and fits at the rows of ``thetas``: one program (`_map`)."""
+    return _map(lambda th: _log_density(th, build, method, log_prior, init), thetas, batch_size)
 
 
 @eqx.filter_jit
 def _gradients(build, method, log_prior, thetas, init, batch_size):
-    """∇_θ (log p̂ + log p) at the rows of ``thetas`` (envelope gradients), one program as `_fits`."""
-    grad = jax.grad(lambda th: _log_density(th, build, method, log_prior, init)[0])
-    return jax.lax.map(grad, thetas, batch_size=None if batch_size == 1 else batch_size)
+    """∇_θ (log p̂ + log p) at the rows of ``thetas`` (envelope gradients), one program (`_map`)."""
+    return _map(jax.grad(lambda th: _log_density(th, build, method, log_prior, init)[0]), thetas, batch_size)
 
 
 @eqx.filter_jit

@@ -309,7 +309,7 @@ class Mixture(eqx.Module):
 
         ``combine``: ``"mean"`` (Σ_k w_k f_k: probabilities, predictive means), ``"log"`` (log Σ_k w_k exp(f_k): log
         densities) or ``"moments"`` (``predictive`` returns a mean and a variance; the mixture's mean and variance by
-        the law of total variance). The points are visited in batches of 16 (`jax.lax.map`), one compiled program."""
+        the law of total variance). The points are visited in batches of 16 (`jax.lax.map`, vmapped within a batch), one compiled program."""
         if combine not in ("mean", "log", "moments"):
             raise ValueError(f"Mixture.mix: `combine` must be 'mean', 'log' or 'moments', got {combine!r}.")
         return _mixed(predictive, combine, self.posteriors, self.weights, args)
@@ -317,8 +317,14 @@ class Mixture(eqx.Module):
 
 @eqx.filter_jit
 def _mixed(predictive, combine, posteriors, weights, args):
-    size = weights.shape[0]
-    values = jax.lax.map(lambda post: predictive(post, *args), posteriors, batch_size=min(size, 16))
+    # Whole batches only: the points padded to a multiple of the batch by repeating the last, with weight 0 (a
+    # remainder batch is a second vmapped copy of the predictive, which also hung XLA's CPU runtime).
+    batch = min(weights.shape[0], 16)
+    size = -(-weights.shape[0] // batch) * batch
+    index = jnp.minimum(jnp.arange(size), weights.shape[0] - 1)
+    posteriors = jax.tree_util.tree_map(lambda leaf: leaf[index], posteriors)
+    weights = jnp.zeros(size, weights.dtype).at[: weights.shape[0]].set(weights)
+    values = jax.lax.map(lambda post: predictive(post, *args), posteriors, batch_size=batch)
     if combine == "mean":
         return jnp.tensordot(weights, values, axes=1)
     if combine == "log":
