@@ -102,8 +102,9 @@ def test_marginal_gradient_matches_differences_and_a_warm_refit_compiles_nothing
         step = 1e-4 * direction
         grad, difference = gradient_and_difference(lambda th: m(th, post), theta, step)
         np.testing.assert_allclose(float(grad @ step), float(difference), rtol=1e-5)
-    # the value is the method's log Z for the model built at theta
+    # the value is the method's log Z for the model built at theta, also under jit
     np.testing.assert_allclose(float(m(theta, post)), float(vj.infer(build(theta), METHOD).log_z), rtol=1e-9)
+    np.testing.assert_allclose(float(jax.jit(m)(theta, post)), float(m(theta, post)), rtol=1e-12)
     warm = m.fit(theta + 0.05, post)
     again, count = programs(m.fit, theta - 0.1, warm)
     assert count == 0
@@ -206,7 +207,6 @@ def test_nuts_agrees_with_the_brute_force_grid(reference):
     res = vj.hyper.sample(build, METHOD, log_prior, jax.random.key(0), 300, 300, THETA0, num_posteriors=20)
     assert res.draws.shape == (300, 2) and res.points.shape == (20, 2)
     assert int(res.info.num_divergent) == 0
-    mean, sd, _ = reference
     # the tolerances, or three Monte Carlo standard errors where those are larger (ESS ≈ 200 here:
     # 0.07 sd for a mean, ≈ 5 % for an sd)
     ess = np.asarray(res.info.ess)
