@@ -18,9 +18,12 @@ collected, the ones inside functions included. The layers, bottom to top (`LAYER
     imports it.
  5. **objectives** — ``_curvature`` (the site curvature P shared by every method) and ``posterior``.
  6. **methods** — ``vijax.methods`` (G-KL, LVB, EP, Laplace, MAP, mean field and their helpers).
- 7. **inference** — ``inference`` (``vj.infer``). It sits below the model builders, not above them as
+ 7. **inference** — ``inference`` (``vj.infer``) and ``hyper`` (hyperparameters integrated by
+    ``infer`` over a user's ``build(theta)``). It sits below the model builders, not above them as
     issue 23 listed it, because builders run inference (``gp.hyper`` fits hyperparameters by
     ``infer``), while ``infer`` itself needs only a model, a posterior and a method's ``fit``.
+    ``hyper`` needs no builder either; the builders' predictive functions mix over its results
+    through `vijax.posterior.Mixture`, so nothing imports ``hyper`` but the package.
  8. **models** — ``glm``, ``vijax.gp``, ``vijax.factor``, ``vijax.design``: builders, predictions and model-specific
     algorithms.
  9. **applications** — the package ``vijax`` itself (its ``__init__``), ``demo`` and ``data`` (the
@@ -56,7 +59,7 @@ LAYERS = (
     ("covariance", ("covariance",)),
     ("objectives", ("_curvature", "posterior", "start")),
     ("methods", ("methods",)),
-    ("inference", ("inference",)),
+    ("inference", ("inference", "hyper")),
     ("models", ("glm", "gp", "factor", "design", "nn")),
     ("applications", ("", "demo", "data", "sklearn", "plot")),
 )

@@ -1,6 +1,6 @@
 """vijax: deterministic approximate inference for latent linear models in JAX."""
 
-from . import (covariance, design, factor, gaussian, glm, gp, hierarchical, methods, nn, piecewise, potentials,
+from . import (covariance, design, factor, gaussian, glm, gp, hierarchical, hyper, methods, nn, piecewise, potentials,
                projections, quadrature, solvers, start)
 from .inference import ConvergenceWarning, infer
 from .methods import (AIKL, EP, GKL, LVB, MAP, AbstractMethod, HierarchicalEP, Laplace, MeanField, aikl, ep, ep_hyper,
@@ -71,6 +71,7 @@ __all__ = [
     "factor",
     "design",
     "gp",
+    "hyper",
     "shard_sites",
     "pad_sites",
 ]

@@ -29,7 +29,7 @@ from . import _checks, potentials
 from .hierarchical import HierarchicalModel
 from .methods.ep_hyper import scale_tilted_moments
 from .model import GaussianFactor, Identity, LatentLinearModel, Sites
-from .posterior import Posterior
+from .posterior import Mixture, Posterior
 from .quadrature import GaussHermite, safe_sqrt
 
 __all__ = [
@@ -290,11 +290,14 @@ def _site_potential(group):
     return potential.potential if isinstance(potential, potentials.Masked) else potential
 
 
-def predict_proba(post: Posterior, X_test: ArrayLike, quadrature: GaussHermite = GaussHermite()) -> jax.Array:
+def predict_proba(post: Posterior | Mixture, X_test: ArrayLike,
+                  quadrature: GaussHermite = GaussHermite()) -> jax.Array:
     """p(y = 1 | x_*) = ⟨φ(x_*ᵀw)⟩_q for logistic, probit or Heaviside GLMs.
 
     Args:
-        post: a posterior of a binary GLM (``vj.infer`` on ``logistic_regression`` or ``probit_regression``).
+        post: a posterior of a binary GLM (``vj.infer`` on ``logistic_regression`` or ``probit_regression``), or a
+            `vj.posterior.Mixture` over hyperparameters (`vj.hyper.integrate`, `vj.hyper.sample`): then
+            Σ_k w_k p(y = 1 | x_*, θ_k).
         X_test: test covariates, shape ``(T, D)``.
         quadrature: the 1-D rule for expectations without a closed form.
 
@@ -302,6 +305,8 @@ def predict_proba(post: Posterior, X_test: ArrayLike, quadrature: GaussHermite =
         Probabilities of the label 1, shape ``(T,)``.
     """
     owner = "predict_proba"
+    if isinstance(post, Mixture):
+        return post.mix(predict_proba, X_test, quadrature)
     potential = _site_potential(_single_group(post, owner))
     if not potential.labels_in_projection:
         raise ValueError(f"{owner}: needs a binary classification posterior, got a {type(potential).__name__} likelihood.")
@@ -310,14 +315,15 @@ def predict_proba(post: Posterior, X_test: ArrayLike, quadrature: GaussHermite =
     return jnp.exp(potential.log_expected_phi(mean, safe_sqrt(var), quadrature))
 
 
-def predict_mean(post: Posterior, X_test: ArrayLike, offset: ArrayLike = 0.0) -> jax.Array:
+def predict_mean(post: Posterior | Mixture, X_test: ArrayLike, offset: ArrayLike = 0.0) -> jax.Array:
     """E[y_* | x_*, data] = ⟨E[y | η_*]⟩_q, η_* = x_*ᵀw + ``offset``: the predicted mean of a new observation.
 
     With m_*, v_* q's marginal of x_*ᵀw: Poisson, the mean count exp(m_* + v_*/2) (pass log exposure as ``offset``);
     binary GLMs, `predict_proba`; Gaussian, Laplace and Student-t (ν > 1), m_* (a Cauchy likelihood has no mean).
 
     Args:
-        post: a posterior of a GLM built by this module.
+        post: a posterior of a GLM built by this module, or a `vj.posterior.Mixture` over hyperparameters (the
+            means mixed with its weights).
         X_test: test covariates, shape ``(T, D)``.
         offset: scalar or ``(T,)``, added to the linear predictor.
 
@@ -325,6 +331,8 @@ def predict_mean(post: Posterior, X_test: ArrayLike, offset: ArrayLike = 0.0) ->
         Predicted means, shape ``(T,)``.
     """
     owner = "predict_mean"
+    if isinstance(post, Mixture):
+        return post.mix(predict_mean, X_test, offset)
     potential = _site_potential(_single_group(post, owner))
     if potential.labels_in_projection:
         return predict_proba(post, X_test)
@@ -346,12 +354,13 @@ def predict_mean(post: Posterior, X_test: ArrayLike, offset: ArrayLike = 0.0) ->
                      "likelihood has none); use log_predictive for predictive densities.")
 
 
-def log_predictive(post: Posterior, X_test: ArrayLike, y_test: ArrayLike,
+def log_predictive(post: Posterior | Mixture, X_test: ArrayLike, y_test: ArrayLike,
                    quadrature: GaussHermite = GaussHermite()) -> jax.Array:
     """log p(y_* | x_*, data) ≈ log ⟨p(y_* | x_*ᵀw)⟩_q for each test point.
 
     Args:
-        post: a posterior of any GLM built by this module.
+        post: a posterior of any GLM built by this module, or a `vj.posterior.Mixture` over hyperparameters:
+            then log Σ_k w_k p(y_* | x_*, θ_k).
         X_test: test covariates, shape ``(T, D)``.
         y_test: labels (binary GLMs, in the training label set) or targets / counts, shape ``(T,)``.
         quadrature: the 1-D rule for expectations without a closed form.
@@ -360,6 +369,8 @@ def log_predictive(post: Posterior, X_test: ArrayLike, y_test: ArrayLike,
         Log predictive densities, shape ``(T,)``.
     """
     owner = "log_predictive"
+    if isinstance(post, Mixture):
+        return post.mix(log_predictive, X_test, y_test, quadrature, combine="log")
     potential = _site_potential(_single_group(post, owner))
     X_test = _design(X_test, owner, data=False)
     y_test = _targets(y_test, X_test, owner, "y_test")

@@ -29,7 +29,7 @@ from ..model import DenseGaussian, GaussianFactor, Identity, LatentLinearModel, 
 from ..potentials import AbstractPotential
 from ..quadrature import GaussHermite, safe_sqrt
 from .kernels import AbstractKernel
-from ..posterior import Posterior
+from ..posterior import Mixture, Posterior
 
 __all__ = ["GPModel", "model", "predict", "predict_proba", "log_predictive"]
 
@@ -180,19 +180,27 @@ def conditional_marginals(post, chol, cross, prior_diag, columns=None):
     return H @ (post.mean - post.model.prior.mean), jnp.maximum(cond.variances + var, 0.0)
 
 
-def predict(post: Posterior, X_test: ArrayLike) -> tuple[jax.Array, jax.Array]:
+def predict(post: Posterior | Mixture, X_test: ArrayLike) -> tuple[jax.Array, jax.Array]:
     """Latent predictive mean and variance of f at ``X_test``: two arrays of shape ``(T,)``.
 
     ``post`` is a fit of ``vj.gp.model(kernel, X, …)`` by any method; the kernel, the inputs X and the
-    jitter are those its model records.
+    jitter are those its model records. Or a `vj.posterior.Mixture` over hyperparameters (`vj.hyper.integrate`,
+    `vj.hyper.sample`): the mixture's mean and variance (law of total variance).
     """
     owner = "vj.gp.predict"
+    if isinstance(post, Mixture):
+        return post.mix(predict, X_test, combine="moments")
     return _latent(post, X_test, owner)
 
 
-def predict_proba(post: Posterior, X_test: ArrayLike, quadrature: GaussHermite = GaussHermite()) -> jax.Array:
-    """p(y_* = 1 | x_*) = ⟨φ(f_*)⟩ under q(f_*) for a binary classification GP: shape ``(T,)``."""
+def predict_proba(post: Posterior | Mixture, X_test: ArrayLike,
+                  quadrature: GaussHermite = GaussHermite()) -> jax.Array:
+    """p(y_* = 1 | x_*) = ⟨φ(f_*)⟩ under q(f_*) for a binary classification GP: shape ``(T,)``.
+
+    For a `vj.posterior.Mixture` over hyperparameters, Σ_k w_k p(y_* = 1 | x_*, θ_k)."""
     owner = "vj.gp.predict_proba"
+    if isinstance(post, Mixture):
+        return post.mix(predict_proba, X_test, quadrature)
     _gp_prior(post, owner)
     potential = post.model.sites[0].potential
     if not potential.labels_in_projection:
@@ -201,14 +209,17 @@ def predict_proba(post: Posterior, X_test: ArrayLike, quadrature: GaussHermite =
     return jnp.exp(potential.log_expected_phi(mean, safe_sqrt(var), quadrature))
 
 
-def log_predictive(post: Posterior, X_test: ArrayLike, y_test: ArrayLike,
+def log_predictive(post: Posterior | Mixture, X_test: ArrayLike, y_test: ArrayLike,
                    quadrature: GaussHermite = GaussHermite()) -> jax.Array:
     """log p(y_* | x_*, data) ≈ log ⟨p(y_* | f_*)⟩ under q(f_*) for each test point: shape ``(T,)``.
 
     ``y_test`` holds labels for classification and observations otherwise (the likelihood's
-    other parameters, e.g. its scale, are those of the fitted model).
+    other parameters, e.g. its scale, are those of the fitted model). For a `vj.posterior.Mixture` over
+    hyperparameters, log Σ_k w_k p(y_* | x_*, θ_k).
     """
     owner = "vj.gp.log_predictive"
+    if isinstance(post, Mixture):
+        return post.mix(log_predictive, X_test, y_test, quadrature, combine="log")
     _gp_prior(post, owner)
     potential = post.model.sites[0].potential
     mean, var = _latent(post, X_test, owner)

