@@ -365,7 +365,7 @@ class GPClassifier(_ClassifierMixin, BaseEstimator):
     def __init__(self, kernel: AbstractKernel | None = None, likelihood: str = "logistic",
                  method: str | AbstractMethod = "laplace", optimize: bool = False, max_iter: int = 50,
                  multiclass_method: str | AbstractMethod = "nested_ep", n_restarts_optimizer: int = 0,
-                 bounds=None, random_state=None):
+                 bounds: tuple | dict | None = None, random_state: int | np.random.RandomState | None = None):
         self.kernel = kernel
         self.likelihood = likelihood
         self.method = method
@@ -422,8 +422,9 @@ class GPRegressor(RegressorMixin, BaseEstimator):
         method: ``"ep"`` (default), ``"gkl"``, ``"laplace"``, ``"lvb"``, or an instance.
         optimize: ML-II over the kernel's parameters and the noise scale.
         max_iter: the number of ML-II steps at most (per run).
-        n_restarts_optimizer, bounds, random_state: ML-II restarts and bounds, as for `GPClassifier`
-            (``bounds`` may also name ``"scale"``).
+        n_restarts_optimizer: ML-II restarts, as for `GPClassifier`.
+        bounds: as for `GPClassifier`; may also name the noise ``"scale"``.
+        random_state: the restarts' draws, as for `GPClassifier`.
 
     Attributes:
         posterior_, log_z_, kernel_, n_iter_: as for `GPClassifier`.
@@ -431,7 +432,8 @@ class GPRegressor(RegressorMixin, BaseEstimator):
 
     def __init__(self, kernel: AbstractKernel | None = None, likelihood: str = "gaussian", scale: float = 0.1,
                  df: float = 3.0, method: str | AbstractMethod = "ep", optimize: bool = False, max_iter: int = 50,
-                 n_restarts_optimizer: int = 0, bounds=None, random_state=None):
+                 n_restarts_optimizer: int = 0, bounds: tuple | dict | None = None,
+                 random_state: int | np.random.RandomState | None = None):
         self.kernel = kernel
         self.likelihood = likelihood
         self.scale = scale
