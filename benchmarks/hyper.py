@@ -21,7 +21,20 @@ errors against the reference (means in reference sds, sds relative), the test se
 and error rate (1,000 points of ``synth.te``) of the mixture and of ML-II's single fit, and wall time (first call,
 compilation included). Writes ``benchmarks/results/hyper.txt`` and ``hyper.json``.
 
-    python benchmarks/hyper.py [--reference 41] [--warmup 300] [--samples 300] [--nuts laplace,ep]
+``--problem gp_pois_regr``: posteriordb's ``gp_pois_regr`` instead (x = −10, −8, …, 10, 11 counts, a Poisson
+likelihood with log link, f ~ GP(0, α²·exp(−(x − x')²/2ρ²)), posteriordb's priors ρ ~ Gamma(25, 4) and
+α ~ Normal⁺(0, 2) carried to θ = (log ρ, log α) with their log-Jacobian; no test set). Writes
+``hyper_gp_pois_regr.txt`` and ``.json``.
+
+``--joint``: also NumPyro's NUTS over the full joint (f, θ), non-centred (f = L(θ)z, z ~ N(0, I)), the same prior
+on θ, ``--joint-warmup`` and ``--joint-samples`` draws (default: ``--warmup`` and ``--samples``), started at EP's
+grid mean of θ; its θ moments, ESS, wall time and (Ripley) test log predictive density (the GP conditional of f*
+given each draw's f and θ, the logistic probability by 20-point Gauss–Hermite, averaged over the draws), in a
+second table beside vijax's rows (errors against EP inside's reference). On Ripley it writes ``hyper_joint.txt``
+and ``.json`` (the results without ``--joint`` are left alone).
+
+    python benchmarks/hyper.py [--problem ripley|gp_pois_regr] [--reference 41] [--warmup 300] [--samples 300]
+                               [--nuts laplace,ep] [--joint [--joint-warmup N] [--joint-samples N]]
 """
 
 from __future__ import annotations
