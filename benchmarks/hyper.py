@@ -65,7 +65,7 @@ def gp_pois_regr():
 
 
 def se_matrix(A, B, theta):
-    """v·exp(−|a − b|²/2ℓ²) with θ = (log ℓ, log √v or log v): here ``theta`` = (log ℓ, log v)."""
+    """The SE kernel matrix v·exp(−|a − b|²/2ℓ²) at ``theta`` = (log ℓ, log v)."""
     d2 = jnp.sum((A[:, None, :] - B[None, :, :]) ** 2, -1)
     return jnp.exp(theta[1]) * jnp.exp(-0.5 * d2 / jnp.exp(2 * theta[0]))
 
@@ -182,9 +182,9 @@ def main():
             return jnp.stack([theta[0], 2 * theta[1]])
 
         stem = "hyper_gp_pois_regr"
-        log(f"posteriordb gp_pois_regr (N = 11, x = -10, -8, ..., 10, no test set), SE kernel alpha^2 "
-            f"exp(-(x - x')^2 / 2 rho^2), Poisson likelihood with log link, rho ~ Gamma(25, 4), alpha ~ Normal+(0, 2); "
-            f"theta = (log rho, log alpha) with the priors' Jacobian")
+        log("posteriordb gp_pois_regr (N = 11, x = -10, -8, ..., 10, no test set), SE kernel alpha^2 "
+            "exp(-(x - x')^2 / 2 rho^2), Poisson likelihood with log link, rho ~ Gamma(25, 4), alpha ~ Normal+(0, 2); "
+            "theta = (log rho, log alpha) with the priors' Jacobian")
     log(f"reference: {args.reference} x {args.reference} grid; NUTS: {args.warmup} warm-up + {args.samples} draws")
     theta0 = jnp.zeros(2) if args.problem == "ripley" else jnp.array([np.log(6.0), 0.0])
     rows = []
