@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _checks
-from .inference import ConvergenceWarning, infer
+from .inference import ConvergenceWarning, check_method, infer
 from .methods import AbstractMethod
 from .posterior import Mixture, Posterior
 from .solvers import LBFGS
@@ -88,15 +88,6 @@ def _gradients(build, method, log_prior, thetas, init, batch_size):
 def _mode(build, method, log_prior, theta0, init, solver):
     """The maximiser of log p̂ + log p by `vj.solvers.LBFGS`, each evaluation a fit warm-started from ``init``."""
     return solver.maximise(lambda th: _log_density(th, build, method, log_prior, init)[0], theta0)
-
-
-def _check_method(method, owner):
-    if isinstance(method, type) and issubclass(method, AbstractMethod):
-        raise ValueError(f"{owner}: `method` is the class vj.{method.__name__}, not an instance; call it to make one: "
-                         f"vj.{method.__name__}().")
-    if not isinstance(method, AbstractMethod):
-        raise ValueError(f"{owner}: `method` must be a vijax method such as vj.EP() or vj.Laplace(); got "
-                         f"{type(method).__name__}.")
 
 
 def _check_build(build, owner):
@@ -183,7 +174,7 @@ def marginal(build: Callable, method: AbstractMethod) -> Marginal:
     """
     owner = "vj.hyper.marginal"
     _check_build(build, owner)
-    _check_method(method, owner)
+    check_method(method, owner)
     return Marginal(build, method)
 
 
@@ -306,7 +297,7 @@ def integrate(build: Callable, method: AbstractMethod, log_prior: Callable, thet
     """
     owner = "vj.hyper.integrate"
     _check_build(build, owner)
-    _check_method(method, owner)
+    check_method(method, owner)
     if not callable(log_prior):
         raise ValueError(f"{owner}: `log_prior` must be a function theta -> log p(theta) (a scalar), got "
                          f"{type(log_prior).__name__}.")
@@ -471,7 +462,7 @@ def sample(build: Callable, method: AbstractMethod, log_prior: Callable, key, nu
         raise ImportError(f"{owner} runs NumPyro's NUTS, which is not installed: pip install numpyro "
                           "(vijax's core does not depend on it).") from None
     _check_build(build, owner)
-    _check_method(method, owner)
+    check_method(method, owner)
     if not callable(log_prior):
         raise ValueError(f"{owner}: `log_prior` must be a function theta -> log p(theta), got "
                          f"{type(log_prior).__name__}.")

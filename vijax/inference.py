@@ -34,17 +34,22 @@ def infer(model, method, init=None) -> Posterior:
     refit from a posterior of the same method. ``jax.grad`` of ``infer(...).log_z`` with respect to
     the model's hyperparameters is the derivative of the optimised objective.
     """
-    if isinstance(method, type) and issubclass(method, AbstractMethod):
-        raise ValueError(f"infer: `method` is the class vj.{method.__name__}, not an instance; call it to make "
-                         f"one: vj.infer(model, vj.{method.__name__}()).")
-    if not isinstance(method, AbstractMethod):
-        raise ValueError(f"infer: `method` must be a vijax method, an instance of a vj.AbstractMethod subclass such "
-                         f"as vj.GKL() or vj.EP(); got {type(method).__name__}: {method!r}.")
+    check_method(method, "infer")
     method.check_model(model)
     state = method.start(model) if init is None else method.to_state(model, init)
     post = method.fit(model, state)
     _warn_unless_converged(post)
     return post
+
+
+def check_method(method, owner: str) -> None:
+    """A `ValueError` naming ``owner`` unless ``method`` is a vijax method instance (a class gets its own message)."""
+    if isinstance(method, type) and issubclass(method, AbstractMethod):
+        raise ValueError(f"{owner}: `method` is the class vj.{method.__name__}, not an instance; call it to make "
+                         f"one: vj.{method.__name__}().")
+    if not isinstance(method, AbstractMethod):
+        raise ValueError(f"{owner}: `method` must be a vijax method, an instance of a vj.AbstractMethod subclass such "
+                         f"as vj.GKL() or vj.EP(); got {type(method).__name__}: {method!r}.")
 
 
 def _warn_unless_converged(post: Posterior) -> None:
