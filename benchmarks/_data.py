@@ -25,18 +25,19 @@ def neal_data(rng: np.random.Generator, n: int):
     return x, y
 
 
-def friedman_data(rng: np.random.Generator, n: int, standardise: bool = False):
+def friedman_data(rng: np.random.Generator, n: int, standardise: bool = False, outliers: float = 0.1,
+                  outlier_sd: float = 15.0, noise: float = 1.0):
     """Friedman's (1991) function #1 with outliers (after Kuss 2006 §5.6.1), ``(x, y)``: ``(n, 10)``, ``(n,)``.
 
-    x ~ U[0, 1]¹⁰, f = 10 sin(π x₁ x₂) + 20 (x₃ − 0.5)² + 10 x₄ + 5 x₅, y = f + N(0, 1), then
-    ⌊n/10⌋ targets, chosen at random, are replaced by f + N(0, 15²). With ``standardise``, y is
-    shifted and scaled to mean 0 and (population) standard deviation 1.
+    x ~ U[0, 1]¹⁰, f = 10 sin(π x₁ x₂) + 20 (x₃ − 0.5)² + 10 x₄ + 5 x₅, y = f + N(0, noise²), then
+    ⌊outliers · n⌋ targets (default a tenth), chosen at random, are replaced by f + N(0, outlier_sd²). With
+    ``standardise``, y is shifted and scaled to mean 0 and (population) standard deviation 1.
     """
     x = rng.uniform(size=(n, 10))
     f = 10 * np.sin(np.pi * x[:, 0] * x[:, 1]) + 20 * (x[:, 2] - 0.5) ** 2 + 10 * x[:, 3] + 5 * x[:, 4]
-    y = f + rng.normal(size=n)
-    idx = rng.permutation(n)[: n // 10]
-    y[idx] = f[idx] + 15.0 * rng.normal(size=len(idx))
+    y = f + noise * rng.normal(size=n)
+    idx = rng.permutation(n)[: int(outliers * n)]
+    y[idx] = f[idx] + outlier_sd * rng.normal(size=len(idx))
     if standardise:
         y = (y - y.mean()) / y.std()
     return x, y
