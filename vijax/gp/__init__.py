@@ -5,11 +5,9 @@
     post = vj.infer(model, vj.EP())                    # any method
     f_mean, f_var = vj.gp.predict(post, X_test)        # latent predictive at test inputs (the model records k, X)
 
-Multi-class classification: `vj.gp.multiclass` (`model(kernel, X, labels, C)` fitted by `NestedEP()` or
-`vj.gp.softmax.SoftmaxBound()`; the stick-breaking model for every method).
-Sparse GPs with inducing inputs Z: `collapsed_elbo` (Titsias) with `optimal_inducing_posterior`,
-`svgp_elbo` for any likelihood (minibatches via ``num_data``) with `svgp_natural_step` for q(u),
-`predict_sparse`.
+Multi-class classification: `vj.gp.multiclass` and `vj.gp.softmax`. Sparse GPs with inducing inputs:
+`collapsed_elbo` and `optimal_inducing_posterior` (Titsias), `svgp_elbo` (any likelihood, minibatches)
+and `svgp_natural_step`, `predict_sparse`.
 """
 
 from . import kernels, multiclass, softmax

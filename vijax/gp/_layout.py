@@ -1,10 +1,5 @@
-"""The multi-class GP model shared by nested EP and the softmax bounds, and its layout helpers.
-
-C classes over N inputs, one latent function per class, f_c ~ GP(0, K_c) independently, integer
-labels 0 … C − 1. `MulticlassModel` (built by `vj.gp.multiclass.model`) carries the kernels, inputs
-and labels; `vj.gp.multiclass.NestedEP` (multinomial probit) and `vj.gp.softmax.SoftmaxBound`
-(multinomial logit) both fit it through `vj.infer`. The stick-breaking model (`vj.gp.multiclass`)
-shares the label checks.
+"""The multi-class GP model (f_c ~ GP(0, K_c) for C classes) that `vj.gp.multiclass.NestedEP` and
+`vj.gp.softmax.SoftmaxBound` fit, and the label and kernel checks the stick-breaking model shares.
 """
 
 from __future__ import annotations
@@ -22,11 +17,7 @@ __all__ = ["MulticlassModel", "model", "class_labels", "class_kernels", "class_p
 
 
 def class_labels(labels, n, num_classes, owner):
-    """Integer labels in {0, …, C − 1}, one per input, as a NumPy array of shape ``(n,)``.
-
-    Raises a ValueError naming ``owner`` for a ``num_classes`` below 2, a wrong shape, non-integer
-    values or labels outside 0 … C − 1.
-    """
+    """Integer labels in {0, …, C − 1}, one per input, as a NumPy array of shape ``(n,)`` (checked)."""
     if not (isinstance(num_classes, (int, np.integer)) and not isinstance(num_classes, bool) and num_classes >= 2):
         raise ValueError(f"{owner}: `num_classes` must be an integer ≥ 2, got {num_classes!r}.")
     y = np.asarray(labels)
@@ -57,16 +48,12 @@ def class_prior_covariances(kernels, X, jitter):
 
 
 class MulticlassModel(eqx.Module):
-    """A multi-class GP classifier's data and prior: C latent functions f_c ~ GP(0, K_c) over N inputs.
+    """A multi-class GP classifier: C latent functions f_c ~ GP(0, K_c) over N inputs, built by
+    `vj.gp.multiclass.model`. The latent f = (f_1(x_1), …, f_1(x_N), …, f_C(x_N)) is class-major, of
+    dimension ``dim`` = C·N.
 
-    The latent vector is f = (f_1(x_1), …, f_1(x_N), …, f_C(x_N)), class-major, of dimension
-    ``dim`` = C·N. Fit it with `vj.infer` and `vj.gp.multiclass.NestedEP()` (multinomial probit) or
-    `vj.gp.softmax.SoftmaxBound(bound)` (multinomial logit); both posteriors are over f. Build it
-    with `vj.gp.multiclass.model`.
-
-    **Fields:** `kernels` (one `vj.gp.kernels` kernel per class; leaves, so ``jax.grad`` of a fit's
-    ``log_z`` differentiates through them), `X` ``(N, d)``, `labels` ``(N,)`` integers, `jitter`
-    (added to each K_c's diagonal) and the static `num_classes` C.
+    **Fields:** `kernels` (one per class; leaves, so ``jax.grad`` of a fit's ``log_z`` differentiates
+    through them), `X` ``(N, d)``, `labels` ``(N,)`` integers, `jitter` and the static `num_classes` C.
     """
 
     kernels: tuple[AbstractKernel, ...]
@@ -98,19 +85,6 @@ class MulticlassModel(eqx.Module):
         return jax.nn.one_hot(self.labels, self.num_classes, dtype=self.dtype)
 
 
-def _as_arrays(kernel, dtype):
-    """The kernel with its numeric parameters as arrays of the working dtype (Python numbers and weakly typed
-    scalars included), so that kernels with other hyperparameter values reuse a fit's program."""
-    def cast(x):
-        if isinstance(x, (float, int)) and not isinstance(x, bool):
-            return jnp.asarray(x, dtype)
-        if isinstance(x, (jax.Array, np.ndarray)) and jnp.issubdtype(x.dtype, jnp.floating):
-            return jnp.asarray(x, dtype)
-        return x
-
-    return jax.tree_util.tree_map(cast, kernel)
-
-
 def model(kernel, X, labels, num_classes: int, jitter: float = DEFAULT_JITTER) -> MulticlassModel:
     """A multi-class GP classifier: C latent functions f_c ~ GP(0, K_c + jitter·I) over the inputs X.
 
@@ -123,14 +97,12 @@ def model(kernel, X, labels, num_classes: int, jitter: float = DEFAULT_JITTER) -
     - `jitter`: added to the diagonal of each K_c.
 
     Returns a `MulticlassModel`; fit it with ``vj.infer(model, vj.gp.multiclass.NestedEP())`` or
-    ``vj.infer(model, vj.gp.softmax.SoftmaxBound("log"))``. (The stick-breaking classifier, a
-    `vj.LatentLinearModel` for every method, is `vj.gp.multiclass.stick_breaking_model`, with the
-    same leading arguments.)
+    ``vj.infer(model, vj.gp.softmax.SoftmaxBound("log"))``.
     """
     owner = "vj.gp.multiclass.model"
     X = _checks.as_inputs(X, owner)
     y = class_labels(labels, X.shape[0], num_classes, owner)
-    kernels = tuple(_as_arrays(k, X.dtype) for k in class_kernels(kernel, num_classes, owner))
+    kernels = tuple(_checks.cast_floating(k, X.dtype) for k in class_kernels(kernel, num_classes, owner))
     jitter = _checks.as_float_array("jitter", jitter, owner)
     if jitter.ndim != 0:
         raise ValueError(f"{owner}: `jitter` must be a scalar, got shape {jitter.shape}.")

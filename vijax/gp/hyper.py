@@ -2,14 +2,10 @@
 
     θ* = argmax_θ  log Ẑ(θ),    log Ẑ = vj.infer(vj.gp.model(kernel_θ, X, likelihood_θ), method).log_z
 
-The gradient is that of ``post.log_z`` (the envelope theorem: each method evaluates its objective
-once more at its stopped-gradient optimum, so ∂ log Ẑ/∂θ needs no differentiation through the inner
-fit). Each outer step warm-starts the inner fit from the previous posterior. Kernel parameters are
-stored as logarithms, and the trained likelihood parameters (by default its ``scale``) are optimised
-as logarithms too, so every step keeps them positive. Optional bounds (natural scale) clip every step
-and the start; restarts from log-uniform draws within them reuse the first run's compiled programs
-(same shapes) and the best final log Ẑ is kept. A multi-class GP (``num_classes``) shares one kernel
-across its classes, its log Ẑ that of `vj.gp.multiclass.NestedEP` or `vj.gp.softmax.SoftmaxBound`.
+The gradient is that of ``post.log_z`` (envelope theorem: each method evaluates its objective once more
+at its stopped-gradient optimum, so the inner fit is not differentiated through), and each outer step
+warm-starts the inner fit from the previous one. Every parameter is optimised as a logarithm, so it
+stays positive.
 """
 
 from __future__ import annotations
@@ -37,20 +33,15 @@ class HyperparameterFit(eqx.Module):
     """The result of `fit_hyperparameters`.
 
     - `kernel`, `likelihood`: at the optimum.
-    - `posterior`: the method's fit at the optimum; ``posterior.model`` is the `vj.gp.GPModel` built
-      with the fitted kernel and likelihood, so ``vj.gp.predict(fit.posterior, X_test)`` predicts
-      under them.
-    - `log_z`: the final log Ẑ, ``posterior.log_z`` (a scalar).
-    - `diagnostics`: a `vj.Diagnostics` of the outer (ML-II) loop: ``objective_trace`` holds log Ẑ
-      per outer step (the first entry at the start, the last at the returned point), ``iterations`` the
-      parameter updates kept (one less than the trace's length), ``converged`` whether the change of
-      log Ẑ fell below ``tol`` before ``max_iter`` (a step whose log Ẑ is not finite, or a line search
-      that finds no rise, stops the run at the last point, not converged), ``stationarity`` that last
-      relative change, ``grad_norm`` max |∂ log Ẑ/∂θ| at the returned point (θ: the log-parameters),
-      ``num_value_evals`` and ``num_grad_evals`` the fits (each with its gradient) of the run,
-      line-search trials included (all of the returned run's).
-    - `run_log_z`: the final log Ẑ of every run, ``(num_restarts + 1,)``, the run from the given start
-      first; `log_z` is its largest finite entry.
+    - `posterior`: the method's fit there; its model records the fitted kernel and likelihood, so
+      ``vj.gp.predict(fit.posterior, X_test)`` predicts under them.
+    - `log_z`: ``posterior.log_z``.
+    - `diagnostics`: a `vj.Diagnostics` of the returned run's outer loop: ``objective_trace`` log Ẑ at
+      the start and after each step, ``converged`` whether the change of log Ẑ fell below ``tol``
+      (a non-finite log Ẑ, or a line search that finds no rise, stops the run unconverged at the last
+      point), ``stationarity`` that last relative change, ``grad_norm`` max |∂ log Ẑ/∂θ| at the
+      returned point (θ the log-parameters), ``num_value_evals`` the fits, line-search trials included.
+    - `run_log_z`: every run's final log Ẑ, ``(num_restarts + 1,)``, the run from the given start first.
     """
 
     kernel: AbstractKernel
@@ -78,44 +69,32 @@ def fit_hyperparameters(kernel: AbstractKernel, X: ArrayLike, likelihood: Abstra
     **Arguments:**
 
     - `kernel`, `X`, `likelihood`, `labels`, `mean`, `jitter`: as for `vj.gp.model`.
-    - `num_classes`: C for a multi-class GP: the model is then ``vj.gp.multiclass.model(kernel, X,
-      labels, num_classes, jitter)``, one `kernel` shared by the C latent functions (its parameters
-      fitted jointly), `likelihood` must be None (the method's own: the multinomial probit for
-      `vj.gp.multiclass.NestedEP`, the softmax for `vj.gp.softmax.SoftmaxBound`), `labels` the integer
-      classes 0 … C − 1 and `mean` 0. Both methods' ``log_z`` is stationary in their sites or
-      variational parameters, so its kernel gradient is the envelope gradient used here.
-    - `method`: any vijax method (`vj.GKL()`, `vj.EP()`, `vj.Laplace()`, `vj.LVB()`, …; with
-      `num_classes`, `vj.gp.multiclass.NestedEP()` or `vj.gp.softmax.SoftmaxBound()`).
+    - `num_classes`: C for a multi-class GP, ``vj.gp.multiclass.model(kernel, X, labels, num_classes,
+      jitter)``: one `kernel` shared by the C latent functions, `likelihood` None (the method's own),
+      `labels` the classes 0 … C − 1 and `mean` 0.
+    - `method`: any vijax method; with `num_classes`, `vj.gp.multiclass.NestedEP()` or
+      `vj.gp.softmax.SoftmaxBound()`.
     - `train_likelihood`: names of positive likelihood parameters to learn; default ``("scale",)``
       when the likelihood has a scale, else none. ``()`` keeps the likelihood fixed.
-    - `optimizer`: None (default) for L-BFGS: directions from ``optax.scale_by_lbfgs`` (the first one
-      of length at most 1 in the log-parameters), step lengths by backtracking from 1 until log Ẑ
-      rises by the Armijo fraction 10⁻⁴ of the predicted gain. Each trial is one warm-started fit and
-      its envelope gradient, one compiled program, so an accepted full step costs one fit. Or an optax
-      transformation minimising −log Ẑ, whose updates are all taken (it receives ``value``,
-      ``grad`` and ``value_fn``, so optax's own line searches work too).
+    - `optimizer`: None (default) for L-BFGS (``optax.scale_by_lbfgs`` directions, backtracking from a
+      full step until log Ẑ rises by the Armijo fraction 10⁻⁴ of the predicted gain; each trial is one
+      warm-started fit), or an optax transformation minimising −log Ẑ whose updates are all taken (it
+      receives ``value``, ``grad`` and ``value_fn``, so optax's line searches work too).
     - `max_iter`, `tol`: at most ``max_iter`` outer steps; stop when log Ẑ changes by less than
       ``tol·(1 + |log Ẑ|)``.
     - `bounds`: None (default: unbounded), a pair ``(low, high)`` for every parameter, or a dict from
-      parameter names to pairs, e.g. ``{"lengthscale": (1e-2, 1e2), "scale": (1e-3, 1.0)}``: bounds in
-      the parameters' natural (positive) scale, like scikit-learn's kernel ``*_bounds``, with
-      0 < low < high < ∞. The names are the kernel's parameters without their ``log_`` prefix
-      (``lengthscale``, ``variance``, ``period``; a name bounds that parameter in every term of a sum
-      or product kernel, every entry of an ARD lengthscale) and the names in `train_likelihood`;
-      parameters a dict does not name are unbounded. The start is projected into the bounds, and so
-      is every step: the log-parameters are clipped to [log low, log high] (L-BFGS drops the gradient's
-      and the direction's components that leave the box at an active bound and backtracks on the
-      projected step; a given optax `optimizer`'s updates are clipped).
-    - `num_restarts`: further runs (default 0), each from log-parameters drawn uniformly in
-      [log low, log high] for every bounded parameter (the others keep their given start), as
-      scikit-learn's ``n_restarts_optimizer``; needs `bounds`. The run with the highest final log Ẑ is
-      returned (the first run, from the given start, wins ties). The runs have the same shapes, so they
-      reuse the first run's compiled programs.
-    - `seed`: the restarts' draws, ``numpy.random.default_rng(seed)`` (an int, None or a NumPy
-      Generator; default 0, so a call is reproducible).
+      parameter names to pairs, e.g. ``{"lengthscale": (1e-2, 1e2), "scale": (1e-3, 1.0)}``, in the
+      natural scale (0 < low < high < ∞), like scikit-learn's kernel ``*_bounds``. The names are the
+      kernel's parameters without their ``log_`` prefix (one name bounds that parameter in every term
+      of a sum or product kernel) and those in `train_likelihood`; unnamed parameters are unbounded.
+      The start and every step are clipped into the box (L-BFGS drops the components that leave it at
+      an active bound and backtracks on the projected step).
+    - `num_restarts`: further runs (default 0; needs `bounds`), each from log-parameters drawn
+      uniformly in [log low, log high] for every bounded parameter, as scikit-learn's
+      ``n_restarts_optimizer``. The run with the highest final log Ẑ is returned (the first wins ties);
+      the runs reuse the first run's compiled programs.
+    - `seed`: the restarts' draws, ``numpy.random.default_rng(seed)`` (an int, None or a Generator).
     - `progress`: print log Ẑ after every step.
-
-    The result's `diagnostics` are the returned run's; ``run_log_z`` holds every run's final log Ẑ.
     """
     owner = "vj.gp.fit_hyperparameters"
     if num_classes is None:
@@ -177,8 +156,7 @@ def fit_hyperparameters(kernel: AbstractKernel, X: ArrayLike, likelihood: Abstra
 
 
 def _host_array(values, dtype):
-    """Python floats as a device array, converted by NumPy (``jnp.asarray`` of a list compiles a
-    conversion per length; `jax.device_put` of a NumPy array compiles nothing)."""
+    """Python floats as a device array (`jax.device_put` of a NumPy array compiles nothing)."""
     return jax.device_put(np.asarray(values, dtype=dtype))
 
 
@@ -197,18 +175,12 @@ def _run(params, data, method, optimizer, limits, max_iter, tol, progress):
         print(f"{progress} step    0  log Z = {trace[0]:.6f}", flush=True)
     for it in range(1, max_iter + 1) if np.isfinite(trace[0]) else ():
         if optimizer is None:
-            if limits is None:
-                direction, new_state, predicted = _lbfgs_direction(grad, opt_state, params)
-            else:
-                direction, new_state, predicted = _lbfgs_direction_in_box(grad, opt_state, params, limits)
+            direction, new_state, predicted = _lbfgs_direction(grad, opt_state, params, limits)
             predicted = float(predicted)  # −log Ẑ falls by about α·predicted along −direction
             alpha, accepted = 1.0, False
             for _ in range(_MAX_HALVINGS):
-                if limits is None:
-                    trial, fall = _along(params, direction, jnp.asarray(alpha)), alpha * predicted
-                else:  # the first-order fall along the projected step
-                    trial, fall = _along_in_box(params, direction, jnp.asarray(alpha), limits, grad)
-                    fall = float(fall)
+                trial, fall = _along(params, direction, jnp.asarray(alpha), limits, grad)
+                fall = alpha * predicted if fall is None else float(fall)
                 (t_value, t_post), t_grad = _value_and_grad(trial, data, method, post.state)
                 evals += 1
                 limit = float(value) - _ARMIJO * fall + _RISE_TOLERANCE * (1 + abs(float(value)))
@@ -257,22 +229,19 @@ def _multiclass_data(kernel, X, likelihood, labels, num_classes, mean, jitter, t
     return (template.X, None, template.labels, 0.0, template.jitter, template.num_classes)
 
 
-def _kernel_names(kernel):
-    """The natural name of every leaf of ``kernel`` (``log_lengthscale`` → ``lengthscale``), in leaf order."""
-    names = []
-    for path, _ in jax.tree_util.tree_flatten_with_path(kernel)[0]:
-        key = path[-1] if path else None
-        name = getattr(key, "name", str(key))
-        names.append(name[4:] if name.startswith("log_") else name)
-    return names
+def _names(params):
+    """The name of every leaf of ``params``: a kernel parameter's without ``log_`` (``lengthscale``), a
+    likelihood parameter's as given."""
+    keys = [path[-1] for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+    return [k.key if isinstance(k, jax.tree_util.DictKey) else getattr(k, "name", str(k)).removeprefix("log_")
+            for k in keys]
 
 
 def _limits(bounds, params, owner):
     """``bounds`` as (low, high) pytrees shaped like ``params``, in the log scale; ±inf where unbounded."""
-    kernel, lik = params
-    kernel_leaves, treedef = jax.tree_util.tree_flatten(kernel)
-    kernel_names = _kernel_names(kernel)
-    available = sorted(set(kernel_names) | set(lik))
+    leaves, treedef = jax.tree_util.tree_flatten(params)
+    names = _names(params)
+    available = sorted(set(names))
 
     def pair(value, what):
         try:
@@ -296,11 +265,9 @@ def _limits(bounds, params, owner):
     unbounded = (-np.inf, np.inf)
 
     def limits(side):
-        leaves = [jnp.full(jnp.shape(leaf), table.get(name, unbounded)[side], jnp.result_type(leaf))
-                  for leaf, name in zip(kernel_leaves, kernel_names)]
-        return (jax.tree_util.tree_unflatten(treedef, leaves),
-                {name: jnp.full(jnp.shape(v), table.get(name, unbounded)[side], jnp.result_type(v))
-                 for name, v in lik.items()})
+        sides = [jnp.full(jnp.shape(leaf), table.get(name, unbounded)[side], jnp.result_type(leaf))
+                 for leaf, name in zip(leaves, names)]
+        return jax.tree_util.tree_unflatten(treedef, sides)
 
     return limits(0), limits(1)
 
@@ -360,20 +327,6 @@ def _value_and_grad(params, data, method, state):
 
 
 @eqx.filter_jit
-def _lbfgs_direction(grad, opt_state, params):
-    """L-BFGS's direction d = H·∇ at ``params`` (its memory updated with this point), the new state and
-    ∇ᵀd, the first-order fall of −log Ẑ along −d."""
-    direction, opt_state = _LBFGS.update(grad, opt_state, params)
-    return direction, opt_state, optax.tree.vdot(grad, direction)
-
-
-@eqx.filter_jit
-def _along(params, direction, alpha):
-    """params − α·direction."""
-    return jax.tree_util.tree_map(lambda p, d: p - alpha.astype(p.dtype) * d, params, direction)
-
-
-@eqx.filter_jit
 def _project(params, limits):
     """``params`` clipped into the box ``limits`` = (low, high)."""
     return jax.tree_util.tree_map(jnp.clip, params, *limits)
@@ -398,10 +351,13 @@ def _free_gradient(grad, params, limits):
 
 
 @eqx.filter_jit
-def _lbfgs_direction_in_box(grad, opt_state, params, limits):
-    """`_lbfgs_direction` within bounds: the components of the gradient and of the direction that leave
-    the box at an active bound are dropped; the projected gradient itself where that direction is no
-    descent direction."""
+def _lbfgs_direction(grad, opt_state, params, limits):
+    """L-BFGS's direction d = H·∇ at ``params`` (its memory updated with this point), the new state and
+    ∇ᵀd, the first-order fall of −log Ẑ along −d. Within bounds, the components of ∇ and d that leave the
+    box at an active bound are dropped, and d is the projected gradient where it is no descent direction."""
+    if limits is None:
+        direction, opt_state = _LBFGS.update(grad, opt_state, params)
+        return direction, opt_state, optax.tree.vdot(grad, direction)
     free = _zero(grad, _leaving(params, grad, limits))
     direction, opt_state = _LBFGS.update(free, opt_state, params)
     direction = _zero(direction, _leaving(params, direction, limits))
@@ -412,10 +368,13 @@ def _lbfgs_direction_in_box(grad, opt_state, params, limits):
 
 
 @eqx.filter_jit
-def _along_in_box(params, direction, alpha, limits, grad):
-    """The projected step clip(params − α·direction) and ∇ᵀ(params − trial), the first-order fall of
-    −log Ẑ along it."""
-    trial = _project(_along(params, direction, alpha), limits)
+def _along(params, direction, alpha, limits, grad):
+    """params − α·direction; within bounds, clipped into the box, with ∇ᵀ(params − trial), the first-order
+    fall of −log Ẑ along the clipped step (None without bounds)."""
+    trial = jax.tree_util.tree_map(lambda p, d: p - alpha.astype(p.dtype) * d, params, direction)
+    if limits is None:
+        return trial, None
+    trial = _project(trial, limits)
     return trial, optax.tree.vdot(grad, jax.tree_util.tree_map(jnp.subtract, params, trial))
 
 

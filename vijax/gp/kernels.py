@@ -6,12 +6,10 @@ A kernel is called on inputs of shape ``(N, d)`` (a 1-D array is read as ``(N, 1
     kernel(X)        # (N, N) covariance of X with itself (white noise included)
     kernel.diagonal(X)   # (N,) = diag(kernel(X))
 
-Positive parameters are stored as logarithms (``log_variance``, ``log_lengthscale``, …), so any
-gradient step keeps them positive; the properties ``variance``, ``lengthscale``, … give the
-values. Constructors take the positive values and raise `ValueError` on anything else. The logarithms
-are strongly typed arrays of one floating dtype: that of the arrays passed (``lengthscale=jnp.ones(d)``),
-else ``jnp.result_type(float)`` (float64 with x64 enabled), so an optax update never changes their type
-and a jitted training step compiles once; `vj.gp.model` gives the kernel its inputs' dtype.
+Constructors take positive values, stored as logarithms (``log_variance``, …) so that any gradient
+step keeps them positive; the properties ``variance``, ``lengthscale``, … give the values. The
+logarithms are strongly typed arrays of the dtype of the arrays passed, else ``jnp.result_type(float)``,
+so an optax update never changes their type (a jitted step compiles once).
 
 Stationary kernels use the scaled distance r² = Σ_j (x_j − x'_j)² / ℓ_j² (one ℓ per input
 dimension for ARD, or a scalar):
@@ -70,6 +68,11 @@ def _log_positive(name, value, owner, dtype):
     value = _checks.as_param(name, value, owner, dtype)
     _checks.check_positive(name, value, owner)
     return jnp.log(value)
+
+
+def _exp(name):
+    """The property ``name``: the exponential of the stored ``log_<name>``."""
+    return property(lambda self: jnp.exp(getattr(self, f"log_{name}")), doc=f"The {name} (positive).")
 
 
 class AbstractKernel(eqx.Module):
@@ -158,13 +161,8 @@ class _Stationary(AbstractKernel):
         if self.log_lengthscale.ndim > 1:
             raise ValueError(f"{owner}: `lengthscale` must be a scalar or one value per input dimension.")
 
-    @property
-    def lengthscale(self):
-        return jnp.exp(self.log_lengthscale)
-
-    @property
-    def variance(self):
-        return jnp.exp(self.log_variance)
+    lengthscale = _exp("lengthscale")
+    variance = _exp("variance")
 
     def _scaled(self, X):
         ell = self.lengthscale
@@ -234,17 +232,9 @@ class Periodic(AbstractKernel):
         self.log_period = _log_positive("period", period, "Periodic", dtype)
         self.log_variance = _log_positive("variance", variance, "Periodic", dtype)
 
-    @property
-    def lengthscale(self):
-        return jnp.exp(self.log_lengthscale)
-
-    @property
-    def period(self):
-        return jnp.exp(self.log_period)
-
-    @property
-    def variance(self):
-        return jnp.exp(self.log_variance)
+    lengthscale = _exp("lengthscale")
+    period = _exp("period")
+    variance = _exp("variance")
 
     def _matrix(self, X1, X2, same):
         diff = X1[:, None, :] - X2[None, :, :]
@@ -263,9 +253,7 @@ class Linear(AbstractKernel):
     def __init__(self, variance=1.0):
         self.log_variance = _log_positive("variance", variance, "Linear", _checks.float_dtype(variance))
 
-    @property
-    def variance(self):
-        return jnp.exp(self.log_variance)
+    variance = _exp("variance")
 
     def _matrix(self, X1, X2, same):
         return (X1 * self.variance) @ X2.T
@@ -282,9 +270,7 @@ class White(AbstractKernel):
     def __init__(self, variance=1.0):
         self.log_variance = _log_positive("variance", variance, "White", _checks.float_dtype(variance))
 
-    @property
-    def variance(self):
-        return jnp.exp(self.log_variance)
+    variance = _exp("variance")
 
     def _matrix(self, X1, X2, same):
         if same:

@@ -4,16 +4,12 @@ A GP model over N inputs is the latent linear model with w = f = (f(x_1), …, f
 
     p(f | y) ∝ N(f | μ1, K + εI) · ∏_n φ_n(f_n),      K_nm = k(x_n, x_m),
 
-so H = I (``vj.Identity``; for binary classification H = diag(±1), the labels folded in) and every
-method of `vj.infer` applies unchanged. The prior is a dense Gaussian factor, which G-KL, LVB and EP
-whiten (f = μ + L f̃ with K + εI = LLᵀ), so K is never inverted.
-
-At test inputs X_* (thesis appendix B.6.5), with B = (K + εI)⁻¹ K(X, X_*):
+so H = I (for binary classification H = diag(±1), the labels folded in) and every method of `vj.infer`
+applies. At test inputs X_*, with B = (K + εI)⁻¹ K(X, X_*) and q(f) = N(m, S) the fit,
 
     q(f_*) = N(μ + Bᵀ(m − μ1),  diag k(X_*, X_*) − diag(K(X_*, X) B) + diag(Bᵀ S B)),
 
-q(f) = N(m, S) being the fitted posterior; the last term comes from ``post.marginals(Bᵀ)``, so
-any covariance family and any method works.
+the last term by ``post.marginals(Bᵀ)``, so any covariance family and any method works.
 """
 
 from __future__ import annotations
@@ -37,13 +33,9 @@ DEFAULT_JITTER = 1e-6
 
 
 class GPModel(LatentLinearModel):
-    """A GP model: a `LatentLinearModel` (so every method fits it) that also records the kernel and
-    the inputs, which the predictive functions need.
-
-    Fields, beyond ``prior`` and ``sites``: ``kernel`` (a `vj.gp.kernels` kernel, a pytree leaf path,
-    so ``jax.grad`` of ``infer(model, method).log_z`` differentiates through it) and ``X`` (the
-    inputs, shape ``(N, d)``). The constant prior ``mean`` and the ``jitter`` are those of the
-    prior, f ~ N(mean·1, K(X) + jitter·I). Build one with `vj.gp.model`.
+    """A `LatentLinearModel` that also records the ``kernel`` (leaves, so ``jax.grad`` of a fit's
+    ``log_z`` differentiates through it) and the inputs ``X`` ``(N, d)``, for prediction. Its prior is
+    f ~ N(mean·1, K(X) + jitter·I). Build one with `vj.gp.model`.
     """
 
     kernel: AbstractKernel
@@ -81,10 +73,8 @@ def model(kernel: AbstractKernel, X: ArrayLike, likelihood: AbstractPotential, l
     - `mean`: a constant prior mean (scalar).
     - `jitter`: added to the diagonal of K before factorising (reported on the prior as ``.jitter``).
 
-    Returns a `GPModel`, a `LatentLinearModel` that records ``kernel`` and ``X`` for
-    `vj.gp.predict`, `predict_proba` and `log_predictive`. The model has X's floating dtype: the
-    kernel's and the likelihood's parameters, the mean and the jitter are stored in it, as strongly
-    typed arrays (a float32 X gives a float32 model even with x64 enabled).
+    Returns a `GPModel`, of X's floating dtype (a float32 X gives a float32 model even with x64
+    enabled): the kernel's and likelihood's parameters and the mean are cast to it.
     """
     owner = "vj.gp.model"
     if not isinstance(kernel, AbstractKernel):
@@ -109,9 +99,7 @@ def model(kernel: AbstractKernel, X: ArrayLike, likelihood: AbstractPotential, l
 
 
 def _check_observations(likelihood, n, owner):
-    """A regression likelihood must carry one observation per input: a location family (Gaussian,
-    Student-t, Laplace, Cauchy) whose ``loc`` is a scalar — the default 0 when ``loc=y`` was left out —
-    would silently fit y ≡ loc."""
+    """Refuse a location likelihood with a scalar ``loc`` (``loc=y`` left out), which would fit y ≡ loc."""
     loc = getattr(likelihood, "loc", None)
     if loc is None or n <= 1 or jnp.ndim(loc) != 0 and jnp.size(loc) != 1:
         return
@@ -122,11 +110,7 @@ def _check_observations(likelihood, n, owner):
 
 
 def label_signs(likelihood, labels, n, owner):
-    """±1 per input for a classification likelihood (which acts on y_n f_n), else None.
-
-    Raises where a classification likelihood has no ``labels`` (or the wrong number), or where
-    another likelihood, which carries its own observations, is given some.
-    """
+    """±1 per input for a classification likelihood (which acts on y_n f_n), else None (and no labels)."""
     if not getattr(likelihood, "labels_in_projection", False):  # duck-typed likelihoods carry their own data
         if labels is not None:
             raise ValueError(f"{owner}: `labels` is only for classification likelihoods; a "
@@ -165,14 +149,9 @@ def _latent(post, X_test, owner):
 
 
 def conditional_marginals(post, chol, cross, prior_diag, columns=None):
-    """Marginals of f at T test inputs under q = ``post``, given the latent values ``columns`` (all if None).
-
-    f* | f is Gaussian with mean Bᵀ(f − μ) (plus the prior mean at the test inputs) and variance
-    k** − ‖L⁻¹k*‖², B = K⁻¹K*, where K = LLᵀ (``chol`` L) is the prior covariance of those latent
-    values and K* = ``cross`` (n, T) their covariance with f*. Under q = N(m, S) the mean is
-    Bᵀ(m − μ) and the variance gains diag(BᵀSB). ``prior_diag``: k(x*, x*), shape (T,). Returns the
-    centred mean and the variance, each (T,).
-    """
+    """Centred means Bᵀ(m − μ) and variances k** − ‖L⁻¹k*‖² + diag(BᵀSB), each ``(T,)``, of f at T test
+    inputs under q = ``post`` = N(m, S), given the latent values ``columns`` (all if None): B = K⁻¹K*, K = LLᵀ
+    (``chol`` L) their prior covariance, K* = ``cross`` ``(n, T)``, k** = ``prior_diag`` ``(T,)``."""
     cond = conditional(chol, cross, prior_diag)
     B = cond.weights
     H = B.T if columns is None else jnp.zeros((B.shape[1], post.mean.shape[0]), B.dtype).at[:, columns].set(B.T)
@@ -183,9 +162,8 @@ def conditional_marginals(post, chol, cross, prior_diag, columns=None):
 def predict(post: Posterior | Mixture, X_test: ArrayLike) -> tuple[jax.Array, jax.Array]:
     """Latent predictive mean and variance of f at ``X_test``: two arrays of shape ``(T,)``.
 
-    ``post`` is a fit of ``vj.gp.model(kernel, X, …)`` by any method; the kernel, the inputs X and the
-    jitter are those its model records. Or a `vj.posterior.Mixture` over hyperparameters (`vj.hyper.integrate`,
-    `vj.hyper.sample`): the mixture's mean and variance (law of total variance).
+    ``post`` is a fit of ``vj.gp.model(kernel, X, …)`` by any method (its model records kernel and X), or a
+    `vj.posterior.Mixture` over hyperparameters (`vj.hyper.integrate`): the mixture's mean and variance.
     """
     owner = "vj.gp.predict"
     if isinstance(post, Mixture):

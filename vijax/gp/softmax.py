@@ -1,24 +1,18 @@
 """Multi-class GP classification with the softmax (multinomial-logit) likelihood and its local bounds.
 
-C classes, f_c ~ GP(0, K_c) independently, p(y_i = c | f_i) = softmax(f_i)_c: the multi-class GP model
-of `vj.gp.multiclass.model`, fitted here by `SoftmaxBound` through `vj.infer`:
+C classes, f_c ~ GP(0, K_c) independently, p(y_i = c | f_i) = softmax(f_i)_c: the model of
+`vj.gp.multiclass.model`, fitted by `SoftmaxBound` through `vj.infer`:
 
-    model = vj.gp.multiclass.model(kernel, X, labels, num_classes)
-    post = vj.infer(model, vj.gp.softmax.SoftmaxBound("log"))      # post.log_z: a lower bound
+    post = vj.infer(vj.gp.multiclass.model(kernel, X, labels, C), vj.gp.softmax.SoftmaxBound("log"))
     p = vj.gp.softmax.predict_proba(post, X_test, key=key)          # (T, C), Monte Carlo
 
-Only the differences η_ik = f_ik − f_i0 (k = 1 … C−1) enter the likelihood, which is
-`vj.factor.Multinomial` with η_0 = 0, so the model is a latent Gaussian model with one "data point":
-the latents are the whitened values f̃ with f_c = L_c f̃_c (K_c + εI = L_c L_cᵀ), prior N(0, I) (no K⁻¹
-is ever formed), and column i's loadings map f̃ to (η_i1 … η_i,C−1). The fit is the factor model's
-E-step — monotone ascent of the bound, with the covariance by natural-gradient steps and the mean by
-Newton steps (``newton=True``: the bounds' own curvature in m̃, which their fixed-point curvature only
-majorises)
+Only η_ik = f_ik − f_i0 enter the likelihood (`vj.factor.Multinomial`), so in the whitened values f̃,
+f_c = L_c f̃_c (K_c + εI = L_c L_cᵀ), the model is a one-point factor model with prior N(0, I), fitted by
+the factor model's E-step (Newton steps in the mean), which ascends
 
     log Z ≥ −KL(q(f̃) ‖ N(0, I)) + Σ_i f̲(y_i, m̃_i, Ṽ_i)
 
-with the Böhning, log, tilted or product-of-sigmoids bound f̲ on ⟨log softmax⟩ (Khan thesis ch. 5) —
-and `predict_proba` averages the softmax over q's predictive at test inputs by Monte Carlo.
+with the Böhning, log, tilted or product-of-sigmoids bound f̲ on ⟨log softmax⟩ (Khan thesis ch. 5).
 """
 
 from __future__ import annotations
@@ -76,11 +70,9 @@ def _factor_model(chol, likelihood):
 class SoftmaxBound(AbstractMethod):
     """The softmax multi-class GP by a local bound on ⟨log softmax⟩ (Khan thesis ch. 5).
 
-    ``vj.infer(vj.gp.multiclass.model(kernel, X, labels, C), vj.gp.softmax.SoftmaxBound("log"))`` returns a
-    `vj.Posterior` over the class-major latent f (``(C·N,)``, a full `vj.covariance.CholeskyFactor`),
-    whose ``log_z`` is the bound −KL(q ‖ prior) + Σ_i f̲(y_i, q) at its optimum: a lower bound on the
-    softmax model's log p(y | X), differentiable in the kernels (envelope theorem). ``post.state`` is
-    the `SoftmaxState` (q over the whitened latents), so ``init=post`` restarts where the fit ended;
+    Fits a `vj.gp.multiclass.model` to a `vj.Posterior` over the class-major latent f (``(C·N,)``, a full
+    `vj.covariance.CholeskyFactor`) whose ``log_z``, the bound at its optimum, is a lower bound on
+    log p(y | X), differentiable in the kernels (envelope theorem). ``post.state`` is a `SoftmaxState`;
     another method's posterior of the same model (e.g. `vj.gp.multiclass.NestedEP`'s) converts.
 
     **Arguments:**
@@ -90,10 +82,8 @@ class SoftmaxBound(AbstractMethod):
     - `tol`: q within ``tol`` of its optimum, in units of its marginal standard deviations (traced).
     - `max_iter`: most E-step iterations (static).
 
-    **Diagnostics:** `iterations`, `converged`, `stationarity` (the extrapolated distance of q from the
-    optimum), `grad_norm` (max |∂bound/∂m̃| at the end), `objective_trace` (the bound at the start and
-    after each iteration, NaN-padded to ``max_iter + 1``), method ``"SoftmaxBound"``, solver
-    ``"E-step (Newton)"``.
+    **Diagnostics:** `stationarity` is the extrapolated distance of q from the optimum, `grad_norm`
+    max |∂bound/∂m̃| at the end, solver ``"E-step (Newton)"``.
     """
 
     bound: str = eqx.field(static=True, default="log")
@@ -107,8 +97,6 @@ class SoftmaxBound(AbstractMethod):
             raise ValueError(f"SoftmaxBound: `tol` must be a non-negative number, got {self.tol!r}.")
         if not (isinstance(self.max_iter, int) and not isinstance(self.max_iter, bool) and self.max_iter >= 1):
             raise ValueError(f"SoftmaxBound: `max_iter` must be a positive integer, got {self.max_iter!r}.")
-
-    # ------------------------------------------------------------------------------ the state contract
 
     def check_model(self, model) -> None:
         _check_model("gp.softmax.SoftmaxBound", model)
@@ -145,8 +133,6 @@ class SoftmaxBound(AbstractMethod):
                              "start from None, a posterior of this model (any method) or a SoftmaxState.")
         return super().to_state(model, init)
 
-    # ------------------------------------------------------------------------------ the fit
-
     def solve(self, model: MulticlassModel, state: SoftmaxState) -> Posterior:
         num_classes, n = model.num_classes, model.num_inputs
         chol = jnp.linalg.cholesky(model.prior_covariances())  # live: the bound is differentiated through it
@@ -177,27 +163,19 @@ class SoftmaxBound(AbstractMethod):
                          state=SoftmaxState(mean_w, cov_w, jax.lax.stop_gradient(q.precision[0])))
 
 
-# ----------------------------------------------------------------------------------------------
-# Prediction
+def predict(post: Posterior, X_test):
+    """Predictive latent means (T, C) and covariances (T, C, C) at ``X_test`` (T, d), under the kernels and
+    inputs of ``post.model``."""
+    return _predict(post, X_test, "vj.gp.softmax.predict")
 
 
-def _fitted(post, owner):
+def _predict(post, X_test, owner):
     if not (isinstance(post, Posterior) and isinstance(post.model, MulticlassModel)
             and isinstance(post.state, SoftmaxState)):
         raise ValueError(f"{owner}: `post` must be the posterior of vj.infer(vj.gp.multiclass.model(...), "
                          f"vj.gp.softmax.SoftmaxBound(...)), got {type(post).__name__}"
                          f"{' of ' + type(post.model).__name__ if isinstance(post, Posterior) else ''}.")
-    return post
-
-
-def predict(post: Posterior, X_test):
-    """Predictive latent means (T, C) and covariances (T, C, C) at ``X_test`` (T, d), under the kernels and
-    inputs of ``post.model``."""
-    owner = "vj.gp.softmax.predict"
-    return _predict(_fitted(post, owner), _checks.as_inputs(X_test, owner))
-
-
-def _predict(post, X_test):
+    X_test = _checks.as_inputs(X_test, owner)
     model, state = post.model, post.state
     kernels, X = model.kernels, model.X
     num_classes, n = model.num_classes, model.num_inputs
@@ -219,7 +197,7 @@ def predict_proba(post: Posterior, X_test, *, key, num_samples: int = 4000):
     owner = "vj.gp.softmax.predict_proba"
     if key is None:
         raise ValueError(f"{owner}: pass `key=jax.random.PRNGKey(...)`: the probabilities are a Monte Carlo estimate.")
-    mean, cov = _predict(_fitted(post, owner), _checks.as_inputs(X_test, owner))
+    mean, cov = _predict(post, X_test, owner)
     chol = jnp.linalg.cholesky(cov + 1e-10 * jnp.eye(cov.shape[-1], dtype=cov.dtype))
     eps = jax.random.normal(key, (num_samples,) + mean.shape, mean.dtype)
     samples = mean + jnp.einsum("mcd,smd->smc", chol, eps)

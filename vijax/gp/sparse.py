@@ -3,7 +3,6 @@ r"""Sparse variational GPs with inducing points (Titsias 2009; Hensman et al. 20
 Notation: inputs ``X`` (N, d), targets ``y`` (N,), inducing inputs ``Z`` (M, d), noise variance :math:`\sigma^2`,
 :math:`K_{ZZ} = k(Z, Z) + \text{jitter}\, I = L L^\top` (jittered everywhere, so all functions describe one model,
 :math:`p(u) = \mathcal N(0, K_{ZZ})`), :math:`K_{ZX} = k(Z, X)`, :math:`Q_{XX} = K_{XZ} K_{ZZ}^{-1} K_{ZX}`.
-A kernel is callable as ``kernel(X1, X2=None)`` -> (N1, N2) covariance, with ``kernel.diagonal(X)`` -> (N,).
 Everything costs :math:`O(N M^2)`: no N x N matrix and no explicit inverse is formed.
 """
 
@@ -16,7 +15,7 @@ from jax.typing import ArrayLike
 
 from .. import _checks
 from .._factorisation import conditional
-from .._linalg import LOG_2PI as _LOG_2PI, neg_kl
+from .._linalg import LOG_2PI as _LOG_2PI, backtrack, neg_kl
 from ..quadrature import safe_sqrt
 from .kernels import AbstractKernel
 from .models import label_signs
@@ -25,9 +24,6 @@ from ..potentials import AbstractPotential
 _MAX_HALVINGS = 30  # of a natural-gradient step that would leave S̃⁻¹ indefinite
 
 __all__ = ["collapsed_elbo", "optimal_inducing_posterior", "predict_sparse", "svgp_elbo", "svgp_natural_step"]
-
-
-# --------------------------------------------------------------------------- validation
 
 
 def _inputs(owner, X, inducing, y=None, noise_variance=None):
@@ -61,9 +57,15 @@ def _chol_kzz(kernel, Z, jitter):
     return jnp.linalg.cholesky(Kzz + jitter * jnp.eye(Z.shape[0], dtype=Kzz.dtype))
 
 
+def _expected_log_lik(likelihood, signs, f_mean, f_var):
+    """Σ_n ⟨log p(y_n | f_n)⟩ under N(f_mean, f_var), the labels' ``signs`` (or None) folded in."""
+    if signs is not None:
+        f_mean = signs * f_mean
+    return jnp.sum(likelihood.expected_log_phi(f_mean, safe_sqrt(f_var)))
+
+
 def _titsias_terms(kernel, X, y, noise_variance, Z, jitter):
-    r"""Shared pieces: :math:`L`, :math:`A = \sigma^{-1} L^{-1} K_{ZX}`, :math:`L_B = \mathrm{chol}(I + A A^\top)`,
-    :math:`c = \sigma^{-1} L_B^{-1} A y`."""
+    """L, A = σ⁻¹L⁻¹K_ZX, AAᵀ, L_B = chol(I + AAᵀ) and c = σ⁻¹L_B⁻¹Ay."""
     L = _chol_kzz(kernel, Z, jitter)
     sigma = jnp.sqrt(noise_variance)
     A = solve_triangular(L, kernel(Z, X), lower=True) / sigma
@@ -71,9 +73,6 @@ def _titsias_terms(kernel, X, y, noise_variance, Z, jitter):
     LB = jnp.linalg.cholesky(jnp.eye(Z.shape[0], dtype=A.dtype) + AAT)
     c = solve_triangular(LB, A @ y, lower=True) / sigma
     return L, A, AAT, LB, c
-
-
-# --------------------------------------------------------------------------- collapsed bound
 
 
 def collapsed_elbo(kernel: AbstractKernel, X: ArrayLike, y: ArrayLike, noise_variance: ArrayLike, inducing: ArrayLike,
@@ -85,14 +84,8 @@ def collapsed_elbo(kernel: AbstractKernel, X: ArrayLike, y: ArrayLike, noise_var
     - \frac{1}{2\sigma^2} \operatorname{tr}(K_{XX} - Q_{XX}),
     $$
 
-    exact when ``inducing = X`` (up to jitter), below otherwise. With :math:`A = \sigma^{-1} L^{-1} K_{ZX}`,
-    :math:`B = I + A A^\top = L_B L_B^\top`, :math:`c = \sigma^{-1} L_B^{-1} A y`, so that
-    :math:`\operatorname{tr}(Q_{XX}) / \sigma^2 = \operatorname{tr}(A A^\top)`, the determinant lemma and Woodbury give
-
-    $$
-    \log \mathcal N(y \mid 0, Q_{XX} + \sigma^2 I) = -\tfrac N2 \log 2\pi - \tfrac N2 \log\sigma^2
-    - \textstyle\sum_m \log (L_B)_{mm} - \frac{y^\top y}{2\sigma^2} + \tfrac12 c^\top c.
-    $$
+    exact when ``inducing = X`` (up to jitter), below otherwise; evaluated by the determinant lemma and
+    Woodbury with :math:`A = \sigma^{-1} L^{-1} K_{ZX}` and :math:`I + A A^\top = L_B L_B^\top`.
     """
     X, Z, y, noise_variance = _inputs("collapsed_elbo", X, inducing, y, noise_variance)
     N = X.shape[0]
@@ -118,9 +111,6 @@ def optimal_inducing_posterior(kernel: AbstractKernel, X: ArrayLike, y: ArrayLik
     L, _, _, LB, c = _titsias_terms(kernel, X, y, noise_variance, Z, jitter)
     W = solve_triangular(LB, L.T, lower=True).T  # W = L L_B^{-T}
     return W @ c, W @ W.T
-
-
-# --------------------------------------------------------------------------- predictions
 
 
 def _marginals(kernel, Z, L, mean_u, chol_or_cov, X, is_chol):
@@ -152,9 +142,6 @@ def predict_sparse(kernel: AbstractKernel, inducing: ArrayLike, mean_u: ArrayLik
     return _marginals(kernel, Z, L, mean_u, cov_u, X_test, is_chol=False)
 
 
-# --------------------------------------------------------------------------- uncollapsed bound
-
-
 def svgp_elbo(mean_u: ArrayLike, chol_u: ArrayLike, kernel: AbstractKernel, inducing: ArrayLike, X: ArrayLike,
               likelihood: AbstractPotential, num_data: int | None = None, jitter: float = 1e-6,
               labels: ArrayLike | None = None) -> jax.Array:
@@ -171,9 +158,8 @@ def svgp_elbo(mean_u: ArrayLike, chol_u: ArrayLike, kernel: AbstractKernel, indu
     :math:`2\,\mathrm{KL} = \|L^{-1} R\|_F^2 + \|L^{-1}\mu\|^2 - M + 2\sum_m \log L_{mm} - 2\sum_m \log |R_{mm}|`.
 
     ``likelihood``: a vijax potential over the batch (e.g. ``vijax.potentials.Gaussian(loc=y, scale=sigma)``);
-    ``num_data`` defaults to the batch size. Classification likelihoods (``Probit()``, ``Logistic()``) act on
-    y_n f_n and need the batch's ``labels`` ({0, 1} or {−1, +1}), as in `vj.gp.model`. For a Gaussian likelihood
-    the maximum over :math:`q(u)` is `collapsed_elbo`, attained at `optimal_inducing_posterior`."""
+    ``num_data`` defaults to the batch size. Classification likelihoods need the batch's ``labels``, as in
+    `vj.gp.model`. For a Gaussian likelihood the maximum over :math:`q(u)` is `collapsed_elbo`."""
     X, Z, _, _ = _inputs("svgp_elbo", X, inducing)
     M, N = Z.shape[0], X.shape[0]
     mean_u, R = _q_u("svgp_elbo", mean_u, "chol_u", chol_u, M)
@@ -181,9 +167,7 @@ def svgp_elbo(mean_u: ArrayLike, chol_u: ArrayLike, kernel: AbstractKernel, indu
     R = jnp.tril(R)
     L = _chol_kzz(kernel, Z, jitter)
     f_mean, f_var = _marginals(kernel, Z, L, mean_u, R, X, is_chol=True)
-    if signs is not None:
-        f_mean = signs * f_mean
-    expected = jnp.sum(likelihood.expected_log_phi(f_mean, safe_sqrt(f_var)))
+    expected = _expected_log_lik(likelihood, signs, f_mean, f_var)
     scale = 1.0 if num_data is None else num_data / N
 
     LinvR = solve_triangular(L, R, lower=True)
@@ -208,9 +192,8 @@ def svgp_natural_step(mean_u, chol_u, kernel, inducing, X, likelihood, num_data=
 
     With ρ = ``learning_rate`` = 1 (default) and a Gaussian likelihood on the full data, one step lands on
     `optimal_inducing_posterior`; minibatches pass ``num_data`` (and ``labels``) as in `svgp_elbo`, with ρ < 1.
-    Where S̃⁻¹ would turn indefinite (non-log-concave likelihoods such as Student-t, large ρ), ρ is halved until it
-    is positive definite (after 30 failed halvings q is left as it is). Returns the new ``(mean_u, chol_u)``
-    (unwhitened, ``chol_u`` lower-triangular)."""
+    Where S̃⁻¹ would turn indefinite (e.g. Student-t), ρ is halved until it is positive definite (after 30
+    failed halvings q is kept). Returns the new ``(mean_u, chol_u)``, ``chol_u`` lower-triangular."""
     X, Z, _, _ = _inputs("svgp_natural_step", X, inducing)
     M, N = Z.shape[0], X.shape[0]
     mean_u, R = _q_u("svgp_natural_step", mean_u, "chol_u", chol_u, M)
@@ -224,26 +207,18 @@ def svgp_natural_step(mean_u, chol_u, kernel, inducing, X, likelihood, num_data=
     R_w_inv = solve_triangular(R_w, eye, lower=True)
     precision = R_w_inv.T @ R_w_inv
 
-    def expected(f_mean, f_var):
-        if signs is not None:
-            f_mean = signs * f_mean
-        return jnp.sum(likelihood.expected_log_phi(f_mean, safe_sqrt(f_var)))
-
     f_mean = A.T @ m_w
     f_var = prior_var + jnp.sum((R_w.T @ A) ** 2, axis=0)
     scale = 1.0 if num_data is None else num_data / N
-    g_m, g_v = (scale * g for g in jax.grad(expected, argnums=(0, 1))(f_mean, f_var))
+    g_m, g_v = (scale * g for g in jax.grad(_expected_log_lik, argnums=(2, 3))(likelihood, signs, f_mean, f_var))
     curvature = -2 * (A * g_v) @ A.T
 
     def factor(rho):
         return jnp.linalg.cholesky((1 - rho) * precision + rho * (eye + curvature))
 
-    # ρ is halved until S̃⁻¹ stays positive definite (it is, for ρ small enough: S̃⁻¹ is); none of
-    # _MAX_HALVINGS halvings keeps it so: q is left as it is.
-    rho = jnp.asarray(learning_rate, L.dtype)
-    rho, P = jax.lax.while_loop(lambda s: ~jnp.all(jnp.isfinite(s[1])) & (s[0] > learning_rate * 2.0**-_MAX_HALVINGS),
-                                lambda s: (0.5 * s[0], factor(0.5 * s[0])), (rho, factor(rho)))
-    proper = jnp.all(jnp.isfinite(P))
+    # ρ is halved until S̃⁻¹ stays positive definite (it is for ρ small enough); failing that, q is left as it is.
+    rho, P, proper, _ = backtrack(factor, lambda _, P: jnp.all(jnp.isfinite(P)), jnp.asarray(learning_rate, L.dtype),
+                                  _MAX_HALVINGS)
     rho = jnp.where(proper, rho, 0.0)
     P = jnp.where(proper, P, factor(0.0))
     new_shift = (1 - rho) * precision @ m_w + rho * (A @ g_m + curvature @ m_w)

@@ -1,18 +1,15 @@
 """Multi-class GP classification with the multinomial-probit likelihood, by nested EP.
 
-C classes, N inputs, f_c ~ GP(0, K_c) independently; the latent f is class-major,
-f = (f_1(x_1), …, f_1(x_N), …, f_C(x_N)), and f_i ∈ R^C holds the values at input i.
-
-**Multinomial probit, nested EP** (Riihimäki, Jylänki & Vehtari, JMLR 2013; Jylänki thesis §3.2):
+C classes, N inputs, f_c ~ GP(0, K_c) independently; f is class-major and f_i ∈ R^C holds the values at
+input i. The likelihood (Riihimäki, Jylänki & Vehtari, JMLR 2013; Jylänki thesis §3.2) is
 
 $$
 p(y_i = c \\mid f_i) = \\int \\mathcal N(u \\mid 0, 1) \\prod_{j \\ne c} \\Phi(u + f_{ic} - f_{ij})\\, du .
 $$
 
-Without the integral over the auxiliary u_i there are C − 1 probit factors Φ(z_ij),
-z_ij = u_i + f_{i,y_i} − f_ij. An *inner* EP over them, with sites exp(−½ τ_ij z² + ν_ij z) (the
-`vijax.methods.ep` maths, as in `vj.EP`), gives each outer site's tilted moments; integrating u_i out
-gives the outer site exp(−½ f_iᵀ T̃_i f_i + h_iᵀ f_i) with
+An inner EP over its C − 1 probit factors Φ(z_ij), z_ij = u_i + f_{i,y_i} − f_ij, with sites
+exp(−½ τ_ij z² + ν_ij z) (the maths of `vj.EP`), gives, u_i integrated out, the outer site
+exp(−½ f_iᵀ T̃_i f_i + h_iᵀ f_i) with
 
 $$
 \\tilde T_i = \\operatorname{diag}(\\pi_i) - \\pi_i \\pi_i^\\top / S_i, \\qquad
@@ -20,27 +17,21 @@ $$
 h_i = e_{y_i} 1^\\top a_i - a_i,\\ a_i = \\nu_i - \\tau_i (1^\\top \\nu_i)/S_i
 $$
 
-(τ_{i,y_i} = ν_{i,y_i} = 0). T̃_i 1 = 0 and rank T̃_i = C − 1, as in R&W's softmax Laplace:
-with W = Σ_i U_i T̃_i U_iᵀ = D − D R S⁻¹ Rᵀ D (D = diag π, R the stacked identities),
-Σ = (K⁻¹ + W)⁻¹ takes one N × N Cholesky per class and one of M = Σ_c E_c,
-E_c = D_c½ (I + D_c½ K_c D_c½)⁻¹ D_c½ (R&W Alg. 3.3), O(C N³) in all:
+(τ_{i,y_i} = ν_{i,y_i} = 0). T̃_i 1 = 0 as in R&W's softmax Laplace, so with D_c = diag(π_c),
+E_c = D_c½ (I + D_c½ K_c D_c½)⁻¹ D_c½ and M = Σ_c E_c (R&W Alg. 3.3) the posterior costs O(C N³):
 
 $$
 \\Sigma = K - K E K + K E R M^{-1} R^\\top E K .
 $$
 
-The outer loop is the paper's *incremental* scheme: one damped inner update of every (τ_ij, ν_ij) an
-iteration, in parallel, from the z_ij marginals of the current q (the inner f-marginal *is* q(f_i) and
-u_i | f_i has precision S_i: no C × C cavity is formed). Its fixed points are nested EP's with converged
-inner EPs; `log_z`, the EP energy (Jylänki eqs. 2.42/2.45) of the augmented model, equals the nested
-energy there and is stationary in the sites, so its ``jax.grad`` in the kernel hyperparameters is the
-total derivative (`energy`). `tilted_moments` runs one full inner EP; `predict_proba` runs it with the
-predictive N(μ_*, Σ_*) as the cavity (EP's orthant probability), or a 1-D Gauss–Hermite rule.
+Each outer iteration updates every (τ_ij, ν_ij) once, damped and in parallel, from the z_ij marginals
+of the current q (the paper's incremental scheme; its fixed points are nested EP's). `log_z` is the EP
+energy of the augmented model (Jylänki eqs. 2.42/2.45), stationary in the sites, so its ``jax.grad`` in
+the kernel hyperparameters is the total derivative (`energy`).
 
     model = vj.gp.multiclass.model(kernel, X, labels, num_classes)
     post = vj.infer(model, vj.gp.multiclass.NestedEP())          # a NestedEPPosterior over f
     p = vj.gp.multiclass.predict_proba(post, X_test)             # (T, C)
-    post2 = vj.infer(other_model, vj.gp.multiclass.NestedEP(), init=post)   # same shapes: warm start
 """
 
 from __future__ import annotations
@@ -82,24 +73,16 @@ RULES = ("ep", "quadrature")  # `predict_proba`'s integration rules
 _PROBIT = Probit()
 
 
-# ----------------------------------------------------------------------------------------------
-# The multinomial-probit likelihood
-
-
 def multinomial_probit_log_likelihood(f, label, quadrature=GaussHermite(64)):
     """log p(y = label | f) = log ∫ N(u | 0, 1) ∏_{j≠label} Φ(u + f_label − f_j) du, by Gauss–Hermite in u.
 
-    ``f``: ``(C,)`` (vmap for more); ``label``: an int. The integrand is smooth: 64 nodes give near
-    machine precision for |f_c − f_j| up to about 10."""
+    ``f``: ``(C,)`` (vmap for more); ``label``: an int. 64 nodes: near machine precision for
+    |f_c − f_j| up to about 10."""
     f = jnp.asarray(f)
     onehot = jax.nn.one_hot(label, f.shape[-1], dtype=f.dtype)
     gap = f @ onehot - f  # f_label − f_j, 0 at j = label where Φ is replaced by 1
     log_terms = lambda u: jnp.sum(jnp.where(onehot > 0, 0.0, jax.scipy.special.log_ndtr(u + gap)))
     return quadrature.log_expect_exp(log_terms, jnp.zeros((), f.dtype), jnp.ones((), f.dtype))
-
-
-# ----------------------------------------------------------------------------------------------
-# Site algebra (one input i; last axis is the class)
 
 
 def _site_terms(tau, nu, onehot):
@@ -118,10 +101,8 @@ def _site_precision(pi, S):
 
 
 def _z_marginals(m, V, tau, nu, onehot):
-    """Means and variances of z_j = u + f_y − f_j under q(f) = N(m, V) and the inner u | f.
-
-    u | f ~ N((s − τᵀd)/S, 1/S), d_j = f_y − f_j, so z = s/S + (I − 1ρᵀ) d + noise, ρ = τ/S. Entry y
-    is u itself, in no factor (the callers mask it)."""
+    """Means and variances of z_j = u + f_y − f_j under q(f) = N(m, V) and u | f ~ N((s − τᵀd)/S, 1/S),
+    d_j = f_y − f_j. Entry y is u itself, in no factor (the callers mask it)."""
     C = m.shape[-1]
     eye = jnp.eye(C, dtype=m.dtype)
     S = 1.0 + jnp.sum(tau)
@@ -141,11 +122,10 @@ class _ScalarUpdate(NamedTuple):
 
 
 def _scalar_update(mz, vz, tau, nu, active):
-    """The EP update of every probit factor Φ(z) from its marginal N(mz, vz) under q (elementwise).
+    """The EP update (`vj.EP`, power 1) of every probit factor Φ(z) from its marginal N(mz, vz) under q.
 
-    The `vj.EP` maths (power η = 1). A factor with an improper cavity (1/v − τ ≤ 0) or a non-finite new
-    site is left alone; a proper cavity gives τ_new > 0 (the probit is log-concave), so every π stays
-    ≥ 0 and the posterior's B_c = I + D_c½ K_c D_c½ positive definite."""
+    A factor with an improper cavity or a non-finite new site is left alone; a proper cavity gives
+    τ_new > 0 (the probit is log-concave), so every π stays ≥ 0 and each B_c positive definite."""
     mc, vc, proper = cavity(mz, vz, tau, nu)
     proper = active & proper
     log_zhat, m_hat, v_hat = _PROBIT.tilted_moments(jnp.where(proper, mc, 0.0), vc)
@@ -156,10 +136,6 @@ def _scalar_update(mz, vz, tau, nu, active):
     log_terms = log_zhat + log_normaliser(mc, vc) - log_normaliser(mz, vz)
     return _ScalarUpdate(jnp.where(ok, tau_new, tau), jnp.where(ok, nu_new, nu), jnp.where(ok, residual, 0.0),
                          jnp.where(proper, log_terms, 0.0), jnp.sum(active & ~ok))
-
-
-# ----------------------------------------------------------------------------------------------
-# One site: the inner EP (tilted moments for a given cavity)
 
 
 def _combine(m0, V0, tau, nu, onehot):
@@ -184,11 +160,24 @@ def _inner_energy(m0, V0, tau, nu, onehot, m, V):
     return factors + 0.5 * (s**2 / S - jnp.log(S)) + gaussian
 
 
-def _inner_ep(m0, V0, onehot, max_iter, tol, tau=None, nu=None):
-    """Inner EP for one site: sequential sweeps over the C − 1 factors until the residual ≤ ``tol``."""
+def tilted_moments(cavity_mean, cavity_cov, label, max_iter=100, tol=1e-10):
+    """Normaliser and moments of p̂(f) ∝ N(f | m, V) p(y = label | f) by the inner EP of nested EP.
+
+    **Arguments:**
+
+    - `cavity_mean` ``(C,)``, `cavity_cov` ``(C, C)`` (positive definite): m and V.
+    - `label`: the class y, an int in 0 … C − 1.
+    - `max_iter`, `tol`: at most ``max_iter`` sequential sweeps over the C − 1 probit factors, until
+      every factor's moment-matching residual is ≤ ``tol``.
+
+    **Returns:** ``(log_z, mean, cov, converged)``: EP's estimates of log Ẑ = log ∫ N(f | m, V) p(y | f) df
+    (a (C − 1)-dimensional Gaussian orthant probability, not exact), of the tilted mean ``(C,)`` and
+    covariance ``(C, C)``. O(C⁴) a sweep (meant for C ≲ 20). Pure: ``jax.vmap`` it over sites."""
+    m0 = jnp.asarray(cavity_mean)
+    V0 = jnp.asarray(cavity_cov, m0.dtype)
     C = m0.shape[0]
-    tau = jnp.zeros_like(m0) if tau is None else tau
-    nu = jnp.zeros_like(m0) if nu is None else nu
+    onehot = jax.nn.one_hot(label, C, dtype=m0.dtype)
+    tau = nu = jnp.zeros_like(m0)
 
     def factor(j, carry):
         tau, nu, m, V, worst = carry
@@ -208,29 +197,6 @@ def _inner_ep(m0, V0, onehot, max_iter, tol, tau=None, nu=None):
     return _inner_energy(m0, V0, tau, nu, onehot, m, V), m, V, residual <= tol
 
 
-def tilted_moments(cavity_mean, cavity_cov, label, max_iter=100, tol=1e-10):
-    """Normaliser and moments of p̂(f) ∝ N(f | m, V) p(y = label | f) by the inner EP of nested EP.
-
-    **Arguments:**
-
-    - `cavity_mean` ``(C,)``, `cavity_cov` ``(C, C)`` (positive definite): m and V.
-    - `label`: the class y, an int in 0 … C − 1.
-    - `max_iter`, `tol`: at most ``max_iter`` sequential sweeps over the C − 1 probit factors, until
-      every factor's moment-matching residual is ≤ ``tol``.
-
-    **Returns:** ``(log_z, mean, cov, converged)``: EP's estimates of log Ẑ = log ∫ N(f | m, V) p(y | f) df
-    (a (C − 1)-dimensional Gaussian orthant probability, not exact), of the tilted mean ``(C,)`` and
-    covariance ``(C, C)``. O(C⁴) a sweep (meant for C ≲ 20). Pure: ``jax.vmap`` it over sites."""
-    m0 = jnp.asarray(cavity_mean)
-    V0 = jnp.asarray(cavity_cov, m0.dtype)
-    onehot = jax.nn.one_hot(label, m0.shape[0], dtype=m0.dtype)
-    return _inner_ep(m0, V0, onehot, max_iter, tol)
-
-
-# ----------------------------------------------------------------------------------------------
-# The posterior given all sites: O(C N³) by the softmax-Laplace structure
-
-
 class _Posterior(NamedTuple):
     mean: jax.Array  # (C, N)
     alpha: jax.Array  # K⁻¹ mean, (C, N)
@@ -245,6 +211,16 @@ def _side_by_side(P):
     return jnp.moveaxis(P, 0, 1).reshape(P.shape[1], -1)
 
 
+def _blocks(m_factor, cross, b, diag):
+    """The C × C blocks of Σ (or of the predictive covariance) at T points, ``(T, C, C)``:
+    diag_c(k_c** − k_c*ᵀ E_c k_c*) + (E k_*)ᵀ M⁻¹ (E k_*), from ``cross`` k_c* and ``b`` = E_c k_c*, both
+    ``(C, N, T)``, and ``diag`` k_c** ``(C, T)``."""
+    C, n, t = cross.shape
+    g = m_factor.half_solve(_side_by_side(b)).reshape(n, C, t)
+    own = diag - jnp.sum(cross * b, axis=1)
+    return jax.vmap(jnp.diag)(own.T) + jnp.einsum("kct,kdt->tcd", g, g)
+
+
 def _class_factors(Kc, pic):
     """One class's log det B, B = I + D½KD½ (the `SiteForm` of K⁻¹ + D), E = D½B⁻¹D½ = (K + D⁻¹)⁻¹
     and E K."""
@@ -256,7 +232,6 @@ def _class_factors(Kc, pic):
 
 def _posterior(K, pi, h):
     """q(f) = N(Σh, Σ), Σ = (K⁻¹ + D − D R S⁻¹ RᵀD)⁻¹, from K ``(C, N, N)``, π and h ``(C, N)``."""
-    n = K.shape[-1]
     # One class at a time: XLA's batched CPU Cholesky and triangular solves are slower than a loop.
     logdet_b, E, P = (jnp.stack(x) for x in zip(*[_class_factors(K[c], pi[c]) for c in range(K.shape[0])]))
     M = Primal.of(jnp.sum(E, 0))
@@ -264,9 +239,7 @@ def _posterior(K, pi, h):
     g = M.solve(jnp.sum(e, 0))
     alpha = h - e + E @ g
     mean = jnp.einsum("cnm,cm->cn", K, alpha)
-    G = M.half_solve(_side_by_side(P)).reshape(n, -1, n)  # GᵀG = [E_c K_c]ᵀ M⁻¹ [E_c K_c], (N, C, N)
-    own = jnp.diagonal(K, axis1=-2, axis2=-1) - jnp.sum(K * P, axis=-2)  # diag(K − KEK), (C, N)
-    site_cov = jax.vmap(jnp.diag)(own.T) + jnp.einsum("kcn,kdn->ncd", G, G)
+    site_cov = _blocks(M, K, P, jnp.diagonal(K, axis1=-2, axis2=-1))
     return _Posterior(mean, alpha, site_cov, E, M, jnp.sum(logdet_b) + M.logdet())
 
 
@@ -282,26 +255,19 @@ def _evaluate(K, tau, nu, onehot):
     return post, update, energy
 
 
-# ----------------------------------------------------------------------------------------------
-# Outer loop
-
-
 class NestedEPState(eqx.Module):
     """The State of `NestedEP`: the inner sites exp(−½ τ_ij z² + ν_ij z) of every probit factor.
 
     ``tau``, ``nu``: ``(N, C)``, 0 at each input's own class (u itself, in no factor). Zero sites are the
-    cold start (q = the prior); ``init=post`` starts a model of the same shapes (e.g. at neighbouring
-kernel hyperparameters) from a fit's sites."""
+    cold start (q = the prior); ``init=post`` starts a model of the same shapes from a fit's sites."""
 
     tau: jax.Array
     nu: jax.Array
 
 
 class NestedEPInfo(eqx.Module):
-    """What `NestedEP` reports beyond the common `Diagnostics` (``post.diagnostics.info``).
-
-    Scalars: `damping`, δ at the end (halved from ``damping`` whenever the residual rose); `skipped`,
-    factor updates left out in the last iteration (improper cavity or non-finite moments)."""
+    """``post.diagnostics.info`` of `NestedEP`: `damping`, δ at the end; `skipped`, factor updates left out
+    in the last iteration (improper cavity or non-finite moments)."""
 
     damping: jax.Array
     skipped: jax.Array
@@ -313,13 +279,10 @@ class NestedEPInfo(eqx.Module):
 
 
 class NestedEPFactor(AbstractFactor):
-    """The covariance of nested EP's q(f) in structured form (C·N × C·N, class-major, never stored):
+    """Nested EP's covariance Σ = K − KEK + KER M⁻¹ RᵀEK (module docstring), C·N × C·N, never stored.
 
-        Σ = K − KEK + KER M⁻¹ RᵀEK,     K = blkdiag(K_c), E = blkdiag(E_c), M = Σ_c E_c
-
-    (R&W Alg. 3.3). Fields: ``prior_cov`` K_c and ``E``, ``(C, N, N)``; ``m_factor``, M as a `Primal`
-    ``(N, N)``. ``variances()`` costs O(C N²); ``dense()``, ``cholesky()``, ``logdet()``,
-    ``projected_variances`` and ``sample`` form Σ (small N·C only)."""
+    Fields: ``prior_cov`` K_c and ``E``, ``(C, N, N)``; ``m_factor``, M as a `Primal` ``(N, N)``.
+    ``variances()`` costs O(C N²); the other methods form Σ (small N·C only)."""
 
     prior_cov: jax.Array
     E: jax.Array
@@ -363,9 +326,8 @@ class NestedEPPosterior(Posterior):
     """A `vj.Posterior` of nested EP: q(f) = N(mean, Σ) over the class-major latent f, ``(C·N,)``.
 
     ``factor`` is a `NestedEPFactor`, ``log_z`` the EP energy (an approximation of log p(y | X), not a
-    bound), ``model`` the `MulticlassModel`, ``state`` the `NestedEPState`. Also `site_cov`
-    ``(N, C, C)``, the C × C block of Σ at each input; `alpha` ``(C, N)``, K⁻¹ mean (for the predictive
-    means, R&W Alg. 3.4); and `class_means` (property), the mean as ``(C, N)``."""
+    bound), ``state`` the `NestedEPState`. Also `site_cov` ``(N, C, C)``, the C × C block of Σ at each
+    input, and `alpha` ``(C, N)``, K⁻¹ mean (for the predictive means, R&W Alg. 3.4)."""
 
     site_cov: jax.Array
     alpha: jax.Array
@@ -393,10 +355,9 @@ _MIN_DAMPING = 0.05  # δ is halved when the residual rises, down to this (or th
 
 
 def energy(state: NestedEPState, model: MulticlassModel):
-    """The EP energy at the sites ``state``: a pure, differentiable scalar function of the model.
-
-    Stationary in the sites at an EP fixed point, so with a converged ``post.state`` held fixed its
-    ``jax.grad`` in the kernels is d log Z_EP / dθ. `NestedEP`'s ``log_z`` is this at its final sites."""
+    """The EP energy at the sites ``state`` (`NestedEP`'s ``log_z`` at its final sites), differentiable in
+    the model: stationary in the sites at a fixed point, so with a converged ``post.state`` held fixed its
+    ``jax.grad`` in the kernels is d log Z_EP / dθ."""
     onehot = model.onehot()
     return _evaluate(model.prior_covariances(), state.tau * (1 - onehot), state.nu * (1 - onehot), onehot)[2]
 
@@ -404,22 +365,19 @@ def energy(state: NestedEPState, model: MulticlassModel):
 class NestedEP(AbstractMethod):
     """Nested EP for the multinomial-probit multi-class GP (Riihimäki, Jylänki & Vehtari 2013).
 
-    Returns a `NestedEPPosterior` (module docstring); the cold start is zero sites.
+    Returns a `NestedEPPosterior`; the cold start is zero sites. An outer iteration costs O(C N³).
 
     **Arguments:**
 
     - `damping`: the initial δ ∈ (0, 1] of the parallel site updates (default 0.7); halved, down to
       0.05 (or δ if smaller), whenever the largest moment-matching residual rises.
-    - `tol`: converged when max_ij |m̂_ij − m_ij|/√v_ij + |log(v̂_ij/v_ij)| ≤ ``tol`` over the probit
-      factors (default 1e-8; the energy's error is of order tol²). Traced, as is ``damping``.
+    - `tol`: converged when max_ij |m̂_ij − m_ij|/√v_ij + |log(v̂_ij/v_ij)| ≤ ``tol`` (default 1e-8; the
+      energy's error is of order tol²). Traced, as is ``damping``.
     - `max_iter`: most outer iterations (static: it sizes the objective trace; default 500).
 
-    An outer iteration costs O(C N³) (C + 1 Choleskys of N × N) and O(C² N²) for the per-input
-    covariances. **Diagnostics:** `iterations` (outer), `converged`, `stationarity` (the largest
-    residual at the returned sites), `grad_norm` (max |∂ log_z / ∂(τ, ν)| there: 0 at a fixed point,
-    up to O(tol)), `objective_trace` (the energy at the start of each outer iteration and at the end,
-    NaN-padded to ``max_iter + 1``), evaluation counts, method ``"NestedEP"``, solver ``"parallel"``,
-    `info` a `NestedEPInfo`.
+    **Diagnostics:** `stationarity` is the largest residual at the returned sites, `grad_norm`
+    max |∂ log_z / ∂(τ, ν)| there (0 at a fixed point), `objective_trace` the energy at the start of each
+    iteration and at the end, solver ``"parallel"``, `info` a `NestedEPInfo`.
     """
 
     damping: float = 0.7
@@ -434,8 +392,6 @@ class NestedEP(AbstractMethod):
         if not (isinstance(self.max_iter, (int, np.integer)) and not isinstance(self.max_iter, bool)
                 and self.max_iter >= 1):
             raise ValueError(f"NestedEP: `max_iter` must be a positive integer, got {self.max_iter!r}.")
-
-    # ------------------------------------------------------------------------------ the state contract
 
     def check_model(self, model) -> None:
         _check_model("gp.multiclass.NestedEP", model)
@@ -467,13 +423,9 @@ class NestedEP(AbstractMethod):
                          f"and C = {shape[1]} classes, or its post.state (a NestedEPState of shape {shape}); got "
                          f"{type(init).__name__}.")
 
-    # ------------------------------------------------------------------------------ the fit
-
     def solve(self, model: MulticlassModel, state: NestedEPState) -> NestedEPPosterior:
-        """Parallel incremental nested EP from the sites, then the posterior and energy at the final sites.
-
-        The loop runs on stop_gradient(K), the energy with the live K at the frozen sites: its gradient is
-        the total derivative."""
+        """Parallel incremental nested EP on stop_gradient(K), then the energy with the live K at the frozen
+        final sites: its gradient is the total derivative."""
         K = model.prior_covariances()
         frozen = jax.lax.stop_gradient(K)
         onehot = jax.lax.stop_gradient(model.onehot())
@@ -509,39 +461,24 @@ class NestedEP(AbstractMethod):
                                  post.site_cov, post.alpha)
 
 
-# ----------------------------------------------------------------------------------------------
-# Prediction
-
-
-def _fitted(post, owner):
-    if not isinstance(post, NestedEPPosterior):
-        raise ValueError(f"{owner}: `post` must be the NestedEPPosterior of vj.infer(vj.gp.multiclass.model(...), "
-                         f"vj.gp.multiclass.NestedEP()), got {type(post).__name__}.")
-    return post
-
-
 def predict(post: NestedEPPosterior, X_test):
     """Predictive latent means ``(T, C)`` and covariances ``(T, C, C)`` at ``X_test`` ``(T, d)`` (R&W Alg. 3.4).
 
     μ_*c = k_c*ᵀ α_c and Σ_* = diag_c(k_c** − k_c*ᵀ E_c k_c*) + (E k_*)ᵀ M⁻¹ (E k_*), with the kernels
     and X of ``post.model``."""
-    owner = "vj.gp.multiclass.predict"
-    post = _fitted(post, owner)
-    return _predict(post, _checks.as_inputs(X_test, owner))
+    return _predict(post, X_test, "vj.gp.multiclass.predict")
 
 
-def _predict(post, X_test):
+def _predict(post, X_test, owner):
+    if not isinstance(post, NestedEPPosterior):
+        raise ValueError(f"{owner}: `post` must be the NestedEPPosterior of vj.infer(vj.gp.multiclass.model(...), "
+                         f"vj.gp.multiclass.NestedEP()), got {type(post).__name__}.")
     model, factor = post.model, post.factor
-    C, n, _ = factor.E.shape
+    X_test = _checks.as_inputs(X_test, owner)
     cross = jnp.stack([k(model.X, X_test) for k in model.kernels])  # (C, N, T)
     diag = jnp.stack([k.diagonal(X_test) for k in model.kernels])  # (C, T)
     mean = jnp.einsum("cnt,cn->tc", cross, post.alpha)
-    b = factor.E @ cross  # E_c k_c*, (C, N, T)
-    t = cross.shape[-1]
-    g = factor.m_factor.half_solve(_side_by_side(b)).reshape(n, C, t)
-    own = diag - jnp.sum(cross * b, axis=1)  # (C, T)
-    cov = jax.vmap(jnp.diag)(own.T) + jnp.einsum("kct,kdt->tcd", g, g)
-    return mean, cov
+    return mean, _blocks(factor.m_factor, cross, factor.E @ cross, diag)
 
 
 def _gauss_hermite_proba(mean, cov, quadrature):
@@ -570,21 +507,18 @@ def _gauss_hermite_proba(mean, cov, quadrature):
 def predict_proba(post: NestedEPPosterior, X_test, rule="ep", quadrature=GaussHermite(64)):
     """Class probabilities p(y_* = c | x_*, data) at ``X_test`` ``(T, d)``: ``(T, C)``, rows summing to one.
 
-    The predictive f_* ~ N(μ_*, Σ_*) (`predict`) against the likelihood, renormalised:
+    The predictive N(μ_*, Σ_*) (`predict`) against the likelihood, renormalised, by ``rule``:
 
-    - ``rule="ep"`` (default): the inner-EP estimate of log ∫ N(f | μ_*, Σ_*) p(c | f) df
-      (`tilted_moments`), keeping every between-class correlation of Σ_* (EP's orthant probabilities
-      sum to 1 only approximately, hence the renormalisation);
-    - ``rule="quadrature"``: with g = f_* + ε, p(c) = P(g_c ≥ g_j ∀j) by ``quadrature`` in g_c, each
-      f_j replaced by its Gaussian conditional given g_c: exact for a class-diagonal Σ_* (far from the
-      data), an approximation otherwise.
+    - ``"ep"`` (default): the inner-EP estimate of log ∫ N(f | μ_*, Σ_*) p(c | f) df (`tilted_moments`),
+      keeping every between-class correlation of Σ_*;
+    - ``"quadrature"``: with g = f_* + ε, p(c) = P(g_c ≥ g_j ∀j) by ``quadrature`` in g_c, each f_j
+      replaced by its Gaussian conditional given g_c (exact for a class-diagonal Σ_*).
     """
     owner = "vj.gp.multiclass.predict_proba"
     if rule not in RULES:
         raise ValueError(f"{owner}: `rule` must be 'ep' (inner EP on the predictive) or 'quadrature' "
                          f"(a 1-D rule), got {rule!r}.")
-    post = _fitted(post, owner)
-    mean, cov = _predict(post, _checks.as_inputs(X_test, owner))
+    mean, cov = _predict(post, X_test, owner)
     log_p = _log_proba_ep(mean, cov) if rule == "ep" else _log_proba_quadrature(mean, cov, quadrature)
     return jax.nn.softmax(log_p, axis=-1)
 

@@ -8,14 +8,9 @@ p(y = k \\mid \\eta) = \\sigma(\\eta_k) \\prod_{j < k} (1 - \\sigma(\\eta_j)),\\
 p(y = K \\mid \\eta) = \\prod_{j < K} (1 - \\sigma(\\eta_j)),
 $$
 
-so log p(y = k | η) = Σ_{j ≤ k} log σ(±η_j) (+ for j = k, − for j < k): binary logistic sites,
-one per (stick j, input n) with j ≤ rank(y_n), signs in H. Stick j's value at an input whose class
-comes before j in the ordering is in no site; those coordinates are integrated out of the prior
-exactly (a marginal of a GP is a GP), which leaves one site per latent coordinate, H = diag(±1),
-and a block-diagonal prior: a `vj.gp.model`-shaped `LatentLinearModel` (`StickBreakingModel`, which
-also records the kernel, X, labels, C and the ordering) for which every method (and the fast GP
-paths of G-KL and EP) applies, and whose posterior factorises over sticks. Predictions take
-``(post, X_test)``.
+so log p(y = k | η) = Σ_{j ≤ k} log σ(±η_j): binary logistic sites, one per (stick j, input n) with
+j ≤ rank(y_n). The sticks' values at inputs in no site are integrated out of the prior, which leaves
+H = diag(±1) and a block-diagonal prior: a `LatentLinearModel` (`StickBreakingModel`) for every method.
 """
 
 from __future__ import annotations
@@ -76,11 +71,9 @@ def _layout(labels, n, num_classes, ordering, owner) -> StickLayout:
 class StickBreakingModel(LatentLinearModel):
     """The stick-breaking logistic GP classifier: a `vj.LatentLinearModel` that records its layout.
 
-    K = C − 1 independent GPs η_j ~ GP(0, k) (one ``kernel``, shared); stick j sees only the inputs
-    whose class is at position ≥ j of ``ordering`` (the others' η_j are integrated out), so the
-    latent vector w (D values) holds, stick by stick, η_j at those inputs; prior block-diagonal
-    N(0, blkdiag(K_j + jitter·I)). Sites: log σ(+η_j(x_n)) where the class of x_n is at position j,
-    log σ(−η_j(x_n)) where it comes later, the signs in H = diag(±1).
+    C − 1 independent GPs η_j ~ GP(0, k), one shared ``kernel``; the latent w (D values) holds, stick
+    by stick, η_j at the inputs whose class is at position ≥ j of ``ordering``, with prior
+    N(0, blkdiag(K_j + jitter·I)) and sites log σ(±η_j(x_n)) (+ where x_n's class is at position j).
 
     **Arguments:**
 
@@ -92,9 +85,8 @@ class StickBreakingModel(LatentLinearModel):
       default 0, 1, …, C − 1.
     - `jitter`: added to the diagonal of each block.
 
-    **Fields** besides `prior` and `sites`: `kernel` and `X` (arrays, differentiable), and the static
-    `labels`, `num_classes` and `ordering` (tuples of ints; they fix the latent dimension). The
-    property `layout` (a `StickLayout`) places each latent coordinate.
+    **Fields** besides `prior` and `sites`: `kernel` and `X` (differentiable) and the static `labels`,
+    `num_classes` and `ordering`; the property `layout` places each latent coordinate.
     """
 
     kernel: AbstractKernel
@@ -130,30 +122,17 @@ class StickBreakingModel(LatentLinearModel):
 
 def stick_breaking_model(kernel, X, labels, num_classes, pieces=20, ordering=None,
                          jitter=DEFAULT_JITTER) -> StickBreakingModel:
-    """The stick-breaking logistic GP classifier as a `StickBreakingModel` (a `vj.LatentLinearModel`
-    that records its kernel, X, labels, C and ordering); see `StickBreakingModel` for the arguments."""
+    """The stick-breaking logistic GP classifier: ``StickBreakingModel(...)``, whose arguments these are."""
     return StickBreakingModel(kernel, X, labels, num_classes, pieces, ordering, jitter)
 
 
 def stick_breaking_probabilities(eta):
-    """p(y = c | η) for stick values ``eta`` ``(..., C − 1)``: shape ``(..., C)``, summing to one.
-
-    In stick order (position k of the ordering); σ(−η) = 1 − σ(η) is used for the breaks, so the
-    telescoping sum is one to rounding.
-    """
+    """p(y = c | η) for stick values ``eta`` ``(..., C − 1)``: shape ``(..., C)`` in stick order, summing to
+    one (to rounding: σ(−η) is used for the breaks)."""
     eta = jnp.asarray(eta)
     log_keep = jnp.cumsum(jax.nn.log_sigmoid(-eta), axis=-1)  # log ∏_{j≤k} (1 − σ(η_j))
     before = jnp.concatenate([jnp.zeros_like(eta[..., :1]), log_keep[..., :-1]], axis=-1)
     return jnp.concatenate([jnp.exp(jax.nn.log_sigmoid(eta) + before), jnp.exp(log_keep[..., -1:])], axis=-1)
-
-
-def _fitted_layout(post, owner):
-    """(kernel, X, layout) recorded on ``post.model``, a `StickBreakingModel`."""
-    model = getattr(post, "model", None)
-    if not isinstance(model, StickBreakingModel):
-        raise ValueError(f"{owner}: `post` must be a fit of vj.gp.multiclass.stick_breaking_model (its model records "
-                         f"the layout), got {'a fit of ' + type(model).__name__ if model is not None else type(post).__name__}.")
-    return model.kernel, model.X, model.layout
 
 
 def stick_breaking_predict(post, X_test):
@@ -162,14 +141,18 @@ def stick_breaking_predict(post, X_test):
     ``post`` is any fit of a `stick_breaking_model`, whose kernel, X and layout it uses; per stick j,
     B_j = (K_j + εI)⁻¹ K(X_j, X_*) and q(η_j*) = N(B_jᵀ m_j, k_** − diag(K_*j B_j) + diag(B_jᵀ S B_j)).
     """
-    owner = "vj.gp.multiclass.stick_breaking_predict"
-    kernel, X, layout = _fitted_layout(post, owner)
-    return _predict(post, kernel, X, layout, X_test, owner)
+    return _predict(post, X_test, "vj.gp.multiclass.stick_breaking_predict")[:2]
 
 
-def _predict(post, kernel, X, layout, X_test, owner):
+def _predict(post, X_test, owner):
+    """The sticks' predictive means and variances, and the layout of ``post.model``."""
+    model = getattr(post, "model", None)
+    if not isinstance(model, StickBreakingModel):
+        raise ValueError(f"{owner}: `post` must be a fit of vj.gp.multiclass.stick_breaking_model (its model records "
+                         f"the layout), got {'a fit of ' + type(model).__name__ if model is not None else type(post).__name__}.")
+    kernel, X, layout = model.kernel, model.X, model.layout
     X_test = _checks.as_inputs(X_test, owner)
-    prior = post.model.prior
+    prior = model.prior
     if not isinstance(prior, DenseGaussian) or prior.dim != layout.point.size:
         raise ValueError(f"{owner}: `post` is not a fit of stick_breaking_model with these labels "
                          f"({layout.point.size} latent values expected).")
@@ -181,23 +164,18 @@ def _predict(post, kernel, X, layout, X_test, owner):
         mean, var = conditional_marginals(post, chol, kernel(X[layout.point[idx]], X_test), prior_diag, idx)
         means.append(mean)
         variances.append(var)
-    return jnp.stack(means, -1), jnp.stack(variances, -1)
+    return jnp.stack(means, -1), jnp.stack(variances, -1), layout
 
 
 def stick_breaking_proba(post, X_test, quadrature=GaussHermite(64)):
     """Class probabilities ``(T, C)`` (columns in class order, rows summing to one) at ``X_test`` ``(T, d)``.
 
-    p(y_* = k) = ⟨σ(η_k)⟩ ∏_{j<k} ⟨1 − σ(η_j)⟩ with each ⟨·⟩ a 1-D ``quadrature`` expectation under
-    the stick's predictive marginal (`stick_breaking_predict`). The product of expectations treats
-    the sticks as independent a posteriori, which is exact for the model's posterior (the prior is
-    block-diagonal and every site touches one stick) and for EP, Laplace and the optimal full-
-    covariance G-KL q (all block-diagonal at their optimum); for a q with cross-stick covariance
-    it uses only the per-stick marginals. Since ⟨σ(−η)⟩ = 1 − ⟨σ(η)⟩ under the same rule, the
-    probabilities sum to one.
+    p(y_* = k) = ⟨σ(η_k)⟩ ∏_{j<k} ⟨1 − σ(η_j)⟩, each ⟨·⟩ a 1-D ``quadrature`` expectation under the
+    stick's predictive marginal (`stick_breaking_predict`): the sticks taken independent a posteriori,
+    as they are for the exact posterior and for EP, Laplace and full-covariance G-KL at their optimum.
     """
     owner = "vj.gp.multiclass.stick_breaking_proba"
-    kernel, X, layout = _fitted_layout(post, owner)
-    mean, var = _predict(post, kernel, X, layout, X_test, owner)
+    mean, var, layout = _predict(post, X_test, owner)
     a = quadrature.expect(jax.nn.sigmoid, mean, safe_sqrt(var))  # ⟨σ(η_j)⟩, (T, K)
     log_keep = jnp.cumsum(jnp.log1p(-a), axis=-1)
     before = jnp.concatenate([jnp.zeros_like(a[:, :1]), log_keep[:, :-1]], axis=-1)
