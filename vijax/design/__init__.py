@@ -7,8 +7,7 @@
 - design criteria from a Gaussian posterior: `information_gain` ½ log det(I + ν⁻² M* S M*ᵀ), `row_gains`,
   `greedy_rows`, `free_design` (leading eigenvectors of S by Lanczos, products with S only), `entropy`;
 - `sequential(...)`: the fit → design → measure → refit loop with any vijax method, and the random-design
-  baseline; returns a `SequentialResult`. Its G-KL fits stop at Newton tolerance ``FIT_TOL`` = 1e-6
-  (`design_method`), enough for the mean and S's leading eigenvectors.
+  baseline; returns a `SequentialResult`.
 """
 
 from . import filters
@@ -17,27 +16,9 @@ from .criteria import (covariance_product, entropy, free_design, greedy_rows, in
 from .model import ep_sites, measurement_sites, smoothed_laplace, sparse_linear_model
 from .sequential import FIT_TOL, SequentialResult, design_method, random_rows, sequential
 
-__all__ = [
-    "sparse_linear_model",
-    "measurement_sites",
-    "ep_sites",
-    "smoothed_laplace",
-    "filters",
-    "covariance_product",
-    "information_gain",
-    "row_gains",
-    "greedy_rows",
-    "lanczos",
-    "leading_eigenvectors",
-    "lanczos_variances",
-    "free_design",
-    "entropy",
-    "sequential",
-    "SequentialResult",
-    "random_rows",
-    "design_method",
-    "FIT_TOL",
-]
+__all__ = ["sparse_linear_model", "measurement_sites", "ep_sites", "smoothed_laplace", "filters", "covariance_product",
+           "information_gain", "row_gains", "greedy_rows", "lanczos", "leading_eigenvectors", "lanczos_variances",
+           "free_design", "entropy", "sequential", "SequentialResult", "random_rows", "design_method", "FIT_TOL"]
 
 
 def __dir__():
