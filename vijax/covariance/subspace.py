@@ -138,11 +138,14 @@ class SubspaceFactor(AbstractFactor):
         z2 = jax.random.normal(k2, (num_samples, self.dim), self.chol.dtype)
         return z1 @ self._C() @ self.basis.T + self.scale * (z2 - (z2 @ self.basis) @ self.basis.T)
 
+    def _covariance_mv(self, V):
+        """S V for V of shape ``(D,)`` or ``(D, B)``, O(D K) per column."""
+        inside = self.basis.T @ V
+        return self.basis @ (self._C().T @ (self._C() @ inside)) + self.scale**2 * (V - self.basis @ inside)
+
     def in_basis(self, E):
         """The factor with basis ``E`` whose in-subspace covariance is Eᵀ S E (c kept)."""
-        EtE = self.basis.T @ E
-        SE = self.basis @ (self._C().T @ (self._C() @ EtE)) + self.scale**2 * (E - self.basis @ EtE)
-        inner = E.T @ SE
+        inner = E.T @ self._covariance_mv(E)
         return SubspaceFactor(E, jnp.linalg.cholesky(0.5 * (inner + inner.T)).T, self.scale)
 
     def preconditioner(self, curvature):

@@ -1,13 +1,8 @@
 """Sparse linear models and sequential Bayesian experimental design (`vj.design`).
 
-- `sparse_linear_model(M, y, noise_variance, B, prior)`: p(w | y) ∝ N(y | Mw, ν²I) ∏_j φ(b_jᵀw), a
-  `vj.LatentLinearModel` with a Laplace or Student-t potential on the filter responses s = Bw;
-- `filters`: B as projections with O(D) products: `identity`, `finite_differences`, `wavelets`
-  (orthonormal Daubechies-4), `stack`;
-- design criteria from a Gaussian posterior: `information_gain` ½ log det(I + ν⁻² M* S M*ᵀ), `row_gains`,
-  `greedy_rows`, `free_design` (leading eigenvectors of S by Lanczos, products with S only), `entropy`;
-- `sequential(...)`: the fit → design → measure → refit loop with any vijax method, and the random-design
-  baseline; returns a `SequentialResult`.
+- `sparse_linear_model`: p(w | y) ∝ N(y | Mw, ν²I) ∏_j φ(b_jᵀw), with filters B from `filters`;
+- design criteria from q(w) = N(m, S): `information_gain`, `row_gains`, `greedy_rows`, `free_design`, `entropy`;
+- `sequential`: the fit → design → measure → refit loop with any vijax method, and the random-design baseline.
 """
 
 from . import filters

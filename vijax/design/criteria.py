@@ -62,13 +62,7 @@ def covariance_product(post, rtol: float = 1e-6):
         var = factor.variances()
         return lambda V: column(var, V) * V
     if isinstance(factor, SubspaceFactor):
-        E, C, c = factor.basis, jnp.triu(factor.chol), factor.scale
-
-        def product(V):
-            inside = E.T @ V
-            return E @ (C.T @ (C @ inside)) + c**2 * (V - E @ inside)
-
-        return product
+        return factor._covariance_mv
     C = factor.cholesky()  # other families: their square factor, once
     return lambda V: C.T @ (C @ V)
 

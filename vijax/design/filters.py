@@ -3,16 +3,12 @@
 Each filter is a projection (`vijax.projections.AbstractProjection`), so it can be the ``H`` of a `vj.Sites`
 group. An image of shape ``(h, w)`` is the vector ``w = image.ravel()`` (row-major, D = h·w).
 
-- `identity(D)`: B = I (sparsity of the signal itself; thesis Fig. 5.2);
-- `finite_differences(shape)`: horizontal, then vertical neighbour differences;
-- `wavelets(shape)`: the orthonormal multi-scale Daubechies-4 transform with periodic boundaries, D rows,
-  in the order of PyWavelets' ``wavedec2(image, "db4", mode="periodization")``;
-- `stack(*filters)`: the rows of several filters one after another (thesis §5.4: finite differences
-  plus wavelets, B ∈ R^{3D × D}).
+`identity`, `finite_differences` and `wavelets` (orthonormal Daubechies-4) build B; `stack` puts filters'
+rows one after another (thesis §5.4: finite differences plus wavelets, B ∈ R^{3D × D}).
 
-Products with B, Bᵀ (``jax.linear_transpose`` of B's) and B∘B (for s_n² = b_nᵀ S b_n under a diagonal or
-chevron covariance) are exact and matrix-free: stencils for finite differences, separable products for
-wavelets. ``gram`` forms Bᵀ diag(u) B as a dense (D, D) matrix, for the dense-covariance methods.
+Products with B, Bᵀ and B∘B (for s_n² = b_nᵀ S b_n under a diagonal or chevron covariance) are exact and
+matrix-free: stencils for finite differences, separable products for wavelets. ``gram`` forms Bᵀ diag(u) B
+as a dense (D, D) matrix, for the dense-covariance methods.
 """
 
 from __future__ import annotations
@@ -160,7 +156,8 @@ class Wavelets(_Filter):
     steps, low_ℓ, high_ℓ (h/2^ℓ × h along the rows; w/2^ℓ × w along the columns):
 
     $$
-    Y_\\ell = A_\\ell X C_\\ell^\\top = \\begin{pmatrix} c_{A,\\ell} & c_{V,\\ell} \\\\ c_{H,\\ell} & c_{D,\\ell} \\end{pmatrix},
+    Y_\\ell = A_\\ell X C_\\ell^\\top
+    = \\begin{pmatrix} c_{A,\\ell} & c_{V,\\ell} \\\\ c_{H,\\ell} & c_{D,\\ell} \\end{pmatrix},
     \\qquad A_\\ell = \\begin{pmatrix} \\mathrm{low}_\\ell \\\\ \\mathrm{high}_\\ell \\end{pmatrix},\\
     C_\\ell = \\begin{pmatrix} \\mathrm{low}'_\\ell \\\\ \\mathrm{high}'_\\ell \\end{pmatrix}
     $$
