@@ -1,10 +1,7 @@
 """Projections H : R^D → R^N, the linear maps of site groups.
 
-`AbstractProjection` fixes the products the rest of vijax uses (``mv``, ``rmv``, ``squared_mv``,
-``squared_rmv``, ``gram``, ``right_multiply``, ``row``); its concrete forms are `Dense` (an array),
-`Sparse` (a `jax.experimental.sparse.BCOO`, with a blocked ELLPACK copy of its rows for the
-products, see `vijax._ellpack`), `Identity` (H = I, one site per coordinate) and `ScaledIdentity`
-(H = diag(s)). `as_projection` turns what a user passes as ``H`` into one of them.
+`AbstractProjection` fixes the products vijax uses; `Dense` (an array), `Sparse` (a BCOO), `Identity` (H = I)
+and `ScaledIdentity` (H = diag(s)) implement them, and `as_projection` turns a user's ``H`` into one of them.
 """
 
 from __future__ import annotations
@@ -22,11 +19,7 @@ __all__ = ["AbstractProjection", "Dense", "Sparse", "Identity", "ScaledIdentity"
 
 
 class AbstractProjection(eqx.Module):
-    """The linear map w ↦ Hw of a site group, shape ``(N, D)``.
-
-    Covariance families only ever use the products below, so dense, sparse and
-    identity projections are interchangeable.
-    """
+    """The linear map w ↦ Hw of a site group, shape ``(N, D)``: vijax uses only the products below."""
 
     @abc.abstractmethod
     def mv(self, x):
@@ -48,9 +41,9 @@ class AbstractProjection(eqx.Module):
     def gram(self, w):
         """``Hᵀ diag(w) H``, shape ``(D, D)``."""
 
-    @abc.abstractmethod
     def right_multiply(self, L):
         """The projection ``H @ L`` (used by the change of basis w = μ + L w̃)."""
+        return Dense(self.mv(L))
 
     def row(self, n):
         """h_n, row ``n`` of H as a dense ``(D,)`` array (``n`` may be traced)."""
@@ -62,6 +55,8 @@ class AbstractProjection(eqx.Module):
 
 
 class Dense(AbstractProjection):
+    """H as a dense ``(N, D)`` array."""
+
     matrix: jax.Array
 
     @property
@@ -83,9 +78,6 @@ class Dense(AbstractProjection):
     def gram(self, w):
         return self.matrix.T @ (w[:, None] * self.matrix)
 
-    def right_multiply(self, L):
-        return Dense(self.matrix @ L)
-
     def row(self, n):
         return self.matrix[n]
 
@@ -93,17 +85,10 @@ class Dense(AbstractProjection):
 class Sparse(AbstractProjection):
     """A sparse H (`jax.experimental.sparse.BCOO`), with products that cost O(nnz(H) · K).
 
-    For the products, the rows are also stored in ELLPACK form — each row's column
-    indices and values padded to the longest row, shape ``(N_pad, width)`` — and
-    processed in blocks of rows by one `lax.map`: a gather and a small contraction per
-    block, whose transpose (for gradients and ``rmv``) is a scatter-add of the same size.
-    That keeps the working set in cache, where a single BCOO product with a ``(D, K)``
-    right-hand side materialises all nnz · K partial products at once (about 4× slower
-    on CPU at the sizes of vijax's large benchmarks).
-
-    The layout needs concrete indices; a BCOO built under tracing, or one whose longest
-    row exceeds `vijax._ellpack.MAX_PADDING` × the mean row length, uses the BCOO products instead
-    (a BCOO built under tracing must not repeat an index: H ∘ H would square the parts).
+    The products use a blocked ELLPACK copy of the rows (`vijax._ellpack`), whose working set stays in
+    cache (4–6× faster than BCOO products, docs/benchmarks.md). The layout needs concrete indices; a BCOO
+    built under tracing (which must not repeat an index: H ∘ H would square the parts), or one whose longest
+    row exceeds `vijax._ellpack.MAX_PADDING` × the mean row length, uses the BCOO products instead.
     """
 
     matrix: jsparse.BCOO
@@ -194,12 +179,6 @@ class Identity(AbstractProjection):
     def gram(self, w):
         return jnp.diag(w)
 
-    def right_multiply(self, L):
-        return Dense(L)
-
-    def row(self, n):
-        return jax.nn.one_hot(n, self.dim, dtype=self._dtype())
-
 
 class ScaledIdentity(AbstractProjection):
     """H = diag(scale): one site per coordinate, each scaled (GP classification folds labels ±1 in here)."""
@@ -228,12 +207,6 @@ class ScaledIdentity(AbstractProjection):
 
     def gram(self, w):
         return jnp.diag(self.scale**2 * w)
-
-    def right_multiply(self, L):
-        return Dense(self.scale[:, None] * L)
-
-    def row(self, n):
-        return self.scale[n] * jax.nn.one_hot(n, self.scale.shape[0], dtype=self.scale.dtype)
 
 
 def as_projection(H) -> AbstractProjection:

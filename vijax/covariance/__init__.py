@@ -1,21 +1,10 @@
 """Covariance families for the Gaussian approximation q(w) = N(m, S).
 
-A *family* (`Full`, `Diagonal`, `Banded`, `Chevron`, `SparseMask`, `Subspace`,
-`FactorAnalysis`) is configuration; ``family.init(dim, scale)`` returns a *factor*,
-the pytree of parameters of one S. A factor knows everything the bounds need about
-S, at the cost its structure allows, without forming the D × D matrix:
-
-- ``projected_variances(projection)`` — s_n² = h_nᵀ S h_n for every site;
-- ``logdet()`` — log det S; ``variances()`` — diag(S);
-- ``trace_precision(gaussian_factor)`` — tr(Λ S) for the model's Gaussian term;
-- ``dense()`` — S itself, ``sample(key, n)`` — draws from N(0, S);
-- ``preconditioner(curvature)`` — an approximate inverse of the negative Hessian of
-  the G-KL bound in (m, factor), used by Newton-CG;
-- ``trainable()`` — which leaves the solvers move (a subspace basis is held fixed).
-
-Cholesky diagonals enter only through log|C_dd| and S = CᵀC, so any sign is a valid
-point; ``canonical()`` returns the factor with a positive diagonal, which is what
-vijax reports.
+A *family* is configuration; ``family.init(dim, scale)`` returns a *factor*, the pytree of parameters of
+one S, which gives the bounds what they need (s_n² = h_nᵀ S h_n, log det S, diag(S), tr(Λ S), samples, a
+Newton-CG preconditioner; see `AbstractFactor`) at the cost its structure allows, without forming S.
+Cholesky diagonals enter only through log|C_dd| and S = CᵀC, so any sign is valid; ``canonical()`` fixes
+them positive, as vijax reports them.
 
 | family | S | cost of {s_n²} | concave* |
 |---|---|---|---|
@@ -37,23 +26,9 @@ from .factor_analysis import FactorAnalysis, FactorAnalysisFactor
 from .sparse import Banded, SparseCholeskyFactor, SparseMask
 from .subspace import Subspace, SubspaceFactor
 
-__all__ = [
-    "AbstractCovariance",
-    "AbstractFactor",
-    "Full",
-    "Diagonal",
-    "Banded",
-    "Chevron",
-    "SparseMask",
-    "Subspace",
-    "FactorAnalysis",
-    "CholeskyFactor",
-    "DiagonalFactor",
-    "SparseCholeskyFactor",
-    "ChevronFactor",
-    "SubspaceFactor",
-    "FactorAnalysisFactor",
-]
+__all__ = ["AbstractCovariance", "AbstractFactor", "Full", "Diagonal", "Banded", "Chevron", "SparseMask", "Subspace",
+           "FactorAnalysis", "CholeskyFactor", "DiagonalFactor", "SparseCholeskyFactor", "ChevronFactor",
+           "SubspaceFactor", "FactorAnalysisFactor"]
 
 
 def __dir__():

@@ -14,8 +14,8 @@ import numpy as np
 class AbstractCovariance(eqx.Module):
     """A covariance family: configuration that builds factors of its own structure.
 
-    ``concave``: whether the G-KL bound is jointly concave in (m, factor) for log-concave sites; a
-    method picks its solver from it (`vj.GKL`: Newton-CG if so, L-BFGS if not).
+    ``concave``: whether the G-KL bound is jointly concave in (m, factor) for log-concave sites (`vj.GKL`
+    then uses Newton-CG, else L-BFGS).
     """
 
     concave: ClassVar[bool] = True
@@ -28,9 +28,9 @@ class AbstractCovariance(eqx.Module):
     def from_dense(self, cov) -> "AbstractFactor":
         """A factor of this family close to a dense covariance (exact when it fits the structure)."""
 
-    @abc.abstractmethod
     def from_curvature(self, curvature) -> "AbstractFactor":
-        """S ≈ P⁻¹ for a curvature P (see `vj.gkl.curvature`): a well-scaled starting point."""
+        """S ≈ P⁻¹ for a curvature P (see `vj.gkl.curvature`): a well-scaled start (here S = diag(P)⁻¹)."""
+        return self.init(curvature.model.dim, 1.0 / jnp.sqrt(curvature.diagonal()))
 
     @property
     def num_rounds(self) -> int:
@@ -40,9 +40,8 @@ class AbstractCovariance(eqx.Module):
     def update(self, factor: "AbstractFactor", mean, objective: Callable, curvature) -> "AbstractFactor":
         """One outer update of the fixed (non-trainable) part of ``factor`` at the current solution.
 
-        ``mean``: q's mean, shape ``(D,)``; ``objective``: factor ↦ the method's bound at (``mean``,
-        factor), a scalar; ``curvature``: the expected site curvature at the solution (a
-        `vijax._curvature.Curvature`). The method supplies them, so no family imports a method.
+        ``mean``: q's mean ``(D,)``; ``objective``: factor ↦ the method's bound at ``mean``; ``curvature``:
+        the expected site curvature there (a `vijax._curvature.Curvature`), so no family imports a method.
         """
         return factor
 

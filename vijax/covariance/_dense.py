@@ -27,11 +27,7 @@ class Full(AbstractCovariance):
 
 
 class CholeskyFactor(AbstractFactor):
-    """Upper-triangular Cholesky factor C, stored as a square array whose lower triangle is ignored.
-
-    (A dense square store keeps every product a plain matrix product; the masked-out
-    entries get zero gradient and zero curvature, so solvers never move them.)
-    """
+    """Upper-triangular C, stored square with the lower triangle ignored (it gets zero gradient and curvature)."""
 
     matrix: jax.Array
 
@@ -67,18 +63,12 @@ class CholeskyFactor(AbstractFactor):
         C = self.cholesky()
         return CholeskyFactor.from_matrix(C * jnp.sign(jnp.diag(C))[:, None])
 
-    def sample(self, key, num_samples):
-        z = jax.random.normal(key, (num_samples, self.dim), self.matrix.dtype)
-        return z @ self.cholesky()
-
     def preconditioner(self, curvature):
         """Block preconditioner from P = Λ + Σ_g H_gᵀ diag(w_g) H_g ≈ −∇²_m B.
 
-        The negative Hessian of the bound in row i of C (entries j ≥ i) is, up to the small
-        second-order site terms, A_i = P[i:, i:] + e₁e₁ᵀ / C_ii² (the last term from the
-        entropy's log|C_ii|). With the reversed Cholesky P = R Rᵀ (R upper-triangular),
-        P[i:, i:] = R[i:, i:] R[i:, i:]ᵀ, so all D block solves reduce to two triangular
-        solves with R, and the entropy term is a Sherman–Morrison correction per row using
+        Row i of C (entries j ≥ i) has negative Hessian ≈ A_i = P[i:, i:] + e₁e₁ᵀ / C_ii² (the last term from
+        the entropy). With P = R Rᵀ (R upper-triangular), P[i:, i:] = R[i:, i:] R[i:, i:]ᵀ, so all D block
+        solves are two triangular solves with R, plus a Sherman–Morrison correction per row by
         u_i = P[i:, i:]⁻¹ e₁ (the columns of R⁻ᵀ diag(1/R_ii)).
         """
         R = reversed_cholesky(curvature.dense())
@@ -104,15 +94,14 @@ class Diagonal(AbstractCovariance):
     def init(self, dim, scale=1.0):
         return DiagonalFactor(as_scale(scale, dim))
 
-    def from_curvature(self, curvature):
-        return DiagonalFactor(1.0 / jnp.sqrt(curvature.diagonal()))
-
     def from_dense(self, cov):
         # The diagonal factor minimising KL(q_diag ‖ N(0, cov)) has precision diag(cov⁻¹).
         return DiagonalFactor(1.0 / jnp.sqrt(jnp.diag(jnp.linalg.inv(cov))))
 
 
 class DiagonalFactor(AbstractFactor):
+    """``scale`` c (D,): S = diag(c²)."""
+
     scale: jax.Array
 
     @property

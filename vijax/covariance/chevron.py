@@ -39,9 +39,6 @@ class Chevron(AbstractCovariance):
         C = jnp.linalg.cholesky(cov).T
         return ChevronFactor(C[:k], jnp.diag(C)[k:])
 
-    def from_curvature(self, curvature):
-        return self.init(curvature.model.dim, 1.0 / jnp.sqrt(curvature.diagonal()))
-
 
 class ChevronFactor(AbstractFactor):
     """``head`` (K, D): the dense rows of C (entries below the diagonal ignored); ``tail`` (D − K,): the rest of diag(C)."""

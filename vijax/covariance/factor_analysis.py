@@ -16,11 +16,6 @@ __all__ = ["FactorAnalysis", "FactorAnalysisFactor"]
 _INITIAL_LOADING = 0.1
 
 
-def _stacked_identity(dim, k, dtype):
-    """Θ_ij = 1 for j = i mod K: vertically stacked K × K identities (the thesis's default)."""
-    return (jnp.arange(dim)[:, None] % k == jnp.arange(k)[None, :]).astype(dtype)
-
-
 class FactorAnalysis(AbstractCovariance):
     """S = ΘΘᵀ + diag(d²) with Θ of shape ``(D, rank)`` (thesis §4.3.1.2).
 
@@ -37,7 +32,9 @@ class FactorAnalysis(AbstractCovariance):
 
     def init(self, dim, scale=1.0):
         k, scale = self._k(dim), as_scale(scale, dim)
-        return FactorAnalysisFactor(_INITIAL_LOADING * scale[:, None] * _stacked_identity(dim, k, scale.dtype), scale)
+        # Θ_ij ∝ [j = i mod K]: vertically stacked K × K identities (the thesis's default).
+        stacked = (jnp.arange(dim)[:, None] % k == jnp.arange(k)[None, :]).astype(scale.dtype)
+        return FactorAnalysisFactor(_INITIAL_LOADING * scale[:, None] * stacked, scale)
 
     def from_dense(self, cov):
         # Probabilistic-PCA fit: the top-K eigenpairs, the rest averaged into an isotropic d².
@@ -46,9 +43,6 @@ class FactorAnalysis(AbstractCovariance):
         noise = jnp.mean(lam[: dim - k]) if k < dim else 0.5 * lam[0]
         loadings = V[:, ::-1][:, :k] * jnp.sqrt(jnp.maximum(lam[::-1][:k] - noise, 0.0))
         return FactorAnalysisFactor(loadings, jnp.full(dim, jnp.sqrt(noise)))
-
-    def from_curvature(self, curvature):
-        return self.init(curvature.model.dim, 1.0 / jnp.sqrt(curvature.diagonal()))
 
 
 class FactorAnalysisFactor(AbstractFactor):

@@ -1,14 +1,9 @@
 """Cholesky factors with a fixed sparsity pattern: `Banded` and `SparseMask`.
 
-S = CᵀC with C upper-triangular and non-zero only on a fixed pattern. Row i of C is
-stored as K values at K column indices (its diagonal first), so a factor holds a
-``(D, K)`` array and every quantity costs O(D K) or O(N D K) (thesis §4.3):
-
-- s_n² = ‖C h_n‖² = Σ_i (Σ_k C_{i,c(i,k)} h_{n,c(i,k)})², gathered in blocks of rows;
-- log det S = 2 Σ_i log |C_ii|; diag(S)_j = Σ_i C_ij².
-
-The bound stays jointly concave in (m, C) for log-concave sites: any fixed pattern
-is a linear subspace of the upper-triangular matrices.
+S = CᵀC with C upper-triangular and non-zero only on a fixed pattern; row i of C is stored as K values
+at K column indices (its diagonal first), a ``(D, K)`` array (thesis §4.3). s_n² = ‖C h_n‖² is gathered in
+blocks of rows, O(N D K); log det S = 2 Σ_i log |C_ii|. A fixed pattern is a linear subspace of the
+upper-triangular matrices, so the bound stays jointly concave in (m, C) for log-concave sites.
 """
 
 from __future__ import annotations
@@ -53,6 +48,10 @@ class Pattern:
     def shape(self):
         return self.columns.shape
 
+    @property
+    def rows(self):
+        return np.broadcast_to(np.arange(self.shape[0])[:, None], self.shape)
+
     def __repr__(self):
         return f"Pattern(dim={self.shape[0]}, nonzeros_per_row={self.shape[1]})"
 
@@ -71,9 +70,8 @@ class SparseCholeskyFactor(AbstractFactor):
         return jnp.where(self.pattern.valid, self.values, 0.0)
 
     def cholesky(self):
-        rows = np.broadcast_to(np.arange(self.dim)[:, None], self.pattern.shape)
         C = jnp.zeros((self.dim, self.dim), self.values.dtype)
-        return C.at[rows, self.pattern.columns].add(self._masked())
+        return C.at[self.pattern.rows, self.pattern.columns].add(self._masked())
 
     def projected_variances(self, projection):
         if isinstance(projection, Identity):
@@ -130,34 +128,19 @@ def _gathered_squared_norms(H, values, columns):
     return total
 
 
-def _diagonal_values(pattern, diagonal):
-    return jnp.zeros(pattern.shape, diagonal.dtype).at[:, 0].set(diagonal)
-
-
-def _project_dense(pattern, cov):
-    """The pattern's entries of the Cholesky factor of ``cov`` (exact when the factor fits the pattern)."""
-    C = jnp.linalg.cholesky(cov).T
-    rows = np.broadcast_to(np.arange(cov.shape[0])[:, None], pattern.shape)
-    return jnp.where(pattern.valid, C[rows, pattern.columns], 0.0)
-
-
 class _PatternFamily(AbstractCovariance):
     @abc.abstractmethod
     def pattern(self, dim: int) -> Pattern:
         """The non-zero pattern of C (upper-triangular, diagonal included) for dimension ``dim``."""
 
     def init(self, dim, scale=1.0):
-        pattern = self.pattern(dim)
-        return SparseCholeskyFactor(_diagonal_values(pattern, as_scale(scale, dim)), pattern)
+        pattern, scale = self.pattern(dim), as_scale(scale, dim)
+        return SparseCholeskyFactor(jnp.zeros(pattern.shape, scale.dtype).at[:, 0].set(scale), pattern)
 
     def from_dense(self, cov):
-        pattern = self.pattern(cov.shape[0])
-        return SparseCholeskyFactor(_project_dense(pattern, cov), pattern)
-
-    def from_curvature(self, curvature):
-        p = curvature.diagonal()
-        pattern = self.pattern(p.shape[0])
-        return SparseCholeskyFactor(_diagonal_values(pattern, 1.0 / jnp.sqrt(p)), pattern)
+        # The pattern's entries of cov's Cholesky factor (exact when that factor fits the pattern).
+        pattern, C = self.pattern(cov.shape[0]), jnp.linalg.cholesky(cov).T
+        return SparseCholeskyFactor(jnp.where(pattern.valid, C[pattern.rows, pattern.columns], 0.0), pattern)
 
 
 class Banded(_PatternFamily):
@@ -200,15 +183,11 @@ class SparseMask(_PatternFamily):
             raise ValueError(f"SparseMask: `mask` marks entry ({i}, {j}) below the diagonal; C is upper-triangular "
                              "(S = CᵀC), so pass the pattern of C's upper triangle, e.g. np.triu(mask).")
         mask = mask | np.eye(mask.shape[0], dtype=bool)
-        dim = mask.shape[0]
-        width = int(mask.sum(axis=1).max())
-        columns = np.tile(np.arange(dim)[:, None], (1, width))
-        valid = np.zeros((dim, width), bool)
-        for i in range(dim):  # once, at construction
-            off_diagonal = np.flatnonzero(mask[i, i + 1:]) + i + 1
-            columns[i, 1:1 + off_diagonal.size] = off_diagonal
-            valid[i, :1 + off_diagonal.size] = True
-        self.mask_pattern = Pattern(columns, valid)
+        counts = mask.sum(axis=1)
+        # Row i's non-zero columns in increasing order (the diagonal first), padded with the diagonal.
+        columns = np.argsort(~mask, axis=1, kind="stable")[:, :counts.max()]
+        valid = np.arange(counts.max()) < counts[:, None]
+        self.mask_pattern = Pattern(np.where(valid, columns, np.arange(mask.shape[0])[:, None]), valid)
 
     def pattern(self, dim):
         if dim != self.mask_pattern.shape[0]:

@@ -18,28 +18,15 @@ __all__ = ["Subspace", "SubspaceFactor"]
 class Subspace(AbstractCovariance):
     """S = E CᵀC Eᵀ + c² (I − E Eᵀ) with E a ``(D, K)`` orthonormal basis (thesis §4.3, app. B.2).
 
-    For a fixed basis the bound is jointly concave in (m, C, c) for log-concave sites,
-    and costs O(N D K) per evaluation (one product H E; E₂ of the complement is never
-    formed). The basis is not optimised by the inner solver; it is
+    For a fixed basis the bound is jointly concave in (m, C, c) for log-concave sites and costs O(N D K)
+    (one product H E). The inner solver holds E fixed; it starts as the top-K eigenvectors of
+    Σ_n w_n h_n h_nᵀ (w_n the site curvatures at the start; by Lanczos) and is updated ``num_updates``
+    times between inner solves: ``basis_update="fixed_point"`` recomputes those eigenvectors at the
+    current solution (thesis app. B.2.3; not guaranteed to increase the bound), ``"gradient"`` takes
+    E ← orth(E + α ∂B/∂E) with α the best of a few step sizes (never decreases it).
 
-    - initialised from the leading principal directions of the curvature-weighted
-      projections, the top-K eigenvectors of Σ_n w_n h_n h_nᵀ (w_n the site curvatures
-      at the starting point), computed by Lanczos (`vijax._linalg.leading_eigenvectors`);
-    - then updated ``num_updates`` times between inner solves, either by the fixed point
-      of thesis app. B.2.3 (``basis_update="fixed_point"``: the same eigenvectors at the
-      current solution), or by projected gradient ascent
-      (``basis_update="gradient"``: E ← orth(E + α ∂B/∂E), α chosen among a few step
-      sizes so the bound never decreases).
-
-    The fixed point is not guaranteed to increase the bound (the thesis's observation);
-    the projected-gradient update is.
-
-    Convention: E spans the directions of *largest curvature* — the smallest-variance
-    directions of S⁻¹ = Λ + HΓHᵀ — so C fits the directions the data pin down and the
-    single c covers the near-prior rest. (Thesis app. B.2.3 speaks of the leading
-    eigenvectors of S, the largest-variance directions; on the thesis's §5.2 problem with
-    D = 250, N = 125, K = 12, holding that basis fixed gives bound/N −1.08 against −0.99
-    for this one; see ``benchmarks/blr_covariance.py``.)
+    E spans the directions of *largest curvature* (smallest variance), so C fits what the data pin down
+    and c the near-prior rest; the thesis's leading eigenvectors of S gave a lower bound (docs/benchmarks.md).
     """
 
     rank: int = eqx.field(static=True)
@@ -72,9 +59,14 @@ class Subspace(AbstractCovariance):
         return SubspaceFactor(E, jnp.linalg.cholesky(E.T @ cov @ E).T, outside)
 
     def from_curvature(self, curvature):
-        dim = curvature.model.dim
-        E = _leading_eigenvectors(curvature.sites_mv, dim, self._k(dim), curvature.weights[0].dtype)
-        return _fit_in_basis(E, curvature)
+        dim, k = curvature.model.dim, self._k(curvature.model.dim)
+        E = _leading_eigenvectors(curvature.sites_mv, dim, k, curvature.weights[0].dtype)
+        # C = R⁻¹ with EᵀPE = R Rᵀ, and c² = (D − K) / tr((I − EEᵀ) P): S ≈ P⁻¹ within the structure.
+        inner = E.T @ curvature.mv(E)
+        C = inverse_factor(reversed_cholesky(0.5 * (inner + inner.T)))
+        outside_trace = jnp.sum(curvature.diagonal()) - jnp.trace(inner)
+        scale = jnp.sqrt((dim - k) / outside_trace) if k < dim else jnp.ones((), C.dtype)
+        return SubspaceFactor(E, C, scale)
 
     def update(self, factor, mean, objective, curvature):
         if self.basis_update == "fixed_point":
@@ -146,11 +138,14 @@ class SubspaceFactor(AbstractFactor):
         z2 = jax.random.normal(k2, (num_samples, self.dim), self.chol.dtype)
         return z1 @ self._C() @ self.basis.T + self.scale * (z2 - (z2 @ self.basis) @ self.basis.T)
 
+    def _covariance_mv(self, V):
+        """S V for V of shape ``(D,)`` or ``(D, B)``, O(D K) per column."""
+        inside = self.basis.T @ V
+        return self.basis @ (self._C().T @ (self._C() @ inside)) + self.scale**2 * (V - self.basis @ inside)
+
     def in_basis(self, E):
         """The factor with basis ``E`` whose in-subspace covariance is Eᵀ S E (c kept)."""
-        EtE = self.basis.T @ E
-        SE = self.basis @ (self._C().T @ (self._C() @ EtE)) + self.scale**2 * (E - self.basis @ EtE)
-        inner = E.T @ SE
+        inner = E.T @ self._covariance_mv(E)
         return SubspaceFactor(E, jnp.linalg.cholesky(0.5 * (inner + inner.T)).T, self.scale)
 
     def preconditioner(self, curvature):
@@ -172,17 +167,6 @@ class _DenseCurvature(eqx.Module):
 
     def dense(self):
         return self.matrix
-
-
-def _fit_in_basis(E, curvature):
-    """C = R⁻¹ with EᵀPE = R Rᵀ, and c² = (D − K) / tr((I − EEᵀ) P): S ≈ P⁻¹ within the structure."""
-    dim, k = E.shape
-    inner = E.T @ curvature.mv(E)
-    R = reversed_cholesky(0.5 * (inner + inner.T))
-    C = inverse_factor(R)
-    outside_trace = jnp.sum(curvature.diagonal()) - jnp.trace(inner)
-    scale = jnp.sqrt((dim - k) / outside_trace) if k < dim else jnp.ones((), R.dtype)
-    return SubspaceFactor(E, C, scale)
 
 
 def _leading_eigenvectors(mv, dim, k, dtype):

@@ -1,14 +1,8 @@
 """Sparse linear models and sequential Bayesian experimental design (`vj.design`).
 
-- `sparse_linear_model(M, y, noise_variance, B, prior)`: p(w | y) ∝ N(y | Mw, ν²I) ∏_j φ(b_jᵀw), a
-  `vj.LatentLinearModel` with a Laplace or Student-t potential on the filter responses s = Bw;
-- `filters`: B as projections with O(D) products: `identity`, `finite_differences`, `wavelets`
-  (orthonormal Daubechies-4), `stack`;
-- design criteria from a Gaussian posterior: `information_gain` ½ log det(I + ν⁻² M* S M*ᵀ), `row_gains`,
-  `greedy_rows`, `free_design` (leading eigenvectors of S by Lanczos, products with S only), `entropy`;
-- `sequential(...)`: the fit → design → measure → refit loop with any vijax method, and the random-design
-  baseline; returns a `SequentialResult`. Its G-KL fits stop at Newton tolerance ``FIT_TOL`` = 1e-6
-  (`design_method`), enough for the mean and S's leading eigenvectors.
+- `sparse_linear_model`: p(w | y) ∝ N(y | Mw, ν²I) ∏_j φ(b_jᵀw), with filters B from `filters`;
+- design criteria from q(w) = N(m, S): `information_gain`, `row_gains`, `greedy_rows`, `free_design`, `entropy`;
+- `sequential`: the fit → design → measure → refit loop with any vijax method, and the random-design baseline.
 """
 
 from . import filters
@@ -17,27 +11,9 @@ from .criteria import (covariance_product, entropy, free_design, greedy_rows, in
 from .model import ep_sites, measurement_sites, smoothed_laplace, sparse_linear_model
 from .sequential import FIT_TOL, SequentialResult, design_method, random_rows, sequential
 
-__all__ = [
-    "sparse_linear_model",
-    "measurement_sites",
-    "ep_sites",
-    "smoothed_laplace",
-    "filters",
-    "covariance_product",
-    "information_gain",
-    "row_gains",
-    "greedy_rows",
-    "lanczos",
-    "leading_eigenvectors",
-    "lanczos_variances",
-    "free_design",
-    "entropy",
-    "sequential",
-    "SequentialResult",
-    "random_rows",
-    "design_method",
-    "FIT_TOL",
-]
+__all__ = ["sparse_linear_model", "measurement_sites", "ep_sites", "smoothed_laplace", "filters", "covariance_product",
+           "information_gain", "row_gains", "greedy_rows", "lanczos", "leading_eigenvectors", "lanczos_variances",
+           "free_design", "entropy", "sequential", "SequentialResult", "random_rows", "design_method", "FIT_TOL"]
 
 
 def __dir__():

@@ -1,27 +1,14 @@
 """Linear filters B for the sparsity prior of a sparse linear model: s = B w.
 
-Every filter here is a projection (`vijax.projections.AbstractProjection`), so it can be the ``H`` of a
-`vj.Sites` group and every method uses it through the same products (``mv``, ``rmv``, ``squared_mv``,
-``squared_rmv``, ``gram``). An image of shape ``(h, w)`` is the vector ``w = image.ravel()`` (row-major,
-D = h·w).
+Each filter is a projection (`vijax.projections.AbstractProjection`), so it can be the ``H`` of a `vj.Sites`
+group. An image of shape ``(h, w)`` is the vector ``w = image.ravel()`` (row-major, D = h·w).
 
-- `identity(D)`: B = I (sparsity of the signal itself; thesis Fig. 5.2);
-- `finite_differences(shape)`: horizontal neighbours x[i, j+1] − x[i, j] followed by vertical neighbours
-  x[i+1, j] − x[i, j], h(w−1) + (h−1)w rows (or 2D with ``periodic=True``: the differences wrap around);
-- `wavelets(shape)`: the orthonormal multi-scale Daubechies-4 transform with periodic boundaries, D rows,
-  in the order of PyWavelets' ``wavedec2(image, "db4", mode="periodization")``:
-  ``[cA_L, cH_L, cV_L, cD_L, …, cH_1, cV_1, cD_1]``, each block raveled row-major;
-- `stack(*filters)`: the rows of several filters one after another (thesis §5.4: finite differences
-  plus wavelets, B ∈ R^{3D × D}).
+`identity`, `finite_differences` and `wavelets` (orthonormal Daubechies-4) build B; `stack` puts filters'
+rows one after another (thesis §5.4: finite differences plus wavelets, B ∈ R^{3D × D}).
 
-Products with `FiniteDifferences` and `Wavelets` cost O(D) (shifts of the image, no matrix): one level
-of the wavelet transform filters each axis with the 8 Daubechies-4 taps and keeps every second output,
-so L levels cost 2·8·D·(1 + 1/4 + …) < 22 D multiplies. ``rmv`` is the exact transpose of ``mv`` (by
-`jax.linear_transpose`). The squared products ``(B∘B) v`` — what a diagonal or chevron covariance needs for
-s_n² = b_nᵀ S b_n — are exact and matrix-free too: for finite differences the same stencil with both signs
-+, for wavelets separable products with the squared 1-D composite filters of each level. ``gram`` forms
-Bᵀ diag(u) B as a dense (D, D) matrix from B's products with the columns of I (what the dense-covariance
-methods need anyway).
+Products with B, Bᵀ and B∘B (for s_n² = b_nᵀ S b_n under a diagonal or chevron covariance) are exact and
+matrix-free: stencils for finite differences, separable products for wavelets. ``gram`` forms Bᵀ diag(u) B
+as a dense (D, D) matrix, for the dense-covariance methods.
 """
 
 from __future__ import annotations
@@ -33,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..projections import AbstractProjection, Dense, Identity, as_projection
+from ..projections import AbstractProjection, Identity, as_projection
 
 __all__ = ["identity", "finite_differences", "wavelets", "stack", "FiniteDifferences", "Wavelets", "Stacked",
            "DB4_LOW", "DB4_HIGH", "max_level", "as_dense"]
@@ -52,26 +39,18 @@ def _check_shape(shape, owner):
 
 
 class _Filter(AbstractProjection):
-    """A filter with O(D)-type products on vectors or on a block of K columns at once (``_forward``), their
-    transpose (``_adjoint``: by default ``jax.linear_transpose`` of the batched map), and the same products
-    with B∘B (``squared=True``).
-
-    The K columns ride along as trailing axes of the image (``(D, K)`` reshaped to ``(h, w, K)``): no
-    ``vmap`` over columns and no transposes, so a product with K columns is one small batched program.
+    """A filter with matrix-free products (``_forward``), their transpose (``_adjoint``: by default
+    ``jax.linear_transpose``), and the same with B∘B (``squared=True``). K columns ride along as trailing
+    axes of the image (``(D, K)`` as ``(h, w, K)``), so a product with K columns is one batched program.
     """
 
     def _forward(self, x, squared):
         raise NotImplementedError
 
     def _adjoint(self, y, squared):
-        num_rows, dim = self.shape
-        primal = jax.ShapeDtypeStruct((dim, *y.shape[1:]), y.dtype)
+        primal = jax.ShapeDtypeStruct((self.shape[1], *y.shape[1:]), y.dtype)
         (out,) = jax.linear_transpose(lambda x: self._forward(x, squared), primal)(y)
         return out
-
-    @property
-    def shape(self):
-        raise NotImplementedError
 
     def _check(self, x, rows):
         expected = self.shape[0] if rows else self.shape[1]
@@ -90,14 +69,6 @@ class _Filter(AbstractProjection):
 
     def squared_rmv(self, w):
         return self._adjoint(self._check(w, True), True)
-
-    def gram(self, w):
-        dim = self.shape[1]
-        B = self.mv(jnp.eye(dim, dtype=w.dtype))  # (N, D), O(D²): for the dense-covariance methods
-        return B.T @ (w[:, None] * B)
-
-    def right_multiply(self, L):
-        return Dense(self.mv(L))
 
     def _dtype(self):
         return self.dtype
@@ -135,8 +106,7 @@ class FiniteDifferences(_Filter):
         return jnp.concatenate([horizontal.reshape(-1, *batch), vertical.reshape(-1, *batch)])
 
     def _pairs(self):
-        """(a, b) with row r of B equal to e_a − e_b: the neighbour and the pixel, in row order (traced
-        index arithmetic, not constants of the program)."""
+        """(a, b) with row r of B equal to e_a − e_b, in row order (traced arithmetic, not program constants)."""
         h, w = self.image_shape
         index = jnp.arange(h * w).reshape(h, w)
         if self.periodic:
@@ -146,8 +116,7 @@ class FiniteDifferences(_Filter):
         return (jnp.concatenate([right.ravel(), below.ravel()]), jnp.concatenate([left.ravel(), above.ravel()]))
 
     def gram(self, w):
-        # Bᵀ diag(u) B = Σ_r u_r (e_a − e_b)(e_a − e_b)ᵀ: a weighted graph Laplacian, O(D) scattered entries
-        # into the dense (D, D) matrix the dense-covariance methods want (not O(N D²) from B's columns).
+        # Bᵀ diag(u) B = Σ_r u_r (e_a − e_b)(e_a − e_b)ᵀ: a weighted graph Laplacian, O(D) scattered entries.
         a, b = self._pairs()
         dim = self.shape[1]
         G = jnp.zeros((dim, dim), w.dtype)
@@ -188,18 +157,14 @@ class Wavelets(_Filter):
 
     $$
     Y_\\ell = A_\\ell X C_\\ell^\\top
-    = \\begin{pmatrix} \\mathrm{low}_\\ell X \\mathrm{low}_\\ell'^\\top & \\mathrm{low}_\\ell X \\mathrm{high}_\\ell'^\\top \\\\
-      \\mathrm{high}_\\ell X \\mathrm{low}_\\ell'^\\top & \\mathrm{high}_\\ell X \\mathrm{high}_\\ell'^\\top \\end{pmatrix}
     = \\begin{pmatrix} c_{A,\\ell} & c_{V,\\ell} \\\\ c_{H,\\ell} & c_{D,\\ell} \\end{pmatrix},
     \\qquad A_\\ell = \\begin{pmatrix} \\mathrm{low}_\\ell \\\\ \\mathrm{high}_\\ell \\end{pmatrix},\\
     C_\\ell = \\begin{pmatrix} \\mathrm{low}'_\\ell \\\\ \\mathrm{high}'_\\ell \\end{pmatrix}
     $$
 
-    (c_A kept at the coarsest level L only). A row of B is thus an outer product a ⊗ c, and a row of B∘B
-    is a² ⊗ c²: the squared products are the same two matrix products with A_ℓ∘A_ℓ and C_ℓ∘C_ℓ, and the
-    transposes are Aᵀ Y C. So each of ``mv``, ``rmv``, ``squared_mv`` and ``squared_rmv`` is 2L small
-    matrix products (K columns batched along a trailing axis), O(D·(h + w)) per column, and one small
-    program: the A_ℓ, C_ℓ are leaves (``matrices``), not constants of the compiled program.
+    (c_A kept at the coarsest level L only). A row of B is an outer product a ⊗ c, so a row of B∘B is
+    a² ⊗ c² and the squared products use A_ℓ∘A_ℓ and C_ℓ∘C_ℓ; the transposes are Aᵀ Y C. Each product is
+    2L small matrix products, O(D·(h + w)) per column; the A_ℓ, C_ℓ are leaves, not program constants.
     """
 
     image_shape: tuple[int, int] = eqx.field(static=True)
@@ -312,9 +277,6 @@ class Stacked(AbstractProjection):
     def gram(self, w):
         return sum(p.gram(block) for p, block in zip(self.parts, self._split(w)))
 
-    def right_multiply(self, L):
-        return Dense(self.mv(L))
-
     def _dtype(self):
         return self.parts[0]._dtype()
 
@@ -339,10 +301,9 @@ def finite_differences(shape, periodic=False, dtype=None) -> FiniteDifferences:
 def wavelets(shape, levels=None, dtype=None) -> Wavelets:
     """The orthonormal Daubechies-4 wavelet transform of an image of ``shape`` (h, w), periodic boundary.
 
-    ``levels`` defaults to `max_level` (3 for 64 × 64). Equal to PyWavelets'
-    ``pywt.coeffs_to_array``-free flattening of ``wavedec2(image, "db4", mode="periodization", level=levels)``
-    (approximation, then for each level from the coarsest the horizontal, vertical and diagonal details).
-    Both sides of the image must be multiples of ``2**levels``.
+    ``levels`` defaults to `max_level` (3 for 64 × 64); both sides must be multiples of ``2**levels``. Rows
+    in the order of PyWavelets' ``wavedec2(image, "db4", mode="periodization", level=levels)``:
+    ``[cA_L, cH_L, cV_L, cD_L, …, cH_1, cV_1, cD_1]``, each block raveled row-major.
     """
     return Wavelets(shape, levels, dtype)
 

@@ -6,9 +6,8 @@ p(w \\mid y) \\;\\propto\\; \\mathcal N(y \\mid M w, \\nu^2 I) \\prod_{j=1}^{J} 
 $$
 
 with M ∈ R^{N×D} (N ≪ D measurements), B ∈ R^{J×D} (filters, `vijax.design.filters`) and φ a Laplace or
-Student-t potential on each filter response (thesis §5.4; Seeger & Nickisch 2011). It is a
-`vj.LatentLinearModel` with no Gaussian factor and two site groups: the N Gaussian measurement sites
-N(y_n | m_nᵀw, ν²) (group 0) and the J sparsity sites φ_j(b_jᵀw) (group 1), so every vijax method fits it.
+Student-t potential (thesis §5.4; Seeger & Nickisch 2011): a `vj.LatentLinearModel` with no Gaussian factor,
+measurement sites (group 0) and sparsity sites (group 1), so every vijax method fits it.
 """
 
 from __future__ import annotations
@@ -47,30 +46,22 @@ def sparse_linear_model(M, y, noise_variance, B, prior) -> LatentLinearModel:
 
     **Arguments:**
 
-    - `M`: the measurement matrix, shape ``(N, D)``: a dense array, a `BCOO` matrix or any vijax projection
-      (matrix-free ones included, e.g. a `vijax.design.filters` operator).
-    - `y`: the measurements, shape ``(N,)``.
+    - `M`: the measurements, shape ``(N, D)``: a dense array, a `BCOO` or any vijax projection.
+    - `y`: the measured values, shape ``(N,)``.
     - `noise_variance`: ν² > 0 (a scalar).
     - `B`: the filters, shape ``(J, D)``: a dense array, a `BCOO`, `vj.Identity(D)` or a
-      `vijax.design.filters` operator (`finite_differences`, `wavelets`, `stack`).
-    - `prior`: the sparsity potential on s = B w: `vj.potentials.Laplace(scale=τ)` (φ(s) = e^{−|s|/τ}/2τ) or
-      `vj.potentials.StudentT(df=ν, scale=σ)`, with parameters scalar or of shape ``(J,)`` (one per filter,
-      e.g. τ = 0.1 on finite differences and 0.14 on wavelets). `vj.potentials.Gaussian(scale=σ)` gives the
-      conjugate model, whose posterior every Gaussian method finds exactly (a check of the design loop).
+      `vijax.design.filters` operator.
+    - `prior`: the potential on s = B w: `vj.potentials.Laplace(scale=τ)` or `vj.potentials.StudentT(df=ν,
+      scale=σ)`, parameters scalar or one per filter ``(J,)``; `vj.potentials.Gaussian(scale=σ)` gives the
+      conjugate model (a check of the design loop).
 
-    **Returns:** a `vj.LatentLinearModel` with ``prior=None`` and two site groups: the N measurement sites
-    (`vj.potentials.Gaussian(loc=y, scale=ν)` on M) and the J sparsity sites (``prior`` on B).
-
-    No proper Gaussian prior on w is needed: the sites make the posterior proper when B has full column
-    rank (or M and B together do). But ∏_j φ_j(b_jᵀw) is a density in s, not in w, so the model is not
-    normalised in w: ``log_z`` (for `vj.GKL`, B_G-KL) is then **not a lower bound on log p(y)** — it differs
-    from one by the constant log |det B| for a square B, and is no bound at all otherwise — while the
-    posterior approximation q(w), which does not depend on that constant, is unaffected (thesis §5.4).
-    ``post.is_lower_bound`` reports the method's claim for the model as given; do not compare ``log_z``
+    **Returns:** a `vj.LatentLinearModel` with ``prior=None``, sites ``Gaussian(loc=y, scale=ν)`` on M and
+    ``prior`` on B. The posterior is proper when B (or M and B together) has full column rank. But
+    ∏_j φ_j(b_jᵀw) is a density in s, not in w, so ``log_z`` is **not a lower bound on log p(y)** (it is off
+    by log |det B| for a square B, and no bound otherwise); q(w) is unaffected. Do not compare ``log_z``
     across filters B.
 
-    Raises `ValueError` when M and B disagree on D, y does not have one entry per row of M, ν² is not
-    positive, or ``prior`` is not a Laplace, Student-t, Gaussian, smoothed Laplace or Custom potential.
+    Raises `ValueError` when M, y and B disagree in shape, ν² ≤ 0, or ``prior`` is of another kind.
     """
     measurements = measurement_sites(M, y, noise_variance)
     filters = as_projection(B)
@@ -100,11 +91,9 @@ def _prior_precision(potential):
 def ep_sites(model: LatentLinearModel, previous: SiteParams | None = None) -> SiteParams:
     """Starting sites for `vj.EP` on a sparse linear model (its ``init``).
 
-    EP's default start, the Laplace approximation, has zero curvature at every Laplace site, so without a
-    Gaussian factor q is improper while N < D. Here the measurement sites are exact (τ_n = 1/ν², ν_n = y_n/ν²:
-    a Gaussian site's EP update is itself) and each sparsity site starts as a Gaussian of the prior's
-    variance (τ_j = 1/Var φ_j), or at its value in ``previous`` (the sites of the last fit, whose sparsity
-    group has the same size), which warm-starts a design loop.
+    EP's default (Laplace) start has zero curvature at Laplace sites, so q is improper while N < D. Here the
+    measurement sites are exact (τ_n = 1/ν², ν_n = y_n/ν²) and each sparsity site starts at 1/Var φ_j, or at
+    its value in ``previous`` (the last fit's sites, sparsity group of the same size) to warm-start a loop.
     """
     measurement, sparsity = model.sites[MEASUREMENTS], model.sites[SPARSITY]
     gauss = measurement.potential
@@ -128,9 +117,8 @@ def ep_sites(model: LatentLinearModel, previous: SiteParams | None = None) -> Si
 
 
 class SmoothedLaplace(potentials.AbstractPotential):
-    """φ(s) ∝ exp(−(√(s² + ε²) − ε)/τ) / 2τ with ε = ``smoothing``·τ: a twice-differentiable Laplace for MAP
-    estimation (see `smoothed_laplace`). ``scale`` and ``smoothing`` are array leaves, so every model
-    built with the same shapes reuses one compiled fit."""
+    """φ(s) ∝ exp(−(√(s² + ε²) − ε)/τ) / 2τ with ε = ``smoothing``·τ (see `smoothed_laplace`); array leaves,
+    so models of the same shapes share one compiled fit."""
 
     scale: jax.Array
     smoothing: jax.Array
@@ -150,9 +138,8 @@ class SmoothedLaplace(potentials.AbstractPotential):
 def smoothed_laplace(scale, smoothing=1e-2) -> SmoothedLaplace:
     """φ(s) ∝ exp(−√(s² + ε²)/τ) with ε = ``smoothing``·τ: a twice-differentiable Laplace for MAP estimation.
 
-    The Laplace potential has zero curvature away from 0 and a kink at 0, so Newton steps on the MAP
-    objective stall; this log-concave smoothing (the usual one of sparse-MAP solvers) keeps the mode within
-    O(ε) of the Laplace model's.
+    Newton steps stall on the Laplace potential (zero curvature away from 0, a kink at 0); this log-concave
+    smoothing keeps the mode within O(ε) of the Laplace model's.
     """
     return SmoothedLaplace(scale, smoothing)
 

@@ -1,9 +1,7 @@
 """Sequential Bayesian experimental design for the sparse linear model (thesis §5.4).
 
-Each step: fit q(w) = N(m, S) to the current measurements with a vijax method; choose the next block of
-rows M* (the free design: S's leading eigenvectors; or the most informative of given candidates; or
-random unit-norm rows, the baseline); measure y* (simulated from a known signal, or from a user's
-function); append and refit, warm-started from the last posterior.
+Each step fits q(w) = N(m, S) with a vijax method, chooses the next block of rows M* (S's leading
+eigenvectors, the most informative candidates, or random rows), measures y* and refits, warm-started.
 """
 
 from __future__ import annotations
@@ -34,24 +32,15 @@ FIT_TOL = 1e-6  # the default Newton tolerance of a design loop's G-KL fits (see
 
 
 def design_method(method: AbstractMethod, fit_tol: float | None = FIT_TOL) -> AbstractMethod:
-    """``method`` as `sequential` runs it: a `vj.GKL` with no `solver` and a Newton-CG family (chevron,
-    diagonal, subspace, …; the concave ones) gets ``vj.solvers.NewtonCG(tol=fit_tol)``; anything else is
-    returned unchanged, as is everything when ``fit_tol`` is None.
+    """``method`` as `sequential` runs it: a `vj.GKL` with no `solver` and a concave family other than `Full`
+    (whose natural-gradient fixed point has its own stopping rule) gets ``vj.solvers.NewtonCG(tol=fit_tol)``;
+    anything else, or everything when ``fit_tol`` is None, is returned unchanged.
 
-    Why a looser tolerance than the solver's own 1e-10 (the squared Newton decrement gᵀd): a design step
-    needs the mean and the leading eigenvectors of S, not the bound to 1e-10. On the 64 × 64 image model
-    (G-KL, chevron 80, N = 100 → 103) 1e-6 against 1e-10 moved the mean by 8e-8 (same data) and 5e-7
-    (after a designed step) relative, the chosen 3-row block by a largest principal angle of 1e-6 rad, the
-    information gain and the ℓ2 error not in the printed 4 and 7 digits; it saved one Newton iteration
-    per fit (27 and 18 against 28 and 19 at 1e-10), about 10% of a warm step's CPU time
-    (``benchmarks/results/design_tolerance.txt``; ``benchmarks/design_images.py --gkl-tol`` runs the image
-    design loop at either tolerance). The evidence ``log_z`` and its gradients want the optimum: fit with
-    ``fit_tol=None`` (or give the method a solver) when they matter. The full covariance family's
-    natural-gradient fixed point has its own stopping rule and is left alone.
+    A design step needs the mean and S's leading eigenvectors, which settle well before the bound reaches
+    NewtonCG's own 1e-10 (docs/benchmarks.md); fit with ``fit_tol=None`` when ``log_z`` or its gradients matter.
     """
-    if fit_tol is None or not isinstance(method, GKL) or method.solver is not None:
-        return method
-    if not method.covariance.concave or isinstance(method.covariance, Full):  # Full: maybe the natural fixed point
+    if (fit_tol is None or not isinstance(method, GKL) or method.solver is not None
+            or not method.covariance.concave or isinstance(method.covariance, Full)):
         return method
     return dataclasses.replace(method, solver=NewtonCG(tol=float(fit_tol)))
 
@@ -63,14 +52,12 @@ class SequentialResult(NamedTuple):
     - `errors`: ‖m − w_true‖₂ of each fit's mean, ``(S + 1,)`` (NaN without ``truth``).
     - `fit_times`: wall-clock seconds of each fit, ``(S + 1,)`` (the first includes compilation).
     - `design_times`: seconds to choose each block, ``(S,)``.
-    - `gains`: the information gain ½ log det(I + ν⁻² M* S M*ᵀ) of each chosen block under the posterior
-      it was chosen from, ``(S,)``.
+    - `gains`: each chosen block's information gain under the posterior it was chosen from, ``(S,)``.
     - `converged`: each fit's ``diagnostics.converged``, ``(S + 1,)``.
     - `rows`, `y`: all measurements at the end, ``(N_S, D)`` and ``(N_S,)`` (the first N_0 are the start).
     - `posterior`: the last fit (a `vj.Posterior`; its model is padded when ``pad`` was on).
     - `means`: each fit's mean, ``(S + 1, D)``, when ``keep_means=True``, else None.
-    - `fit_cpu_times`: process CPU seconds of each fit (all threads), ``(S + 1,)``: less sensitive than
-      `fit_times` to other programs sharing the machine.
+    - `fit_cpu_times`: process CPU seconds of each fit (all threads), ``(S + 1,)``.
     """
 
     num_measurements: np.ndarray
@@ -107,15 +94,6 @@ def _check_int(name, value, minimum):
     return int(value)
 
 
-def _start(method: AbstractMethod, model, previous: Posterior | None):
-    """The ``init`` of a loop's fit: the last posterior (its State: the padded sites keep every fit's shapes,
-    so the refits reuse the first fit's program), or None for the method's own start; EP on a sparse
-    linear model starts from `ep_sites` instead (its Laplace start is improper while N < D)."""
-    if isinstance(method, EP):
-        return ep_sites(model, None if previous is None else previous.state)
-    return previous
-
-
 def sequential(M, y, noise_variance, B, prior, method: AbstractMethod, num_steps: int, *, rows_per_step: int = 1,
                design: str = "free", truth=None, measure: Callable | None = None, candidates=None, key=None,
                num_lanczos: int | None = None, warm_start: bool = True, pad: bool = True,
@@ -127,32 +105,21 @@ def sequential(M, y, noise_variance, B, prior, method: AbstractMethod, num_steps
 
     - `M`, `y`, `noise_variance`, `B`, `prior`: the starting model (see `sparse_linear_model`); M dense
       ``(N_0, D)``.
-    - `method`: any vijax method (`vj.GKL(covariance=vj.covariance.Chevron(80))`, `vj.LVB()`,
-      `vj.EP(power=0.9)`, `vj.MAP()`, …).
+    - `method`: any vijax method (`vj.GKL(covariance=vj.covariance.Chevron(80))`, `vj.LVB()`, `vj.MAP()`, …).
     - `num_steps`: S, the number of blocks to add; `rows_per_step`: K, rows per block.
-    - `design`: ``"free"`` — the K leading eigenvectors of S by Lanczos (``num_lanczos`` steps, default
-      min(D, max(2K + 20, 40)); for `vj.LVB` with ``variances="lanczos"``, whose factor only estimates S,
-      block steps of 2K CG solves with P, default 5; see `vj.design.free_design`), the block of K unit-norm
-      rows with the largest information gain;
-      ``"greedy"`` — K rows of ``candidates`` (a ``(C, D)`` array) picked greedily by information gain
-      (a row is used at most once); ``"random"`` — K random unit-norm rows (the baseline; with `vj.MAP`
-      this is the thesis's "MAP Rand").
-    - `truth`: the true signal w (D,), to simulate y* = M* w + N(0, ν² I) (with ``key``) and report ℓ2
-      errors; or `measure`: a function ``rows (K, D) -> y* (K,)`` that takes the measurements.
-    - `key`: a `jax.random` key for the random rows, Lanczos starts and simulated noise (default
-      PRNGKey(0)).
-    - `warm_start`: refit from the last posterior's State (EP: its sites, with exact sites for the new
-      measurements, see `ep_sites`). The first fit compiles the method's start and its fit; the refits
-      reuse the fit's program.
+    - `design`: ``"free"`` — the K leading eigenvectors of S (`free_design`, ``num_lanczos`` steps, default
+      min(D, max(2K + 20, 40)), or 5 block steps for `vj.LVB` with Lanczos variances); ``"greedy"`` — K
+      rows of ``candidates`` (a ``(C, D)`` array, each used at most once) by `greedy_rows`; ``"random"`` —
+      K random unit-norm rows (the baseline; with `vj.MAP` the thesis's "MAP Rand").
+    - `truth`: the true signal w (D,), to simulate y* = M* w + N(0, ν² I) and report ℓ2 errors; or
+      `measure`: a function ``rows (K, D) -> y* (K,)`` that takes the measurements.
+    - `key`: a `jax.random` key for random rows, Lanczos starts and noise (default PRNGKey(0)).
+    - `warm_start`: refit from the last posterior's State (EP: `ep_sites`).
     - `pad`: pad the measurement sites to the final N (`vj.pad_sites`) so that all fits share one
-      compiled program (the padding sites contribute nothing; each fit costs as much as the last).
-    - `map_smoothing`: `vj.MAP` and `vj.Laplace` fit the model with a Laplace prior replaced by
-      `smoothed_laplace(τ, map_smoothing)` (their Newton steps need curvature); None keeps it.
-    - `fit_tol`: the Newton tolerance (squared Newton decrement) of the fits when `method` is a `vj.GKL`
-      with no `solver` whose family is fitted by Newton-CG (chevron, diagonal, subspace, …); default
-      1e-6 instead of `vj.solvers.NewtonCG`'s 1e-10: a design step needs the mean and S's leading
-      eigenvectors, which are settled well before the bound is (see `design_method` for the numbers).
-      None keeps the method as given; a method with its own `solver` is always kept.
+      compiled program (each fit then costs as much as the last).
+    - `map_smoothing`: `vj.MAP` and `vj.Laplace` replace a Laplace prior by `smoothed_laplace(τ,
+      map_smoothing)` (their Newton steps need curvature); None keeps it.
+    - `fit_tol`: the Newton tolerance of `vj.GKL` fits (see `design_method`); default 1e-6, not 1e-10.
     - `keep_means`: keep every fit's mean in the result; `callback(step, posterior)`: called after each fit.
 
     **Returns:** a `SequentialResult`. Raises `ValueError` for an unknown design, neither or both of
@@ -180,8 +147,7 @@ def sequential(M, y, noise_variance, B, prior, method: AbstractMethod, num_steps
     key = jax.random.PRNGKey(0) if key is None else key
     rows = np.asarray(M, dtype=np.result_type(float) if not hasattr(M, "dtype") else M.dtype)
     values = np.asarray(y, dtype=rows.dtype)
-    sparse_model = sparse_linear_model(rows, values, noise_variance, B, prior)  # validates the inputs
-    dim = sparse_model.dim
+    dim = sparse_linear_model(rows, values, noise_variance, B, prior).dim  # validates the inputs
     nu2 = float(noise_variance)
     if truth is not None:
         truth = np.asarray(truth, rows.dtype)
@@ -194,35 +160,30 @@ def sequential(M, y, noise_variance, B, prior, method: AbstractMethod, num_steps
     final = rows.shape[0] + num_steps * rows_per_step
     available = np.ones(0 if candidates is None else candidates.shape[0], bool)
 
-    def build(rows, values):
-        model = sparse_linear_model(rows, values, noise_variance, B, fit_prior)
-        return pad_sites(model, size=(final, None)) if pad else model
+    errors, fit_times, cpu_times, design_times, gains, counts, converged, means = ([] for _ in range(8))
 
-    def fit(model, previous):
+    def fit(previous, step):
+        model = sparse_linear_model(rows, values, noise_variance, B, fit_prior)
+        model = pad_sites(model, size=(final, None)) if pad else model
         start, start_cpu = time.perf_counter(), time.process_time()
-        init = _start(method, model, previous if warm_start else None)
+        init = previous if warm_start else None
+        if isinstance(method, EP):  # its Laplace start is improper while N < D
+            init = ep_sites(model, None if init is None else init.state)
         post = infer(model, method, init=init)
         jax.block_until_ready(post.mean)
-        return post, (time.perf_counter() - start, time.process_time() - start_cpu)
-
-    errors, fit_times, design_times, gains, counts, converged, means = [], [], [], [], [], [], []
-    cpu_times = []
-
-    def record(post, times):
-        seconds, cpu = times
-        cpu_times.append(cpu)
+        fit_times.append(time.perf_counter() - start)
+        cpu_times.append(time.process_time() - start_cpu)
         mean = np.asarray(post.mean)
         errors.append(float(np.linalg.norm(mean - truth)) if truth is not None else float("nan"))
-        fit_times.append(seconds)
         counts.append(rows.shape[0])
         converged.append(bool(np.all(np.asarray(post.diagnostics.converged))))
         if keep_means:
             means.append(mean)
+        if callback is not None:
+            callback(step, post)
+        return post
 
-    post, seconds = fit(build(rows, values), None)
-    record(post, seconds)
-    if callback is not None:
-        callback(0, post)
+    post = fit(None, 0)
     for step in range(num_steps):
         key, k_design, k_noise = jax.random.split(key, 3)
         start = time.perf_counter()
@@ -247,10 +208,7 @@ def sequential(M, y, noise_variance, B, prior, method: AbstractMethod, num_steps
         else:
             observed = np.asarray(measure(new), rows.dtype).reshape(rows_per_step)
         rows, values = np.concatenate([rows, new]), np.concatenate([values, observed])
-        post, seconds = fit(build(rows, values), post)
-        record(post, seconds)
-        if callback is not None:
-            callback(step + 1, post)
+        post = fit(post, step + 1)
     return SequentialResult(np.asarray(counts), np.asarray(errors), np.asarray(fit_times), np.asarray(design_times),
                             np.asarray(gains), np.asarray(converged), rows, values, post,
                             np.stack(means) if keep_means else None, np.asarray(cpu_times))
