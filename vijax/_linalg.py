@@ -1,6 +1,5 @@
 """Shared numerical helpers, at the bottom of vijax's layers (imports nothing from vijax): Cholesky-type factors,
-tree-wide selection, objective traces, backtracking, the 1-D Gaussian log density, Gaussian KL, truncated CG, and Lanczos with what is built on it
-(`vijax.design`'s free design, the Subspace family's basis, LVB's variances)."""
+tree-wide selection, objective traces, backtracking, Gaussian densities and KL, truncated CG, and Lanczos."""
 
 from __future__ import annotations
 
@@ -11,8 +10,9 @@ import jax
 import jax.numpy as jnp
 from jax.scipy.linalg import solve_triangular
 
-__all__ = ["LOG_2PI", "reversed_cholesky", "inverse_factor", "select", "nan_trace", "backtrack", "normal_log_density", "gaussian_entropy", "neg_kl", "pcg", "lanczos",
-           "ritz_pairs", "block_ritz_pairs", "leading_eigenvectors", "lanczos_variances"]
+__all__ = ["LOG_2PI", "reversed_cholesky", "inverse_factor", "select", "nan_trace", "backtrack", "normal_log_density",
+           "gaussian_entropy", "neg_kl", "pcg", "lanczos", "ritz_pairs", "block_ritz_pairs", "leading_eigenvectors",
+           "lanczos_variances"]
 
 LOG_2PI = math.log(2 * math.pi)
 """log 2π, as a Python float (weakly typed: it takes the dtype of the arrays it meets)."""
@@ -29,9 +29,8 @@ def reversed_cholesky(P):
 def inverse_factor(R, basis=None):
     """C = R⁻¹ Bᵀ, the upper-triangular factor of S = B P⁻¹ Bᵀ = CᵀC, from P = R Rᵀ (`reversed_cholesky`).
 
-    ``R``: ``(D, D)`` upper-triangular; ``basis``: B, lower-triangular ``(D, D)`` (e.g. the Cholesky factor of a
-    prior covariance, for P in whitened coordinates; C is then a product of upper-triangular matrices) or None
-    (B = I). One O(D³) triangular solve; P⁻¹ is never formed."""
+    ``R``: ``(D, D)`` upper-triangular; ``basis``: B, lower-triangular ``(D, D)`` (e.g. a prior covariance's Cholesky
+    factor, for P in whitened coordinates) or None (B = I). One O(D³) triangular solve; P⁻¹ is never formed."""
     rhs = jnp.eye(R.shape[0], dtype=R.dtype) if basis is None else basis.T
     return solve_triangular(R, rhs, lower=False)
 
@@ -56,9 +55,8 @@ def backtrack(evaluate, acceptable, step, max_halvings: int, placeholder=None):
 
     ``step``: a scalar or an array of independent steps, each halved while its own trial fails. ``evaluate(step)``
     returns any pytree; ``acceptable(step, value)`` a boolean of ``step``'s shape. One `jax.lax.while_loop` whose
-    first iteration is the first trial, so both are lowered once (the state starts from ``placeholder``, default
-    zeros of `jax.eval_shape`'s answer). Returns ``(step, value, ok, halvings)``: the last steps, their value,
-    whether each is acceptable (callers keep the old point where not) and the halvings done."""
+    first iteration is the first trial, so ``evaluate`` is lowered once (the state starts from ``placeholder``,
+    default zeros). Returns ``(step, value, ok, halvings)``; callers keep the old point where not ``ok``."""
     def unfinished(state):
         *_, ok, k = state
         return jnp.any(~ok) & (k < max_halvings)
@@ -87,10 +85,8 @@ def gaussian_entropy(logdet_cov, dim):
 
 
 def neg_kl(trace, mahalanobis, logdet_q, logdet_p, dim):
-    """−KL(N(m, V) ‖ N(μ, Σ)) = ½[log|V| − log|Σ| − tr(Σ⁻¹V) − (m − μ)ᵀΣ⁻¹(m − μ) + dim].
-
-    From terms each caller computes in its own parametrisation: ``trace`` = tr(Σ⁻¹V), ``mahalanobis``, the log
-    determinants and the dimension."""
+    """−KL(N(m, V) ‖ N(μ, Σ)) = ½[log|V| − log|Σ| − tr(Σ⁻¹V) − (m − μ)ᵀΣ⁻¹(m − μ) + dim], from terms each caller
+    computes in its own parametrisation (``trace`` = tr(Σ⁻¹V), ``mahalanobis``, the log determinants)."""
     return 0.5 * (logdet_q - logdet_p - trace - mahalanobis + dim)
 
 
@@ -143,10 +139,9 @@ def lanczos(product, v0, num_iter: int):
     """``num_iter`` = k steps of Lanczos with full reorthogonalisation on the symmetric map ``product``.
 
     ``product``: ``(D,)`` → ``(D,)``; ``v0``: ``(D,)`` start (any scale). Returns ``(Q, alpha, beta)``: the orthonormal
-    basis Q ``(D, k)`` of K_k(A, v0) and T = QᵀAQ (diagonal ``alpha`` (k,), off-diagonal ``beta`` (k − 1,)). Each
-    step: one product and O(D k) for classical Gram–Schmidt twice (else ghost Ritz values appear). A breakdown
-    (residual below √ε/100 of ‖A q‖) continues with a random orthogonal direction and zero coupling, so T stays
-    exact. One `fori_loop`: ``product`` is traced once."""
+    basis Q ``(D, k)`` of K_k(A, v0) and T = QᵀAQ (diagonal ``alpha`` (k,), off-diagonal ``beta`` (k − 1,)).
+    Gram–Schmidt runs twice (else ghost Ritz values appear); a breakdown (residual below √ε/100 of ‖A q‖) continues
+    with a random orthogonal direction and zero coupling, so T stays exact."""
     D = v0.shape[0]
     dtype = v0.dtype
     rtol = 1e-2 * float(jnp.finfo(dtype).eps) ** 0.5
@@ -194,9 +189,8 @@ def ritz_pairs(product, v0, num_iter: int):
 def block_ritz_pairs(product, V0, num_blocks: int):
     """Ritz pairs of K_q(A, V0) = span[V0, …, A^{q−1} V0]: ``(values (m,) ascending, vectors (D, m))``, m = q·b ≤ D.
 
-    ``product`` maps ``(D, b)`` blocks (``V0``'s shape). Each step stores a block X and A X and orthonormalises A X
-    against all blocks (projection and QR, twice), so T = Qᵀ(AQ) needs no further product. Worth it over
-    `ritz_pairs` where b products cost about one (CG solves reading their matrix once per block). One `fori_loop`."""
+    ``product`` maps ``(D, b)`` blocks (``V0``'s shape); each step stores a block X and A X, so T = Qᵀ(AQ) needs no
+    further product. Worth it over `ritz_pairs` where b products cost about one (solves reading a matrix once)."""
     D, b = V0.shape
     m = num_blocks * b
     if m > D:
@@ -257,11 +251,9 @@ def lanczos_variances(precision_product, dim: int, num_iter: int, key=None, dtyp
 
     With T = QᵀPQ = UΘUᵀ (products v ↦ P v only), the estimate is diag(Q T⁻¹ Qᵀ) = Σ_k (QU)²_{:k} / θ_k (Schneider
     & Willsky 2001; glm-ie, Seeger & Nickisch 2011, used inside LVB). Q T⁻¹ Qᵀ ≼ P⁻¹: lower bounds, growing with
-    ``num_iter``, exact at D. From a random start Lanczos spends vectors on both ends of P's spectrum, so on a
-    compact spectrum the estimate holds far less of tr P⁻¹ than S's top eigenvalues would: check the error at the
-    size at hand (``benchmarks/design_images.py``). Start ``v0`` (default normal from ``key``, PRNGKey(0)). Returns
-    ``(variances (D,), ritz_values (k,), ritz_vectors (D, k))``, θ ascending (the last columns, reversed, are
-    S = P⁻¹'s leading eigenvectors)."""
+    ``num_iter``, exact at D; on a compact spectrum they can hold far less of tr P⁻¹ than S's top eigenvalues would
+    (``benchmarks/design_images.py`` measures it). Start ``v0`` (default normal from ``key``, PRNGKey(0)). Returns
+    ``(variances (D,), ritz_values (k,), ritz_vectors (D, k))``, θ ascending."""
     num_iter = min(int(num_iter), dim)
     v0 = _start(key, dim, dtype) if v0 is None else v0
     values, vectors, _ = ritz_pairs(precision_product, v0, num_iter)
