@@ -1,21 +1,31 @@
 """Shared numerical helpers, at the bottom of vijax's layers (imports nothing from vijax): Cholesky-type factors,
-tree-wide selection, objective traces, backtracking, Gaussian densities and KL, truncated CG, and Lanczos."""
+tree-wide selection, objective traces, backtracking, Gaussian densities and KL, truncated CG, Lanczos, and the
+Gauss–Legendre rule."""
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.scipy.linalg import solve_triangular
 
 __all__ = ["LOG_2PI", "reversed_cholesky", "inverse_factor", "select", "nan_trace", "backtrack", "normal_log_density",
            "gaussian_entropy", "neg_kl", "pcg", "lanczos", "ritz_pairs", "block_ritz_pairs", "leading_eigenvectors",
-           "lanczos_variances"]
+           "lanczos_variances", "unit_legendre_rule"]
 
 LOG_2PI = math.log(2 * math.pi)
 """log 2π, as a Python float (weakly typed: it takes the dtype of the arrays it meets)."""
+
+
+@functools.lru_cache(maxsize=None)
+def unit_legendre_rule(num_nodes: int):
+    """Gauss–Legendre nodes and weights on [0, 1] (NumPy float64)."""
+    x, w = np.polynomial.legendre.leggauss(num_nodes)
+    return 0.5 * (x + 1), 0.5 * w
 
 
 def reversed_cholesky(P):

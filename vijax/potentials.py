@@ -30,9 +30,9 @@ import numpy as np
 from jax.scipy.special import erf, gammaln, log_ndtr, ndtr
 
 from . import _checks, _piecewise
-from ._linalg import LOG_2PI, normal_log_density
-from .quadrature import (ExpectationDerivatives, GaussHermite, _legendre_rule, expectation_derivatives,
-                         moments_from_log_normaliser, safe_sqrt, tilted_moments)
+from ._linalg import LOG_2PI, normal_log_density, unit_legendre_rule
+from .quadrature import (ExpectationDerivatives, GaussHermite, expectation_derivatives, moments_from_log_normaliser,
+                         safe_sqrt, tilted_moments)
 
 __all__ = [
     "AbstractPotential",
@@ -57,10 +57,6 @@ _LAGUERRE_NODES = 48
 _TILTED_RULE = GaussHermite(64)  # EP's moments need ⟨σ(x)⟩ to ~1e-11 up to σ = 1.5
 _SQRT_2 = float(np.sqrt(2))
 _DEFAULT_QUADRATURE = GaussHermite()
-
-
-def _safe_ratio(num, den):
-    return num / jnp.where(den > 0, den, 1.0)
 
 
 class AbstractPotential(eqx.Module):
@@ -113,20 +109,14 @@ class AbstractPotential(eqx.Module):
 
     def check_num_sites(self, num_sites: int) -> None:
         """Raise if a per-site parameter does not broadcast against ``num_sites`` sites."""
-        for name, value in _array_fields(self):
-            _checks.check_broadcastable(name, value, num_sites, type(self).__name__)
+        for name in self.__dataclass_fields__:
+            if isinstance(value := getattr(self, name), (jax.Array, np.ndarray, float, int)):
+                _checks.check_broadcastable(name, value, num_sites, type(self).__name__)
 
     def __repr__(self):
         """Scalar parameters by value, arrays as dtype and shape: ``StudentT(df=3.0, loc=f64[100], scale=0.1)``."""
         return f"{type(self).__name__}(" + ", ".join(
             f"{f.name}={_checks.format_param(getattr(self, f.name))}" for f in dataclasses.fields(self)) + ")"
-
-
-def _array_fields(module):
-    for name in getattr(module, "__dataclass_fields__", {}):
-        value = getattr(module, name)
-        if isinstance(value, (jax.Array, np.ndarray, float, int)):
-            yield name, value
 
 
 def _param(name, value, owner, dtype, positive=False):
@@ -202,7 +192,7 @@ def _log1p_unit(e):
 
 def _legendre_on(a, b, num_nodes: int):
     """Gauss–Legendre nodes and weights on [a, b] for arrays ``a``, ``b`` (along a new last axis)."""
-    t, w = (jnp.asarray(v, jnp.result_type(a, b)) for v in _legendre_rule(num_nodes))
+    t, w = (jnp.asarray(v, jnp.result_type(a, b)) for v in unit_legendre_rule(num_nodes))
     a, b = a[..., None], b[..., None]
     return a + (b - a) * t, (b - a) * w
 
@@ -467,11 +457,13 @@ class Heaviside(AbstractPotential):
         return jnp.where(x > 0, jnp.log1p(-self.eps), jnp.log(self.eps))
 
     def expected_log_phi(self, mu, sigma, quadrature: GaussHermite = _DEFAULT_QUADRATURE):
-        p_neg = jnp.where(sigma > 0, ndtr(-_safe_ratio(mu, sigma)), (mu <= 0).astype(jnp.result_type(mu)))
+        positive = sigma > 0
+        p_neg = jnp.where(positive, ndtr(-mu / jnp.where(positive, sigma, 1.0)), (mu <= 0).astype(jnp.result_type(mu)))
         return jnp.log1p(-self.eps) + p_neg * (jnp.log(self.eps) - jnp.log1p(-self.eps))
 
     def log_expected_phi(self, mu, sigma, quadrature: GaussHermite = _DEFAULT_QUADRATURE):
-        p_pos = jnp.where(sigma > 0, ndtr(_safe_ratio(mu, sigma)), (mu > 0).astype(jnp.result_type(mu)))
+        positive = sigma > 0
+        p_pos = jnp.where(positive, ndtr(mu / jnp.where(positive, sigma, 1.0)), (mu > 0).astype(jnp.result_type(mu)))
         return jnp.log(self.eps + (1 - 2 * self.eps) * p_pos)
 
     def tilted_moments(self, mean, var, power=1.0):
@@ -520,8 +512,7 @@ class Gaussian(_LocationScale):
         return self.log_phi(mu) - 0.5 * (sigma / self.scale) ** 2
 
     def log_expected_phi(self, mu, sigma, quadrature: GaussHermite = _DEFAULT_QUADRATURE):
-        var = self.scale**2 + sigma**2
-        return normal_log_density(self.loc, mu, var)
+        return normal_log_density(self.loc, mu, self.scale**2 + sigma**2)
 
     def tilted_moments(self, mean, var, power=1.0):
         # φ^η = (2πs²)^{(1−η)/2} η^{−1/2} N(loc | x, s²/η): a Gaussian again.
@@ -647,11 +638,8 @@ class StudentT(AbstractPotential):
         peak = _expected_log1p_square((mu - self.loc) / width, sigma / width, quadrature)
         return self._log_normaliser() - 0.5 * (self.df + 1) * peak
 
-    def _peaks(self):
-        return ((self.loc, self.scale),)
-
-    def observe(self, y):
-        return dataclasses.replace(self, loc=y)
+    _peaks = _LocationScale._peaks
+    observe = _LocationScale.observe
 
 
 class Cauchy(_LocationScale):
@@ -706,8 +694,8 @@ class Custom(AbstractPotential):
     # rest (static), so that a function holding parameters is traced, not frozen into the program.
     arrays: tuple
     functions: tuple = eqx.field(static=True)
-    concave: bool = eqx.field(static=True)
-    super_gauss: bool = eqx.field(static=True)
+    log_concave: bool = eqx.field(static=True)  # type: ignore[assignment]
+    super_gaussian: bool = eqx.field(static=True)  # type: ignore[assignment]
 
     def __init__(self, log_phi, expected_log_phi=None, log_concave=False, super_gaussian=False):
         if not callable(log_phi):
@@ -715,12 +703,12 @@ class Custom(AbstractPotential):
         if expected_log_phi is not None and not callable(expected_log_phi):
             raise ValueError("Custom: `expected_log_phi` must be None or a callable (mu, sigma) -> ⟨log φ⟩.")
         self.arrays, self.functions = eqx.partition((log_phi, expected_log_phi), eqx.is_array)
-        self.concave = bool(log_concave)
-        self.super_gauss = bool(super_gaussian)
+        self.log_concave = bool(log_concave)
+        self.super_gaussian = bool(super_gaussian)
 
     def __repr__(self):
         name = getattr(self.fn, "__qualname__", type(self.fn).__name__)
-        return f"Custom(log_phi={name}, log_concave={self.concave}, super_gaussian={self.super_gauss})"
+        return f"Custom(log_phi={name}, log_concave={self.log_concave}, super_gaussian={self.super_gaussian})"
 
     @property
     def fn(self):
@@ -729,14 +717,6 @@ class Custom(AbstractPotential):
     @property
     def expectation(self):
         return eqx.combine(self.arrays, self.functions)[1]
-
-    @property
-    def log_concave(self):  # type: ignore[override]
-        return self.concave
-
-    @property
-    def super_gaussian(self):  # type: ignore[override]
-        return self.super_gauss
 
     def log_phi(self, x):
         return self.fn(x)

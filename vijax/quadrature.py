@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._linalg import backtrack
+from ._linalg import backtrack, unit_legendre_rule
 
 __all__ = [
     "GaussHermite", "safe_sqrt", "tilted_moments", "moments_from_log_normaliser", "elementwise_derivatives",
@@ -89,12 +89,6 @@ _MODE_TOL = 1e-6  # widths 1/√curvature: the mode only places the rule
 _MODE_HALVINGS = 60
 
 
-@functools.lru_cache(maxsize=None)
-def _legendre_rule(num_nodes: int):
-    x, w = np.polynomial.legendre.leggauss(num_nodes)
-    return 0.5 * (x + 1), 0.5 * w  # on [0, 1]
-
-
 def _tilted_mode(log_density, x0, curvature_floor):
     """A local maximum of ``log_density`` (elementwise) by Newton from ``x0``, and the curvature there.
 
@@ -136,16 +130,12 @@ def tilted_moments(potential, mean, var, power=1.0):
     log_density = lambda phi, m, v: lambda x: power * phi.log_phi(x) - 0.5 * (x - m) ** 2 / v
     fixed = jax.lax.stop_gradient((potential, mean, var))
     mode, curvature = _tilted_mode(log_density(*fixed), fixed[1], 1.0 / fixed[2])
-    windows = [(c, w) for c, w in fixed[0]._peaks()]
-
-    centres = [fixed[1], mode] + [jnp.broadcast_to(c, mean.shape).astype(dtype) for c, _ in windows]
-    widths = [jnp.sqrt(fixed[2]), jnp.sqrt(1.0 / curvature)]
-    widths += [jnp.broadcast_to(w, mean.shape).astype(dtype) for _, w in windows]
+    windows = [(fixed[1], jnp.sqrt(fixed[2])), (mode, jnp.sqrt(1.0 / curvature)), *fixed[0]._peaks()]
+    per_site = lambda a: jnp.broadcast_to(a, mean.shape).astype(dtype)[..., None]
     offsets = jnp.asarray(_WINDOW_EDGES, dtype)
-    edges = jnp.concatenate([c[..., None] + w[..., None] * offsets for c, w in zip(centres, widths)], axis=-1)
-    edges = jnp.sort(edges, axis=-1)
+    edges = jnp.sort(jnp.concatenate([per_site(c) + per_site(w) * offsets for c, w in windows], axis=-1), axis=-1)
     left, length = edges[..., :-1, None], jnp.diff(edges, axis=-1)[..., None]
-    u, w = (jnp.asarray(a, dtype) for a in _legendre_rule(_NODES_PER_PANEL))
+    u, w = (jnp.asarray(a, dtype) for a in unit_legendre_rule(_NODES_PER_PANEL))
     x = (left + length * u).reshape(mean.shape + (-1,))  # (..., panels · nodes)
     nonempty = length > 0  # repeated edges give empty panels: weight 0, and no 0 · ∞ in gradients
     log_weights = jnp.where(nonempty, jnp.log(jnp.where(nonempty, length, 1.0) * w), -jnp.inf)
@@ -191,7 +181,8 @@ def expectation_derivatives(fn, mean, var) -> ExpectationDerivatives:
 
 
 def moments_from_log_normaliser(log_z_fn, mean, var):
-    """Tilted moments from a closed-form log Ẑ(mean) (elementwise): E[x] = m + v ∂log Ẑ/∂m, Var[x] = v + v² ∂²log Ẑ/∂m²."""
+    """Tilted moments from a closed-form, elementwise log Ẑ(mean): E[x] = m + v ∂log Ẑ/∂m,
+    Var[x] = v + v² ∂²log Ẑ/∂m²."""
     log_z, g, h = elementwise_derivatives(log_z_fn, mean)
     return log_z, mean + var * g, var + var**2 * h
 
