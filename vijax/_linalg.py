@@ -29,10 +29,8 @@ def unit_legendre_rule(num_nodes: int):
 
 
 def reversed_cholesky(P):
-    """Upper-triangular R with P = R Rᵀ: the Cholesky factor of P with rows and columns reversed.
-
-    ``P``: symmetric positive-definite ``(D, D)``. P⁻¹ = R⁻ᵀR⁻¹, so C = R⁻¹ is an upper-triangular factor of
-    P⁻¹ = CᵀC (vijax's S = CᵀC). NaN where P is not positive definite, like `jnp.linalg.cholesky`."""
+    """Upper-triangular R with P = R Rᵀ for a symmetric positive-definite ``(D, D)`` P, so that C = R⁻¹ is an
+    upper-triangular factor of P⁻¹ = CᵀC (vijax's S = CᵀC). NaN where P is not positive definite."""
     return jnp.linalg.cholesky(P[::-1, ::-1])[::-1, ::-1]
 
 
@@ -46,16 +44,12 @@ def inverse_factor(R, basis=None):
 
 
 def select(cond, new, old):
-    """``jnp.where(cond, new, old)`` on every leaf of two like pytrees; ``cond`` broadcasts against each leaf.
-
-    The usual way to accept or reject a trial point inside a `jax.lax.while_loop`."""
+    """``jnp.where(cond, new, old)`` on every leaf of two like pytrees (accepting or rejecting a trial point)."""
     return jax.tree_util.tree_map(lambda a, b: jnp.where(cond, a, b), new, old)
 
 
 def nan_trace(max_iter: int, dtype, first=None):
-    """An objective trace, shape ``(max_iter + 1,)``: NaN except entry 0 (``first``, if given).
-
-    Loops write iterate k's objective at index k, so NaNs mark the iterations not run."""
+    """An objective trace ``(max_iter + 1,)``, NaN except entry 0 (``first``, if given): NaN marks iterations not run."""
     trace = jnp.full((max_iter + 1,), jnp.nan, dtype)
     return trace if first is None else trace.at[0].set(first)
 
@@ -186,10 +180,8 @@ def lanczos(product, v0, num_iter: int):
 def ritz_pairs(product, v0, num_iter: int):
     """Ritz pairs of ``num_iter`` Lanczos steps from ``v0``: ``(values (k,) ascending, vectors (D, k), weights (k,))``.
 
-    With T = UΘUᵀ (`lanczos`), the Ritz vectors QU are orthonormal, A QU = QU Θ + (residual along the next Lanczos
-    vector), and the extreme θ converge first. ``weights`` U₁ₖ² are Gauss quadrature's: v0ᵀ f(A) v0 ≈ ‖v0‖² Σ_k U₁ₖ²
-    f(θ_k), exact for degree < 2k (stochastic Lanczos quadrature: v0 ~ N(0, I) estimates tr f(A), e.g. log det A or
-    tr A⁻¹)."""
+    With T = UΘUᵀ (`lanczos`), the Ritz vectors QU are orthonormal and the extreme θ converge first. ``weights``
+    U₁ₖ² are Gauss quadrature's: v0ᵀ f(A) v0 ≈ ‖v0‖² Σ_k U₁ₖ² f(θ_k), exact for degree < 2k."""
     Q, alpha, beta = lanczos(product, v0, num_iter)
     T = jnp.diag(alpha) + jnp.diag(beta, 1) + jnp.diag(beta, -1)
     values, U = jnp.linalg.eigh(T)
