@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -105,34 +104,26 @@ def pcg(A, b, M, max_iter, rtol=None):
     forcing = jnp.minimum(0.5, jnp.sqrt(jnp.sqrt(jnp.maximum(rz0, 0.0)))) if rtol is None else rtol
     forcing = forcing * jnp.linalg.norm(b)
 
-    class S(NamedTuple):
-        d: jax.Array
-        r: jax.Array
-        z: jax.Array
-        p: jax.Array
-        rz: jax.Array
-        i: jax.Array
-        stop: jax.Array
+    def cond(state):
+        _, r, _, _, _, i, stop = state
+        return (i < max_iter) & ~stop & (jnp.linalg.norm(r) > forcing)
 
-    def cond(s):
-        return (s.i < max_iter) & ~s.stop & (jnp.linalg.norm(s.r) > forcing)
-
-    def body(s):
-        Ap = A(s.p)
-        curvature = jnp.vdot(s.p, Ap)
+    def body(state):
+        d, r, z, p, rz, i, _ = state
+        Ap = A(p)
+        curvature = jnp.vdot(p, Ap)
         negative = curvature <= 0
-        alpha = s.rz / jnp.where(negative, 1.0, curvature)
+        alpha = rz / jnp.where(negative, 1.0, curvature)
         # On non-positive curvature keep the current iterate (or the preconditioned gradient at the start).
-        d = jnp.where(negative, jnp.where(s.i == 0, s.z, s.d), s.d + alpha * s.p)
-        r = s.r - alpha * Ap
+        d = jnp.where(negative, jnp.where(i == 0, z, d), d + alpha * p)
+        r = r - alpha * Ap
         z = M(r)
-        rz = jnp.vdot(r, z)
-        p = z + (rz / s.rz) * s.p
-        return S(d, r, z, p, rz, s.i + 1, negative)
+        rz_next = jnp.vdot(r, z)
+        return d, r, z, z + (rz_next / rz) * p, rz_next, i + 1, negative
 
     zero = jnp.zeros_like(b)
-    s = jax.lax.while_loop(cond, body, S(zero, b, z, z, rz0, jnp.array(0), jnp.array(False)))
-    return s.d, s.i
+    d, *_, i, _ = jax.lax.while_loop(cond, body, (zero, b, z, z, rz0, jnp.array(0), jnp.array(False)))
+    return d, i
 
 
 # ----------------------------------------------------------------------------------------------
