@@ -105,10 +105,7 @@ def _tilted_mode(log_density, x0, curvature_floor):
         width = 1.0 / jnp.sqrt(jnp.maximum(-h, curvature_floor))
         return k + 1, x + step, jnp.max(jnp.where(jnp.isfinite(width), jnp.abs(step) / width, 0.0), initial=0.0)
 
-    def far(state):
-        k, _, moved = state
-        return (k < _MODE_ITERATIONS) & (moved > _MODE_TOL)
-
+    far = lambda state: (state[0] < _MODE_ITERATIONS) & (state[2] > _MODE_TOL)
     _, x, _ = jax.lax.while_loop(far, lambda state: newton(*state[:2]), (0, x0, jnp.asarray(jnp.inf, x0.dtype)))
     _, h = jax.jvp(grad, (x,), (jnp.ones_like(x),))
     return x, jnp.maximum(-h, curvature_floor)
