@@ -198,14 +198,13 @@ def _legendre_on(a, b, num_nodes: int):
 
 
 def _expected_log_ndtr_wide(mu, sigma):
-    """⟨log Φ(x)⟩, x ~ N(mu, sigma²), for sigma ≥ 1 and |mu| ≤ 8 sigma (the bend at 0 inside).
-
-    With g(y) = log Φ(−y) + y²/2 (smooth, ≈ −log y − ½ log 2π for large y) and p the density of x,
+    """⟨log Φ(x)⟩, x ~ N(mu, sigma²), for sigma ≥ 1 and |mu| ≤ 8 sigma (the bend at 0 inside). With p the density
+    of x and g(y) = log Φ(−y) + y²/2 (smooth, ≈ −log y − ½ log 2π for large y),
 
         ⟨log Φ(x)⟩ = −½⟨x²; x < 0⟩ + ∫₀^∞ log Φ(x) p(x) dx + ∫₀^∞ g(y) p(−y) dy:
 
-    in closed form; by Gauss–Legendre on [0, 9] (log Φ < 1e-19 beyond); by Gauss–Legendre on [0, 9], then in w = y/σ
-    on [9/σ, 1] in log w and on [1, z₀ + 10], z₀ = −μ/σ. About 1e-11 relative."""
+    the first in closed form, the others by Gauss–Legendre on [0, 9] (log Φ < 1e-19 beyond), the last continued in
+    w = y/σ on [9/σ, 1] in log w and on [1, z₀ + 10], z₀ = −μ/σ. About 1e-11 relative."""
     cut = 9.0
     z0 = -mu / sigma
     pdf = lambda z: jnp.exp(-0.5 * z**2) / _SQRT_2PI
@@ -527,14 +526,7 @@ class Gaussian(_LocationScale):
 def _mean_abs(d, sigma):
     """⟨|d + σz|⟩, z ~ N(0, 1): σ·2N(a) + d·erf(a/√2), a = d/σ (|d| at σ = 0); d, σ of one shape.
 
-    A custom JVP gives Hessian-vector products the closed-form derivatives (the N(a) terms cancel):
-
-    $$
-    \\frac{\\partial}{\\partial d}\\langle|d + \\sigma z|\\rangle = \\operatorname{erf}(a/\\sqrt2),
-    \\qquad
-    \\frac{\\partial}{\\partial \\sigma}\\langle|d + \\sigma z|\\rangle = 2\\mathcal N(a).
-    $$
-    """
+    A custom JVP gives Hessian-vector products the closed forms ∂/∂d = erf(a/√2), ∂/∂σ = 2N(a) (N(a) terms cancel)."""
     positive = sigma > 0
     s = jnp.where(positive, sigma, 1.0)
     a = d / s
