@@ -285,8 +285,7 @@ class Logistic(AbstractPotential):
     def tilted_moments(self, mean, var, power=1.0):
         if not (isinstance(power, (int, float)) and power == 1):
             return super().tilted_moments(mean, var, power)
-        # Ẑ = ⟨σ(x)⟩ in closed form up to one smooth 1-D rule; the moments from its derivatives in the mean,
-        # E[x] = m + v ∂log Ẑ/∂m and Var[x] = v + v² ∂²log Ẑ/∂m², each in closed form on the same rule.
+        # Ẑ = ⟨σ(x)⟩ on one smooth rule; E[x] = m + v ∂log Ẑ/∂m, Var[x] = v + v² ∂²log Ẑ/∂m² on the same rule.
         mean, var = jnp.broadcast_arrays(mean, var)
         log_z, slope, curvature = self._reflected(mean, jnp.sqrt(var), _TILTED_RULE, derivatives=True)
         return log_z, mean + var * slope, var + var**2 * curvature
