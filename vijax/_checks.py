@@ -1,27 +1,15 @@
-"""Input validation used where data enters vijax (constructors and builders), and the one rule
-for the type of stored parameters.
+"""Input validation where data enters vijax, and the one rule for the type of stored parameters.
 
-Checks run only on concrete arrays: inside `jax.jit`, `jax.vmap` or `jax.grad`
-the values are tracers and are validated by whoever built them outside.
-
-**Parameters are strongly typed arrays of one floating dtype** (`as_param`, `float_dtype`). A
-kernel's, potential's, Gaussian factor's or builder's parameter given as a Python number (``1.0``),
-a list, or an array is stored as a JAX array with ``weak_type=False``, so an optimiser's update (optax
-returns strongly typed arrays) never changes its type and a jitted training step compiles once. Its
-dtype is
-
-- the dtype of the data the parameter goes with, where there is data (a builder's ``X``, the ``H`` of
-  a `Sites` group, a GP's inputs);
-- otherwise the promoted floating dtype of the arrays the user passed for that object (`float_dtype`:
-  ``StudentT(df=3.0, loc=y, scale=0.1)`` takes ``y``'s dtype for all three), so an array keeps its
-  floating dtype (an integer array becomes floating);
-- otherwise ``jnp.result_type(float)`` at construction time: float64 where the user enabled x64,
-  float32 otherwise.
-
-Tracers keep their dtype unless another is asked for (a weakly typed tracer is made strong).
+Checks run only on concrete arrays (tracers are validated by whoever built them outside). Parameters are stored as
+strongly typed arrays of one floating dtype, so an optimiser's update never changes their type and a jitted step
+compiles once. The dtype is that of the data the parameter goes with (a builder's ``X``, a `Sites` group's ``H``),
+else the promoted floating dtype of the arrays passed for that object (`float_dtype`: ``StudentT(df=3.0, loc=y)``
+takes ``y``'s dtype for both), else ``jnp.result_type(float)``. Tracers keep their dtype unless another is asked for.
 """
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -64,27 +52,17 @@ def _floating_dtype_of(x):
 
 
 def float_dtype(*values):
-    """The one floating dtype of parameters that go together (see the module docstring).
-
-    The promoted dtype of the strongly typed floating arrays among ``values`` (leaves of pytrees
-    included); ``jnp.result_type(float)`` when there are none (Python numbers, lists, weakly typed or
-    integer arrays only).
-    """
+    """The promoted dtype of the strongly typed floating arrays among ``values`` (pytree leaves included), else
+    ``jnp.result_type(float)`` (Python numbers, lists, weakly typed or integer arrays only)."""
     dtypes = [d for d in map(_floating_dtype_of, jax.tree_util.tree_leaves(values)) if d is not None]
     if not dtypes:
         return jnp.result_type(float)
-    dtype = dtypes[0]
-    for d in dtypes[1:]:
-        dtype = jnp.promote_types(dtype, d)
-    return jax.dtypes.canonicalize_dtype(dtype)
+    return jax.dtypes.canonicalize_dtype(functools.reduce(jnp.promote_types, dtypes))
 
 
 def as_param(name: str, x, owner: str, dtype=None, ndim: int | None = None):
-    """A parameter as a strongly typed floating array of ``dtype`` (default ``float_dtype(x)``).
-
-    Rejects non-numeric input and (optionally) wrong ranks, as `as_float_array`. Under tracing a
-    tracer of the right dtype is returned as it is (cast only when needed).
-    """
+    """A parameter as a strongly typed floating array of ``dtype`` (default ``float_dtype(x)``), checked as by
+    `as_float_array`; a tracer of the right dtype is returned as it is."""
     arr = as_float_array(name, x, owner, ndim)
     dtype = float_dtype(x) if dtype is None else jax.dtypes.canonicalize_dtype(dtype)
     if arr.dtype == dtype and not arr.weak_type:
@@ -93,9 +71,8 @@ def as_param(name: str, x, owner: str, dtype=None, ndim: int | None = None):
 
 
 def cast_floating(tree, dtype):
-    """``tree`` with every floating array leaf a strongly typed array of ``dtype`` (other leaves, such
-    as integer indices and boolean masks, as they are): how a builder gives a kernel or potential the
-    dtype of its data. Leaves already of that type are kept, so nothing is copied when it has it."""
+    """``tree`` with every floating array leaf a strongly typed array of ``dtype`` (other leaves as they are): how a
+    builder gives a kernel or potential the dtype of its data. Leaves already of that type are kept, not copied."""
     dtype = jax.dtypes.canonicalize_dtype(dtype)
 
     def needs_cast(x):
@@ -108,9 +85,8 @@ def cast_floating(tree, dtype):
 
 
 def strongly_typed(tree):
-    """``tree`` with every weakly typed array leaf made strongly typed, of the same dtype: for state
-    that an optimiser's ``init`` builds from Python numbers (optax.lbfgs's counters and step sizes),
-    which its first update returns strongly typed."""
+    """``tree`` with every weakly typed array leaf made strongly typed, of the same dtype (for optimiser state that
+    ``init`` builds from Python numbers and the first update returns strongly typed)."""
     def strong(x):
         return jnp.asarray(x, dtype=x.dtype) if getattr(x, "weak_type", False) else x
 
@@ -121,17 +97,11 @@ def data_dtype(tree):
     """The promoted floating dtype of ``tree``'s array leaves, or None when it has none."""
     dtypes = [jax.dtypes.canonicalize_dtype(x.dtype) for x in jax.tree_util.tree_leaves(tree)
               if isinstance(x, (jax.Array, np.ndarray)) and jnp.issubdtype(x.dtype, jnp.floating)]
-    if not dtypes:
-        return None
-    dtype = dtypes[0]
-    for d in dtypes[1:]:
-        dtype = jnp.promote_types(dtype, d)
-    return dtype
+    return functools.reduce(jnp.promote_types, dtypes) if dtypes else None
 
 
 def format_param(x) -> str:
-    """A parameter for `repr`: a concrete scalar as its value (``3.0``), an array or tracer as dtype
-    and shape (``f64[100]``), a module by its own repr."""
+    """A parameter for `repr`: a concrete scalar by value (``3.0``), an array or tracer as ``f64[100]``."""
     if isinstance(x, (jax.Array, np.ndarray, np.generic)):
         if np.ndim(x) == 0 and not isinstance(x, jax.core.Tracer):
             value = np.asarray(x).item()

@@ -1,9 +1,8 @@
 """Curvature of the log target: P = Λ + Σ_g H_gᵀ diag(w_g) H_g, and the site terms it is built from.
 
-Every second-order method needs a positive-definite stand-in for the negative Hessian of its
-objective in the mean: Newton-CG preconditioners, G-KL's starting covariance, Laplace's mode search,
-EP's and LVB's starting sites. It always has this form, with weights w_n ≥ 0 from the sites (pointwise
-at a point for Laplace, ⟨·⟩ under q for G-KL) and Λ the precision of the model's Gaussian factor.
+Every second-order method's stand-in for the negative Hessian of its objective in the mean has this form (Newton-CG
+preconditioners, G-KL's start, Laplace's mode search, EP's and LVB's starting sites), with site weights w_n ≥ 0
+and Λ the precision of the model's Gaussian factor.
 """
 
 from __future__ import annotations
@@ -25,9 +24,8 @@ class Curvature(eqx.Module):
     weights: tuple[jax.Array, ...]
 
     def _ridge(self, diag):
-        # P is singular without a proper Gaussian term and with too few sites; keep it positive definite.
-        # Relative to each diagonal entry (P scaled to unit diagonal gets 1e-8·I), so that a coordinate
-        # in kilometres is regularised as one in metres and a Newton step with P stays a Newton step.
+        # Without a proper Gaussian term and with too few sites P is singular. Relative to each diagonal entry,
+        # so that a coordinate in kilometres is regularised as one in metres.
         return 1e-8 * jnp.maximum(diag, 1e-12 * jnp.maximum(jnp.mean(diag), 1e-12)) + 1e-30
 
     def matrix(self):

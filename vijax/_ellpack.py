@@ -1,10 +1,8 @@
 """Blocked ELLPACK kernels for sparse projections (`vijax.projections.Sparse`).
 
-A sparse H of shape ``(N, D)`` is stored row by row: each row's column indices and values padded to
-the longest row, arrays of shape ``(N_pad, width)`` with N_pad a multiple of the block size. The
-products run over blocks of rows in one `lax.map` (``mv``: a gather and a small contraction per
-block) or `lax.scan` (``rmv``: a scatter-add of the same size), which keeps the working set in cache.
-``layout`` builds the padded form from a concrete BCOO (NumPy, outside tracing).
+A sparse H ``(N, D)`` is stored as each row's column indices and values padded to the longest row, ``(N_pad, width)``
+with N_pad a multiple of the block size (``layout``, from a concrete BCOO). The products run over blocks of rows in a
+`lax.map` (``mv``: a gather) or `lax.scan` (``rmv``, ``gram``: a scatter-add), which keeps the working set in cache.
 """
 
 from __future__ import annotations
@@ -15,11 +13,8 @@ import numpy as np
 
 __all__ = ["layout", "mv", "rmv", "gram", "MAX_PADDING"]
 
-# ELLPACK rows are padded to a multiple of this, or of the next power of two of N if smaller
-# (so that power-of-two blocks divide them) ...
-_ROW_ALIGN = 1024
-# ... and a block holds about this many gathered elements (block rows × width × K).
-_BLOCK_ELEMENTS = 1 << 19
+_ROW_ALIGN = 1024  # rows padded to a multiple of this (or of N's next power of two), so power-of-two blocks divide them
+_BLOCK_ELEMENTS = 1 << 19  # a block holds about this many gathered elements (block rows × width × K)
 # Rows longer than this many times the mean make the padded layout wasteful: keep BCOO.
 MAX_PADDING = 8
 
@@ -49,16 +44,16 @@ def layout(H):
     return ell_columns, position, valid
 
 
-def _block_rows(padded, width, x):
-    k = int(np.prod(x.shape[1:], dtype=int))
-    target = max(_BLOCK_ELEMENTS // max(width * k, 1), 1)
+def _block_rows(padded, row_elements):
+    """Rows a block: a power of two dividing ``padded``, holding about `_BLOCK_ELEMENTS` elements."""
+    target = max(_BLOCK_ELEMENTS // max(row_elements, 1), 1)
     return int(min(2 ** int(np.log2(target)), _ROW_ALIGN, padded & -padded))
 
 
 def mv(columns, values, x, num_rows):
     padded, width = columns.shape
     x = jnp.asarray(x)
-    b = _block_rows(padded, width, x)
+    b = _block_rows(padded, width * int(np.prod(x.shape[1:], dtype=int)))
     blocks = (columns.reshape(-1, b, width), values.reshape(-1, b, width))
     out = jax.lax.map(lambda cv: jnp.einsum("bw,bw...->b...", cv[1], x[cv[0]]), blocks)
     return out.reshape((padded,) + x.shape[1:])[:num_rows]
@@ -67,7 +62,7 @@ def mv(columns, values, x, num_rows):
 def rmv(columns, values, y, dim):
     padded, width = columns.shape
     y = jnp.asarray(y)
-    b = _block_rows(padded, width, y)
+    b = _block_rows(padded, width * int(np.prod(y.shape[1:], dtype=int)))
     y = jnp.pad(y, ((0, padded - y.shape[0]),) + ((0, 0),) * (y.ndim - 1))
     blocks = (columns.reshape(-1, b, width), values.reshape(-1, b, width), y.reshape((-1, b) + y.shape[1:]))
 
@@ -85,8 +80,7 @@ def gram(columns, values, w, dim):
     w_n h_n h_nᵀ (width² entries a row), so the working set is the result and one block, never N × D."""
     padded, width = columns.shape
     w = jnp.pad(jnp.asarray(w), (0, padded - w.shape[0]))
-    b = int(min(max(_BLOCK_ELEMENTS // max(width * width, 1), 1), _ROW_ALIGN, padded & -padded))
-    b = 2 ** int(np.log2(b))
+    b = _block_rows(padded, width * width)
     blocks = (columns.reshape(-1, b, width), values.reshape(-1, b, width), w.reshape(-1, b))
 
     def accumulate(total, block):

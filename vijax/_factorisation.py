@@ -1,31 +1,22 @@
 """The factorisation of a Gaussian's precision, in one place: a primal D × D and a site-form N × N backend.
 
-Every method ends in a Gaussian with precision P = Λ + Σ_g H_gᵀ diag(w_g) H_g (the prior's precision Λ,
-the sites' weights w) and needs its log-determinant, solves with it, and the covariance S = P⁻¹ or the
-marginal variances it implies. Two backends compute them (tinygp's `Solver` is the model):
+Every method ends in a Gaussian with precision P = Λ + Σ_g H_gᵀ diag(w_g) H_g and needs its log-determinant, solves,
+and the covariance S = P⁻¹ or its marginal variances (tinygp's `Solver` is the model):
 
-- `Primal`: P as a D × D matrix, equilibrated (P̃ = s P s with s = diag(P)^−½, so that covariates in
-  metres and in kilometres factorise alike) and factorised by the reversed Cholesky P̃ = R Rᵀ (R
-  upper-triangular, `_linalg.reversed_cholesky`). Then
+- `Primal`: P equilibrated (P̃ = s P s, s = diag(P)^−½, so that covariates in metres and in kilometres factorise
+  alike) and factorised by the reversed Cholesky P̃ = R Rᵀ (`_linalg.reversed_cholesky`). Then
 
       log det P = 2 Σ_i log(R_ii / s_i),   P⁻¹ v = s ∘ R⁻ᵀ R⁻¹ (s ∘ v),   S = Cᵀ C,  C = R⁻¹ diag(s),
 
-  C upper-triangular (vijax's convention), and B S Bᵀ = (C Bᵀ)ᵀ (C Bᵀ) for a lower-triangular B (a prior's
-  Cholesky factor, mapping whitened coordinates back). O(D³).
-- `SiteForm`: the precision K⁻¹ + W, W = diag(w) ≥ 0, in the coordinates of N sites with prior covariance K
-  (a GP, H = I; or K = H Λ⁻¹ Hᵀ for a diagonal Λ and fewer sites than coordinates). With
+  C upper-triangular (vijax's convention). O(D³).
+- `SiteForm`: the precision K⁻¹ + W, W = diag(w) ≥ 0, in the coordinates of N sites with prior covariance K. With
   B = I + W½ K W½ = L Lᵀ and V = L⁻¹ W½ K (Rasmussen & Williams §3.4.3, Alg. 3.2),
 
       Σ = (K⁻¹ + W)⁻¹ = K − Vᵀ V,   log det(I + K W) = 2 Σ_i log L_ii,   (K + W⁻¹)⁻¹ u = W½ B⁻¹ W½ u,
 
   so K is never inverted. O(N³).
 
-Both report `proper` (the factor is finite: P, or B, positive definite to working precision).
-`conditional` is the third piece a Gaussian process needs: f* | f for test values f* under the prior,
-from the Cholesky factor of the prior covariance at the training inputs.
-Users: the shared Gaussian integral of EP and LVB (`methods._gaussian`), the natural-parameter G-KL
-(`methods._gkl_natural`), Laplace's curvature at the mode, and the start's Newton steps (`start`);
-`conditional`: every GP predictive (`gp.models`, `gp.sparse`, `gp.softmax`, the multi-class models).
+`conditional` gives f* | f under a Gaussian process prior, for every GP predictive.
 """
 
 from __future__ import annotations

@@ -1,52 +1,54 @@
 """Shared numerical helpers, at the bottom of vijax's layers (imports nothing from vijax): Cholesky-type factors,
-tree-wide selection, objective traces, backtracking, the 1-D Gaussian log density, Gaussian KL, truncated CG, and Lanczos with what is built on it
-(`vijax.design`'s free design, the Subspace family's basis, LVB's variances)."""
+tree-wide selection, objective traces, backtracking, Gaussian densities and KL, truncated CG, Lanczos, and the
+Gauss–Legendre rule."""
 
 from __future__ import annotations
 
+import functools
 import math
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.scipy.linalg import solve_triangular
 
-__all__ = ["LOG_2PI", "reversed_cholesky", "inverse_factor", "select", "nan_trace", "backtrack", "normal_log_density", "gaussian_entropy", "neg_kl", "pcg", "lanczos",
-           "ritz_pairs", "block_ritz_pairs", "leading_eigenvectors", "lanczos_variances"]
+__all__ = ["LOG_2PI", "reversed_cholesky", "inverse_factor", "select", "nan_trace", "backtrack", "normal_log_density",
+           "gaussian_entropy", "neg_kl", "pcg", "lanczos", "ritz_pairs", "block_ritz_pairs", "leading_eigenvectors",
+           "lanczos_variances", "unit_legendre_rule"]
 
 LOG_2PI = math.log(2 * math.pi)
 """log 2π, as a Python float (weakly typed: it takes the dtype of the arrays it meets)."""
 
 
-def reversed_cholesky(P):
-    """Upper-triangular R with P = R Rᵀ: the Cholesky factor of P with rows and columns reversed.
+@functools.lru_cache(maxsize=None)
+def unit_legendre_rule(num_nodes: int):
+    """Gauss–Legendre nodes and weights on [0, 1] (NumPy float64)."""
+    x, w = np.polynomial.legendre.leggauss(num_nodes)
+    return 0.5 * (x + 1), 0.5 * w
 
-    ``P``: symmetric positive-definite ``(D, D)``. P⁻¹ = R⁻ᵀR⁻¹, so C = R⁻¹ is an upper-triangular factor of
-    P⁻¹ = CᵀC (vijax's S = CᵀC). NaN where P is not positive definite, like `jnp.linalg.cholesky`."""
+
+def reversed_cholesky(P):
+    """Upper-triangular R with P = R Rᵀ for a symmetric positive-definite ``(D, D)`` P, so that C = R⁻¹ is an
+    upper-triangular factor of P⁻¹ = CᵀC (vijax's S = CᵀC). NaN where P is not positive definite."""
     return jnp.linalg.cholesky(P[::-1, ::-1])[::-1, ::-1]
 
 
 def inverse_factor(R, basis=None):
     """C = R⁻¹ Bᵀ, the upper-triangular factor of S = B P⁻¹ Bᵀ = CᵀC, from P = R Rᵀ (`reversed_cholesky`).
 
-    ``R``: ``(D, D)`` upper-triangular; ``basis``: B, lower-triangular ``(D, D)`` (e.g. the Cholesky factor of a
-    prior covariance, for P in whitened coordinates; C is then a product of upper-triangular matrices) or None
-    (B = I). One O(D³) triangular solve; P⁻¹ is never formed."""
+    ``R``: ``(D, D)`` upper-triangular; ``basis``: B, lower-triangular ``(D, D)`` (e.g. a prior covariance's Cholesky
+    factor, for P in whitened coordinates) or None (B = I). One O(D³) triangular solve; P⁻¹ is never formed."""
     rhs = jnp.eye(R.shape[0], dtype=R.dtype) if basis is None else basis.T
     return solve_triangular(R, rhs, lower=False)
 
 
 def select(cond, new, old):
-    """``jnp.where(cond, new, old)`` on every leaf of two like pytrees; ``cond`` broadcasts against each leaf.
-
-    The usual way to accept or reject a trial point inside a `jax.lax.while_loop`."""
+    """``jnp.where(cond, new, old)`` on every leaf of two like pytrees (accepting or rejecting a trial point)."""
     return jax.tree_util.tree_map(lambda a, b: jnp.where(cond, a, b), new, old)
 
 
 def nan_trace(max_iter: int, dtype, first=None):
-    """An objective trace, shape ``(max_iter + 1,)``: NaN except entry 0 (``first``, if given).
-
-    Loops write iterate k's objective at index k, so NaNs mark the iterations not run."""
+    """An objective trace ``(max_iter + 1,)``, NaN except entry 0 (``first``, if given): NaN marks iterations not run."""
     trace = jnp.full((max_iter + 1,), jnp.nan, dtype)
     return trace if first is None else trace.at[0].set(first)
 
@@ -56,9 +58,8 @@ def backtrack(evaluate, acceptable, step, max_halvings: int, placeholder=None):
 
     ``step``: a scalar or an array of independent steps, each halved while its own trial fails. ``evaluate(step)``
     returns any pytree; ``acceptable(step, value)`` a boolean of ``step``'s shape. One `jax.lax.while_loop` whose
-    first iteration is the first trial, so both are lowered once (the state starts from ``placeholder``, default
-    zeros of `jax.eval_shape`'s answer). Returns ``(step, value, ok, halvings)``: the last steps, their value,
-    whether each is acceptable (callers keep the old point where not) and the halvings done."""
+    first iteration is the first trial, so ``evaluate`` is lowered once (the state starts from ``placeholder``,
+    default zeros). Returns ``(step, value, ok, halvings)``; callers keep the old point where not ``ok``."""
     def unfinished(state):
         *_, ok, k = state
         return jnp.any(~ok) & (k < max_halvings)
@@ -87,10 +88,8 @@ def gaussian_entropy(logdet_cov, dim):
 
 
 def neg_kl(trace, mahalanobis, logdet_q, logdet_p, dim):
-    """−KL(N(m, V) ‖ N(μ, Σ)) = ½[log|V| − log|Σ| − tr(Σ⁻¹V) − (m − μ)ᵀΣ⁻¹(m − μ) + dim].
-
-    From terms each caller computes in its own parametrisation: ``trace`` = tr(Σ⁻¹V), ``mahalanobis``, the log
-    determinants and the dimension."""
+    """−KL(N(m, V) ‖ N(μ, Σ)) = ½[log|V| − log|Σ| − tr(Σ⁻¹V) − (m − μ)ᵀΣ⁻¹(m − μ) + dim], from terms each caller
+    computes in its own parametrisation (``trace`` = tr(Σ⁻¹V), ``mahalanobis``, the log determinants)."""
     return 0.5 * (logdet_q - logdet_p - trace - mahalanobis + dim)
 
 
@@ -105,34 +104,26 @@ def pcg(A, b, M, max_iter, rtol=None):
     forcing = jnp.minimum(0.5, jnp.sqrt(jnp.sqrt(jnp.maximum(rz0, 0.0)))) if rtol is None else rtol
     forcing = forcing * jnp.linalg.norm(b)
 
-    class S(NamedTuple):
-        d: jax.Array
-        r: jax.Array
-        z: jax.Array
-        p: jax.Array
-        rz: jax.Array
-        i: jax.Array
-        stop: jax.Array
+    def cond(state):
+        _, r, _, _, _, i, stop = state
+        return (i < max_iter) & ~stop & (jnp.linalg.norm(r) > forcing)
 
-    def cond(s):
-        return (s.i < max_iter) & ~s.stop & (jnp.linalg.norm(s.r) > forcing)
-
-    def body(s):
-        Ap = A(s.p)
-        curvature = jnp.vdot(s.p, Ap)
+    def body(state):
+        d, r, z, p, rz, i, _ = state
+        Ap = A(p)
+        curvature = jnp.vdot(p, Ap)
         negative = curvature <= 0
-        alpha = s.rz / jnp.where(negative, 1.0, curvature)
+        alpha = rz / jnp.where(negative, 1.0, curvature)
         # On non-positive curvature keep the current iterate (or the preconditioned gradient at the start).
-        d = jnp.where(negative, jnp.where(s.i == 0, s.z, s.d), s.d + alpha * s.p)
-        r = s.r - alpha * Ap
+        d = jnp.where(negative, jnp.where(i == 0, z, d), d + alpha * p)
+        r = r - alpha * Ap
         z = M(r)
-        rz = jnp.vdot(r, z)
-        p = z + (rz / s.rz) * s.p
-        return S(d, r, z, p, rz, s.i + 1, negative)
+        rz_next = jnp.vdot(r, z)
+        return d, r, z, z + (rz_next / rz) * p, rz_next, i + 1, negative
 
     zero = jnp.zeros_like(b)
-    s = jax.lax.while_loop(cond, body, S(zero, b, z, z, rz0, jnp.array(0), jnp.array(False)))
-    return s.d, s.i
+    d, *_, i, _ = jax.lax.while_loop(cond, body, (zero, b, z, z, rz0, jnp.array(0), jnp.array(False)))
+    return d, i
 
 
 # ----------------------------------------------------------------------------------------------
@@ -143,10 +134,9 @@ def lanczos(product, v0, num_iter: int):
     """``num_iter`` = k steps of Lanczos with full reorthogonalisation on the symmetric map ``product``.
 
     ``product``: ``(D,)`` → ``(D,)``; ``v0``: ``(D,)`` start (any scale). Returns ``(Q, alpha, beta)``: the orthonormal
-    basis Q ``(D, k)`` of K_k(A, v0) and T = QᵀAQ (diagonal ``alpha`` (k,), off-diagonal ``beta`` (k − 1,)). Each
-    step: one product and O(D k) for classical Gram–Schmidt twice (else ghost Ritz values appear). A breakdown
-    (residual below √ε/100 of ‖A q‖) continues with a random orthogonal direction and zero coupling, so T stays
-    exact. One `fori_loop`: ``product`` is traced once."""
+    basis Q ``(D, k)`` of K_k(A, v0) and T = QᵀAQ (diagonal ``alpha`` (k,), off-diagonal ``beta`` (k − 1,)).
+    Gram–Schmidt runs twice (else ghost Ritz values appear); a breakdown (residual below √ε/100 of ‖A q‖) continues
+    with a random orthogonal direction and zero coupling, so T stays exact."""
     D = v0.shape[0]
     dtype = v0.dtype
     rtol = 1e-2 * float(jnp.finfo(dtype).eps) ** 0.5
@@ -181,10 +171,8 @@ def lanczos(product, v0, num_iter: int):
 def ritz_pairs(product, v0, num_iter: int):
     """Ritz pairs of ``num_iter`` Lanczos steps from ``v0``: ``(values (k,) ascending, vectors (D, k), weights (k,))``.
 
-    With T = UΘUᵀ (`lanczos`), the Ritz vectors QU are orthonormal, A QU = QU Θ + (residual along the next Lanczos
-    vector), and the extreme θ converge first. ``weights`` U₁ₖ² are Gauss quadrature's: v0ᵀ f(A) v0 ≈ ‖v0‖² Σ_k U₁ₖ²
-    f(θ_k), exact for degree < 2k (stochastic Lanczos quadrature: v0 ~ N(0, I) estimates tr f(A), e.g. log det A or
-    tr A⁻¹)."""
+    With T = UΘUᵀ (`lanczos`), the Ritz vectors QU are orthonormal and the extreme θ converge first. ``weights``
+    U₁ₖ² are Gauss quadrature's: v0ᵀ f(A) v0 ≈ ‖v0‖² Σ_k U₁ₖ² f(θ_k), exact for degree < 2k."""
     Q, alpha, beta = lanczos(product, v0, num_iter)
     T = jnp.diag(alpha) + jnp.diag(beta, 1) + jnp.diag(beta, -1)
     values, U = jnp.linalg.eigh(T)
@@ -194,9 +182,8 @@ def ritz_pairs(product, v0, num_iter: int):
 def block_ritz_pairs(product, V0, num_blocks: int):
     """Ritz pairs of K_q(A, V0) = span[V0, …, A^{q−1} V0]: ``(values (m,) ascending, vectors (D, m))``, m = q·b ≤ D.
 
-    ``product`` maps ``(D, b)`` blocks (``V0``'s shape). Each step stores a block X and A X and orthonormalises A X
-    against all blocks (projection and QR, twice), so T = Qᵀ(AQ) needs no further product. Worth it over
-    `ritz_pairs` where b products cost about one (CG solves reading their matrix once per block). One `fori_loop`."""
+    ``product`` maps ``(D, b)`` blocks (``V0``'s shape); each step stores a block X and A X, so T = Qᵀ(AQ) needs no
+    further product. Worth it over `ritz_pairs` where b products cost about one (solves reading a matrix once)."""
     D, b = V0.shape
     m = num_blocks * b
     if m > D:
@@ -257,11 +244,9 @@ def lanczos_variances(precision_product, dim: int, num_iter: int, key=None, dtyp
 
     With T = QᵀPQ = UΘUᵀ (products v ↦ P v only), the estimate is diag(Q T⁻¹ Qᵀ) = Σ_k (QU)²_{:k} / θ_k (Schneider
     & Willsky 2001; glm-ie, Seeger & Nickisch 2011, used inside LVB). Q T⁻¹ Qᵀ ≼ P⁻¹: lower bounds, growing with
-    ``num_iter``, exact at D. From a random start Lanczos spends vectors on both ends of P's spectrum, so on a
-    compact spectrum the estimate holds far less of tr P⁻¹ than S's top eigenvalues would: check the error at the
-    size at hand (``benchmarks/design_images.py``). Start ``v0`` (default normal from ``key``, PRNGKey(0)). Returns
-    ``(variances (D,), ritz_values (k,), ritz_vectors (D, k))``, θ ascending (the last columns, reversed, are
-    S = P⁻¹'s leading eigenvectors)."""
+    ``num_iter``, exact at D; on a compact spectrum they can hold far less of tr P⁻¹ than S's top eigenvalues would
+    (``benchmarks/design_images.py`` measures it). Start ``v0`` (default normal from ``key``, PRNGKey(0)). Returns
+    ``(variances (D,), ritz_values (k,), ritz_vectors (D, k))``, θ ascending."""
     num_iter = min(int(num_iter), dim)
     v0 = _start(key, dim, dtype) if v0 is None else v0
     values, vectors, _ = ritz_pairs(precision_product, v0, num_iter)

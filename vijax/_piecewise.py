@@ -1,36 +1,18 @@
-"""Piecewise upper bounds on the logistic log-partition and their Gaussian expectations.
+"""Gaussian expectations of the piecewise bounds of `vijax.piecewise` on f(x) = log(1 + eˣ).
 
-With f(x) = log(1 + eˣ) (so log σ(x) = −f(−x)), an R-piece bound is
-
-$$
-f(x) \\le \\bar f(x) = c_r x^2 + b_r x + a_r \\quad\\text{for } x \\in [t_{r-1}, t_r),
-\\qquad t_0 = -\\infty < t_1 < \\dots < t_{R-1} < t_R = \\infty,
-$$
-
-with c_r = 0 for the piecewise linear bound (then f̄ = max_r (b_r x + a_r), a convex function) and
-c_r ≥ 0 for the piecewise quadratic one (Marlin, Khan & Murphy 2011; Khan thesis §4.5). The two
-unbounded pieces are always f(t_1) and x + f(−t_{R−1}): any other piece on a half line has an
-unbounded gap. Under x ~ N(m, s²), with z = (x − m)/s and the truncated standard-normal moments
-M_k = ∫ z^k N(z) dz over [(t_{r−1} − m)/s, (t_r − m)/s],
+An R-piece bound is f̄(x) = c_r x² + b_r x + a_r on [t_{r−1}, t_r), t_0 = −∞, t_R = ∞ (c_r = 0 for the linear
+kind). Under x ~ N(m, s²), with z_k = (t_k − m)/s and the tilted Gaussian N((m + β_r s²)/k_r, s²/k_r),
+k_r = 1 + 2c_r s², β_r = −b_r, standardised breakpoints l̃_r, h̃_r,
 
 $$
-\\langle \\bar f \\rangle = \\sum_r c_r s^2 M_2 + s(2 c_r m + b_r) M_1 + (c_r m^2 + b_r m + a_r) M_0,
-
 \\log\\langle e^{-\\bar f}\\rangle = \\operatorname{logsumexp}_r \\Big[-\\tfrac12\\log k_r
 + \\frac{2 m \\beta_r + \\beta_r^2 s^2 - 2 c_r m^2}{2 k_r} - a_r
-+ \\log\\big(\\Phi(\\tilde h_r) - \\Phi(\\tilde l_r)\\big)\\Big],
++ \\log\\big(\\Phi(\\tilde h_r) - \\Phi(\\tilde l_r)\\big)\\Big].
 $$
 
-k_r = 1 + 2c_r s², β_r = −b_r, with l̃, h̃ the breakpoints standardised under the tilted Gaussian
-N((m + β_r s²)/k_r, s²/k_r). Differences of Φ are taken in the tail where they are small, and
-logs of them through `log_ndtr`, so both are accurate for |m| ≫ s. The coefficient tables are
-fitted offline by `vijax.piecewise.fit` and shipped in `_piecewise_tables.py`.
-
-The sum over pieces is evaluated as a sum over the R − 1 inner edges z_k = (t_k − m)/s, which
-adjacent pieces share (summation by parts, with N(±∞) = 0). With Δc_k = c_{k+1} − c_k (likewise
-Δb, Δa), Δg_k(x) = Δc_k x² + Δb_k x + Δa_k, r* the piece holding m and the signed tail mass
-T_k = −Φ(z_k) for z_k ≤ 0, Φ(−z_k) for z_k > 0 (T_0 = T_R = 0), the moment M_0 of piece r is
-[r = r*] + T_{r−1} − T_r: tail masses, not differences of Φs near 1, so nothing cancels for |m| ≫ s;
+⟨f̄⟩ is summed by parts over the R − 1 inner edges, which adjacent pieces share. With Δc_k = c_{k+1} − c_k (likewise
+Δb, Δa), Δg_k(x) = Δc_k x² + Δb_k x + Δa_k, r* the piece holding m and the signed tail mass T_k = −Φ(z_k) for
+z_k ≤ 0, Φ(−z_k) for z_k > 0 (tail masses, so nothing cancels for |m| ≫ s),
 
 $$
 \\langle \\bar f \\rangle = c_{r^*} (m^2 + s^2) + b_{r^*} m + a_{r^*}
@@ -38,8 +20,7 @@ $$
 + s N(z_k) \\big(2 \\Delta c_k m + \\Delta b_k + \\Delta c_k s z_k\\big),
 $$
 
-and differentiating the pieces' truncated moments (Khan's A.42–A.49; the edges t_k are fixed, and
-∂z_k/∂m = −1/s, ∂z_k/∂s = −z_k/s) gives, with G_k = 2 Δc_k s + Δg_k(t_k)/s,
+and, with G_k = 2 Δc_k s + Δg_k(t_k)/s (Δg_k(t_k) is f̄'s jump at t_k, zero for the linear kind),
 
 $$
 \\partial_m \\langle \\bar f \\rangle = 2 c_{r^*} m + b_{r^*}
@@ -48,10 +29,6 @@ $$
 \\partial_s \\langle \\bar f \\rangle = 2 c_{r^*} s
 + \\sum_k 2 T_k \\Delta c_k s + N(z_k) \\big(2 \\Delta c_k m + \\Delta b_k + z_k G_k\\big).
 $$
-
-Δg_k(t_k) is the jump of f̄ at t_k: zero for the continuous linear bound, of the order of the
-maximum error for the quadratic one, whose pieces do not meet. (Checked against autodiff of the
-per-piece sum in the tests, first and second derivatives, rather than against the printed A.4x.)
 """
 
 from __future__ import annotations
@@ -77,6 +54,7 @@ _CLIP_LOG = 1e3
 
 
 def check(kind: str, pieces: int, owner: str = "piecewise") -> None:
+    """Raise unless ``kind`` and ``pieces`` name a shipped table."""
     if kind not in KINDS:
         raise ValueError(f"{owner}: `kind` must be one of {KINDS}, got {kind!r}.")
     if not isinstance(pieces, (int, np.integer)) or int(pieces) not in TABLES[kind]:
@@ -125,11 +103,8 @@ def expected(kind: str, pieces: int, mean, sd):
 
 
 def _expected_parts(kind, pieces, mean, s, with_gradient):
-    """⟨f̄⟩ and, if asked, its partial derivatives in (mean, s > 0), as sums over the inner edges.
-
-    Each edge needs one erfc and one exp, against four `ndtr`s per piece for the moments piece by
-    piece; the only arrays over edges are the (…, R − 1) edge terms.
-    """
+    """⟨f̄⟩ and, if asked, its partial derivatives in (mean, s > 0), as sums over the inner edges (one erfc and one
+    exp per edge, against four `ndtr`s per piece piece by piece)."""
     t, c, b, a = _constants(kind, pieces, mean.dtype)
     dc, db, da = jnp.diff(c), jnp.diff(b), jnp.diff(a)
     quadratic = lambda c, b, a, x: (c * x + b) * x + a

@@ -66,18 +66,10 @@ def synthetic_logistic_regression(key_or_seed, dim: int, num_train: int, num_tes
     p(y_n = \\pm 1 \\mid x_n) = \\sigma(y_n\\, w_\\text{true}^\\top x_n),
     $$
 
-    where S_p is sparse with exactly one standard-normal entry in each row and sd_d is the
-    standard deviation of covariate d. The inference model that matches it is
-    ``vj.glm.logistic_regression(X_train, y_train, prior_variance=1.0)``.
-
-    Choices the thesis leaves open (documented so results can be compared):
-
-    - the column of row d's entry of S_p is drawn uniformly from all D columns (it can be the
-      diagonal, in which case M_dd = 1 + s);
-    - sd_d is the sample standard deviation over the training and test points together (one
-      population, so both splits share the same scaling); covariates are not centred;
-    - all randomness comes from one numpy ``Generator`` (so the data do not depend on
-      ``jax_enable_x64``), drawn in the order w_true, S_p columns, S_p values, z, uniforms for y.
+    where S_p has one standard-normal entry in each row, in a column drawn uniformly (the diagonal included), and
+    sd_d is covariate d's sample standard deviation over training and test points together (not centred). The
+    matching model is ``vj.glm.logistic_regression(X_train, y_train, prior_variance=1.0)``. One numpy ``Generator``
+    draws w_true, S_p's columns, its values, z and uniforms for y, in that order (independent of x64).
 
     **Arguments:**
 
@@ -85,9 +77,7 @@ def synthetic_logistic_regression(key_or_seed, dim: int, num_train: int, num_tes
       ``jax.random.PRNGKey(0)``) whose key data seeds the generator.
     - `dim`: D ≥ 1; `num_train` ≥ 1; `num_test` ≥ 0, with ``num_train + num_test ≥ 2``.
 
-    **Returns:** a `LogisticData` of numpy float64 arrays: ``X_train (num_train, D)``,
-    ``y_train (num_train,)`` in {−1, +1}, ``X_test (num_test, D)``, ``y_test (num_test,)``,
-    ``w_true (D,)``. The function is pure: the same arguments give the same arrays.
+    **Returns:** a `LogisticData` of numpy float64 arrays; the same arguments give the same arrays.
     """
     owner = "synthetic_logistic_regression"
     dim = _count("dim", dim, owner, 1)

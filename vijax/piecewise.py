@@ -6,26 +6,22 @@ $$
 f(x) \\le \\bar f(x) = c_r x^2 + b_r x + a_r, \\qquad x \\in [t_{r-1}, t_r),
 $$
 
-so that log σ(x) = −f(−x) ≥ −f̄(−x): a lower bound on every logistic site whose Gaussian
-expectation is in closed form (truncated Gaussian moments), with a known maximum error ε_R that
-falls like R⁻² (linear) or faster (quadratic). Used inside the G-KL bound it gives a guaranteed
-lower bound on log Z of a logistic model, within N·ε_R of the G-KL bound with exact expectations
-(Khan thesis, Thm 4.6.2):
+so that log σ(x) = −f(−x) ≥ −f̄(−x): a lower bound on every logistic site whose Gaussian expectation is in
+closed form, with maximum error ε_R. Inside the G-KL bound it gives a lower bound on log Z of a logistic model,
+within N·ε_R of the G-KL bound with exact expectations (Khan thesis, Thm 4.6.2):
 
 >>> model = vj.piecewise.bound_logistic_sites(vj.glm.logistic_regression(X, y), "quadratic", 20)
 >>> post = vj.infer(model, vj.GKL())        # post.log_z ≤ the exact G-KL bound ≤ log Z
 
-- ``kind="linear"``: f̄ = max_r (b_r x + a_r), the chord interpolant of f through R − 1 knots
-  (convex, so the site −f̄(−x) is log-concave and the G-KL bound stays jointly concave).
-- ``kind="quadratic"``: c_r ≥ 0 on each bounded interval, each piece the minimax upper quadratic
-  there (3–24× smaller error than linear at equal R, more than 10× from R = 9; ε_20 = 1.4e-4
-  against 3.3e-3). Each piece of the site −f̄(−x) is concave in x, but f̄
-  jumps (by less than ε_R) at the breakpoints, so the site is not exactly log-concave.
+- ``kind="linear"``: f̄ = max_r (b_r x + a_r), the chord interpolant of f through R − 1 knots (convex, so the
+  site is log-concave and the G-KL bound stays jointly concave).
+- ``kind="quadratic"``: c_r ≥ 0, each bounded piece the minimax upper quadratic on its interval (3–24× smaller
+  error than linear at equal R; ε_20 = 1.4e-4 against 3.3e-3). f̄ jumps (by less than ε_R) at the breakpoints,
+  so the site is not exactly log-concave.
 
-The unbounded pieces are f(t_1) and x + f(−t_{R−1}). Breakpoints are symmetric (f(−x) = f(x) − x
-maps a piece (c, b, a) on [l, h] to (c, 1 − b, a) on [−h, −l]) and placed so that every piece has
-the same maximum error. Tables for R = 3 … 20 of both kinds ship with vijax (`table`); `fit` computes
-them (it needs SciPy) and ``python benchmarks/fit_piecewise.py`` regenerates the shipped file.
+The unbounded pieces are f(t_1) and x + f(−t_{R−1}). Breakpoints are symmetric (f(−x) = f(x) − x maps a piece
+(c, b, a) on [l, h] to (c, 1 − b, a) on [−h, −l]) and every piece has the same maximum error. Tables for
+R = 3 … 20 ship with vijax (`table`); `fit` computes them (with SciPy; ``benchmarks/fit_piecewise.py``).
 """
 
 from __future__ import annotations
@@ -53,9 +49,8 @@ def max_error(kind: str, pieces: int) -> float:
 def bound_logistic_sites(model, kind: str = "quadratic", pieces: int = 20):
     """``model`` with every `Logistic` site group replaced by `PiecewiseLogistic(pieces, kind)`.
 
-    Other site groups and the Gaussian factor are unchanged; `Masked` logistic sites keep their mask. With `vj.GKL` the result's ``log_z`` is a
-    lower bound on the original model's log Z, at most N·ε_R (N the number of logistic sites) below
-    the G-KL bound with exact logistic expectations.
+    Other site groups and the Gaussian factor are unchanged; `Masked` logistic sites keep their mask. With `vj.GKL`
+    the result's ``log_z`` is a lower bound on the original model's log Z, at most N·ε_R below the exact G-KL bound.
     """
     site = PiecewiseLogistic(pieces, kind)
 
@@ -101,10 +96,8 @@ def _chord(l, h):
 def _quadratic(l, h, num=65):
     """The minimax upper quadratic over [l, h] on a Chebyshev grid, as (c, b, a) and its gap there.
 
-    The best uniform quadratic approximation p (error E, by linear programming with the curvature
-    kept ≥ 0) shifted up by E is the best upper bound, with gap 2E. The programme is solved for
-    (f − chord)/S, S its largest value, so that its tolerances are relative to the error.
-    """
+    The best uniform approximation (error E, by linear programming with curvature ≥ 0) shifted up by E, gap 2E;
+    solved for (f − chord)/max|f − chord|, so that the tolerances are relative to the error."""
     opt = _scipy()
     mid, half = 0.5 * (h + l), 0.5 * (h - l)
     u = np.cos(np.pi * np.arange(num) / (num - 1))  # u[0] = 1 (x = h), u[-1] = −1 (x = l)
@@ -171,11 +164,9 @@ def fit(kind: str, pieces: int):
     """The minimax R-piece bound of ``kind`` ("linear" or "quadratic"), for any R ≥ 2.
 
     Returns a dict with ``breakpoints`` (R − 1,), ``coefficients`` (R, 3) as rows (c_r, b_r, a_r) and
-    ``max_error``, all plain floats. Each bounded piece is the best upper line (the chord) or upper
-    quadratic on its interval; ε is found by bisection so that a greedy layout of pieces with gap ε
-    from t_1 (f(t_1) = ε) reaches 0 exactly (mirrored to the right half). Every piece is then
-    checked on a fine grid and lifted so that its smallest gap is `MARGIN` > 0. Needs SciPy.
-    """
+    ``max_error``, plain floats. ε is found by bisection so that a greedy layout of pieces with gap ε from t_1
+    (f(t_1) = ε) reaches 0 exactly, then mirrored; each piece is lifted so that its smallest gap is `MARGIN` > 0.
+    Needs SciPy."""
     if kind not in KINDS:
         raise ValueError(f"piecewise.fit: `kind` must be one of {KINDS}, got {kind!r}.")
     if int(pieces) < 2:
@@ -192,16 +183,14 @@ def fit(kind: str, pieces: int):
         middle = []
     else:
         middle = [(left[-1], -left[-1])]
-    half = [(l, h) for l, h in zip(left[:-1], left[1:])]
-    coefs, intervals = [], []
-    for l, h in half + middle:
+    half = list(zip(left[:-1], left[1:]))
+    intervals = half + middle
+    coefs = []
+    for l, h in intervals:
         c, b, a = piece(l, h)[0]
-        low, _ = _gap_extremes((c, b, a), l, h)
-        coefs.append((c, b, a - low + MARGIN))
-        intervals.append((l, h))
-    mirrored = [((c, 1.0 - b, a), (-h, -l)) for (c, b, a), (l, h) in zip(coefs[:len(half)], intervals[:len(half)])]
-    coefs += [p for p, _ in mirrored[::-1]]
-    intervals += [iv for _, iv in mirrored[::-1]]
+        coefs.append((c, b, a - _gap_extremes((c, b, a), l, h)[0] + MARGIN))
+    coefs += [(c, 1.0 - b, a) for c, b, a in coefs[:len(half)][::-1]]
+    intervals += [(-h, -l) for l, h in half[::-1]]
     outer = _f(left[0]) + MARGIN
     coefs = [(0.0, 0.0, outer)] + coefs + [(0.0, 1.0, outer)]
     breakpoints = [left[0]] + [h for _, h in intervals]

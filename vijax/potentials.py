@@ -6,22 +6,14 @@ $$
 p(w) \\propto \\mathcal N(w \\mid \\mu, \\Sigma) \\prod_n \\varphi_n(h_n^\\top w).
 $$
 
-``log_phi(x)`` maps projections ``x``, shape ``(N,)``, to ``log φ_n(x_n)``; per-site parameters (``loc``, ``scale``,
-``df``, ``counts``, ``eps``) are scalars or ``(N,)`` arrays. Every potential gives
-
-- ``expected_log_phi(mu, sigma, quadrature)`` =
-  :math:`\\langle \\log \\varphi(\\mu + \\sigma z)\\rangle_{z\\sim\\mathcal N(0,1)}`, the G-KL site term: closed form
-  for `Gaussian`, `Laplace`, `Heaviside`, `Poisson`; else quadrature that splits off the logistic's linear and the
-  probit's quadratic asymptote and resolves the Student-t / Cauchy peak (accurate for ``sigma`` up to 1e2);
-- ``log_expected_phi`` = :math:`\\log \\langle \\varphi(\\mu + \\sigma z)\\rangle`, the log predictive density;
-- flags ``log_concave`` (G-KL bound jointly concave in (m, C)), ``concave_expectation`` (⟨log φ⟩ concave in (μ, σ),
-  what G-KL needs; implied by ``log_concave``) and ``super_gaussian`` (local variational bounds exist).
-
-Parameters are strongly typed arrays of one floating dtype (the arrays' promoted dtype, else
-``jnp.result_type(float)``; in a `vj.Sites` group, its ``H``'s), so an optimiser's update never changes their type
-and a jitted step compiles once. ``repr``: ``StudentT(df=3.0, loc=f64[100], scale=0.1)``. Data-carrying potentials
-take the observation as ``loc`` (or ``counts``); `Logistic`, `Probit` and `Heaviside` act on ``y_n x_n^T w``, the
-label folded into ``h_n`` (``labels_in_projection = True``).
+``log_phi(x)`` maps projections ``x``, shape ``(N,)``, to ``log φ_n(x_n)``; per-site parameters are scalars or
+``(N,)`` arrays, strongly typed of one floating dtype (`vijax._checks`). Every potential gives
+``expected_log_phi`` = :math:`\\langle \\log \\varphi(\\mu + \\sigma z)\\rangle_{z\\sim\\mathcal N(0,1)}` (the G-KL
+site term; closed form or quadrature accurate for ``sigma`` up to 1e2), ``log_expected_phi`` =
+:math:`\\log \\langle \\varphi(\\mu + \\sigma z)\\rangle` (the log predictive density), ``tilted_moments`` (EP) and
+the flags ``log_concave``, ``concave_expectation`` and ``super_gaussian`` (local variational bounds exist).
+Observation potentials take the observation as ``loc`` (or ``counts``); `Logistic`, `Probit` and `Heaviside` act on
+``y_n x_n^T w``, the label folded into ``h_n`` (``labels_in_projection = True``).
 """
 
 from __future__ import annotations
@@ -38,7 +30,7 @@ import numpy as np
 from jax.scipy.special import erf, gammaln, log_ndtr, ndtr
 
 from . import _checks, _piecewise
-from ._linalg import LOG_2PI, normal_log_density
+from ._linalg import LOG_2PI, normal_log_density, unit_legendre_rule
 from .quadrature import (ExpectationDerivatives, GaussHermite, expectation_derivatives, moments_from_log_normaliser,
                          safe_sqrt, tilted_moments)
 
@@ -67,10 +59,6 @@ _SQRT_2 = float(np.sqrt(2))
 _DEFAULT_QUADRATURE = GaussHermite()
 
 
-def _safe_ratio(num, den):
-    return num / jnp.where(den > 0, den, 1.0)
-
-
 class AbstractPotential(eqx.Module):
     """Base class: subclasses define ``log_phi`` and may override the expectations."""
 
@@ -80,12 +68,8 @@ class AbstractPotential(eqx.Module):
 
     @property
     def concave_expectation(self) -> bool:
-        """Whether F(μ, σ) = ⟨log φ(μ + σz)⟩, z ~ N(0, 1), is jointly concave in (μ, σ).
-
-        Then every site precision λ* = −2∂F/∂σ² = −∂²F/∂μ² ≥ 0 and the G-KL bound and its site-form sub-problems
-        are concave in (m, C): what the G-KL algorithms need. True wherever ``log_concave`` is (a potential whose φ
-        is not may override). False for the quadratic `PiecewiseLogistic`: its jumps (< ε_R) make ⟨log φ⟩ convex in
-        places while σ ≲ 1."""
+        """Whether F(μ, σ) = ⟨log φ(μ + σz)⟩ is jointly concave in (μ, σ), so that every site precision
+        λ* = −∂²F/∂μ² ≥ 0 and the G-KL bound is concave in (m, C). Defaults to ``log_concave``, which implies it."""
         return bool(self.log_concave)
 
     @abc.abstractmethod
@@ -98,9 +82,7 @@ class AbstractPotential(eqx.Module):
 
     def expected_log_phi_derivatives(self, mu, var, quadrature: GaussHermite = _DEFAULT_QUADRATURE
                                      ) -> ExpectationDerivatives:
-        """F = ⟨log φ(x)⟩, x ~ N(``mu``, ``var``), and ∂F/∂μ, ∂F/∂v, ∂²F/∂μ∂v, ∂²F/∂v², elementwise.
-
-        For the natural-parameter G-KL fit: forward-mode derivatives of `expected_log_phi` unless closed forms exist."""
+        """F = ⟨log φ(x)⟩, x ~ N(``mu``, ``var``), and ∂F/∂μ, ∂F/∂v, ∂²F/∂μ∂v, ∂²F/∂v², elementwise (forward mode)."""
         return expectation_derivatives(lambda m, v: self.expected_log_phi(m, safe_sqrt(v), quadrature), mu, var)
 
     def log_expected_phi(self, mu, sigma, quadrature: GaussHermite = _DEFAULT_QUADRATURE):
@@ -108,9 +90,8 @@ class AbstractPotential(eqx.Module):
         return quadrature.log_expect_exp(self.log_phi, mu, sigma)
 
     def tilted_moments(self, mean, var, power=1.0):
-        """``(log Ẑ, E[x], Var[x])`` of the tilted p̂(x) ∝ φ(x)^η N(x | mean, var), η = ``power``, shaped like ``mean``.
-
-        By `vijax.quadrature.tilted_moments` (told of peaks and kinks by `_peaks`) unless in closed form."""
+        """``(log Ẑ, E[x], Var[x])`` of p̂(x) ∝ φ(x)^η N(x | mean, var), η = ``power``, by quadrature unless in closed
+        form (`vijax.quadrature.tilted_moments`)."""
         return tilted_moments(self, mean, var, power)
 
     def _peaks(self):
@@ -128,20 +109,14 @@ class AbstractPotential(eqx.Module):
 
     def check_num_sites(self, num_sites: int) -> None:
         """Raise if a per-site parameter does not broadcast against ``num_sites`` sites."""
-        for name, value in _array_fields(self):
-            _checks.check_broadcastable(name, value, num_sites, type(self).__name__)
+        for name in self.__dataclass_fields__:
+            if isinstance(value := getattr(self, name), (jax.Array, np.ndarray, float, int)):
+                _checks.check_broadcastable(name, value, num_sites, type(self).__name__)
 
     def __repr__(self):
         """Scalar parameters by value, arrays as dtype and shape: ``StudentT(df=3.0, loc=f64[100], scale=0.1)``."""
         return f"{type(self).__name__}(" + ", ".join(
             f"{f.name}={_checks.format_param(getattr(self, f.name))}" for f in dataclasses.fields(self)) + ")"
-
-
-def _array_fields(module):
-    for name in getattr(module, "__dataclass_fields__", {}):
-        value = getattr(module, name)
-        if isinstance(value, (jax.Array, np.ndarray, float, int)):
-            yield name, value
 
 
 def _param(name, value, owner, dtype, positive=False):
@@ -160,31 +135,21 @@ def _laguerre_rule(num_nodes: int):
     return np.polynomial.laguerre.laggauss(num_nodes)
 
 
-def _laguerre_half_lines(mu, sigma, num_nodes: int):
-    """Gauss–Laguerre nodes x ≥ 0 for ⟨r(x)⟩ = ∫₀^∞ r(x) (N(x | μ, σ²) + N(−x | μ, σ²)) dx, r = log(1 + e^{−|x|}).
-
-    Returns the weights times e^x r(x) and, per half line, u± = (x ∓ μ)/σ and N(x | ±μ, σ²) = φ(u±)/σ (last axis)."""
+def _expected_log1p_exp_neg_abs(mu, sigma, num_nodes: int = 32):
+    """⟨r(x)⟩ = ∫₀^∞ r(x) (N(x | μ, σ²) + N(−x | μ, σ²)) dx, r(x) = log(1 + e^{−|x|}), by Gauss–Laguerre (for σ ≳ 1)."""
     x, w = (jnp.asarray(a, jnp.result_type(mu, sigma)) for a in _laguerre_rule(num_nodes))
-    # e^x log1p(e^-x) -> 1 - e^-x / 2 for large x; avoid inf * 0 in low precision.
-    big = x > 30
+    big = x > 30  # e^x log1p(e^-x) -> 1 - e^-x / 2: no inf * 0 in low precision
     ratio = jnp.where(big, 1 - 0.5 * jnp.exp(-x), jnp.exp(jnp.where(big, 0.0, x)) * jnp.log1p(jnp.exp(-x)))
     s = sigma[..., None]
-    u_plus, u_minus = (x - mu[..., None]) / s, (x + mu[..., None]) / s
     density = lambda u: jnp.exp(-0.5 * u**2) / (s * _SQRT_2PI)
-    return w * ratio, (u_plus, density(u_plus)), (u_minus, density(u_minus))
-
-
-def _expected_log1p_exp_neg_abs(mu, sigma, num_nodes: int = 32):
-    """⟨log(1 + e^{-|x|})⟩, x ~ N(mu, sigma²), by Gauss–Laguerre on each half line (accurate for sigma ≳ 1)."""
-    weights, (_, plus), (_, minus) = _laguerre_half_lines(mu, sigma, num_nodes)
-    return jnp.sum(weights * (plus + minus), axis=-1)
+    return jnp.sum(w * ratio * (density((x - mu[..., None]) / s) + density((x + mu[..., None]) / s)), axis=-1)
 
 
 def _expected_log1p_exp_neg_abs_derivatives(mu, sigma, num_nodes: int = 32) -> ExpectationDerivatives:
     """`ExpectationDerivatives` of R = ⟨log(1 + e^{-|x|})⟩ on the rule of `_expected_log1p_exp_neg_abs`.
 
     Only the densities depend on (μ, v): ∂ᵏN/∂μᵏ = N Heₖ(u)/σᵏ, u = (x − μ)/σ (Hermite Heₖ), ∂/∂v = ½ ∂²/∂μ², and
-    N(−x | μ, v) = N(x | −μ, v) flips sign with odd k: the rule's own derivatives. Summed by `_node_sums`."""
+    N(−x | μ, v) = N(x | −μ, v) flips sign with odd k."""
     x, w = _laguerre_rule(num_nodes)
     big = x > 30  # e^x log1p(e^-x) -> 1 - e^-x / 2
     ratio = np.where(big, 1 - 0.5 * np.exp(-x), np.exp(np.where(big, 0.0, x)) * np.log1p(np.exp(-x)))
@@ -205,9 +170,8 @@ def _expected_log1p_exp_neg_abs_derivatives(mu, sigma, num_nodes: int = 32) -> E
 
 
 def _node_sums(terms, nodes, weights, like):
-    """Σ_k terms(nodes[k], weights[k]) for ``terms`` returning a tuple of arrays shaped like ``like``.
-
-    A scan unrolled by two (more costs compile time, saves little): no (sites × nodes) array is formed."""
+    """Σ_k terms(nodes[k], weights[k]) (a tuple of five arrays shaped like ``like``) by a scan: no (sites × nodes)
+    array is formed. Unrolled by two: more costs compile time and saves little."""
     zeros = tuple(jnp.zeros_like(like) for _ in range(5))
     add = lambda total, node: (tuple(a + b for a, b in zip(total, terms(*node))), None)
     return jax.lax.scan(add, zeros, (nodes, weights), unroll=2)[0]
@@ -217,8 +181,7 @@ _LOG1P_SERIES = tuple(2.0 / (2 * k + 1) for k in range(17))
 
 
 def _log1p_unit(e):
-    """log(1 + e), 0 ≤ e ≤ 1, as 2 atanh(s), s = e/(2 + e) ≤ 1/3, by 17 series terms (3 ulps in float64): a
-    polynomial, cheaper than XLA's log1p on the CPU."""
+    """log(1 + e), 0 ≤ e ≤ 1, as 2 atanh(e/(2 + e)) by 17 series terms (3 ulps in float64), cheaper than log1p."""
     s = e / (2.0 + e)
     t = s * s
     total = _LOG1P_SERIES[-1]
@@ -227,29 +190,21 @@ def _log1p_unit(e):
     return s * total
 
 
-@functools.lru_cache(maxsize=None)
-def _unit_legendre_rule(num_nodes: int):
-    x, w = np.polynomial.legendre.leggauss(num_nodes)
-    return 0.5 * (x + 1), 0.5 * w
-
-
 def _legendre_on(a, b, num_nodes: int):
     """Gauss–Legendre nodes and weights on [a, b] for arrays ``a``, ``b`` (along a new last axis)."""
-    t, w = (jnp.asarray(v, jnp.result_type(a, b)) for v in _unit_legendre_rule(num_nodes))
+    t, w = (jnp.asarray(v, jnp.result_type(a, b)) for v in unit_legendre_rule(num_nodes))
     a, b = a[..., None], b[..., None]
     return a + (b - a) * t, (b - a) * w
 
 
 def _expected_log_ndtr_wide(mu, sigma):
-    """⟨log Φ(x)⟩, x ~ N(mu, sigma²), for sigma ≥ 1 and |mu| ≤ 8 sigma (the bend at 0 inside).
-
-    With g(y) = log Φ(−y) + y²/2 (smooth, ≈ −log y − ½ log 2π for large y) and p the density of x,
+    """⟨log Φ(x)⟩, x ~ N(mu, sigma²), for sigma ≥ 1 and |mu| ≤ 8 sigma (the bend at 0 inside). With p the density
+    of x and g(y) = log Φ(−y) + y²/2 (smooth, ≈ −log y − ½ log 2π for large y),
 
         ⟨log Φ(x)⟩ = −½⟨x²; x < 0⟩ + ∫₀^∞ log Φ(x) p(x) dx + ∫₀^∞ g(y) p(−y) dy:
 
-    in closed form; by Gauss–Legendre on [0, 9] (log Φ < 1e-19 beyond); by Gauss–Legendre on [0, 9], then in w = y/σ
-    on [9/σ, 1] in log w (g is log-like there) and on [1, z₀ + 10] (where N(z₀ − w) lives, z₀ = −μ/σ). About 1e-11
-    relative (`log_ndtr`'s accuracy near −20)."""
+    the first in closed form, the others by Gauss–Legendre on [0, 9] (log Φ < 1e-19 beyond), the last continued in
+    w = y/σ on [9/σ, 1] in log w and on [1, z₀ + 10], z₀ = −μ/σ. About 1e-11 relative."""
     cut = 9.0
     z0 = -mu / sigma
     pdf = lambda z: jnp.exp(-0.5 * z**2) / _SQRT_2PI
@@ -271,8 +226,8 @@ def _expected_log_ndtr_wide(mu, sigma):
 class Logistic(AbstractPotential):
     """Logistic sigmoid φ(x) = σ(x) = 1 / (1 + e^{-x}); labels are folded into H.
 
-    ``log σ(x) = min(x, 0) − log(1 + e^{-|x|})``: the first part in closed form, the bounded remainder by
-    Gauss–Laguerre from ``sigma >= 1.5``, where plain Gauss–Hermite loses accuracy."""
+    From ``sigma >= 1.5``, where Gauss–Hermite loses accuracy, ``log σ(x) = min(x, 0) − log(1 + e^{-|x|})`` is
+    integrated as its first part in closed form and the bounded remainder by Gauss–Laguerre."""
 
     log_concave: ClassVar[bool] = True
     super_gaussian: ClassVar[bool] = True
@@ -330,8 +285,7 @@ class Logistic(AbstractPotential):
     def tilted_moments(self, mean, var, power=1.0):
         if not (isinstance(power, (int, float)) and power == 1):
             return super().tilted_moments(mean, var, power)
-        # Ẑ = ⟨σ(x)⟩ in closed form up to one smooth 1-D rule; the moments from its derivatives in the mean,
-        # E[x] = m + v ∂log Ẑ/∂m and Var[x] = v + v² ∂²log Ẑ/∂m², each in closed form on the same rule.
+        # Ẑ = ⟨σ(x)⟩ on one smooth rule; E[x] = m + v ∂log Ẑ/∂m, Var[x] = v + v² ∂²log Ẑ/∂m² on the same rule.
         mean, var = jnp.broadcast_arrays(mean, var)
         log_z, slope, curvature = self._reflected(mean, jnp.sqrt(var), _TILTED_RULE, derivatives=True)
         return log_z, mean + var * slope, var + var**2 * curvature
@@ -422,14 +376,8 @@ class PiecewiseLogistic(AbstractPotential):
 
     @property
     def log_concave(self):  # type: ignore[override]
-        # Linear: −f̄(−x) is a min of lines. Quadratic: each piece is concave, but f̄ jumps (by < ε_R)
-        # at the breakpoints, so the site is not exactly log-concave.
-        return self.kind == "linear"
-
-    @property
-    def concave_expectation(self):  # type: ignore[override]
-        # Linear: log-concave. Quadratic: not concave where q is narrower than the pieces' jumps (σ ≲ 1),
-        # where ∂²F/∂μ² > 0 too (λ* can be negative); docs/benchmarks.md has the numbers.
+        # Linear: −f̄(−x) is a min of lines. Quadratic: f̄ jumps (by < ε_R) at the breakpoints, which also makes
+        # ⟨log φ⟩ convex in places while σ ≲ 1 (docs/benchmarks.md): not concave_expectation either.
         return self.kind == "linear"
 
     @property
@@ -457,8 +405,7 @@ class Probit(AbstractPotential):
         return log_ndtr(x)
 
     def expected_log_phi(self, mu, sigma, quadrature: GaussHermite = _DEFAULT_QUADRATURE):
-        # Plain Gauss–Hermite is inaccurate once the bend of log Φ near 0 lies inside a wide Gaussian;
-        # there the split rule of `_expected_log_ndtr_wide` is used.
+        # Gauss–Hermite is inaccurate once the bend of log Φ near 0 lies inside a wide Gaussian: split rule there.
         mu, sigma = jnp.broadcast_arrays(mu, sigma)
         wide = (sigma >= 1.0) & (jnp.abs(mu) <= 8 * sigma)
         small = quadrature.expect(self.log_phi, jnp.where(wide, 0.0, mu), jnp.where(wide, 1.0, sigma))
@@ -483,8 +430,8 @@ class Probit(AbstractPotential):
 
 
 def _inverse_mills(t, terms=40):
-    """N(t)/Φ(−t) for t ≥ 10 by the continued fraction Φ(−t)/N(t) = 1/(t + 1/(t + 2/(t + ⋯))), as `log_ndtr` has
-    only ~4e-9 accuracy below −20 and ρ(z + ρ) in a probit site's tilted variance cancels to ~1/z²."""
+    """N(t)/Φ(−t) for t ≥ 10 by the continued fraction Φ(−t)/N(t) = 1/(t + 1/(t + 2/(t + ⋯))): `log_ndtr` has
+    ~4e-9 accuracy below −20, and ρ(z + ρ) in the tilted variance cancels to ~1/z²."""
     t = jnp.maximum(t, 10.0)
     tail = t
     for k in range(terms, 0, -1):
@@ -508,11 +455,13 @@ class Heaviside(AbstractPotential):
         return jnp.where(x > 0, jnp.log1p(-self.eps), jnp.log(self.eps))
 
     def expected_log_phi(self, mu, sigma, quadrature: GaussHermite = _DEFAULT_QUADRATURE):
-        p_neg = jnp.where(sigma > 0, ndtr(-_safe_ratio(mu, sigma)), (mu <= 0).astype(jnp.result_type(mu)))
+        positive = sigma > 0
+        p_neg = jnp.where(positive, ndtr(-mu / jnp.where(positive, sigma, 1.0)), (mu <= 0).astype(jnp.result_type(mu)))
         return jnp.log1p(-self.eps) + p_neg * (jnp.log(self.eps) - jnp.log1p(-self.eps))
 
     def log_expected_phi(self, mu, sigma, quadrature: GaussHermite = _DEFAULT_QUADRATURE):
-        p_pos = jnp.where(sigma > 0, ndtr(_safe_ratio(mu, sigma)), (mu > 0).astype(jnp.result_type(mu)))
+        positive = sigma > 0
+        p_pos = jnp.where(positive, ndtr(mu / jnp.where(positive, sigma, 1.0)), (mu > 0).astype(jnp.result_type(mu)))
         return jnp.log(self.eps + (1 - 2 * self.eps) * p_pos)
 
     def tilted_moments(self, mean, var, power=1.0):
@@ -561,8 +510,7 @@ class Gaussian(_LocationScale):
         return self.log_phi(mu) - 0.5 * (sigma / self.scale) ** 2
 
     def log_expected_phi(self, mu, sigma, quadrature: GaussHermite = _DEFAULT_QUADRATURE):
-        var = self.scale**2 + sigma**2
-        return normal_log_density(self.loc, mu, var)
+        return normal_log_density(self.loc, mu, self.scale**2 + sigma**2)
 
     def tilted_moments(self, mean, var, power=1.0):
         # φ^η = (2πs²)^{(1−η)/2} η^{−1/2} N(loc | x, s²/η): a Gaussian again.
@@ -577,14 +525,7 @@ class Gaussian(_LocationScale):
 def _mean_abs(d, sigma):
     """⟨|d + σz|⟩, z ~ N(0, 1): σ·2N(a) + d·erf(a/√2), a = d/σ (|d| at σ = 0); d, σ of one shape.
 
-    A custom JVP gives Hessian-vector products the closed-form derivatives (the N(a) terms cancel):
-
-    $$
-    \\frac{\\partial}{\\partial d}\\langle|d + \\sigma z|\\rangle = \\operatorname{erf}(a/\\sqrt2),
-    \\qquad
-    \\frac{\\partial}{\\partial \\sigma}\\langle|d + \\sigma z|\\rangle = 2\\mathcal N(a).
-    $$
-    """
+    A custom JVP gives Hessian-vector products the closed forms ∂/∂d = erf(a/√2), ∂/∂σ = 2N(a) (N(a) terms cancel)."""
     positive = sigma > 0
     s = jnp.where(positive, sigma, 1.0)
     a = d / s
@@ -624,14 +565,12 @@ class Laplace(_LocationScale):
         wide = jnp.logaddexp(common - d / b + log_ndtr(d / s - s / b), common + d / b + log_ndtr(-d / s - s / b))
         return -jnp.log(2 * b) + jnp.where(sigma > 0, wide, -jnp.abs(d) / b)
 
-    # The closed form of log Ẑ (as in `log_expected_phi`) loses digits in its second derivative once the cavity
-    # is much wider than the scale (log Φ far in its tail): tilted moments use the rule, told of the kink (`_peaks`).
+    # Tilted moments by quadrature: the closed form of log Ẑ loses digits in its second derivative once the cavity
+    # is much wider than the scale.
 
 
-# Panel edges of the Fourier integral below, in v = log t relative to -log b (where b t = 1): the
-# damped cosine cos(a t) e^{-(b t)^2 / 2} makes up to ~8 turns (|a| <= 8b) for b t in [1, 8], so
-# the panels are short there; beyond b t = e^{2.6} only e^{-t} is left, integrated on panels
-# whose ends are fixed in v (edges at v = 0 and 2 resolve its double-exponential decay).
+# Panel edges of the Fourier integral below in v = log t, relative to −log b: short where cos(a t) e^{−(b t)²/2}
+# turns (|a| ≤ 8b, b t in [1, 8]); beyond b t = e^{2.6} only e^{−t} is left, on panels fixed in v.
 _FOURIER_EDGES_REL = (-14.0, -7.0, -2.0, 0.0, 0.8, 1.4, 2.0, 2.6)
 _FOURIER_EDGES_ABS = (0.0, 2.0, 4.0)
 
@@ -643,8 +582,8 @@ def _expected_log1p_square(a, b, quadrature: GaussHermite):
 
         ⟨log(1 + u²)⟩ = 2 ∫ (1 − cos(a eᵛ) e^{−b² e^{2v}/2}) exp(−eᵛ) dv      (t = eᵛ),
 
-    smooth: 16-point Gauss–Legendre on the panels ``_FOURIER_EDGES_*`` over v ∈ [−log b − 14, 4], the part
-    below ((a² + b²) e^{2v} / 2 to leading order) in closed form. Relative error ≲ 1e-13."""
+    by 16-point Gauss–Legendre on the panels ``_FOURIER_EDGES_*`` over v ∈ [−log b − 14, 4], the part below
+    ((a² + b²) e^{2v} / 2 to leading order) in closed form. Relative error ≲ 1e-13."""
     wide = (b >= 0.5) & (jnp.abs(a) <= 8 * b)
     b_gh = jnp.where(wide, 0.1, b)
     narrow_value = quadrature.expect(lambda u: jnp.log1p(u**2), jnp.where(wide, 0.0, a), b_gh)
@@ -690,11 +629,8 @@ class StudentT(AbstractPotential):
         peak = _expected_log1p_square((mu - self.loc) / width, sigma / width, quadrature)
         return self._log_normaliser() - 0.5 * (self.df + 1) * peak
 
-    def _peaks(self):
-        return ((self.loc, self.scale),)
-
-    def observe(self, y):
-        return dataclasses.replace(self, loc=y)
+    _peaks = _LocationScale._peaks
+    observe = _LocationScale.observe
 
 
 class Cauchy(_LocationScale):
@@ -749,8 +685,8 @@ class Custom(AbstractPotential):
     # rest (static), so that a function holding parameters is traced, not frozen into the program.
     arrays: tuple
     functions: tuple = eqx.field(static=True)
-    concave: bool = eqx.field(static=True)
-    super_gauss: bool = eqx.field(static=True)
+    log_concave: bool = eqx.field(static=True)  # type: ignore[assignment]
+    super_gaussian: bool = eqx.field(static=True)  # type: ignore[assignment]
 
     def __init__(self, log_phi, expected_log_phi=None, log_concave=False, super_gaussian=False):
         if not callable(log_phi):
@@ -758,12 +694,12 @@ class Custom(AbstractPotential):
         if expected_log_phi is not None and not callable(expected_log_phi):
             raise ValueError("Custom: `expected_log_phi` must be None or a callable (mu, sigma) -> ⟨log φ⟩.")
         self.arrays, self.functions = eqx.partition((log_phi, expected_log_phi), eqx.is_array)
-        self.concave = bool(log_concave)
-        self.super_gauss = bool(super_gaussian)
+        self.log_concave = bool(log_concave)
+        self.super_gaussian = bool(super_gaussian)
 
     def __repr__(self):
         name = getattr(self.fn, "__qualname__", type(self.fn).__name__)
-        return f"Custom(log_phi={name}, log_concave={self.concave}, super_gaussian={self.super_gauss})"
+        return f"Custom(log_phi={name}, log_concave={self.log_concave}, super_gaussian={self.super_gaussian})"
 
     @property
     def fn(self):
@@ -772,14 +708,6 @@ class Custom(AbstractPotential):
     @property
     def expectation(self):
         return eqx.combine(self.arrays, self.functions)[1]
-
-    @property
-    def log_concave(self):  # type: ignore[override]
-        return self.concave
-
-    @property
-    def super_gaussian(self):  # type: ignore[override]
-        return self.super_gauss
 
     def log_phi(self, x):
         return self.fn(x)
@@ -802,12 +730,10 @@ class Masked(AbstractPotential):
     0 & \\text{otherwise,} \\end{cases}
     $$
 
-    so a masked-out site changes neither Z nor the posterior, whatever h_n: ⟨log φ̃⟩ = log⟨φ̃⟩ = 0, all derivatives
-    are 0, the tilted moments are the cavity's (0, m, v) (an EP site at precision 0 stays there), and the LVB bound is
-    the zero quadratic. Values are chosen by `jnp.where`, never multiplied by the mask, so what ``potential`` gives
-    there does not reach the result; but keep its parameters valid (`vijax.pad_sites` copies a real site), or a
-    non-finite value still reaches reverse-mode derivatives.
-    ``mask`` is a traced leaf: models differing only in it share one compiled program (what `vijax.pad_sites` uses).
+    so a masked-out site changes neither Z nor the posterior: ⟨log φ̃⟩ = log⟨φ̃⟩ = 0, and the tilted moments are the
+    cavity's (0, m, v). Values are chosen by `jnp.where`, but keep ``potential``'s parameters valid there (as
+    `vijax.pad_sites` does), or a non-finite value still reaches reverse-mode derivatives. ``mask`` is a traced leaf:
+    models differing only in it share one compiled program.
 
     **Arguments:**
 

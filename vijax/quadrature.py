@@ -1,7 +1,4 @@
-"""One-dimensional Gaussian expectations.
-
-Every site term of every method reduces to an expectation under a univariate
-Gaussian (Barber & Bishop's reduction):
+"""One-dimensional Gaussian expectations: every site term of every method reduces to one (Barber & Bishop):
 
 $$
 \\langle g(w^\\top h) \\rangle_{\\mathcal N(w \\mid m, S)}
@@ -9,8 +6,8 @@ $$
 \\qquad \\mu = m^\\top h,\\ \\sigma^2 = h^\\top S h .
 $$
 
-`GaussHermite` evaluates the right-hand side with an ``n``-point Gauss–Hermite
-rule (exact for polynomials of degree ``2n - 1``).
+`GaussHermite` evaluates the right-hand side with an ``n``-point rule (exact for polynomials of degree ``2n - 1``);
+`tilted_moments` gives EP's moments of φ(x)^η N(x | m, v).
 """
 
 from __future__ import annotations
@@ -23,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._linalg import backtrack
+from ._linalg import backtrack, unit_legendre_rule
 
 __all__ = [
     "GaussHermite", "safe_sqrt", "tilted_moments", "moments_from_log_normaliser", "elementwise_derivatives",
@@ -43,10 +40,8 @@ class GaussHermite(eqx.Module):
 
     **Arguments:**
 
-    - `num_nodes`: number of nodes. The default, 32, integrates smooth site
-      potentials to near machine precision for ``sigma`` up to about 10, and
-      keeps the kinked ones (logistic, Student-t) accurate to about 1e-4 relative
-      error for ``sigma`` up to 1e2.
+    - `num_nodes`: number of nodes. The default, 32, integrates smooth site potentials to near machine precision for
+      ``sigma`` up to about 10, and kinked ones to about 1e-4 relative error for ``sigma`` up to 1e2.
     """
 
     num_nodes: int = eqx.field(static=True, default=32)
@@ -61,12 +56,8 @@ class GaussHermite(eqx.Module):
         return jnp.asarray(z, dtype), jnp.asarray(w, dtype)
 
     def expect(self, fn, mu, sigma):
-        """:math:`\\langle f(\\mu + \\sigma z)\\rangle` for arrays ``mu``, ``sigma`` of equal shape.
-
-        ``fn`` maps an array shaped like ``mu`` to one of the same shape; it is
-        called once per node (under `jax.vmap`), so per-site parameters inside it
-        broadcast as they would for a single evaluation.
-        """
+        """:math:`\\langle f(\\mu + \\sigma z)\\rangle` for arrays ``mu``, ``sigma`` of equal shape; ``fn`` maps an
+        array shaped like ``mu`` to one of the same shape (called per node under `jax.vmap`)."""
         z, w = self.rule(jnp.result_type(mu, sigma))
         values = jax.vmap(lambda zk: fn(mu + sigma * zk))(z)
         return jnp.tensordot(w, values, axes=1)
@@ -80,11 +71,8 @@ class GaussHermite(eqx.Module):
 
 
 def safe_sqrt(x):
-    """Square root whose gradient is zero (not infinite) at ``x == 0``.
-
-    Projected variances ``s_n^2 = ||C h_n||^2`` are exactly zero for an all-zero
-    row ``h_n``; a plain `jnp.sqrt` would turn the chain rule into ``0 * inf``.
-    """
+    """Square root whose gradient is zero (not infinite) at ``x == 0``, where a projected variance ``||C h_n||^2`` of an
+    all-zero row ``h_n`` lies."""
     positive = x > 0
     return jnp.where(positive, jnp.sqrt(jnp.where(positive, x, 1.0)), 0.0)
 
@@ -92,31 +80,20 @@ def safe_sqrt(x):
 # ----------------------------------------------------------------------------------------------
 # Tilted moments: the normaliser, mean and variance of φ(x)^η N(x | m, v)
 
-# Panel edges of one window, in units of its width around its centre: fine near the centre, where
-# a peak or a kink sits, coarser in the tails. 0 is an edge, so a kink at a centre is never inside
-# a panel.
+# Panel edges of one window, in units of its width around its centre: fine near the centre, where a peak or a kink
+# sits (0 is an edge, so a kink at a centre is never inside a panel), coarser in the tails.
 _WINDOW_EDGES = (-12.0, -8.0, -5.0, -3.0, -2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0, 3.0, 5.0, 8.0, 12.0)
 _NODES_PER_PANEL = 8
 _MODE_ITERATIONS = 20
-_MODE_TOL = 1e-6  # Newton stops once no site moves by more than this many widths (1/√curvature)
+_MODE_TOL = 1e-6  # widths 1/√curvature: the mode only places the rule
 _MODE_HALVINGS = 60
 
 
-@functools.lru_cache(maxsize=None)
-def _legendre_rule(num_nodes: int):
-    x, w = np.polynomial.legendre.leggauss(num_nodes)
-    return 0.5 * (x + 1), 0.5 * w  # on [0, 1]
-
-
 def _tilted_mode(log_density, x0, curvature_floor):
-    """A local maximum of ``log_density`` (elementwise) by safeguarded Newton from ``x0``.
+    """A local maximum of ``log_density`` (elementwise) by Newton from ``x0``, and the curvature there.
 
-    The curvature is floored at ``curvature_floor`` (the cavity precision), so every step is an
-    ascent direction even where the log density is convex; a step that lowers the density is
-    halved until it does not (or dropped). It stops once no point moves by more than 1e-6 of its
-    width 1/√curvature, or after 20 steps. Called on constants only (it places the quadrature
-    rule, which is not differentiated), so its loops never need reverse-mode derivatives.
-    """
+    The curvature is floored at ``curvature_floor`` (the cavity precision), so every step ascends; a step that lowers
+    the density is halved until it does not (or dropped). Called on constants only: no reverse-mode derivatives."""
     grad = jax.grad(lambda x: jnp.sum(log_density(x)))
 
     def newton(k, x):
@@ -128,11 +105,7 @@ def _tilted_mode(log_density, x0, curvature_floor):
         width = 1.0 / jnp.sqrt(jnp.maximum(-h, curvature_floor))
         return k + 1, x + step, jnp.max(jnp.where(jnp.isfinite(width), jnp.abs(step) / width, 0.0), initial=0.0)
 
-    # The mode only places the rule: a millionth of the tilted density's width is accuracy enough.
-    def far(state):
-        k, _, moved = state
-        return (k < _MODE_ITERATIONS) & (moved > _MODE_TOL)
-
+    far = lambda state: (state[0] < _MODE_ITERATIONS) & (state[2] > _MODE_TOL)
     _, x, _ = jax.lax.while_loop(far, lambda state: newton(*state[:2]), (0, x0, jnp.asarray(jnp.inf, x0.dtype)))
     _, h = jax.jvp(grad, (x,), (jnp.ones_like(x),))
     return x, jnp.maximum(-h, curvature_floor)
@@ -141,21 +114,12 @@ def _tilted_mode(log_density, x0, curvature_floor):
 def tilted_moments(potential, mean, var, power=1.0):
     """log Ẑ, mean and variance of the tilted density p̂(x) ∝ φ(x)^η N(x | mean, var), by quadrature.
 
-    Ẑ = ∫ φ(x)^η N(x | mean, var) dx for a vijax potential φ (its ``log_phi``). The integral is a
-    composite Gauss–Legendre rule on the union of windows (each: panels at
-    ``centre + width · (0, ±½, ±1, ±2, ±3, ±5, ±8, ±12)``, 8 nodes a panel):
-
-    - the cavity N(mean, var);
-    - the tilted density's mode (safeguarded Newton from ``mean``) with its Laplace width, which
-      follows the mass wherever the site moves it (a Poisson site with large counts, a wide cavity);
-    - the potential's own peaks or kinks, ``potential._peaks()`` (a Student-t or Laplace likelihood
-      at its ``loc``), which neither of the others resolves when the cavity is much wider than the
-      site. A bimodal tilted density (a Student-t outlier) gets one window per mode.
-
-    Everything is computed in log space (the weights are normalised by a log-sum-exp), so sites far
-    in the tails underflow nowhere. The rule is placed at constants and not differentiated, so
-    derivatives (in ``mean``, ``var`` or the potential's parameters) are the same rule applied to
-    the derivative of the integrand. Arrays broadcast elementwise; returns three arrays.
+    Ẑ = ∫ φ(x)^η N(x | mean, var) dx for a vijax potential φ, by a composite Gauss–Legendre rule (8 nodes a panel)
+    on the union of windows, each with panels at ``centre + width · (0, ±½, ±1, ±2, ±3, ±5, ±8, ±12)``: the cavity;
+    the tilted mode (Newton from ``mean``) with its Laplace width, which follows the mass wherever the site moves
+    it; and the potential's own peaks or kinks (``potential._peaks()``), which neither resolves when the cavity is
+    much wider than the site. In log space throughout, so nothing underflows. The rule is placed at constants, so
+    derivatives are the same rule applied to the derivative of the integrand. Arrays broadcast elementwise.
     """
     mean, var = jnp.broadcast_arrays(mean, var)
     dtype = jnp.result_type(mean, var)
@@ -163,16 +127,12 @@ def tilted_moments(potential, mean, var, power=1.0):
     log_density = lambda phi, m, v: lambda x: power * phi.log_phi(x) - 0.5 * (x - m) ** 2 / v
     fixed = jax.lax.stop_gradient((potential, mean, var))
     mode, curvature = _tilted_mode(log_density(*fixed), fixed[1], 1.0 / fixed[2])
-    windows = [(c, w) for c, w in fixed[0]._peaks()]
-
-    centres = [fixed[1], mode] + [jnp.broadcast_to(c, mean.shape).astype(dtype) for c, _ in windows]
-    widths = [jnp.sqrt(fixed[2]), jnp.sqrt(1.0 / curvature)]
-    widths += [jnp.broadcast_to(w, mean.shape).astype(dtype) for _, w in windows]
+    windows = [(fixed[1], jnp.sqrt(fixed[2])), (mode, jnp.sqrt(1.0 / curvature)), *fixed[0]._peaks()]
+    per_site = lambda a: jnp.broadcast_to(a, mean.shape).astype(dtype)[..., None]
     offsets = jnp.asarray(_WINDOW_EDGES, dtype)
-    edges = jnp.concatenate([c[..., None] + w[..., None] * offsets for c, w in zip(centres, widths)], axis=-1)
-    edges = jnp.sort(edges, axis=-1)
+    edges = jnp.sort(jnp.concatenate([per_site(c) + per_site(w) * offsets for c, w in windows], axis=-1), axis=-1)
     left, length = edges[..., :-1, None], jnp.diff(edges, axis=-1)[..., None]
-    u, w = (jnp.asarray(a, dtype) for a in _legendre_rule(_NODES_PER_PANEL))
+    u, w = (jnp.asarray(a, dtype) for a in unit_legendre_rule(_NODES_PER_PANEL))
     x = (left + length * u).reshape(mean.shape + (-1,))  # (..., panels · nodes)
     nonempty = length > 0  # repeated edges give empty panels: weight 0, and no 0 · ∞ in gradients
     log_weights = jnp.where(nonempty, jnp.log(jnp.where(nonempty, length, 1.0) * w), -jnp.inf)
@@ -189,10 +149,7 @@ def tilted_moments(potential, mean, var, power=1.0):
 
 
 def elementwise_derivatives(fn, x):
-    """``(f, f', f'')`` at ``x`` of an elementwise ``fn`` (output n depends on x_n only).
-
-    Forward over forward with a unit tangent: every element's derivatives in one pass, no reverse sweep.
-    """
+    """``(f, f', f'')`` at ``x`` of an elementwise ``fn`` (output n depends on x_n only), forward over forward."""
     ones = jnp.ones_like(x)
     first = lambda x: jax.jvp(fn, (x,), (ones,))
     (value, d1), (_, d2) = jax.jvp(first, (x,), (ones,))
@@ -210,11 +167,8 @@ class ExpectationDerivatives(NamedTuple):
 
 
 def expectation_derivatives(fn, mean, var) -> ExpectationDerivatives:
-    """`ExpectationDerivatives` of an elementwise ``fn(mean, var)`` (output n depends on site n only).
-
-    Forward mode with unit tangents gives every element's derivatives at once: the inner derivative
-    along v, the outer along μ and along v together (one copy of the second derivatives in the program).
-    """
+    """`ExpectationDerivatives` of an elementwise ``fn(mean, var)`` (output n depends on site n only), by forward
+    mode: the inner derivative along v, the outer along μ and v together (one copy of the second derivatives)."""
     ones, zeros = jnp.ones_like(mean), jnp.zeros_like(mean)
     inner = lambda mu, v: jax.jvp(lambda v: fn(mu, v), (v,), (ones,))  # (F, ∂F/∂v)
     outer = lambda t_mu, t_var: jax.jvp(inner, (mean, var), (t_mu, t_var))
@@ -224,10 +178,8 @@ def expectation_derivatives(fn, mean, var) -> ExpectationDerivatives:
 
 
 def moments_from_log_normaliser(log_z_fn, mean, var):
-    """Tilted moments from a closed-form log Ẑ(mean) (elementwise), by the ∇ log Ẑ identities
-
-    E[x] = m + v ∂log Ẑ/∂m,   Var[x] = v + v² ∂²log Ẑ/∂m²   (for p̂ ∝ φ(x) N(x | m, v)).
-    """
+    """Tilted moments from a closed-form, elementwise log Ẑ(mean): E[x] = m + v ∂log Ẑ/∂m,
+    Var[x] = v + v² ∂²log Ẑ/∂m²."""
     log_z, g, h = elementwise_derivatives(log_z_fn, mean)
     return log_z, mean + var * g, var + var**2 * h
 
