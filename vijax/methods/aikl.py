@@ -62,9 +62,6 @@ def _pow_abs(x, p):
     return jnp.where(pos, jnp.exp(p * jnp.log(jnp.where(pos, a, 1.0))), 0.0)
 
 
-# ------------------------------------------------------------------------------------------ bases
-
-
 class AbstractBase(eqx.Module):
     """A family of univariate base densities q_v(v | θ) for the coordinates of v.
 
@@ -249,9 +246,6 @@ class GeneralisedNormal(AbstractBase):
         return sign * g ** (1.0 / eta) * jnp.exp(self._log_scale(eta))
 
 
-# ------------------------------------------------------------------------------------- parameters
-
-
 class AIKLParams(eqx.Module):
     """Parameters of q: w = A v + b, A = ``lower @ upper``, log|det A| = Σ_d log|L_dd| + log|U_dd|.
 
@@ -277,9 +271,6 @@ def _moments(params, base):
     """Mean ``(D,)`` and a factor C with CᵀC = cov(w) (``(D, D)``, not triangular) of q."""
     A = params.A
     return params.loc + A @ base.mean(params.theta), jnp.sqrt(base.variance(params.theta))[:, None] * A.T
-
-
-# ---------------------------------------------------------------------------------------- lattice
 
 
 def _fft_size(dim: int, lattice_points: int, padding: str) -> int:
@@ -466,9 +457,6 @@ def lattice_densities(params: AIKLParams, base: AbstractBase, H, offset=0.0, lat
     beta = projection.mv(params.loc) + offset
     atoms, rho = _site_lattice(alpha, beta, params, base, lattice_points, padding, span)
     return atoms, rho / (atoms[:, 1:2] - atoms[:, 0:1])
-
-
-# ------------------------------------------------------------------------------------------ method
 
 
 class AIKLInfo(eqx.Module):

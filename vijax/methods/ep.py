@@ -174,8 +174,7 @@ def cavity(mean, var, tau, nu, power=1.0):
 
 
 def site_step(mean, var, tilted_mean, tilted_var, power=1.0):
-    """The undamped EP step of a site, (Δτ, Δν) = ((1/V̂ − 1/V)/η, (m̂/V̂ − m/V)/η): the change that
-    moves q's marginal N(mean, var) to the tilted moments (m̂, V̂) (Jylänki eqs. 2.36–2.37, δ = 1)."""
+    """The undamped EP step of a site, (Δτ, Δν) = ((1/V̂ − 1/V)/η, (m̂/V̂ − m/V)/η) (Jylänki eqs. 2.36–2.37)."""
     return (1.0 / tilted_var - 1.0 / var) / power, (tilted_mean / tilted_var - mean / var) / power
 
 
@@ -197,9 +196,8 @@ def _change(step: SiteParams, ev: _Evaluation):
 
 
 def energy(sites: SiteParams, model: LatentLinearModel, power: float = 1.0):
-    """log Z_EP, the EP approximation of log Z at ``sites`` (a pure, differentiable scalar function).
-    Stationary in ``sites`` at every fixed point, so ``jax.grad`` in ``model`` at converged, frozen
-    sites is the hyperparameter derivative of EP's log Z. NaN where q or a cavity is improper."""
+    """log Z_EP at ``sites``, differentiable; stationary in ``sites`` at every fixed point, so ``jax.grad``
+    in ``model`` at converged, frozen sites is its total derivative. NaN where q or a cavity is improper."""
     return _evaluate(sites, model, power, working_model(model)).value
 
 

@@ -195,9 +195,8 @@ class HierarchicalEP(AbstractMethod):
       moment residual, max over sites of |m̂ − m|/√V + |log V̂/V| for x and φ, is ≤ ``tol`` (1e-6).
     - `quadrature`: the Gauss–Hermite rule over φ (default 32 nodes).
 
-    Returns a `HierarchicalPosterior`, in or out of `jit`. Cold start: `init_state`. ``init`` may also
-    be a `HierarchicalPosterior`, another method's `vj.Posterior` of q(w) or a ``(D,)`` point w (each
-    site's expansion at the mean or w, zero φ-sites). ``damping``, ``power``, ``tol`` are traced."""
+    Returns a `HierarchicalPosterior`. ``init`` may also be another method's `vj.Posterior` of q(w) or a
+    ``(D,)`` point w. ``damping``, ``power``, ``tol`` are traced."""
 
     damping: float = 0.5
     power: float = 1.0
@@ -214,8 +213,6 @@ class HierarchicalEP(AbstractMethod):
             raise ValueError(f"HierarchicalEP: `max_iter` must be a positive int, got {self.max_iter!r}.")
         if _checks.is_concrete(self.tol) and not self.tol > 0:
             raise ValueError(f"HierarchicalEP: `tol` must be positive, got {self.tol!r}.")
-
-    # ------------------------------------------------------------------------------ the state contract
 
     def check_model(self, model) -> None:
         if not isinstance(model, HierarchicalModel):
@@ -256,8 +253,6 @@ class HierarchicalEP(AbstractMethod):
             return compiled(self, "from_gaussian", model, w.astype(model.dtype), None)
         return super().to_state(model, init)
 
-    # ------------------------------------------------------------------------------ EP
-
     def evaluate(self, model: HierarchicalModel, sites: SiteParams, hyper_sites: SiteParams, work=None) -> _Eval:
         """q, every site's cavity and tilted moments, and log Z_EP at the given sites."""
         power = self.power
@@ -296,9 +291,8 @@ class HierarchicalEP(AbstractMethod):
         state = jax.lax.stop_gradient(state)
         work = working_model(frozen.model)
         evaluate = lambda s, h: self.evaluate(frozen, s, h, work)
-        # The loop's first iteration evaluates the start (a zero step), so `evaluate` is traced once,
-        # in the step-halving loop (`backtrack` with a placeholder); until then the evaluation is a NaN
-        # placeholder of the right shape.
+        # The first iteration evaluates the start (a zero step), so `evaluate` is traced once; until then
+        # ``ev`` is a NaN placeholder.
         shape = jax.eval_shape(evaluate, state.sites, state.hyper_sites)
         ev = jax.tree_util.tree_map(lambda a: jnp.full(a.shape, jnp.nan if a.dtype != bool else False, a.dtype), shape)
         dtype = shape.value.dtype
