@@ -82,8 +82,7 @@ class SiteParams(eqx.Module):
 
     @staticmethod
     def zeros(model: LatentLinearModel, shapes_only: bool = False) -> "SiteParams":
-        """Sites that contribute nothing: q is the model's Gaussian factor (with ``shapes_only``, their
-        `jax.ShapeDtypeStruct`s)."""
+        """Sites that contribute nothing (with ``shapes_only``, their `jax.ShapeDtypeStruct`s)."""
         make = jax.ShapeDtypeStruct if shapes_only else jnp.zeros
         zeros = tuple(make((g.num_sites,), model.dtype) for g in model.sites)
         return SiteParams(zeros, zeros)
@@ -181,6 +180,19 @@ def site_step(mean, var, tilted_mean, tilted_var, power=1.0):
 def moment_residual(mean, var, tilted_mean, tilted_var):
     """|m̂ − m|/√V + |log(V̂/V)|: the distance of the tilted moments from q's marginal, 0 at a fixed point."""
     return jnp.abs(tilted_mean - mean) / jnp.sqrt(var) + jnp.abs(jnp.log(tilted_var / var))
+
+
+def _check_settings(method):
+    """Refuse an EP method's `damping` or `power` outside (0, 1], `max_iter` < 1 or `tol` ≤ 0 (where concrete)."""
+    name = type(method).__name__
+    for field in ("damping", "power"):
+        x = getattr(method, field)
+        if x is not None and _checks.is_concrete(x) and not (0 < x <= 1):
+            raise ValueError(f"{name}: `{field}` must lie in (0, 1], got {x!r}.")
+    if not (isinstance(method.max_iter, int) and method.max_iter >= 1):
+        raise ValueError(f"{name}: `max_iter` must be a positive integer, got {method.max_iter!r}.")
+    if _checks.is_concrete(method.tol) and not method.tol > 0:
+        raise ValueError(f"{name}: `tol` must be positive, got {method.tol!r}.")
 
 
 def _num_invalid(ev: _Evaluation):
@@ -288,7 +300,7 @@ class EP(AbstractMethod):
     fallback: bool = eqx.field(static=True, default=True)
     patience: int = eqx.field(static=True, default=20)
     inner_max_iter: int = eqx.field(static=True, default=50)
-    unit_power: bool = eqx.field(static=True, init=False)
+    unit_power: bool = eqx.field(static=True, init=False, repr=False)
 
     def __post_init__(self):
         # Standard EP (η = 1) uses the potentials' closed-form tilted moments: a program of its own.
@@ -297,14 +309,7 @@ class EP(AbstractMethod):
     def __check_init__(self):
         if self.schedule not in SCHEDULES:
             raise ValueError(f"EP: `schedule` must be one of {SCHEDULES}, got {self.schedule!r}.")
-        if self.damping is not None and _checks.is_concrete(self.damping) and not (0 < self.damping <= 1):
-            raise ValueError(f"EP: `damping` must lie in (0, 1], got {self.damping!r}.")
-        if _checks.is_concrete(self.power) and not (0 < self.power <= 1):
-            raise ValueError(f"EP: `power` must lie in (0, 1], got {self.power!r}.")
-        if not (isinstance(self.max_iter, int) and self.max_iter >= 1):
-            raise ValueError(f"EP: `max_iter` must be a positive integer, got {self.max_iter!r}.")
-        if _checks.is_concrete(self.tol) and not self.tol > 0:
-            raise ValueError(f"EP: `tol` must be positive, got {self.tol!r}.")
+        _check_settings(self)
 
     @property
     def step_fraction(self):
@@ -432,9 +437,7 @@ class EP(AbstractMethod):
                 s = S @ h
                 V, m = h @ s, h @ mean + offset[n]
                 cavity_precision = 1.0 / V - power * tau[n]
-                ok = cavity_precision > 0
-                V_c = 1.0 / jnp.where(ok, cavity_precision, 1.0)
-                m_c = (m / V - power * nu[n]) * V_c
+                m_c, V_c, ok = cavity(m, V, tau[n], nu[n], power)
                 _, m_hat, V_hat = group.potential.site(n, num).tilted_moments(m_c, V_c, power)
                 ok = ok & jnp.isfinite(m_hat) & (V_hat > 0)
                 V_hat = jnp.where(ok, V_hat, 1.0)

@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import _checks, potentials
+from .. import potentials
 from .._linalg import backtrack, select
 from ..covariance import CholeskyFactor
 from ..hierarchical import HierarchicalModel
@@ -48,7 +48,7 @@ from ..start import expand_at
 from ._base import AbstractMethod, compiled, same_shapes
 from ._envelope import computed
 from ._gaussian import integrate, marginals, working_model
-from .ep import SiteParams, _change, _direction, _quadratics, _residual, cavity
+from .ep import SiteParams, _change, _direction, _quadratics, _residual, cavity, _check_settings
 
 __all__ = ["HierarchicalEP", "HierarchicalPosterior", "HierarchicalState", "log_variance_tilted_moments",
            "scale_tilted_moments"]
@@ -205,14 +205,7 @@ class HierarchicalEP(AbstractMethod):
     quadrature: GaussHermite = GaussHermite()
 
     def __check_init__(self):
-        if _checks.is_concrete(self.damping) and not 0 < self.damping <= 1:
-            raise ValueError(f"HierarchicalEP: `damping` must lie in (0, 1], got {self.damping}.")
-        if _checks.is_concrete(self.power) and not 0 < self.power <= 1:
-            raise ValueError(f"HierarchicalEP: `power` must lie in (0, 1], got {self.power}.")
-        if not (isinstance(self.max_iter, int) and self.max_iter >= 1):
-            raise ValueError(f"HierarchicalEP: `max_iter` must be a positive int, got {self.max_iter!r}.")
-        if _checks.is_concrete(self.tol) and not self.tol > 0:
-            raise ValueError(f"HierarchicalEP: `tol` must be positive, got {self.tol!r}.")
+        _check_settings(self)
 
     def check_model(self, model) -> None:
         if not isinstance(model, HierarchicalModel):
