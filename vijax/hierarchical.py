@@ -5,24 +5,14 @@ p(w, φ) \\propto \\prod_g \\prod_n \\mathcal N\\big(h_{gn}^\\top w + b_{gn} \\m
 \\prod_{l=1}^L \\mathcal N(φ_l \\mid μ_{0,l}, σ^2_{0,l})
 $$
 
-Every site is Gaussian in x = hᵀw + b given its hyperparameter φ_l (a log variance), so the model is
-conjugate given φ; what makes it non-Gaussian is the integral over φ. A site group may instead be a
-Student-t St(y_{gn} | h_{gn}ᵀw + b_{gn}, ν, e^{φ_l}) (a robust likelihood whose scale² e^{φ_l} is
-uncertain); that group is not conjugate given φ either. Instances (Jylänki 2013, Publication IV;
-`vj.glm.hierarchical_linear`):
+Every site is Gaussian in x = hᵀw + b given its log variance φ_l, so the model is conjugate given φ;
+a site group may instead be a Student-t St(y_{gn} | h_{gn}ᵀw + b_{gn}, ν, e^{φ_l}). E.g. a sparse linear
+model with an uncertain noise variance and prior sites N(w_j | 0, e^{φ_{l_j}}), one φ_l per group of
+inputs or per input (ARD) (Jylänki 2013, Publication IV; `vj.glm.hierarchical_linear`).
 
-- a sparse linear model: likelihood sites N(y_n | x_nᵀw, σ²) or St(y_n | x_nᵀw, ν, σ²) with
-  φ = log σ² (an uncertain noise variance or scale²), and prior sites N(w_j | 0, e^{φ_{l_j}}) on the coordinates (H = I, y = 0), with one
-  φ_l per group of inputs: a common scale (Seeger 2008's Laplace-like shrinkage: the scale mixture
-  of Gaussians over a shared scale) or one per input (ARD, Neal 1996);
-- any `LatentLinearModel` whose site groups are `vj.potentials.Gaussian`, with the groups' scales
-  made uncertain.
-
-The model is data: ``model`` (a `LatentLinearModel` with no Gaussian factor and one
-`vj.potentials.Gaussian` or `StudentT` group per site group, its ``scale`` the plug-in e^{μ_0/2}), the index
-l_{gn} of every site's hyperparameter (``hyper_index``, one int array per group) and the Gaussian
-hyperprior (``hyper_mean``, ``hyper_var``, shape ``(L,)``). ``vj.infer(model, vj.HierarchicalEP())`` fits
-it; ``vj.infer(model.model, vj.EP())`` is EP with every φ fixed at its prior mean.
+``model`` is the plug-in `LatentLinearModel` (every scale e^{μ_0/2}), ``hyper_index`` the l_{gn} (one int
+array per group), ``hyper_mean`` and ``hyper_var`` the hyperprior, ``(L,)``. ``vj.infer(model,
+vj.HierarchicalEP())`` fits it; ``vj.infer(model.model, vj.EP())`` is EP with every φ at its prior mean.
 """
 
 from __future__ import annotations
@@ -71,7 +61,6 @@ class HierarchicalModel(eqx.Module):
         if len(hyper_index) != len(sites):
             raise ValueError(f"{owner}: {len(sites)} site groups but {len(hyper_index)} entries in `hyper_index`; "
                              "give one index array per group.")
-        # The hyperprior takes the dtype of the sites' data (that of a model of these groups).
         dtype = _checks.data_dtype([group.projection for group in sites])
         dtype = _checks.float_dtype(hyper_mean, hyper_var) if dtype is None else dtype
         hyper_mean = _checks.as_param("hyper_mean", hyper_mean, owner, dtype, ndim=1)

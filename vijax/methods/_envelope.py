@@ -1,9 +1,7 @@
 """A fit's log Z as it computed it, differentiable as the function of the model it equals.
 
-At a fit's optimum (G-KL, EP's fixed point, Laplace's mode) log Z is a plain function of the
-model with the fitted parameters frozen, by the envelope theorem or by construction. The fit has
-usually computed its value on the way; `computed` returns that value and evaluates the function
-again only when differentiated (forward or reverse mode), so an undifferentiated fit pays nothing.
+At a fit's optimum log Z is a function of the model with the fitted parameters frozen (envelope
+theorem); `computed` returns the value the fit computed and evaluates the function only when differentiated.
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
 """Affine-independent KL (AI-KL): non-Gaussian approximations with a lower bound on log Z.
 
-q(w) is the density of w = A v + b, v with independent, possibly non-Gaussian coordinates (thesis
-ch. 6; Challis & Barber, NIPS 2012):
-
-$$
-q_w(w) = |\\det A|^{-1} \\prod_d q_v\\big([A^{-1}(w - b)]_d \\mid \\theta_d\\big), \\qquad A = L U,
-$$
-
-L lower-, U upper-triangular (A = L U P loses nothing: a permutation of independent coordinates is
-absorbed into their θ_d). For p(w) ∝ f(w) ∏_n φ_n(h_nᵀw + c_n) (thesis eq. 6.3.1),
+q(w) is the density of w = A v + b, A = L U (L lower-, U upper-triangular), with independent,
+possibly non-Gaussian coordinates v_d ~ q_v(· | θ_d) (thesis ch. 6; Challis & Barber, NIPS 2012).
+For p(w) ∝ f(w) ∏_n φ_n(h_nᵀw + c_n) (thesis eq. 6.3.1),
 
 $$
 \\log Z \\ge \\mathcal B = \\log|\\det A| + \\sum_d H[q_v(\\cdot\\mid\\theta_d)]
@@ -16,20 +10,18 @@ $$
 \\qquad y_n = \\alpha_n^\\top v + \\beta_n,\\ \\alpha_n = A^\\top h_n,\\ \\beta_n = h_n^\\top b + c_n.
 $$
 
-⟨log f⟩ needs only q's mean A v̄ + b and covariance A diag(var v) Aᵀ (G-KL's closed form). Each
-u_d = α_d v_d goes on a K-point lattice of spacing Δ over ±span·σ_y (span = 6, σ_y² = Σ_d α_d² var v_d)
-around its mean; the lattices are convolved exactly by a zero-padded FFT (thesis eq. 6.3.4):
+⟨log f⟩ needs only q's mean and covariance (G-KL's closed form). Each u_d = α_d v_d goes on a K-point
+lattice of spacing Δ over ±span·σ_y around its mean, and the lattices are convolved by a zero-padded FFT
+(thesis eq. 6.3.4):
 
 $$
 \\rho = \\mathrm{ifft}\\Big[\\prod_d \\mathrm{fft}[\\pi_d, 0, \\dots, 0]\\Big],
 \\qquad \\langle \\log\\varphi(y)\\rangle \\approx \\sum_j \\rho_j \\log\\varphi(\\beta + l_j).
 $$
 
-Only the discretisation approximates, and the optimiser cannot exploit it: narrow components enter by
-their cumulants (`_site_lattice`), kinks of log φ get their Euler–Maclaurin term back (`_expect`). Of the
-D(K − 1) + 1 atoms ``padding="full"`` transforms all, ``"window"`` (default) the ≥ 2K nearest y's mean
-(≥ ±12 σ_y; the cyclic wrap folds back only the mass beyond, below rounding for these bases, exact for
-D ≤ 2): O(D K log K) a site, not O(D² K log DK); O(K² log K) + O(D) at large D (`_wide_count`).
+Narrow components enter by their cumulants (`_site_lattice`) and kinks of log φ get their
+Euler–Maclaurin term back (`_expect`), so the optimiser cannot exploit the lattice. ``padding="full"``
+transforms all D(K − 1) + 1 atoms, ``"window"`` (default) the ≥ 2K nearest y's mean (≥ ±12 σ_y).
 """
 
 from __future__ import annotations
@@ -70,9 +62,6 @@ def _pow_abs(x, p):
     return jnp.where(pos, jnp.exp(p * jnp.log(jnp.where(pos, a, 1.0))), 0.0)
 
 
-# ------------------------------------------------------------------------------------------ bases
-
-
 class AbstractBase(eqx.Module):
     """A family of univariate base densities q_v(v | θ) for the coordinates of v.
 
@@ -99,13 +88,11 @@ class AbstractBase(eqx.Module):
         raise NotImplementedError
 
     def probes(self) -> tuple[float, ...]:
-        """Values of θ_d the fit tries, coordinate by coordinate, before it optimises (default none).
-        It keeps each that raises the bound: for families stationary in θ at their Gaussian member."""
+        """Values of θ_d tried per coordinate before optimising, each kept if it raises the bound (default none)."""
         return ()
 
     def to_free(self, theta):
-        """The optimiser's coordinates φ of θ (default φ = θ; `from_free` inverts).
-        For a shape that changes ever more slowly in θ: coordinates of about constant Fisher information."""
+        """The optimiser's coordinates φ of θ (default φ = θ; `from_free` inverts)."""
         return theta
 
     def from_free(self, free):
@@ -121,8 +108,7 @@ class AbstractBase(eqx.Module):
         return jnp.ones_like(theta)
 
     def skewness(self, theta):
-        """κ₃/κ₂^{3/2} of v_d, shape of ``theta`` (default 0; used for components narrower than a
-        lattice cell, `_site_lattice`)."""
+        """κ₃/κ₂^{3/2} of v_d, shape of ``theta`` (default 0; for components narrower than a lattice cell)."""
         return jnp.zeros_like(theta)
 
 
@@ -141,10 +127,7 @@ class Normal(AbstractBase):
         return jax.random.normal(key, tuple(shape) + theta.shape, theta.dtype)
 
 
-# Rule for ⟨log Φ(νr)⟩ under SN(0, 1, ν): trapezoid in t = r √(1 + ν²) on [-12, 12]. In t both
-# factors of the integrand 2 N(r) Φ(νr) log Φ(νr) vary on scales of at least 1 whatever ν (those of
-# N(r) and of Φ(νr) are √(1 + ν²) and √(1 + ν²)/|ν|) and decay by |t| = 12, so the rule is accurate
-# to 10⁻¹¹ for every ν with 121 points.
+# In t = r √(1 + ν²) both factors of 2 N(r) Φ(νr) log Φ(νr) vary on scales ≥ 1 and decay by |t| = 12.
 _SN_GRID = np.linspace(-12.0, 12.0, 121)
 
 
@@ -159,11 +142,9 @@ class SkewNormal(AbstractBase):
     """Standardised skew-normal coordinates, θ_d = ν_d the skewness parameter (learned).
 
     z ~ SN(0, 1, ν) has density 2 N(z) Φ(νz), mean μ_ν = δ√(2/π) with δ = ν/√(1 + ν²), variance
-    σ_ν² = 1 − μ_ν²; v = (z − μ_ν)/σ_ν, so log q_v(v | ν) = log 2 + log σ_ν + log N(z) + log Φ(νz) and
-    H[q_v] = ½ log(2πe) − log 2 − ⟨log Φ(νz)⟩_{SN} − log σ_ν (trapezoid rule in t = z√(1 + ν²) on
-    [−12, 12], 121 points, accurate to 10⁻¹¹ for every ν). At the start ν = 0 the bound is stationary in
-    ν (skewness ∝ ν³): the fit first tries ν_d = ±`probe` per coordinate, keeping what raises it
-    (`AbstractBase.probes`), then optimises in coordinates of about constant Fisher information (`to_free`).
+    σ_ν² = 1 − μ_ν², v = (z − μ_ν)/σ_ν; H[q_v] = ½ log(2πe) − log 2 − ⟨log Φ(νz)⟩_{SN} − log σ_ν (a
+    121-point trapezoid rule, accurate to 10⁻¹¹). The bound is stationary at ν = 0 (skewness ∝ ν³), so
+    the fit first tries ν_d = ±`probe` per coordinate (`AbstractBase.probes`).
 
     **Arguments:** `probe` (default 2.0; 0 disables the probes), `learn` (default True), `max_nu`
     (default 16, the largest |ν| reached: sharper skew-normals are finer than a K = 64 lattice resolves)."""
@@ -179,12 +160,8 @@ class SkewNormal(AbstractBase):
     def probes(self):
         return (float(self.probe), -float(self.probe)) if self.probe else ()
 
-    # The Fisher information of ν is about 0.9 (1 + |ν|)⁻³ for |ν| ≳ 4 (the density tends to the
-    # half-normal ever more slowly), so in ν the bound is nearly flat where the fits end (|ν| ~ 5–15).
-    # φ ∝ sign(ν)(1 − (1 + |ν|)^{−1/2}) has dν/dφ ∝ (1 + |ν|)^{3/2}, so its information is about
-    # constant for |ν| ≳ 1, and it is linear at 0 (the Gaussian stays stationary; the probes start the
-    # skewness). φ ∈ [−1, 1] maps onto |ν| ≤ `max_nu`: a sharper edge than that (width ~σ/|ν|) is
-    # finer than a K = 64 lattice resolves, and the fit would follow the lattice error.
+    # ν's Fisher information is ≈ 0.9 (1 + |ν|)⁻³ for |ν| ≳ 4; φ ∝ sign(ν)(1 − (1 + |ν|)^{−1/2}) has about
+    # constant information and is linear at 0. φ ∈ [−1, 1] maps onto |ν| ≤ `max_nu`.
     def _free_scale(self):
         return 1.0 - 1.0 / math.sqrt(1.0 + float(self.max_nu))
 
@@ -192,8 +169,7 @@ class SkewNormal(AbstractBase):
         return jnp.sign(theta) * (1.0 - jax.lax.rsqrt(1.0 + jnp.abs(theta))) / self._free_scale()
 
     def from_free(self, free):
-        # |φ| beyond 1 folds back (|ν| falls again) rather than clipping: a clipped coordinate has zero
-        # gradient, and a step past the cap would leave the fit stuck there.
+        # |φ| beyond 1 folds back rather than clipping, which would leave a zero gradient past the cap.
         a = jnp.clip(1.0 - jnp.abs(1.0 - jnp.abs(free)), 0.0, 1.0) * self._free_scale()
         return jnp.sign(free) * (1.0 / (1.0 - a) ** 2 - 1.0)
 
@@ -244,7 +220,7 @@ class GeneralisedNormal(AbstractBase):
                              f"non-differentiable), got {self.eta!r}; use e.g. eta=1.5 for heavy tails.")
 
     def init_theta(self, dim, dtype):
-        return jnp.full((dim,), jnp.log(jnp.asarray(self.eta, dtype) - 1.0), dtype)  # η may be traced (a setting)
+        return jnp.full((dim,), jnp.log(jnp.asarray(self.eta, dtype) - 1.0), dtype)
 
     def _eta(self, theta):
         return 1.0 + jnp.exp(theta)
@@ -270,15 +246,11 @@ class GeneralisedNormal(AbstractBase):
         return sign * g ** (1.0 / eta) * jnp.exp(self._log_scale(eta))
 
 
-# ------------------------------------------------------------------------------------- parameters
-
-
 class AIKLParams(eqx.Module):
     """Parameters of q: w = A v + b, A = ``lower @ upper``, log|det A| = Σ_d log|L_dd| + log|U_dd|.
 
-    - `loc`: b, ``(D,)``; `theta`: the bases' shape parameters, ``(D,)``.
-    - `lower`: L, ``(D, D)``, lower-triangular; `upper`: U, ``(D, D)``, upper-triangular (entries on
-      the other side of the diagonal ignored; diagonals of either sign, kept off 0 by the entropy)."""
+    `loc`: b, ``(D,)``; `theta`: the bases' shape parameters, ``(D,)``; `lower`: L and `upper`: U,
+    ``(D, D)`` (entries across the diagonal ignored; diagonals of either sign)."""
 
     loc: jax.Array
     lower: jax.Array
@@ -301,9 +273,6 @@ def _moments(params, base):
     return params.loc + A @ base.mean(params.theta), jnp.sqrt(base.variance(params.theta))[:, None] * A.T
 
 
-# ---------------------------------------------------------------------------------------- lattice
-
-
 def _fft_size(dim: int, lattice_points: int, padding: str) -> int:
     atoms = dim * (lattice_points - 1) + 1
     if padding == "window":
@@ -311,11 +280,7 @@ def _fft_size(dim: int, lattice_points: int, padding: str) -> int:
     return 1 << (atoms - 1).bit_length()
 
 
-# Components of y narrower than _NARROW lattice spacings (standard deviation) enter by their cumulants
-# (Gaussian with the base's skewness), wider than _WIDE by their point-sampled densities, and
-# in between by a smooth mixture of the two (see `_site_lattice`).
-_NARROW, _WIDE = 1.0, 2.0
-_SMALL_DIVISOR = 2  # the smaller selection of `_site_lattice`: half of `_wide_count`
+_NARROW, _WIDE = 1.0, 2.0  # components' widths (in spacings) below which cumulants, above which samples
 
 
 def _smoothstep(x):
@@ -324,17 +289,14 @@ def _smoothstep(x):
 
 
 def _wide_count(dim: int, lattice_points: int, span: float) -> int:
-    """At most how many of D components are wider than `_NARROW` lattice spacings.
-    With r_d = |α_d| sd(v_d)/Δ and Δ = 2 span σ_y/(K − 1), Σ_d r_d² = ((K − 1)/(2 span))² whatever α: at
-    most ⌊((K − 1)/(2 span _NARROW))²⌋ (27 at K = 64, span 6); the rest take `_site_lattice`'s cumulant
-    branch exactly (weight 0 on their samples)."""
+    """At most how many of D components are wider than `_NARROW` spacings: as Σ_d r_d² = ((K − 1)/(2 span))²
+    (r_d = |α_d| sd(v_d)/Δ), ⌊((K − 1)/(2 span _NARROW))²⌋ (27 at K = 64, span 6)."""
     return min(dim, int(math.floor(((lattice_points - 1) / (2.0 * span * _NARROW)) ** 2)))
 
 
 def _spectrum(parts, base, lattice_points, size, omega, count):
-    """The product of the components' transforms per site, ``(N, size//2 + 1)``, centred on the mean.
-    Only the ``count`` widest components' sampled densities are transformed (`_site_lattice`); the others,
-    narrower than `_NARROW` (mix weight 0), multiply to exp(−½ω² Σ s_d² + iω³ Σ κ_d s_d³ / 6)."""
+    """The product of the components' transforms per site, ``(N, size//2 + 1)``, centred on the mean: the
+    ``count`` widest sampled, the rest (mix weight 0) as exp(−½ω² Σ s_d² + iω³ Σ κ_d s_d³ / 6)."""
     alpha, scale, theta, vbar, kappa, delta, sigma_y = parts
     num, dim = alpha.shape
     K = lattice_points
@@ -352,16 +314,13 @@ def _spectrum(parts, base, lattice_points, size, omega, count):
         kappa = take(kappa) if skewed else None
     centre = K // 2
     offsets = jnp.arange(K, dtype=alpha.dtype) - centre  # the centre point sits on each u_d's mean
-    # u_d = α_d v_d at u = α_d v̄_d + Δ k; its density there ∝ q_v(v̄_d + Δ k / α_d). A coordinate with
-    # α_d ≈ 0 is a point mass at its mean (and takes the cumulant branch below).
+    # u_d = α_d v_d at α_d v̄_d + Δ k has density ∝ q_v(v̄_d + Δ k / α_d); α_d ≈ 0 takes the cumulant branch.
     tiny = 1e-12 * sigma_y[:, None]
     safe_alpha = jnp.where(jnp.abs(alpha) > tiny, alpha, jnp.where(alpha < 0, -tiny, tiny))
     v = vbar[..., None] + (delta[:, None, None] * offsets) / safe_alpha[..., None]  # (N, M, K)
     log_w = base.log_density(v, theta[..., None])
     pi = jax.nn.softmax(log_w, axis=-1)
-    # Each lattice is transformed centred on its mean: the points k ≥ centre at cyclic indices
-    # 0, 1, …, those below at the end of the zero-padded array (numpy's rfft is Σ_k x_k e^{−iωk}: this
-    # is the transform of the law with its mean at index 0, as the cumulant branch below).
+    # Centred on the mean: points k ≥ centre at cyclic indices 0, 1, …, those below at the end.
     padded = jnp.concatenate([pi[..., centre:], jnp.zeros(pi.shape[:-1] + (size - K,), pi.dtype), pi[..., :centre]],
                              axis=-1)
     sampled = jnp.fft.rfft(padded, axis=-1)  # (N, M, size//2 + 1)
@@ -381,13 +340,10 @@ def _site_lattice(alpha, beta, params, base, lattice_points, padding, span=_SPAN
     """The lattice densities of y_n = α_nᵀv + β_n for a block of sites.
 
     ``alpha``: ``(N, D)``; ``beta``: ``(N,)``. Returns atoms ``(N, P)`` (increasing, spacing Δ_n) and
-    weights ρ ``(N, P)`` (summing to one), P the FFT length. Each u_d = α_d v_d, of width
-    r_d = |α_d| sd(v_d)/Δ spacings, enters the product of transforms where r_d ≥ 2 by the DFT of its
-    density at the points (trapezoid rule, error e^{−2π² r²} for smooth bases; cell masses would add
-    Δ²/12 to its variance), where r_d ≤ 1 by its cumulant transform exp(−iωκ₁ − ½ω²κ₂ + iω³κ₃/6)
-    (lattice units; exact mean, variance and skewness: point samples would lose the variance and
-    overstate the bound), and by a smooth-step mix in between. Only the `_wide_count` widest of a
-    site are sampled; the rest enter as one exponential (the same value)."""
+    weights ρ ``(N, P)`` (summing to one), P the FFT length. u_d = α_d v_d, r_d = |α_d| sd(v_d)/Δ spacings
+    wide, enters by the DFT of its density at the points where r_d ≥ 2 (error e^{−2π² r²}), by its cumulant
+    transform exp(−iωκ₁ − ½ω²κ₂ + iω³κ₃/6) where r_d ≤ 1 (exact mean, variance and skewness), and by a
+    smooth-step mix in between."""
     num, dim = alpha.shape
     K = lattice_points
     theta = params.theta
@@ -409,19 +365,15 @@ def _site_lattice(alpha, beta, params, base, lattice_points, padding, span=_SPAN
     spectrum_of = lambda count, parts: _spectrum(parts, base, K, size, omega, count)
     count = _wide_count(dim, K, span)
     if count < dim:
-        # Fewer components are usually wide than can be: when no site has more than half of `count`,
-        # the smaller selection gives the same value, at less cost.
-        small = max(1, count // _SMALL_DIVISOR)
+        # Where no site has more than half of `count` wide, the smaller selection gives the same value.
+        small = max(1, count // 2)
         most = jnp.max(jnp.sum(jnp.abs(scale) > _NARROW, axis=-1))
-        # Each branch is rematerialised for the gradient: its residuals are then its inputs alone,
-        # which both branches share (otherwise the residuals of the branch not taken are zero-filled
-        # arrays of full size, which cost as much as the smaller branch saves).
+        # Rematerialised, so both branches' residuals are their shared inputs (not zero-filled arrays).
         branch = lambda c: jax.checkpoint(partial(spectrum_of, c))
         spectrum = jax.lax.cond(most <= small, branch(small), branch(count), parts)
     else:
         spectrum = spectrum_of(count, parts)
     rho = jnp.fft.irfft(spectrum, n=size, axis=-1)  # cyclic index = Σ_d k_d mod size, the mean at 0
-    # Reorder to the window of `size` atoms centred on the mean.
     rho = jnp.roll(rho, size // 2, axis=-1)
     atoms = shift[:, None] + delta[:, None] * (jnp.arange(size, dtype=alpha.dtype) - size // 2)
     return atoms, rho
@@ -443,10 +395,9 @@ def _kink_jumps(potential, centre, width):
 def _expect(potential, atoms, rho):
     """⟨log φ_n(y_n)⟩ on the lattice, shape ``(N,)``: Σ_j ρ_nj log φ_n(atom_nj), corrected at kinks.
 
-    This trapezoid rule errs at a kink c of log φ (``potential._peaks()``, e.g. a Laplace site's
-    location) by −J q_y(c) Δ² B₂(θ)/2 (Euler–Maclaurin; J the jump of (log φ)' at c, θ c's position
-    between atoms in units of Δ, B₂(θ) = θ² − θ + 1/6), which oscillates in θ (the fit could tune b to
-    it); it is added back with q_y(c) interpolated, leaving O(Δ³). Atoms of FFT round-off are left out."""
+    At a kink c of log φ (``potential._peaks()``) the rule errs by −J q_y(c) Δ² B₂(θ)/2 (Euler–Maclaurin;
+    J the jump of (log φ)' at c, θ c's offset from an atom in spacings, B₂(θ) = θ² − θ + 1/6), which is
+    added back. Atoms of FFT round-off are left out."""
     values = jax.vmap(potential.log_phi, in_axes=1, out_axes=1)(atoms)
     floor = 64 * jnp.finfo(rho.dtype).eps * jnp.max(rho, axis=-1, keepdims=True)
     keep = rho > floor
@@ -508,20 +459,13 @@ def lattice_densities(params: AIKLParams, base: AbstractBase, H, offset=0.0, lat
     return atoms, rho / (atoms[:, 1:2] - atoms[:, 0:1])
 
 
-# ------------------------------------------------------------------------------------------ method
-
-
 class AIKLInfo(eqx.Module):
     """What `vj.AIKL` reports beyond the common `Diagnostics` (``post.diagnostics.info``).
 
     - `lattice_points`: the K of ``log_z``: the first of K₀, 2K₀, … within ``tol_k`` of the next
       coarser one's bound, else the finest tried; `lattice_change`: |B(K) − B(K/2)| there.
     - `gaussian_log_z`: the G-KL bound at the starting Gaussian (NaN with a warm start);
-      `start_log_z`: the AI-KL bound at the start, on ``log_z``'s lattice.
-
-    Where the optimum's bound is below the start's on this lattice, the posterior is the start; below by more
-    than ``tol_k`` (the optimiser followed lattice error at ``lattice_points``; raise it), ``diagnostics.status``
-    is `vj.Status.FELL_BACK` and `vj.infer` warns."""
+      `start_log_z`: the AI-KL bound at the start, on ``log_z``'s lattice."""
 
     lattice_points: jax.Array
     lattice_change: jax.Array
@@ -592,23 +536,20 @@ class AIKL(AbstractMethod):
 
     - `base`: `SkewNormal()` (default; learned skewness per coordinate), `Normal()` (q Gaussian:
       G-KL), `GeneralisedNormal(eta)`, or any `AbstractBase`.
-    - `lattice_points`: K during the fit (default 64: with the narrow-component and kink corrections
-      its error is below 10⁻³ on ``benchmarks/aikl.py``'s problems, at a quarter of K = 256's cost).
-    - `solver`: default `LBFGS(tol=1e-6, max_iter=1000, gain_tol=tol_k)`, which also stops at a gain
-      below `tol_k` over 10 iterations: the K-point optimum is only as good as its lattice error (≳ `tol_k`).
+    - `lattice_points`: K during the fit (default 64: error below 10⁻³ on ``benchmarks/aikl.py``'s
+      problems, at a quarter of K = 256's cost).
+    - `solver`: default `LBFGS(tol=1e-6, max_iter=1000, gain_tol=tol_k)` (the K-point optimum is only as
+      good as its lattice error).
     - `padding`: ``"window"`` (default) or ``"full"``; `span`: end points at ±span σ_y (default 6).
-    - `tol_k`: the final bound is re-evaluated at 2K, 4K, … until it changes by less than this
-      (default 1e-3), at most `max_doublings` times (default 4); if it is then below the start's, the start is
-      returned, with a warning (status `vj.Status.FELL_BACK`: the optimiser followed lattice error) if it is
-      below by more than `tol_k`.
-    - `scheme`: ``"joint"`` (default, the faster: docs/guide/aikl.md) or ``"blockwise"`` (the thesis's, for
-      log-concave sites): (L, b, θ), then (U, b, θ), each concave for fixed θ, until a cycle gains less
-      than ``tol_k / 100``, after 20 cycles, or at the solver's `max_iter`.
+    - `tol_k`: the final bound is re-evaluated at 2K, 4K, … until it changes by less than this (default
+      1e-3), at most `max_doublings` times (default 4); if it is then below the start's, the start is
+      returned, with status `vj.Status.FELL_BACK` and a warning if below by more than `tol_k`.
+    - `scheme`: ``"joint"`` (default, the faster) or ``"blockwise"`` (the thesis's): (L, b, θ), then
+      (U, b, θ), each concave for log-concave sites and fixed θ, until a cycle gains less than
+      ``tol_k / 100``, after 20 cycles, or at the solver's `max_iter`.
 
-    ``vj.infer(model, vj.AIKL())`` returns an `AIKLPosterior`; ``log_z`` is the bound (below log Z up to the
-    lattice error, ``diagnostics.info.lattice_change``), at least G-KL's for a family with the Gaussian, as
-    the cold start is the `vj.GKL` optimum with the bases at their Gaussian member. The State is an `AIKLState`:
-    an AI-KL posterior of the same base restarts from its parameters, any other from its moments."""
+    ``vj.infer(model, vj.AIKL())`` returns an `AIKLPosterior`; ``log_z`` is the bound, at least G-KL's for a
+    family with the Gaussian (the cold start is the `vj.GKL` optimum). The State is an `AIKLState`."""
 
     base: AbstractBase = SkewNormal()
     lattice_points: int = eqx.field(static=True, default=64)
@@ -639,10 +580,6 @@ class AIKL(AbstractMethod):
 
     def _solver(self):
         return self.solver if self.solver is not None else LBFGS(tol=1e-6, max_iter=1000, gain_tol=self.tol_k)
-
-    # The State is an `AIKLState`: (b, L, U, θ) and whether to probe θ before optimising (a start from a
-    # Gaussian). The cold start is the G-KL optimum (`vj.GKL()`, fitted inside the start's program) with
-    # the bases at their Gaussian member.
 
     def init_state(self, model) -> "AIKLState":
         gkl = GKL()
@@ -678,8 +615,7 @@ class AIKL(AbstractMethod):
         value = lambda theta: bound(eqx.tree_at(lambda p: p.theta, start, theta), model, self.base,
                                     self.lattice_points, self.padding, self.span)
 
-        # One scan over (coordinate, value) trials, the first the start itself (kept whatever its value,
-        # as the best so far is −∞), so the bound is traced once.
+        # One scan over (coordinate, value) trials, the first the start itself, so the bound is traced once.
         dim, count = model.dim, probes.shape[0]
         coords = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.repeat(jnp.arange(dim, dtype=jnp.int32), count)])
         values = jnp.concatenate([start.theta[:1], jnp.tile(probes, dim)])
@@ -712,7 +648,6 @@ class AIKL(AbstractMethod):
         theta0 = start.theta
         if base.learn and base.probes():
             theta0 = jax.lax.cond(probe, lambda: self._probe(start, frozen), lambda: start.theta)
-        # θ enters through the base's free coordinates (`AbstractBase.to_free`).
         z0 = (jnp.zeros((dim, dim), L0.dtype), jnp.triu(start.upper), jnp.zeros((dim,), L0.dtype),
               base.to_free(theta0))
         free0 = tuple(z0) if base.learn else tuple(z0[:3])
@@ -733,10 +668,8 @@ class AIKL(AbstractMethod):
         return sol, jax.lax.stop_gradient(as_params(z if base.learn else (*z, None)))
 
     def _blockwise(self, objective, x0, in_lower):
-        """The blockwise scheme of `AIKL` (each block concave for log-concave sites and fixed θ, thesis
-        §6.4; the joint problem is not). One loop (`vj.solvers.iterate`) of sweeps around the solver (the objective
-        traced once); the frozen block enters through `stop_gradient`, whose zero gradient keeps
-        quasi-Newton steps off it. ``trace`` holds the bound after each sweep (``trace[0]`` NaN)."""
+        """The blockwise scheme (thesis §6.4): one loop of sweeps, the frozen block behind `stop_gradient`.
+        ``trace`` holds the bound after each sweep (``trace[0]`` NaN)."""
         solver = self._solver()
         tol = self.tol_k / 100.0
         max_sweeps = 2 * _MAX_CYCLES
@@ -764,10 +697,6 @@ class AIKL(AbstractMethod):
         status = jnp.where((status == Status.CONVERGED) & ~settled(trace, i), Status.MAX_ITER, status)
         return Solution(x, trace[i], grad_norm, iters, status, trace, zero, grads, zero, decrement)
 
-    def _value(self, params, frozen, k):
-        """The bound at ``params`` on the lattice of K = ``k``."""
-        return bound(params, frozen, self.base, k, self.padding, self.span)
-
     def _pair(self, opt, start, frozen, k):
         """The bound at the optimum and at the start on the lattice of K = ``k``, shape ``(2,)``."""
         pair = jax.tree_util.tree_map(lambda a, b: jnp.stack([a, b]), opt, start)
@@ -777,14 +706,11 @@ class AIKL(AbstractMethod):
         return [self.lattice_points * 2**j for j in range(self.max_doublings + 1)]
 
     def _result(self, model, start, opt, sol, gaussian, index, pairs, change):
-        """The posterior from the optimum's and the start's bounds ``pairs[index]`` on the chosen lattice:
-        the start if the optimum's is lower; status `FELL_BACK` if lower by more than ``tol_k`` (the fit followed
-        the coarse lattice's error)."""
+        """The posterior from the optimum's and the start's bounds ``pairs`` on the chosen lattice: the start
+        if the optimum's is lower; status `FELL_BACK` if lower by more than ``tol_k``."""
         ks = self._lattices()
         base, padding, span = self.base, self.padding, self.span
         value, start_value = pairs[0], pairs[1]
-        # The better of the two is returned; the fit fell back only where the start is better by more than the
-        # lattice resolves (``tol_k``): a Gaussian base's optimum is the start, up to lattice error.
         keep_start = start_value > value
         fell_back = start_value > value + self.tol_k
         opt = jax.tree_util.tree_map(lambda a, b: jnp.where(keep_start, a, b), start, opt)
@@ -795,17 +721,14 @@ class AIKL(AbstractMethod):
                         start_log_z=start_value)
         sol = sol._replace(status=jnp.where(fell_back, Status.FELL_BACK, sol.status).astype(jnp.int32))
         diagnostics = Diagnostics.from_solution(sol, method="AIKL", solver=type(self._solver()).__name__, info=info)
-        # the densities and samples of the posterior use the finest lattice
         return AIKLPosterior(opt, base, ks[-1], padding, span, log_z, diagnostics, model)
 
     def solve(self, model: LatentLinearModel, state: "AIKLState") -> AIKLPosterior:
         frozen = jax.lax.stop_gradient(model)
         start, probe = jax.lax.stop_gradient((state.params, state.probe))
         mean, C = _moments(start, self.base)
-        # The G-KL bound at the Gaussian with the start's moments (the G-KL optimum for a cold start).
         gaussian = bound_at(mean, C.T @ C, frozen)
         sol, opt = self._optimise(frozen, start, probe)
-        # The final bound: double K until it changes by less than tol_k.
         ks = self._lattices()
         pairs = jnp.stack([self._pair(opt, start, frozen, k) for k in ks])  # (len(ks), 2)
         pairs = pairs.at[0, 0].set(sol.value)

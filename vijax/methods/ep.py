@@ -1,24 +1,23 @@
 """Expectation propagation (EP): Gaussian site approximations refined by moment matching.
 
-Every site φ_n(x_n), x_n = h_nᵀw + b_n, is replaced by t̃_n(x) = exp(ν_n x − ½ τ_n x²) (natural
-parameters; τ_n may be negative), the Gaussian factor f is kept exact, and
+Every site φ_n(x_n), x_n = h_nᵀw + b_n, is replaced by t̃_n(x) = exp(ν_n x − ½ τ_n x²) (τ_n may be
+negative) and the Gaussian factor f kept exact:
 
 $$
 q(w) \\propto f(w) \\prod_n \\tilde t_n(h_n^\\top w + b_n) = \\mathcal N(w \\mid m, S).
 $$
 
-With q's marginal N(m_n, V_n) of x_n and a power η ∈ (0, 1] (η = 1: standard EP), the cavity
-q_{−n} ∝ N(m_n, V_n) t̃_n^{−η} has precision V_n⁻¹ − ητ_n and shift m_n/V_n − ην_n; the tilted
-p̂_n ∝ φ_n^η q_{−n} has normaliser Ẑ_n and moments (m̂_n, V̂_n) (`AbstractPotential.tilted_moments`),
-and a damped update (δ ∈ (0, 1]) moves the site towards moment matching (Jylänki 2013, eqs. 2.36–2.37):
+With q's marginal N(m_n, V_n) of x_n and a power η ∈ (0, 1], the cavity q_{−n} ∝ N(m_n, V_n) t̃_n^{−η}
+has precision V_n⁻¹ − ητ_n and shift m_n/V_n − ην_n; the tilted p̂_n ∝ φ_n^η q_{−n} has normaliser Ẑ_n
+and moments (m̂_n, V̂_n), and a damped update (δ ∈ (0, 1]) moves the site (Jylänki 2013, eqs. 2.36–2.37):
 
 $$
 \\tau_n \\leftarrow \\tau_n + \\tfrac{\\delta}{\\eta}(\\hat V_n^{-1} - V_n^{-1}), \\qquad
 \\nu_n \\leftarrow \\nu_n + \\tfrac{\\delta}{\\eta}(\\hat m_n/\\hat V_n - m_n/V_n).
 $$
 
-At a fixed point the tilted moments equal q's marginals, and log Z_EP (eqs. 2.42, 2.45, misprints
-corrected; `energy`) is stationary in the sites, so its derivative with the sites frozen is total:
+log Z_EP (eqs. 2.42, 2.45, misprints corrected; `energy`) is stationary in the sites at a fixed point,
+so its derivative with the sites frozen is total:
 
 $$
 \\log Z_{\\rm EP} = \\log\\!\\int f(w) \\prod_n \\tilde t_n\\, dw
@@ -28,24 +27,18 @@ $$
 
 Schedules (`EP.schedule`):
 
-- ``"parallel"``: all sites from one q, then q (a Cholesky); steps are halved until q and every cavity
-  are proper (``diagnostics.info.shrunk``).
-- ``"sequential"``: one site at a time, a rank-one update of q (O(D²)), q recomputed after each sweep;
-  a site with an improper cavity is skipped (``diagnostics.info.skipped``).
-- ``"double_loop"`` (Jylänki §2.3.7; Opper & Winther 2005; Heskes & Zoeter 2002): the outer loop
-  anchors each cavity at q's marginal, the inner loop minimises the convex G(τ, ν) = log ∫ f ∏ t̃ +
-  (1/η) Σ_n log ∫ φ_n^η exp(anchor_n − η·site_n) (∂G/∂ν_n = E_q x_n − E_p̂ x_n) by diagonal-Newton EP
-  steps and Armijo backtracking: EP's fixed points, slow (linear) outer convergence, so the fallback.
-  G's terms cancel (m²/2V of sharp sites far from 0): in float32 with many sharp sites its line search
-  stalls near residuals of about 1e-2, where the run stops, unconverged and reported (the other
-  schedules never compare values of G).
+- ``"parallel"``: all sites from one q, then q (a Cholesky); steps halved until q and every cavity are
+  proper (``diagnostics.info.shrunk``).
+- ``"sequential"``: one site at a time by a rank-one update of q, q recomputed after each sweep; a site
+  with an improper cavity is skipped (``diagnostics.info.skipped``).
+- ``"double_loop"`` (Jylänki §2.3.7; Opper & Winther 2005): the outer loop anchors each cavity at q's
+  marginal, the inner loop minimises the convex G(τ, ν) = log ∫ f ∏ t̃ + (1/η) Σ_n log ∫ φ_n^η
+  exp(anchor_n − η·site_n) by diagonal-Newton EP steps with Armijo backtracking. Convergent but slow.
 
-EP starts at the Laplace approximation (`vijax.start.expand_at_mode`): q and the cavities are proper
-and narrower than a wide, flat or singular prior. A run without progress for ``patience`` iterations or
-at ``max_iter`` continues from its best sites, within ``max_iter``, by the next schedule
-(``diagnostics.info.fallback``): parallel by sequential (best where many sites share few directions,
-which parallel steps overshoot together), sequential by the double loop. An unconverged run returns its
-best sites (smallest residual) with a `vj.ConvergenceWarning`.
+EP starts at the Laplace approximation (`vijax.start.expand_at_mode`), where q and the cavities are
+proper. A run without progress for ``patience`` iterations or at ``max_iter`` continues from its best
+sites by the next schedule (parallel → sequential → double loop; ``diagnostics.info.fallback``). An
+unconverged run returns its best sites (smallest residual) with a `vj.ConvergenceWarning`.
 """
 
 from __future__ import annotations
@@ -70,8 +63,6 @@ from ..start import expand_at, expand_at_mode
 __all__ = ["EP", "SiteParams", "energy", "SCHEDULES"]
 
 SCHEDULES = ("parallel", "sequential", "double_loop")
-# What a run that has not converged continues with (`EP.fallback`): each schedule is slower per
-# iteration, or in the number of iterations, and more robust than the one before it.
 _FALLBACK = {"parallel": ("sequential",), "sequential": ("double_loop",), "double_loop": ()}
 _SAFE_DAMPING = 0.5  # adaptive damping's step fraction once a full step has raised the residual
 _MAX_HALVINGS = 30  # steps shortened to keep q and the cavities proper, and inner line searches
@@ -91,8 +82,7 @@ class SiteParams(eqx.Module):
 
     @staticmethod
     def zeros(model: LatentLinearModel, shapes_only: bool = False) -> "SiteParams":
-        """Sites that contribute nothing: q is the model's Gaussian factor (with ``shapes_only``, their
-        `jax.ShapeDtypeStruct`s)."""
+        """Sites that contribute nothing (with ``shapes_only``, their `jax.ShapeDtypeStruct`s)."""
         make = jax.ShapeDtypeStruct if shapes_only else jnp.zeros
         zeros = tuple(make((g.num_sites,), model.dtype) for g in model.sites)
         return SiteParams(zeros, zeros)
@@ -125,7 +115,6 @@ class _Evaluation(NamedTuple):
 def _evaluate(sites: SiteParams, model, power, work, anchor=None) -> _Evaluation:
     """q, its marginals, the cavities (anchored at ``anchor`` = (means, variances), else at q's
     marginals) and the tilted moments; ``value`` is the energy (inner objective when anchored)."""
-    # Only q's marginals are needed here (the site form for GP models); q itself is formed once, at the end.
     log_zq, means, variances = marginals(model, _quadratics(sites), work)
     value, proper = log_zq, jnp.isfinite(log_zq)
     magnitude = jnp.abs(log_zq)
@@ -150,7 +139,7 @@ def _quadratics(sites: SiteParams):
     return tuple((nu, tau, 0.0) for tau, nu in zip(sites.precision, sites.shift))
 
 
-def _direction(ev: _Evaluation, sites: SiteParams, power) -> SiteParams:
+def _direction(ev: _Evaluation, power) -> SiteParams:
     """(λ̂ − λ_q)/η for every valid site: the undamped EP step, in natural parameters."""
     dtau, dnu = [], []
     for m, V, m_hat, V_hat, ok in zip(ev.marginal_mean, ev.marginal_var, ev.tilted_mean, ev.tilted_var, ev.valid):
@@ -170,8 +159,7 @@ def _residual(ev: _Evaluation):
     return jnp.where(ev.proper, worst, jnp.inf)
 
 
-# Per-site EP maths (elementwise), shared by the EPs of vijax: `EP` here and nested EP
-# (`vj.gp.multiclass`). With the energy's terms (`log_normaliser`) they are the whole site update.
+# Per-site EP maths (elementwise), shared by `EP`, `vj.HierarchicalEP`, nested EP and network EP.
 
 
 def cavity(mean, var, tau, nu, power=1.0):
@@ -185,14 +173,26 @@ def cavity(mean, var, tau, nu, power=1.0):
 
 
 def site_step(mean, var, tilted_mean, tilted_var, power=1.0):
-    """The undamped EP step of a site, (Δτ, Δν) = ((1/V̂ − 1/V)/η, (m̂/V̂ − m/V)/η): the change that
-    moves q's marginal N(mean, var) to the tilted moments (m̂, V̂) (Jylänki eqs. 2.36–2.37, δ = 1)."""
+    """The undamped EP step of a site, (Δτ, Δν) = ((1/V̂ − 1/V)/η, (m̂/V̂ − m/V)/η) (Jylänki eqs. 2.36–2.37)."""
     return (1.0 / tilted_var - 1.0 / var) / power, (tilted_mean / tilted_var - mean / var) / power
 
 
 def moment_residual(mean, var, tilted_mean, tilted_var):
     """|m̂ − m|/√V + |log(V̂/V)|: the distance of the tilted moments from q's marginal, 0 at a fixed point."""
     return jnp.abs(tilted_mean - mean) / jnp.sqrt(var) + jnp.abs(jnp.log(tilted_var / var))
+
+
+def _check_settings(method):
+    """Refuse an EP method's `damping` or `power` outside (0, 1], `max_iter` < 1 or `tol` ≤ 0 (where concrete)."""
+    name = type(method).__name__
+    for field in ("damping", "power"):
+        x = getattr(method, field)
+        if x is not None and _checks.is_concrete(x) and not (0 < x <= 1):
+            raise ValueError(f"{name}: `{field}` must lie in (0, 1], got {x!r}.")
+    if not (isinstance(method.max_iter, int) and method.max_iter >= 1):
+        raise ValueError(f"{name}: `max_iter` must be a positive integer, got {method.max_iter!r}.")
+    if _checks.is_concrete(method.tol) and not method.tol > 0:
+        raise ValueError(f"{name}: `tol` must be positive, got {method.tol!r}.")
 
 
 def _num_invalid(ev: _Evaluation):
@@ -208,21 +208,16 @@ def _change(step: SiteParams, ev: _Evaluation):
 
 
 def energy(sites: SiteParams, model: LatentLinearModel, power: float = 1.0):
-    """log Z_EP, the EP approximation of log Z at ``sites`` (a pure, differentiable scalar function).
-    Stationary in ``sites`` at every fixed point, so ``jax.grad`` in ``model`` at converged, frozen
-    sites is the hyperparameter derivative of EP's log Z. NaN where q or a cavity is improper."""
+    """log Z_EP at ``sites``, differentiable; stationary in ``sites`` at every fixed point, so ``jax.grad``
+    in ``model`` at converged, frozen sites is its total derivative. NaN where q or a cavity is improper."""
     return _evaluate(sites, model, power, working_model(model)).value
 
 
 def _energy_gradient(ev: _Evaluation, model, C, power) -> SiteParams:
     """∂ log Z_EP / ∂sites at ``ev``, given q's covariance S = CᵀC (C upper-triangular).
 
-    With θ_n = (m_n/V_n, 1/V_n) q's n-th marginal and δ_n = (m̂ − m, −½(V̂ + m̂² − V − m²)) the tilted
-    minus q's mean parameters, the gradient in (ν_n, τ_n) is (1/η) Jᵀδ − δ, J = ∂θ/∂(ν, τ) (the tilted
-    integrals are never differentiated). In Σ = HSHᵀ, ∂m_n/∂ν_j = Σ_nj, ∂m_n/∂τ_j = −Σ_nj m_j and
-    ∂V_n/∂τ_j = −Σ_nj², so with a = g₁/V, b = −(g₁m + g₂)/V², (g₁, g₂) = δ/η: ∂/∂ν = Σa − δ₁ and
-    ∂/∂τ = −m ∘ Σa − (Σ ∘ Σ)b − δ₂. Σ is never formed: G = HCᵀ, Σa = G(Gᵀa),
-    ((Σ ∘ Σ)b)_j = g_jᵀ(Gᵀ diag(b) G)g_j; about 3 N D² flops."""
+    With δ_n = (m̂ − m, −½(V̂ + m̂² − V − m²)), (g₁, g₂) = δ/η, a = g₁/V, b = −(g₁m + g₂)/V² and
+    Σ = HSHᵀ = GGᵀ (G = HCᵀ, never forming Σ): ∂/∂ν = Σa − δ₁, ∂/∂τ = −m ∘ Σa − (Σ ∘ Σ)b − δ₂."""
     gaps, a, b = [], [], []
     for m, V, m_hat, V_hat, ok in zip(ev.marginal_mean, ev.marginal_var, ev.tilted_mean, ev.tilted_var, ev.valid):
         d1, d2 = jnp.where(ok, m_hat - m, 0.0), jnp.where(ok, -0.5 * (V_hat + m_hat**2 - V - m**2), 0.0)
@@ -286,54 +281,35 @@ class EP(AbstractMethod):
     - `power`: η ∈ (0, 1] (default 1); η < 1, power EP, is more stable on non-log-concave sites.
     - `max_iter`: the most iterations (sweeps), the schedule's and its fallbacks' together (default 200).
     - `tol`: converged when max_n |m̂_n − m_n|/√V_n + |log(V̂_n/V_n)| ≤ ``tol`` (default 1e-8; the
-      energy's error is O(tol²)), or ≤ 1000ε if larger (the moments' rounding: 1.2e-4 in float32); the
-      double loop stops at max(tol, √(4ε|G|)), what its line search on G can resolve.
+      energy's error is O(tol²)), or ≤ 1000ε if larger (the moments' rounding); the double loop stops
+      at max(tol, √(4ε|G|)), what its line search on G can resolve.
     - `fallback` (default True): continue an unconverged run with a more robust schedule; `patience`
       (default 20): iterations without a 1% better residual before a run is handed over;
       `inner_max_iter` (default 50): the double loop's inner steps per outer iteration.
 
-    ``vj.infer(model, vj.EP())`` returns a `Posterior` with q = N(mean, S) (a full `CholeskyFactor`) and
-    ``log_z`` = `energy` at the frozen sites, an approximation (not a bound) whose ``jax.grad`` is the
-    total derivative at convergence; the State is the `SiteParams` (`EP.from_gaussian` for other
-    posteriors). `damping`, `power`, `tol` are traced, so changing them reuses the compiled fit (η = 1 is
-    its own program, with closed-form tilted moments). An evaluation costs a D × D Cholesky, O(N D²) for
-    the marginals and a 1-D integral per site; GP models (a dense prior, one site per coordinate, all
-    τ ≥ 0) use the site form B = I + T½KT½ (R&W §3.6), about 4/3 D³ flops."""
+    ``vj.infer(model, vj.EP())`` returns a `Posterior` with q = N(mean, S) and ``log_z`` = `energy` at the
+    frozen sites (an approximation, not a bound); the State is the `SiteParams`. `damping`, `power`, `tol`
+    are traced, so changing them reuses the compiled fit (η = 1 is its own program, with closed-form
+    tilted moments). GP models use the site form B = I + T½KT½ (R&W §3.6)."""
 
-    schedule: str = eqx.field(static=True)
-    damping: float | None
-    power: float
-    max_iter: int = eqx.field(static=True)
-    tol: float
-    fallback: bool = eqx.field(static=True)
-    patience: int = eqx.field(static=True)
-    inner_max_iter: int = eqx.field(static=True)
-    unit_power: bool = eqx.field(static=True)
+    schedule: str = eqx.field(static=True, default="parallel")
+    damping: float | None = None
+    power: float = 1.0
+    max_iter: int = eqx.field(static=True, default=200)
+    tol: float = 1e-8
+    fallback: bool = eqx.field(static=True, default=True)
+    patience: int = eqx.field(static=True, default=20)
+    inner_max_iter: int = eqx.field(static=True, default=50)
+    unit_power: bool = eqx.field(static=True, init=False, repr=False)
 
-    def __init__(self, schedule="parallel", damping=None, power=1.0, max_iter=200, tol=1e-8, fallback=True,
-                 patience=20, inner_max_iter=50):
-        self.schedule = schedule
-        self.damping = damping
-        self.power = power
-        self.max_iter = max_iter
-        self.tol = tol
-        self.fallback = fallback
-        self.patience = patience
-        self.inner_max_iter = inner_max_iter
+    def __post_init__(self):
         # Standard EP (η = 1) uses the potentials' closed-form tilted moments: a program of its own.
-        self.unit_power = isinstance(power, (int, float)) and float(power) == 1.0
+        self.unit_power = isinstance(self.power, (int, float)) and float(self.power) == 1.0
 
     def __check_init__(self):
         if self.schedule not in SCHEDULES:
             raise ValueError(f"EP: `schedule` must be one of {SCHEDULES}, got {self.schedule!r}.")
-        if self.damping is not None and _checks.is_concrete(self.damping) and not (0 < self.damping <= 1):
-            raise ValueError(f"EP: `damping` must lie in (0, 1], got {self.damping!r}.")
-        if _checks.is_concrete(self.power) and not (0 < self.power <= 1):
-            raise ValueError(f"EP: `power` must lie in (0, 1], got {self.power!r}.")
-        if not (isinstance(self.max_iter, int) and self.max_iter >= 1):
-            raise ValueError(f"EP: `max_iter` must be a positive integer, got {self.max_iter!r}.")
-        if _checks.is_concrete(self.tol) and not self.tol > 0:
-            raise ValueError(f"EP: `tol` must be positive, got {self.tol!r}.")
+        _check_settings(self)
 
     @property
     def step_fraction(self):
@@ -345,11 +321,8 @@ class EP(AbstractMethod):
         """η for the site maths: the Python 1.0 of standard EP (closed-form tilted moments), else `power`."""
         return 1.0 if self.unit_power else self.power
 
-    # Shared loop machinery. One loop (`vj.solvers.iterate`) runs the schedule and its fallbacks: each iteration
-    # proposes new sites by the running schedule (`lax.switch` on ``run.phase``), evaluates them, and
-    # lets the schedule accept or reject, so `_evaluate` (the tilted integrals, a Cholesky) is traced
-    # into the program once, whatever the chain. A schedule that stops unconverged hands over to the
-    # next one in the same loop.
+    # One loop runs the schedule and its fallbacks: each iteration proposes sites by the running schedule,
+    # evaluates them and lets the schedule accept or reject, so `_evaluate` is traced once.
 
     def _start(self, sites, ev, run: _Run) -> _Run:
         residual = _residual(ev)
@@ -370,13 +343,10 @@ class EP(AbstractMethod):
                             change=change, stuck=stuck, best_sites=best_sites, best_ev=best_ev)
 
     def _prepared(self, run: _Run) -> _Run:
-        """``run`` ready for its schedule: its stopping residual and the double loop's outer state (anchors
-        at q's marginals, Φ unknown, ω = 1; every schedule carries it, for a hand-over). The double loop
-        stops at max(tol, √(4ε|G|)): as G − G* = O(r²), rounding hides G's decrease below r ≈ √(ε|G|)."""
+        """``run`` ready for its schedule: its stopping residual and the double loop's outer state. The double
+        loop stops at max(tol, √(4ε|G|)): as G − G* = O(r²), rounding hides G's decrease below that."""
         anchor = (run.ev.marginal_mean, run.ev.marginal_var)
         dtype = run.ev.value.dtype
-        # Moments matched in working precision carry rounding of a few hundred ε (quadrature, Cholesky):
-        # a residual below 1000ε is noise (1.2e-4 in float32; far below any tol in float64).
         tol = jnp.maximum(jnp.asarray(self.tol, dtype), _MOMENT_ROUNDING * jnp.finfo(dtype).eps)
         if "double_loop" in self._chain:
             rounding = jnp.sqrt(_ROUNDING * jnp.finfo(dtype).eps * jnp.abs(run.ev.value))
@@ -394,8 +364,7 @@ class EP(AbstractMethod):
             run.k < self.max_iter)
 
     def _hand_over(self, run: _Run) -> _Run:
-        """The next schedule, from the best sites so far (a diverging run may end far from any fixed
-        point), with a fresh patience budget and the iterations left of ``max_iter``."""
+        """The next schedule, from the best sites so far, with a fresh patience budget."""
         fresh = run._replace(sites=run.best_sites, ev=run.best_ev, residual=_residual(run.best_ev),
                              since_best=jnp.array(0), stuck=jnp.array(False), phase=run.phase + 1)
         return self._prepared(fresh)
@@ -410,7 +379,6 @@ class EP(AbstractMethod):
             return jax.lax.switch(run.phase, [lambda run, f=f: f(run, *args) for f in functions], run)
 
         def body(run: _Run) -> _Run:
-            # The first iteration evaluates the start (the sites as they are), so `_evaluate` appears once.
             sites, proposed = jax.lax.cond(run.started, lambda run: by_phase(proposals, run),
                                            lambda run: (run.sites, run), run)
             ev = _evaluate(sites, model, self._eta, work)
@@ -422,29 +390,24 @@ class EP(AbstractMethod):
 
         return body
 
-    # ------------------------------------------------------------------------------------------
-    # Schedules: each a (propose, accept) pair. ``propose(run) -> (sites, run)`` gives the sites to
-    # evaluate and the run with any per-iteration bookkeeping; ``accept(run, proposed, sites, ev)``
-    # returns the next run from the run before the proposal, the proposal and the sites' evaluation.
+    # Schedules: each a (propose, accept) pair. ``propose(run) -> (sites, run)``; ``accept(run, proposed,
+    # sites, ev)`` returns the next run from the run before the proposal, the proposal and the evaluation.
 
     def _parallel_step(self, model, work):
         def step(run: _Run) -> SiteParams:
-            return _direction(run.ev, run.sites, self._eta).scale(run.damping * run.alpha)
+            return _direction(run.ev, self._eta).scale(run.damping * run.alpha)
 
         def propose(run: _Run):
             return run.sites + step(run), run
 
         def accept(run: _Run, proposed, sites, ev) -> _Run:
-            # A step that leaves q or a cavity improper is halved, in the next iteration, up to
-            # _MAX_HALVINGS times (so the tilted integrals are traced once).
+            # A step that leaves q or a cavity improper is halved in the next iteration.
             ok = accepted = ev.proper
             halve = ~ok & (run.halvings < _MAX_HALVINGS)
             damping = run.damping
             if self.damping is None:
-                # Adaptive damping: full steps while the residual falls. The first full step that raises
-                # it (a sign of the oscillation undamped parallel EP can fall into) is undone, and δ = ½
-                # from then on, whatever the residual does (damped EP's residual need not fall
-                # monotonically on its way to convergence, so it is no guide to smaller steps).
+                # Adaptive damping: the first full step that raises the residual (a sign of oscillation) is
+                # undone, and δ = ½ from then on (damped EP's residual need not fall monotonically).
                 rose = _residual(ev) > run.residual
                 accepted = ok & ~(rose & (run.damping > _SAFE_DAMPING))
                 damping = jnp.where(ok & rose, jnp.minimum(run.damping, _SAFE_DAMPING), run.damping)
@@ -474,9 +437,7 @@ class EP(AbstractMethod):
                 s = S @ h
                 V, m = h @ s, h @ mean + offset[n]
                 cavity_precision = 1.0 / V - power * tau[n]
-                ok = cavity_precision > 0
-                V_c = 1.0 / jnp.where(ok, cavity_precision, 1.0)
-                m_c = (m / V - power * nu[n]) * V_c
+                m_c, V_c, ok = cavity(m, V, tau[n], nu[n], power)
                 _, m_hat, V_hat = group.potential.site(n, num).tilted_moments(m_c, V_c, power)
                 ok = ok & jnp.isfinite(m_hat) & (V_hat > 0)
                 V_hat = jnp.where(ok, V_hat, 1.0)
@@ -497,8 +458,7 @@ class EP(AbstractMethod):
             return S, mean, sites, skipped
 
         def propose(run: _Run):
-            # Rank-one updates in the working (whitened) coordinates, where S is well conditioned even
-            # for a GP prior; q is recomputed from the sites after every sweep, as the updates drift.
+            # Rank-one updates in the working (whitened) coordinates; q recomputed after every sweep.
             _, mean, C = integrate(model, _quadratics(run.sites), working_sites, whitening, map_back=False)
             carry = (C.T @ C, mean, run.sites, jnp.array(0))
             for k, group in enumerate(working_sites):
@@ -508,8 +468,7 @@ class EP(AbstractMethod):
 
         def accept(run: _Run, proposed, sites, ev) -> _Run:
             change = _change(jax.tree_util.tree_map(jnp.subtract, sites, run.sites), run.ev)
-            # Rounding can still leave q improper (a rank-one downdate of a nearly singular S): keep the
-            # last proper state and stop (the fallback takes over from the best one).
+            # Rounding can leave q improper (a downdate of a nearly singular S): keep the last proper state, stop.
             keep = lambda new, old: select(ev.proper, new, old)
             return self._record(proposed, keep(sites, run.sites), keep(ev, run.ev), jnp.array(1), jnp.array(0),
                                 jnp.array(0), change, ~ev.proper)
@@ -518,8 +477,7 @@ class EP(AbstractMethod):
 
     def _double_loop(self, model, work):
         power, tol = self._eta, self.tol
-        # The EP step ignores that a site moves its own q marginal (its cavity moves with it in EP,
-        # not here): for fixed cavities the diagonal Newton step is η/(1 + η) of it.
+        # For fixed cavities the diagonal Newton step is η/(1 + η) of the EP step.
         newton_fraction = power / (1.0 + power)
 
         def inner(sites, anchor, target):
@@ -533,19 +491,16 @@ class EP(AbstractMethod):
 
             def body(_, state):
                 sites, ev, _, evals = state
-                step = _direction(ev, sites, power).scale(newton_fraction)
-                # Slope of G along the step: ∂G/∂ν = E_q x − E_p̂ x, ∂G/∂τ = −½(E_q x² − E_p̂ x²); < 0
-                # because the Gaussian moment map is monotone.
+                step = _direction(ev, power).scale(newton_fraction)
+                # Slope of G along the step (∂G/∂ν = E_q x − E_p̂ x, ∂G/∂τ = −½(E_q x² − E_p̂ x²)), < 0.
                 slope = sum(jnp.sum(jnp.where(ok, (m - mh) * dnu - 0.5 * (m**2 + V - mh**2 - Vh) * dtau, 0.0))
                             for m, V, mh, Vh, ok, dtau, dnu in zip(ev.marginal_mean, ev.marginal_var,
                                                                    ev.tilted_mean, ev.tilted_var, ev.valid,
                                                                    step.precision, step.shift))
 
                 def sufficient(alpha, new):
-                    # Armijo; or, once the decrease is within the quadrature's noise in G, a smaller residual.
+                    # Armijo; or, within G's noise (quadrature; rounding of its terms), a smaller residual.
                     armijo = (new.value <= ev.value + _ARMIJO * alpha * slope) & (new.value < ev.value)
-                    # G's terms cancel to far less than their size (m²/2V ≫ |G| for sharp sites away from
-                    # 0), so its rounding scales with ``magnitude``; in float32 it exceeds the quadrature's.
                     noise = jnp.maximum(_QUADRATURE_NOISE * (1.0 + jnp.abs(ev.value)),
                                         _ROUNDING * jnp.finfo(ev.value.dtype).eps * ev.magnitude)
                     level = (new.value <= ev.value + noise) & (_residual(new) < _residual(ev))
@@ -568,10 +523,8 @@ class EP(AbstractMethod):
             return tuple(h / p for h, p in lam), tuple(1.0 / p for _, p in lam)
 
         def propose(run: _Run):
-            # Outer step: move the anchors to q's marginals (the CCCP step, which never lowers
-            # Φ(anchor) = min G), or ω times as far when that raises Φ more (ω doubles while it
-            # does, and drops back to 1 when it does not): the linear convergence of the plain
-            # step is often slow.
+            # Outer step: move the anchors to q's marginals (CCCP, never lowering Φ(anchor) = min G), or ω
+            # times as far when that raises Φ more (ω doubles while it does, else drops back to 1).
             anchor, phi, omega = run.outer
             lam_s, lam_q = natural(anchor), natural((run.ev.marginal_mean, run.ev.marginal_var))
             lam_t = tuple((hs + omega * (hq - hs), ps + omega * (pq - ps)) for (hs, ps), (hq, pq) in zip(lam_s, lam_q))
@@ -605,13 +558,7 @@ class EP(AbstractMethod):
 
         return propose, accept
 
-    # ------------------------------------------------------------------------------------------
-
-    # The State is the sites, `SiteParams`; the cold start every site's second-order expansion at the mode
-    # of the log joint (`vijax.start.expand_at_mode`, negative curvatures clipped to zero), so that q
-    # starts at the Laplace approximation: proper whatever the Gaussian factor (a singular precision, a
-    # flat or very wide prior), and near the fixed point, where zero sites (q = the prior) would start EP
-    # from cavities of the prior's width.
+    # The State is the `SiteParams`; the cold start each site's expansion at the mode (Laplace).
 
     def shares_start(self, model):
         return True
@@ -635,8 +582,7 @@ class EP(AbstractMethod):
         sites = jax.lax.stop_gradient(state)
         work = working_model(frozen)
         dtype = frozen.dtype
-        # The loop's first iteration evaluates the start; until then the evaluation is a placeholder
-        # of the right shape (``started`` False).
+        # The first iteration evaluates the start; until then ``ev`` is a placeholder (``started`` False).
         shape = jax.eval_shape(lambda: _evaluate(sites, frozen, self._eta, work))
         ev = jax.tree_util.tree_map(lambda a: jnp.full(a.shape, jnp.nan if a.dtype != bool else False, a.dtype), shape)
         zero, nan, false = jnp.array(0), jnp.array(jnp.nan, dtype), jnp.array(False)
@@ -664,8 +610,7 @@ class EP(AbstractMethod):
     def _finish(self, model, run: _Run) -> Posterior:
         frozen = jax.lax.stop_gradient(model)
         work = working_model(frozen)
-        # A run that has not converged ends at its best sites (the smallest residual seen), not its last:
-        # an oscillating run's last sites can be far from any fixed point.
+        # An unconverged run ends at its best sites (an oscillating run's last can be far from a fixed point).
         converged = run.residual <= run.tol
         use_best = ~converged & (run.best < run.residual)
         sites, ev, residual = select(use_best, (run.best_sites, run.best_ev, run.best), (run.sites, run.ev, run.residual))

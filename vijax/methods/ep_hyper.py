@@ -8,33 +8,24 @@ p(w, φ) \\approx q(w)\\,q(φ), \\qquad q(w) \\propto \\prod_n e^{ν_n x_n - τ_
 q(φ) = \\prod_l \\mathcal N(φ_l \\mid μ_l, s_l^2) \\propto p(φ) \\prod_n e^{ν^φ_n φ_{l_n} - τ^φ_n φ_{l_n}^2/2}
 $$
 
-(eq. 2.9: w and φ independent; the φ-sites Gaussian, conjugate to the Gaussian hyperprior). With the
-cavities N(m₋, V₋) of x and N(μ₋, s₋²) of φ_l (`vj.ep.cavity`), the tilted distribution
+(eq. 2.9; the φ-sites conjugate to the Gaussian hyperprior). With the cavities N(m₋, V₋) of x and
+N(μ₋, s₋²) of φ_l, the tilted distribution
 
 $$
 \\hat p_n(x, φ) \\propto \\mathcal N(x \\mid y_n, e^{φ})^η\\, \\mathcal N(x \\mid m_-, V_-)\\, \\mathcal N(φ \\mid μ_-, s_-^2)
 $$
 
-is Gaussian in x given φ: with s²(φ) = e^φ/η, Z(φ) = c(φ) N(y_n | m₋, V₋ + s²(φ)),
-c(φ) = (2πe^φ)^{(1−η)/2} η^{−1/2}, and
-
-    E[x | φ] = m₋ + V₋ (y_n − m₋)/(V₋ + s²(φ)),   Var[x | φ] = V₋ s²(φ)/(V₋ + s²(φ)).
-
-A Gauss–Hermite rule under the φ cavity does the remaining 1-D integral (`log_variance_tilted_moments`):
-Ẑ_n and the moments of x and φ without 2-D quadrature. A Student-t site St(y_n | x, ν, e^{φ}) (robust,
-with an uncertain scale) takes (Z(φ), E[x | φ], Var[x | φ]) from the potential's ``tilted_moments``
-at each φ node instead (`scale_tilted_moments`); all else is the same, and ν → ∞ is the Gaussian site.
-All sites move in parallel by the damped EP step (`vj.ep.site_step`, eqs. 2.36–2.38), then q once (a
-Cholesky of q(w)'s D × D precision, a segment sum for q(φ)); a step is halved until q and every cavity
-are proper. The energy is eq. 2.42/2.45 with the φ terms added:
+is Gaussian in x given φ, so a Gauss–Hermite rule over φ gives Ẑ_n and the moments of x and φ
+(`scale_tilted_moments`; a Student-t site takes its x-integral from its ``tilted_moments``). All sites
+move in parallel by the damped EP step (eqs. 2.36–2.38), halved until q and every cavity are proper.
+The energy is eq. 2.42/2.45 with the φ terms added:
 
 $$
 \\log Z_{\\rm EP} = \\log\\!\\int\\!\\prod_n \\tilde t_n\\,dw + \\log\\!\\int\\! p(φ)\\prod_n \\tilde t^φ_n\\,dφ
 + \\frac1η\\sum_n\\big[\\log\\hat Z_n + \\log Z(q_{-n}(x)) - \\log Z(q(x_n)) + \\log Z(q_{-n}(φ)) - \\log Z(q(φ_{l_n}))\\big].
 $$
 
-As the hyperprior variances go to 0 (q(φ) a point μ_0) the tilted distributions are Gaussian and EP is
-exact: the conjugate posterior at φ = μ_0, log Z_EP its evidence.
+As the hyperprior variances go to 0, EP is exact: the conjugate posterior at φ = μ_0.
 """
 
 from __future__ import annotations
@@ -46,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import _checks, potentials
+from .. import potentials
 from .._linalg import backtrack, select
 from ..covariance import CholeskyFactor
 from ..hierarchical import HierarchicalModel
@@ -57,7 +48,7 @@ from ..start import expand_at
 from ._base import AbstractMethod, compiled, same_shapes
 from ._envelope import computed
 from ._gaussian import integrate, marginals, working_model
-from .ep import SiteParams, cavity, moment_residual, site_step
+from .ep import SiteParams, _change, _direction, _quadratics, _residual, cavity, _check_settings
 
 __all__ = ["HierarchicalEP", "HierarchicalPosterior", "HierarchicalState", "log_variance_tilted_moments",
            "scale_tilted_moments"]
@@ -79,10 +70,9 @@ def log_variance_tilted_moments(loc, mean, var, hyper_mean, hyper_var, power=1.0
 def scale_tilted_moments(potential, mean, var, hyper_mean, hyper_var, power=1.0, quadrature=GaussHermite()):
     """Normaliser and moments of p̂(x, φ) ∝ t(x; e^{φ/2})^η N(x | mean, var) N(φ | hyper_mean, hyper_var),
 
-    t(x; s) being ``potential`` (a location–scale site, `vj.potentials.Gaussian` or `StudentT`) with
-    ``scale`` s (the one it holds is ignored): φ is its log scale². At the Gauss–Hermite nodes φ_q of
-    the φ cavity the x-integral is the potential's ``tilted_moments`` (closed form for a Gaussian;
-    `vijax.quadrature.tilted_moments` for a Student-t, so a 2-D rule). With p_q ∝ w_q Z(φ_q),
+    t(x; s) being ``potential`` (`vj.potentials.Gaussian` or `StudentT`) with ``scale`` s (its own is
+    ignored). At the Gauss–Hermite nodes φ_q the x-integral is the potential's ``tilted_moments``; with
+    p_q ∝ w_q Z(φ_q),
 
         Ẑ = Σ_q w_q Z(φ_q),  E x = Σ_q p_q E[x | φ_q],  Var x = Σ_q p_q (Var[x | φ_q] + (E[x | φ_q] − E x)²),
 
@@ -117,8 +107,7 @@ def scale_tilted_moments(potential, mean, var, hyper_mean, hyper_var, power=1.0,
 
 
 class HierarchicalState(eqx.Module):
-    """The State of `HierarchicalEP`: the w-sites (``sites``, a `vj.ep.SiteParams`, one pair of ``(N_g,)``
-    arrays per site group of the plug-in model) and the φ-sites (``hyper_sites``, same shapes)."""
+    """The State of `HierarchicalEP`: the w-sites ``sites`` and the φ-sites ``hyper_sites`` (`vj.ep.SiteParams`)."""
 
     sites: SiteParams
     hyper_sites: SiteParams
@@ -127,12 +116,10 @@ class HierarchicalState(eqx.Module):
 class HierarchicalPosterior(Posterior):
     """q(w) q(φ) from `HierarchicalEP`: a `vj.Posterior` of q(w) with q(φ) beside it.
 
-    - `mean`, `factor`: q(w); ``log_z``: log Z_EP over w and φ (an approximation, not a bound),
-      differentiable in the data and hyperprior at the frozen sites; ``diagnostics`` (``stationarity``
-      the moment residual, ``info`` a `vj.EPInfo`); ``model``; ``state``: a `HierarchicalState`.
+    - `mean`, `factor`: q(w); ``log_z``: log Z_EP over w and φ (an approximation, not a bound);
+      ``state``: a `HierarchicalState`.
     - `hyper_mean`, `hyper_var` ``(L,)``: q(φ_l) = N(hyper_mean_l, hyper_var_l).
-    - `weights` (property): q(w) as a `vj.Posterior` of the plug-in model (every φ at its prior mean),
-      for the GLM predictive functions; its ``state``, the w-sites, warm-starts `vj.EP`."""
+    - `weights` (property): q(w) as a `vj.Posterior` of the plug-in model, for the GLM predictive functions."""
 
     hyper_mean: jax.Array
     hyper_var: jax.Array
@@ -190,17 +177,10 @@ def _cavity_log_ratio(m, V, tau, nu, power, m_c, V_c):
     return 0.5 * (-jnp.log1p(-power * tau * V) + power * V_c * (tau * m - nu) * shift - power * nu * m)
 
 
-def _quadratics(sites: SiteParams):
-    return tuple((nu, tau, 0.0) for tau, nu in zip(sites.precision, sites.shift))
-
-
-def _change(dw: SiteParams, dh: SiteParams, ev: _Eval):
-    """max over sites of |Δτ|·V and |Δν|·√V, for the w-sites and the φ-sites (a change in units of the marginal)."""
-    worst = jnp.zeros((), ev.value.dtype)
-    for step, variances in ((dw, ev.marginal_var), (dh, ev.hyper_marginal_var)):
-        for dtau, dnu, V in zip(step.precision, step.shift, variances):
-            worst = jnp.maximum(worst, jnp.max(jnp.maximum(jnp.abs(dtau) * V, jnp.abs(dnu) * jnp.sqrt(V)), initial=0.0))
-    return worst
+def _hyper_view(ev: _Eval) -> _Eval:
+    """``ev`` with φ's moments in x's places, for `vj.ep`'s helpers."""
+    return ev._replace(marginal_mean=ev.hyper_marginal_mean, marginal_var=ev.hyper_marginal_var,
+                       tilted_mean=ev.hyper_tilted_mean, tilted_var=ev.hyper_tilted_var)
 
 
 class HierarchicalEP(AbstractMethod):
@@ -215,9 +195,8 @@ class HierarchicalEP(AbstractMethod):
       moment residual, max over sites of |m̂ − m|/√V + |log V̂/V| for x and φ, is ≤ ``tol`` (1e-6).
     - `quadrature`: the Gauss–Hermite rule over φ (default 32 nodes).
 
-    Returns a `HierarchicalPosterior`, in or out of `jit`. Cold start: `init_state`. ``init`` may also
-    be a `HierarchicalPosterior`, another method's `vj.Posterior` of q(w) or a ``(D,)`` point w (each
-    site's expansion at the mean or w, zero φ-sites). ``damping``, ``power``, ``tol`` are traced."""
+    Returns a `HierarchicalPosterior`. ``init`` may also be another method's `vj.Posterior` of q(w) or a
+    ``(D,)`` point w. ``damping``, ``power``, ``tol`` are traced."""
 
     damping: float = 0.5
     power: float = 1.0
@@ -226,16 +205,7 @@ class HierarchicalEP(AbstractMethod):
     quadrature: GaussHermite = GaussHermite()
 
     def __check_init__(self):
-        if _checks.is_concrete(self.damping) and not 0 < self.damping <= 1:
-            raise ValueError(f"HierarchicalEP: `damping` must lie in (0, 1], got {self.damping}.")
-        if _checks.is_concrete(self.power) and not 0 < self.power <= 1:
-            raise ValueError(f"HierarchicalEP: `power` must lie in (0, 1], got {self.power}.")
-        if not (isinstance(self.max_iter, int) and self.max_iter >= 1):
-            raise ValueError(f"HierarchicalEP: `max_iter` must be a positive int, got {self.max_iter!r}.")
-        if _checks.is_concrete(self.tol) and not self.tol > 0:
-            raise ValueError(f"HierarchicalEP: `tol` must be positive, got {self.tol!r}.")
-
-    # ------------------------------------------------------------------------------ the state contract
+        _check_settings(self)
 
     def check_model(self, model) -> None:
         if not isinstance(model, HierarchicalModel):
@@ -276,8 +246,6 @@ class HierarchicalEP(AbstractMethod):
             return compiled(self, "from_gaussian", model, w.astype(model.dtype), None)
         return super().to_state(model, init)
 
-    # ------------------------------------------------------------------------------ EP
-
     def evaluate(self, model: HierarchicalModel, sites: SiteParams, hyper_sites: SiteParams, work=None) -> _Eval:
         """q, every site's cavity and tilted moments, and log Z_EP at the given sites."""
         power = self.power
@@ -309,35 +277,15 @@ class HierarchicalEP(AbstractMethod):
     @staticmethod
     def residual(ev: _Eval):
         """max over valid sites of the x and φ moment residuals (`vj.ep.moment_residual`); inf if improper."""
-        worst = jnp.zeros((), ev.value.dtype)
-        for k, ok in enumerate(ev.valid):
-            for m, V, mh, Vh in ((ev.marginal_mean[k], ev.marginal_var[k], ev.tilted_mean[k], ev.tilted_var[k]),
-                                 (ev.hyper_marginal_mean[k], ev.hyper_marginal_var[k], ev.hyper_tilted_mean[k],
-                                  ev.hyper_tilted_var[k])):
-                r = moment_residual(m, V, mh, jnp.where(ok, Vh, V))
-                worst = jnp.maximum(worst, jnp.max(jnp.where(ok, r, 0.0), initial=0.0))
-        return jnp.where(ev.proper, worst, jnp.inf)
-
-    def _direction(self, ev: _Eval):
-        def steps(m, V, mh, Vh):
-            dtau, dnu = [], []
-            for m_, V_, mh_, Vh_, ok in zip(m, V, mh, Vh, ev.valid):
-                a, b = site_step(m_, V_, mh_, jnp.where(ok, Vh_, 1.0), self.power)
-                dtau.append(jnp.where(ok, a, 0.0))
-                dnu.append(jnp.where(ok, b, 0.0))
-            return SiteParams(tuple(dtau), tuple(dnu))
-
-        return (steps(ev.marginal_mean, ev.marginal_var, ev.tilted_mean, ev.tilted_var),
-                steps(ev.hyper_marginal_mean, ev.hyper_marginal_var, ev.hyper_tilted_mean, ev.hyper_tilted_var))
+        return jnp.maximum(_residual(ev), _residual(_hyper_view(ev)))
 
     def solve(self, model: HierarchicalModel, state: HierarchicalState) -> HierarchicalPosterior:
         frozen = jax.lax.stop_gradient(model)
         state = jax.lax.stop_gradient(state)
         work = working_model(frozen.model)
         evaluate = lambda s, h: self.evaluate(frozen, s, h, work)
-        # The loop's first iteration evaluates the start (a zero step), so `evaluate` is traced once,
-        # in the step-halving loop (`backtrack` with a placeholder); until then the evaluation is a NaN
-        # placeholder of the right shape.
+        # The first iteration evaluates the start (a zero step), so `evaluate` is traced once; until then
+        # ``ev`` is a NaN placeholder.
         shape = jax.eval_shape(evaluate, state.sites, state.hyper_sites)
         ev = jax.tree_util.tree_map(lambda a: jnp.full(a.shape, jnp.nan if a.dtype != bool else False, a.dtype), shape)
         dtype = shape.value.dtype
@@ -348,12 +296,13 @@ class HierarchicalEP(AbstractMethod):
 
         def step(k, loop):
             sites, hyper_sites, ev, trace, shrunk, _, started, evals, skipped, change = loop
-            dw, dh = jax.tree_util.tree_map(lambda d: jnp.where(started, self.damping * d, 0.0), self._direction(ev))
+            direction = (_direction(ev, self.power), _direction(_hyper_view(ev), self.power))
+            dw, dh = jax.tree_util.tree_map(lambda d: jnp.where(started, self.damping * d, 0.0), direction)
             alpha, new, ok, halvings = backtrack(
                 lambda a: evaluate(sites + dw.scale(a), hyper_sites + dh.scale(a)),
                 lambda a, new: new.proper, jnp.ones((), dtype), _MAX_HALVINGS, placeholder=ev)
             step_w, step_h = dw.scale(jnp.where(ok, alpha, 0.0)), dh.scale(jnp.where(ok, alpha, 0.0))
-            change = jnp.where(started, _change(step_w, step_h, ev), change)
+            change = jnp.where(started, jnp.maximum(_change(step_w, ev), _change(step_h, _hyper_view(ev))), change)
             skipped = skipped + jnp.where(started, sum(jnp.sum(~valid) for valid in ev.valid), 0)
             sites = select(ok, sites + dw.scale(alpha), sites)
             hyper_sites = select(ok, hyper_sites + dh.scale(alpha), hyper_sites)

@@ -28,13 +28,9 @@ class MAP(AbstractModeMethod):
     - `solver`: a `vj.solvers` solver for the mode (default `None`: `GaussNewton()` where every
       site is log-concave, else `NewtonCG()`; see `vijax.methods.laplace.mode_solver`).
 
-    ``vj.infer(model, vj.MAP())`` returns a `Posterior` whose mean is the mode w* and whose
-    covariance is (−∇²ℓ(w*))⁻¹ (the same as `vj.Laplace`'s, so ``post.marginals`` and the
-    predictive functions work). Its ``log_z`` is the log joint ℓ(w*) at the mode — **not an
-    evidence estimate** (``is_lower_bound=False``); ``jax.grad`` of it in the model's
-    hyperparameters is the partial derivative ∂_θ ℓ(w*) (envelope theorem), the gradient of
-    the maximised log joint.
-    """
+    ``vj.infer(model, vj.MAP())`` returns a `Posterior` with mean w* and covariance (−∇²ℓ(w*))⁻¹ (as
+    `vj.Laplace`). Its ``log_z`` is ℓ(w*), **not an evidence estimate**; its ``jax.grad`` is ∂_θ ℓ(w*)
+    (envelope theorem)."""
 
     solver: AbstractSolver | None = None
 
