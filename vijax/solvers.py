@@ -13,6 +13,7 @@ taken. Defaults: ``tol = 1e-10`` for the Newton solvers (float64-accurate gradie
 from __future__ import annotations
 
 import abc
+import collections
 import enum
 from typing import Callable, NamedTuple
 
@@ -186,20 +187,8 @@ def _ascent(g, d):
     return jnp.where(ok, d, g), jnp.where(ok, slope, jnp.vdot(g, g))
 
 
-class _LoopState(NamedTuple):
-    x: jax.Array  # the current point (x0 before the first evaluation)
-    f: jax.Array  # −∞ before the first evaluation
-    g: jax.Array
-    d: jax.Array  # the direction from x (zero before the first evaluation)
-    slope: jax.Array  # gᵀd at x: the squared Newton decrement
-    alpha: jax.Array  # the step of the next trial, x + alpha d
-    k: jax.Array
-    failed: jax.Array
-    done: jax.Array
-    trace: jax.Array
-    n_val: jax.Array
-    n_grad: jax.Array
-    n_hvp: jax.Array
+# The point x (x0, f = −∞ and d = 0 before the first evaluation), slope = gᵀd, and the next trial's step alpha.
+_LoopState = collections.namedtuple("_LoopState", "x f g d slope alpha k failed done trace n_val n_grad n_hvp")
 
 
 _C1 = 1e-4
@@ -342,22 +331,9 @@ class GaussNewton(AbstractSolver):
         return _newton_loop(self, fn, x0, local_model, direction)
 
 
-class _LBFGSState(NamedTuple):
-    x: jax.Array
-    f: jax.Array
-    g: jax.Array
-    d: jax.Array
-    slope: jax.Array
-    s_mem: jax.Array  # (memory, dim) steps, newest last
-    y_mem: jax.Array  # (memory, dim) gradient changes of −f
-    rho: jax.Array  # 1/sᵀy, 0 for empty slots
-    k: jax.Array
-    failed: jax.Array
-    done: jax.Array
-    trace: jax.Array
-    n_grad: jax.Array
-    b: _Bracket  # the line search along d from x
-    fresh: jax.Array  # x0 not evaluated yet
+# s_mem, y_mem: (memory, dim) steps and changes of −∇f, newest last; rho: 1/sᵀy (0: empty); b: the line search
+# along d from x (`_Bracket`); fresh: x0 not evaluated yet.
+_LBFGSState = collections.namedtuple("_LBFGSState", "x f g d slope s_mem y_mem rho k failed done trace n_grad b fresh")
 
 
 class LBFGS(AbstractSolver):
@@ -453,22 +429,12 @@ class LBFGS(AbstractSolver):
                          s.failed)
 
 
-class _Bracket(NamedTuple):
-    """`LBFGS`'s line search, one trial a loop pass, for φ(α) = fn(x + α d): φ(α) ≥ φ(0) + c₁ α φ'(0) (or
-    `_acceptable`) and |φ'(α)| ≤ c₂ φ'(0). Without a bracket the next trial extrapolates φ' linearly to zero (at
-    most ×10); inside [lo, hi] it is the secant zero of φ' where the ends' slopes differ in sign, else the
-    maximiser of the quadratic through φ(lo), φ'(lo), φ(hi), 10 % from both ends. ``lo`` = 0: no acceptable step."""
-
-    lo: jax.Array  # best acceptable step so far (0 at the start) ...
-    f_lo: jax.Array
-    g_lo: jax.Array  # ... its objective and gradient
-    dphi_lo: jax.Array  # and directional derivative
-    hi: jax.Array  # the other end of a bracket around the maximum along d (inf until one is known)
-    f_hi: jax.Array
-    dphi_hi: jax.Array
-    alpha: jax.Array  # the next trial
-    done: jax.Array
-    n: jax.Array
+# `LBFGS`'s line search, one trial a loop pass, for φ(α) = fn(x + α d): φ(α) ≥ φ(0) + c₁ α φ'(0) (or `_acceptable`)
+# and |φ'(α)| ≤ c₂ φ'(0). lo: the best acceptable step (0: none) with φ, ∇fn and φ' there; hi: the other end of a
+# bracket around the maximum (inf until one is known); alpha: the next trial. Without a bracket the next trial
+# extrapolates φ' linearly to zero (at most ×10); inside [lo, hi] it is the secant zero of φ' where the ends' slopes
+# differ in sign, else the maximiser of the quadratic through φ(lo), φ'(lo), φ(hi), 10 % from both ends.
+_Bracket = collections.namedtuple("_Bracket", "lo f_lo g_lo dphi_lo hi f_hi dphi_hi alpha done n")
 
 
 def _wolfe_start(f, g, slope, alpha0):

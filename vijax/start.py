@@ -160,9 +160,7 @@ def expand_at_mode(model: LatentLinearModel, dense: bool | None = None,
     return expand_at(frozen, mode)
 
 
-@eqx.filter_jit
-def _shared(model, dense):
-    return expand_at_mode(model, dense)
+_shared = eqx.filter_jit(expand_at_mode)
 
 
 def shared(model: LatentLinearModel, dense: bool | None = None) -> SiteExpansion:

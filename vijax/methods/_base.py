@@ -143,9 +143,7 @@ def _describe(x) -> str:
     return f"{type(x).__name__}: {x!r}"
 
 
-@eqx.filter_jit
-def _compiled_expand_at(model, w):
-    return _start.expand_at(model, w)
+_compiled_expand_at = eqx.filter_jit(_start.expand_at)
 
 
 def same_shapes(state, template) -> bool:

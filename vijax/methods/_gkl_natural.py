@@ -43,6 +43,7 @@ relative error is below √decrement (still quadratic; `_corrected_newton_step`)
 
 from __future__ import annotations
 
+import collections
 import itertools
 from typing import NamedTuple
 
@@ -78,14 +79,8 @@ def is_state(state, model: LatentLinearModel) -> bool:
             and all(isinstance(s, jax.Array) and s.shape == (g.num_sites,) for s, g in zip(state, model.sites)))
 
 
-class _SiteDerivatives(NamedTuple):
-    """F and its derivatives at the site marginals (all sites stacked; each elementwise)."""
-
-    value: jax.Array  # F, a scalar
-    mean: jax.Array  # ∂F/∂μ
-    target: jax.Array  # λ* = −2 ∂F/∂σ²
-    target_var: jax.Array  # ∂λ*/∂σ²
-    target_mean: jax.Array  # ∂λ*/∂μ
+# F (a scalar) and, at every site, ∂F/∂μ, λ* = −2 ∂F/∂σ², ∂λ*/∂σ² and ∂λ*/∂μ.
+_SiteDerivatives = collections.namedtuple("_SiteDerivatives", "value mean target target_var target_mean")
 
 
 def _site_derivatives(model, quadrature, means, variances) -> _SiteDerivatives:
@@ -115,13 +110,9 @@ def _site_bound(logdet_precision, lam, variances, log_f, dim: int, expected):
     return gaussian_entropy(-logdet_precision, dim) + log_f - 0.5 * (dim - lam @ variances) + expected
 
 
-class _Factor(NamedTuple):
-    """S(λ) factorised: log det S⁻¹, the site variances σ² (all sites) and what the backend's steps need."""
-
-    logdet: jax.Array
-    variances: jax.Array
-    core: jax.Array  # primal: C with S = CᵀC (upper-triangular); dual: unused
-    cross: jax.Array  # primal: T = HCᵀ, so that Σ = HSHᵀ = TTᵀ; dual: L_B⁻¹ Λ_λ½ K̃, Σ = K̃ − crossᵀcross
+# S(λ) factorised: log det S⁻¹, σ² (all sites), core (primal: C, S = CᵀC; dual: unused) and cross (primal:
+# T = HCᵀ, Σ = HSHᵀ = TTᵀ; dual: L_B⁻¹ Λ_λ½ K̃, Σ = K̃ − crossᵀcross).
+_Factor = collections.namedtuple("_Factor", "logdet variances core cross")
 
 
 class _Linear:
@@ -192,9 +183,6 @@ class _Dual(_Linear):
     def _precision(self):
         return self.model.prior.precision_diagonal().astype(self.K.dtype)  # in the model's dtype (x64 or not)
 
-    def _inverse_precision(self):
-        return 1.0 / self._precision()
-
     def factor(self, lam) -> _Factor:
         """The site form of S (`SiteForm`: B = I + Λ_λ½ K̃ Λ_λ½); σ² = diag K̃ − colsums of V∘V."""
         sites = SiteForm.of(self.K, lam)
@@ -205,7 +193,7 @@ class _Dual(_Linear):
     def solve_weighted(self, weights, r):
         """(Λ + HᵀWH)⁻¹ r: ``weights`` W an (N,) vector (≥ 0: Λ⁻¹(r − Hᵀ(K̃ + W⁻¹)⁻¹HΛ⁻¹r), by the site form)
         or an (N, N) matrix (Newton's, possibly indefinite: Λ⁻¹r − Λ⁻¹HᵀW(I + K̃W)⁻¹HΛ⁻¹r, by LU)."""
-        inv_p = self._inverse_precision()
+        inv_p = 1.0 / self._precision()
         if weights.ndim == 1:
             return inv_p * (r - self.project_t(SiteForm.of(self.K, weights).sites_solve(self.project(inv_p * r))))
         T = lu_factor(jnp.eye(self.K.shape[0], dtype=self.K.dtype) + self.K @ weights)
@@ -237,12 +225,9 @@ def backend(model: LatentLinearModel, work: LatentLinearModel):
     return _Primal(work)
 
 
-class _Direction(NamedTuple):
-    mean: jax.Array  # Δm
-    lam: jax.Array  # Δλ
-    decrement: jax.Array  # ∇Bᵀ(Δm, Δλ)
-    quadratic: jax.Array  # as good as Newton's step: the decrement after it about the square of its own
-    spread: jax.Array  # the primal form's estimate of the relative error of Newton's step with A by its diagonal
+# Δm, Δλ, the decrement ∇Bᵀ(Δm, Δλ), quadratic (as good as Newton's step) and spread (the primal form's estimate of
+# the relative error of Newton's step with A by its diagonal).
+_Direction = collections.namedtuple("_Direction", "mean lam decrement quadratic spread")
 
 
 def _natural_step(lin, fac, lam, grad, site, spread) -> _Direction:
@@ -351,33 +336,15 @@ def _corrected_newton_step(lin: _Primal, fac, lam, grad, site, spread, last) -> 
     return _Direction(mean, lam_step, decrement, error <= allowed(decrement), spread), ok
 
 
-class _Point(NamedTuple):
-    """A q = N(m, S(λ)) and the step from it."""
-
-    mean: jax.Array
-    lam: jax.Array  # all sites stacked
-    fac: _Factor
-    value: jax.Array
-    grad: jax.Array  # ∇_m B
-    gap: jax.Array  # λ* − λ
-    step: _Direction
-    newton: jax.Array  # whether the step was meant to be Newton's
+# A q = N(m, S(λ)) (λ all sites stacked), its factor, B, ∇_m B, λ* − λ, the step from it and whether the step was
+# meant to be Newton's.
+_Point = collections.namedtuple("_Point", "mean lam fac value grad gap step newton")
 
 
-class _State(NamedTuple):
-    point: _Point  # the current point (a placeholder with value −∞ before the first)
-    trial_mean: jax.Array  # the point the next iteration evaluates
-    trial_lam: jax.Array
-    t: jax.Array  # its step length along the current point's step
-    retry: jax.Array  # the trial is the current point again, to take the natural-gradient step from it
-    decrement: jax.Array  # the last decrement measured (of a full step)
-    rate: jax.Array  # the ratio of the last two decrements
-    k: jax.Array
-    halvings: jax.Array
-    done: jax.Array
-    converged: jax.Array
-    trace: jax.Array
-    evals: jax.Array
+# The current point (value −∞ before the first), the next trial (m, λ) at step length t along the point's step (retry:
+# the point again, for its natural-gradient step), the last full step's decrement and its ratio to the one before.
+_State = collections.namedtuple("_State", "point trial_mean trial_lam t retry decrement rate k halvings done converged "
+                                          "trace evals")
 
 
 class NaturalFit(NamedTuple):

@@ -203,10 +203,10 @@ class GKL(AbstractMethod):
     def solve(self, model: LatentLinearModel, state) -> Posterior:
         frozen = jax.lax.stop_gradient(model)
         state = jax.lax.stop_gradient(state)
-        if self._natural(frozen):
-            return self._solve_natural(model, frozen, state)
         whitening = self._whitening(frozen)
         work_model = whitened(frozen) if whitening is not None else frozen
+        if self._natural(frozen):
+            return self._solve_natural(model, frozen, work_model, whitening, state)
         params = state
         if whitening is not None:
             loc, L = whitening
@@ -239,9 +239,7 @@ class GKL(AbstractMethod):
         diagnostics = Diagnostics.from_solution(sol, method="GKL", solver=type(solver).__name__)
         return Posterior(opt.mean, opt.factor, log_z, diagnostics, model, bound_claim=True, state=opt)
 
-    def _solve_natural(self, model, frozen, state: NaturalParams) -> Posterior:
-        whitening = self._whitening(frozen)
-        work = whitened(frozen) if whitening is not None else frozen
+    def _solve_natural(self, model, frozen, work, whitening, state: NaturalParams) -> Posterior:
         mean = state.mean
         if whitening is not None:
             mean = solve_triangular(whitening[1], mean - whitening[0], lower=True)

@@ -1,12 +1,7 @@
 """The Laplace approximation: a Gaussian at the mode of the log joint.
 
-For the model p(w) ∝ f(w) ∏_n φ_n(h_nᵀw + b_n), with log joint
-
-$$
-\\ell(w) = \\log f(w) + \\sum_n \\log \\varphi_n(h_n^\\top w + b_n),
-$$
-
-the mode w* = argmax ℓ is found by Newton-CG, and q(w) = N(w*, A⁻¹) with
+For the model p(w) ∝ f(w) ∏_n φ_n(h_nᵀw + b_n), with log joint ℓ(w) = log f(w) + Σ_n log φ_n(h_nᵀw + b_n),
+q(w) = N(w*, A⁻¹) at the mode w* = argmax ℓ, with
 
 $$
 A = -\\nabla^2 \\ell(w^*) = \\Lambda + \\sum_n \\omega_n h_n h_n^\\top,

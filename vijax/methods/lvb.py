@@ -216,20 +216,15 @@ def _quadratics(xi, model: LatentLinearModel, bound: str):
     return tuple(site.quadratic(x) for site, x in zip(_site_bounds(model, bound), xi))
 
 
-def _evaluate(xi, model: LatentLinearModel, bound: str):
-    """``(B_LVB(ξ), mean, C)`` with q_ξ = N(mean, CᵀC), C = R⁻¹ from the reversed Cholesky P = R Rᵀ."""
-    return integrate(model, _quadratics(xi, model, bound))
-
-
 def bound(xi, model: LatentLinearModel, bound: str = "jaakkola"):
     """B_LVB(ξ), the local variational lower bound on log Z (pure, differentiable); ``bound``: the `Logistic`
     bound. NaN where P is not positive definite (e.g. no Gaussian factor and too few sites)."""
-    return _evaluate(xi, model, bound)[0]
+    return integrate(model, _quadratics(xi, model, bound))[0]
 
 
 def gaussian(xi, model: LatentLinearModel, bound: str = "jaakkola"):
     """The Gaussian q_ξ = N(P⁻¹r, P⁻¹) of the bound at ``xi``: ``(mean, CholeskyFactor)``."""
-    _, mean, C = _evaluate(xi, model, bound)
+    _, mean, C = integrate(model, _quadratics(xi, model, bound))
     return mean, CholeskyFactor.from_matrix(C)
 
 
@@ -270,12 +265,11 @@ class LVB(AbstractMethod):
     - `tol`: stop once ξ is within ``tol`` (default 1e-9) of the fixed point in units of q's marginal
       standard deviations (`vj.solvers.extrapolated_distance`; SQUAREM-accelerated, `vj.solvers.fixed_point`);
       B is stationary in ξ, so ``log_z``'s gradient is good to about ``tol``, the bound to ``tol²``.
-    - `variances`: ``"exact"`` (default) forms and factorises P. ``"lanczos"`` never forms P (image-size
-      D, no dense Gaussian factor; thesis §5.4 after glm-ie): CG for the mean, ``num_lanczos`` Lanczos
-      vectors for the variances, which understate each (``diagnostics.info.variance_fraction``,
-      `vj.posterior.LVBInfo`), so ξ is smaller; ``log_z`` is then an estimate (stochastic Lanczos
-      quadrature; ``is_lower_bound=False``, no gradient), q's covariance a rank-k `SubspaceFactor`
-      (exact solves: `covariance_solve`), and the run plain steps until ‖Δξ‖₂/‖ξ‖₂ ≤ ``tol``.
+    - `variances`: ``"exact"`` (default) forms and factorises P; ``"lanczos"`` never does (large D, no dense
+      Gaussian factor; thesis §5.4 after glm-ie): CG for the mean, k Lanczos vectors for the variances
+      (understated: `vj.posterior.LVBInfo`), ``log_z`` an estimate (``is_lower_bound=False``, no gradient),
+      q's covariance a rank-k `SubspaceFactor` (exact solves: `covariance_solve`), plain steps until
+      ‖Δξ‖₂/‖ξ‖₂ ≤ ``tol``.
     - `num_lanczos`: k (default 80, as the thesis); `num_probes`: probes of the quadrature behind
       ``log_z`` and ``variance_fraction`` (default 8; each after the first costs k products).
 
@@ -377,7 +371,7 @@ class LVB(AbstractMethod):
         xi = jax.lax.stop_gradient(state.xi)
         run = self._iterate(xi, frozen)
         xi, k, converged, trace = run.x, run.evaluations, run.converged, run.trace
-        _, mean, C = _evaluate(xi, frozen, self.bound)
+        _, mean, C = integrate(frozen, _quadratics(xi, frozen, self.bound))
         grad = jax.grad(bound)(xi, frozen, self.bound)
         grad_norm = max((jnp.max(jnp.abs(g)) for g in jax.tree_util.tree_leaves(grad)),
                         default=jnp.zeros((), trace.dtype))
@@ -417,7 +411,7 @@ class LVB(AbstractMethod):
         fraction = jnp.sum(1 / theta) / trace
         # S ≈ V Θ⁻¹ Vᵀ plus, outside the Krylov space, the smallest variance found, 1/θ_max, so that q is proper.
         factor = SubspaceFactor(V, jnp.diag(1 / jnp.sqrt(theta)), 1 / jnp.sqrt(theta[-1]))
-        info = LVBInfo(jnp.asarray(min(self.num_lanczos, frozen.dim)), fraction, cg)
+        info = LVBInfo(jnp.asarray(k), fraction, cg)
         diagnostics = Diagnostics(iterations=run.evaluations, status=Status.of(run.converged, value=run.value),
                                   stationarity=run.distance,
                                   objective_trace=run.trace, num_value_evals=run.evaluations, num_grad_evals=0,
