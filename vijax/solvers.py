@@ -144,8 +144,7 @@ def fixed_point(evaluate, update, change, x0, *, tol, max_evals, floor):
 
     def body(s):
         fx = update(s["point"], s["aux"])
-        # x' is accepted unless it is below x₁ by more than rounding (once the objective is flat, a
-        # comparison of equal values would otherwise turn on the last bits).
+        # x' is accepted unless below x₁ by more than rounding (on a flat objective, not by its last bits).
         slack = 16 * jnp.finfo(s["v1"].dtype).eps * jnp.abs(s["v1"])
         accept = (s["phase"] == 0) | ((s["phase"] == 2) & (s["value"] >= s["v1"] - slack))
         # An accepted point starts a cycle: x₀ = point, next x₁ = F(x₀).
@@ -171,8 +170,7 @@ def fixed_point(evaluate, update, change, x0, *, tol, max_evals, floor):
                     distance=jnp.where(at_x1, distance, s["distance"]), done=done)
 
     s = jax.lax.while_loop(cond, body, state)
-    # The last point evaluated is x₂ when the run converged; otherwise the last accepted iterate is
-    # the best point known (phase 0 and 1 points are accepted or plain steps from one).
+    # The last point evaluated is x₂ when the run converged; otherwise the last accepted iterate is the best known.
     ok = jnp.isfinite(s["value"]) & (s["phase"] != 2)
     x = select(ok, s["point"], s["x0"])
     value = jnp.where(ok, s["value"], s["trace"][jnp.maximum(s["accepted"], 0)])
@@ -468,9 +466,8 @@ def _wolfe_step(b, f, slope, d, c2, f_a, g_a):
     secant = lo + width * dphi_lo / (dphi_lo - dphi_hi)
     shortfall = f_lo + dphi_lo * width - f_hi
     quadratic = lo + dphi_lo * width**2 / (2 * shortfall)
-    # A trial beyond lo clearly below it means φ' is far from linear there (a barrier, an overflow):
-    # the secant on φ' would barely move, so backtrack from lo by the quadratic in φ, at least halving.
-    # (Near the optimum φ differs by rounding only, and the secant on φ' is the accurate step.)
+    # A trial beyond lo clearly below it means φ' is far from linear there (a barrier, an overflow), where the
+    # secant on φ' would barely move: backtrack by the quadratic in φ, at least halving.
     worse = (hi > lo) & ~(f_hi >= f_lo - 1e-6 * (1.0 + jnp.abs(f_lo)))
     use_secant = jnp.isfinite(dphi_hi) & (dphi_hi * dphi_lo < 0) & ~worse
     inside = jnp.where(use_secant, secant,

@@ -52,8 +52,7 @@ def integrate(model: LatentLinearModel, quadratics, sites=None, whitening=None, 
         r = r + group.projection.rmv(a - A * b)
         const = const + jnp.sum(a * b - 0.5 * A * b**2 + c)
     factor = Primal.of(P)
-    # A P singular to working precision (a rank-deficient sum, rounded) can still factorise, with pivots
-    # at the rounding of its diagonal: its integral diverges all the same (`Primal.proper`).
+    # A P singular to working precision can still factorise, with pivots at rounding: it diverges (`Primal.proper`).
     z = factor.half_solve(r)  # rᵀP⁻¹r = ‖z‖²
     value = jnp.where(factor.proper, const + 0.5 * z @ z + 0.5 * d * LOG_2PI - 0.5 * factor.logdet(), jnp.nan)
     mean = factor.solve(r)

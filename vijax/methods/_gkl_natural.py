@@ -318,8 +318,7 @@ def _corrected_newton_step(lin: _Primal, fac, lam, grad, site, spread, last) -> 
         contraction = c_size / previous
         new_mean, new_lam = mean + c_mean, lam_step + c_lam
         new_size = size(new_mean, new_lam)
-        # A correction not well below the last (after the first, which measures x₀'s error): the iteration
-        # does not converge here, and stops where it is.
+        # A correction not well below the last (after the first): the iteration does not converge, and stops.
         converging = (k == 0) | (contraction <= _CONTRACTION)
         return (jnp.where(converging, k + 1, _MAX_PRODUCTS), jnp.where(converging, new_mean, mean),
                 jnp.where(converging, new_lam, lam_step), jnp.where(converging, c_lam, 0.0), c_size,

@@ -5,8 +5,8 @@ $$
 + \\sum_n \\langle \\log \\varphi_n(h_n^\\top w + b_n)\\rangle .
 $$
 
-**One site per coordinate (H = I) with a Gaussian term f = N(μ, Λ⁻¹): free-form factors.** The
-optimal factor given the others is the tilted density
+**Free-form factors** (one site per coordinate, H = I, and f = N(μ, Λ⁻¹)): the optimal factor given the
+others is the tilted density
 
 $$
 q(w_k) = \\varphi_k(w_k + b_k)\\, \\mathcal N(w_k \\mid c_k, v_k) / Z_k, \\qquad
