@@ -225,9 +225,11 @@ def _newton_loop(solver, fn, x0, local_model, direction):
         f_try, g_try, curv_try = local_model(x_try)
         accept = jnp.where(started, _acceptable(s.f, s.slope, f_try, jnp.vdot(g_try, s.d), s.alpha)
                            & ((s.alpha == 1) | (f_try > s.f)), jnp.isfinite(f_try))
-        d, slope, n_hvp = jax.lax.cond(
-            accept & ~last, lambda: _ascent_with_count(direction(x_try, g_try, curv_try), g_try),
-            lambda: (s.d, s.slope, zero))
+        def new_direction():
+            d, n = direction(x_try, g_try, curv_try)
+            return _ascent(g_try, d) + (n,)
+
+        d, slope, n_hvp = jax.lax.cond(accept & ~last, new_direction, lambda: (s.d, s.slope, zero))
         keep = lambda new, old: jnp.where(accept, new, old)
         alpha = jnp.where(accept, 1.0, 0.5 * s.alpha).astype(dtype)
         k = s.k + (accept & started)
@@ -240,11 +242,6 @@ def _newton_loop(solver, fn, x0, local_model, direction):
 
     s = jax.lax.while_loop(cond, body, state)
     return _solution(solver, s.x, s.f, s.g, s.k, s.slope, s.done, s.trace, s.n_val, s.n_grad, s.n_hvp, s.failed)
-
-
-def _ascent_with_count(direction_and_count, g):
-    d, n = direction_and_count
-    return _ascent(g, d) + (n,)
 
 
 def _solution(solver, x, f, g, k, decrement, done, trace, n_val, n_grad, n_hvp, failed) -> Solution:

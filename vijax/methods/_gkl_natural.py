@@ -166,11 +166,6 @@ class _Primal(_Linear):
         return fac.core
 
 
-def _coupling_mv(T, Tt, v):
-    """(Σ∘Σ) v = diag(T (Tᵀdiag(v)T) Tᵀ) for Σ = TTᵀ (``Tt`` = Tᵀ), Σ never formed."""
-    return jnp.sum((T @ (Tt @ (v[:, None] * T))) * T, axis=1)
-
-
 class _Dual(_Linear):
     """S by Woodbury through B = I + Λ_λ½ K̃ Λ_λ½ (N × N), K̃ = HΛ⁻¹Hᵀ, for Λ = diag(p); A = Σ∘Σ in full."""
 
@@ -311,7 +306,7 @@ def _corrected_newton_step(lin: _Primal, fac, lam, grad, site, spread, last) -> 
         # x = (Δm, Δλ); δ the last correction added to it (the first: x₀) and its size; Σ A δλ over the
         # corrections before δ; x's estimated relative error; x₀'s (the relative size of the first correction).
         k, mean, lam_step, d_lam, previous, coupled, _, measured = s
-        product = _coupling_mv(T, Tt, d_lam)
+        product = jnp.sum((T @ (Tt @ (d_lam[:, None] * T))) * T, axis=1)  # (Σ∘Σ)δλ = diag(T(Tᵀdiag(δλ)T)Tᵀ)
         off = product - a * d_lam  # (A − diag a)δλ
         c_mean, c_lam = precondition(0.5 * lin.project_t(e * off), -c * off)
         c_size = size(c_mean, c_lam)

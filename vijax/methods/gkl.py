@@ -132,11 +132,6 @@ class GKL(AbstractMethod):
     tol: float = 1e-10
     max_iter: int = eqx.field(static=True, default=200)
 
-    def _whitening(self, model):
-        if not (self.whiten and isinstance(self.covariance, Full) and model.prior is not None):
-            return None
-        return model.prior.whitening()
-
     def _solver(self):
         if self.solver is not None:
             return self.solver
@@ -203,7 +198,8 @@ class GKL(AbstractMethod):
     def solve(self, model: LatentLinearModel, state) -> Posterior:
         frozen = jax.lax.stop_gradient(model)
         state = jax.lax.stop_gradient(state)
-        whitening = self._whitening(frozen)
+        whitens = self.whiten and isinstance(self.covariance, Full) and frozen.prior is not None
+        whitening = frozen.prior.whitening() if whitens else None
         work_model = whitened(frozen) if whitening is not None else frozen
         if self._natural(frozen):
             return self._solve_natural(model, frozen, work_model, whitening, state)

@@ -81,19 +81,14 @@ class AbstractLocalBound(eqx.Module):
         return a * mean - 0.5 * A * (mean**2 + var) + c
 
 
-def _jaakkola_lambda(xi):
-    """λ(ξ) = tanh(ξ/2)/(4ξ), even in ξ, with its series 1/8 − ξ²/96 near 0."""
-    small = jnp.abs(xi) < 1e-4
-    safe = jnp.where(small, 1.0, xi)
-    return jnp.where(small, 0.125 - xi**2 / 96.0, jnp.tanh(0.5 * safe) / (4.0 * safe))
-
-
 class Jaakkola(AbstractLocalBound):
     """log σ(x) ≥ log σ(ξ) + (x − ξ)/2 − λ(ξ)(x² − ξ²): tight at x = ±ξ."""
 
     def quadratic(self, xi):
-        lam = _jaakkola_lambda(xi)
-        # log σ(ξ) − ξ/2 = −log(2 cosh(ξ/2)), even in ξ.
+        # λ(ξ) = tanh(ξ/2)/(4ξ), even in ξ, by its series 1/8 − ξ²/96 near 0; log σ(ξ) − ξ/2 = −log(2 cosh(ξ/2)).
+        small = jnp.abs(xi) < 1e-4
+        safe = jnp.where(small, 1.0, xi)
+        lam = jnp.where(small, 0.125 - xi**2 / 96.0, jnp.tanh(0.5 * safe) / (4.0 * safe))
         return 0.5 * jnp.ones_like(xi), 2.0 * lam, jax.nn.log_sigmoid(xi) - 0.5 * xi + lam * xi**2
 
     def update(self, mean, var):
@@ -117,13 +112,11 @@ class ScaleMixture(AbstractLocalBound):
 
     potential: pot.AbstractPotential
 
-    def _centred(self):
-        return eqx.tree_at(lambda p: p.loc, self.potential, jnp.zeros_like(self.potential.loc))
-
     def quadratic(self, xi):
-        centred = self._centred()
+        centred = eqx.tree_at(lambda p: p.loc, self.potential, jnp.zeros_like(self.potential.loc))
         # The bound is valid for every ξ ≠ 0; keep ξ off 0, where A is 0/0 (or ∞ for Laplace).
-        xi = jnp.where(jnp.abs(xi) < _tiny(xi), _tiny(xi), xi)
+        tiny = jnp.finfo(jnp.result_type(xi)).tiny ** 0.25
+        xi = jnp.where(jnp.abs(xi) < tiny, tiny, xi)
         log_phi, slope = jax.jvp(lambda t: centred.log_phi(t), (xi,), (jnp.ones_like(xi),))
         A = -slope / xi
         loc = self.potential.loc
@@ -131,10 +124,6 @@ class ScaleMixture(AbstractLocalBound):
 
     def update(self, mean, var):
         return jnp.sqrt((mean - self.potential.loc) ** 2 + var)
-
-
-def _tiny(x):
-    return jnp.finfo(jnp.result_type(x)).tiny ** 0.25
 
 
 class Exact(AbstractLocalBound):
