@@ -15,24 +15,17 @@ __all__ = ["infer", "ConvergenceWarning"]
 
 
 class ConvergenceWarning(UserWarning):
-    """A fit stopped before its convergence test held, or its log Z is not finite.
-
-    Filter it like any warning, e.g. ``warnings.simplefilter("error", vj.ConvergenceWarning)`` to make
-    it an exception, or ``"ignore"`` inside a loop that checks ``post.diagnostics`` itself."""
+    """A fit stopped before its convergence test held, or its log Z is not finite (filter it like any warning)."""
 
 
 def infer(model, method, init=None) -> Posterior:
     """Fit ``method`` (e.g. ``vj.GKL()``) to ``model``; returns a `Posterior`.
 
-    ``method`` is an instance of a `vj.AbstractMethod` subclass (``vj.GKL()``, not the class ``vj.GKL``).
-    ``init`` warm-starts the fit: None (the method's cold start from the data), a `Posterior` of any
-    method, a State of this method (``post.state``), or a ``(D,)`` array (see `vj.AbstractMethod`).
-    It is ``method.fit(model, state)`` with ``state = method.start(model)`` or
-    ``method.to_state(model, init)``: one code path inside or outside `jax.jit`, `jax.vmap` and
-    `jax.grad`. The fit is compiled once per model structure and shape and method configuration; its
-    settings (tolerances, damping) are traced, so a new ``tol`` compiles nothing, nor does a warm
-    refit from a posterior of the same method. ``jax.grad`` of ``infer(...).log_z`` with respect to
-    the model's hyperparameters is the derivative of the optimised objective.
+    ``init`` warm-starts the fit: None (the cold start), a `Posterior` of any method, a State of this
+    method (``post.state``) or a ``(D,)`` array. It is ``method.fit(model, method.start(model))`` (or
+    ``method.to_state(model, init)``), one code path inside or outside `jax.jit`, `jax.vmap` and
+    `jax.grad`, compiled once per model shape and method configuration (settings such as ``tol`` are
+    traced). ``jax.grad`` of ``log_z`` in the model's hyperparameters is that of the optimised objective.
     """
     check_method(method, "infer")
     method.check_model(model)

@@ -1,28 +1,19 @@
-"""Second-order and quasi-Newton maximisers, each a single `jax.lax.while_loop`.
-
-Every solver maximises a scalar ``fn(x)`` of a flat vector ``x`` (vijax's bounds and evidences: larger is better);
-one `while_loop` per run, so fits compose with `jax.jit` and `jax.vmap`.
-
-**Stopping rule.** Each solver stops on the squared Newton decrement
+"""Second-order and quasi-Newton maximisers, each a single `jax.lax.while_loop` (so fits compose with `jax.jit`
+and `jax.vmap`). Each maximises a scalar ``fn(x)`` of a flat ``x`` and stops on the squared Newton decrement
 
 $$
-\\lambda^2(x) = \\nabla f(x)^\\top \\big(-\\nabla^2 f(x)\\big)^{-1} \\nabla f(x)
-\\approx 2\\,(f^* - f(x)) \\approx \\lVert x - x^* \\rVert^2_{-\\nabla^2 f},
+\\lambda^2(x) = \\nabla f(x)^\\top \\big(-\\nabla^2 f(x)\\big)^{-1} \\nabla f(x) \\approx 2\\,(f^* - f(x)),
 $$
 
-estimated by gᵀd, d the solver's own ascent direction; λ² is affine invariant (a change of units or of prior scale
-leaves the test unchanged). Once λ² ≤ ``tol`` (or below f's rounding, 4 ε |f|, if larger) the solver takes that
-last step (checked like any other) and stops; `Solution.decrement` reports the last λ² measured. Newton converges
-quadratically, so the Newton solvers' default ``tol = 1e-10`` leaves envelope-theorem gradients and moments at
-float64 accuracy; `LBFGS`, whose last step gains less, defaults to ``tol = 1e-14``.
-
-Solvers: `NewtonCG` (Hessian-free, preconditioned CG, Armijo search), `Newton` (dense Hessian, small problems),
-`GaussNewton` (preconditioner as inverse Hessian) and `LBFGS` (preconditioned, for non-concave objectives).
+estimated by gᵀd (d the solver's ascent direction): once λ² ≤ ``tol`` (or f's rounding 4 ε |f|) the last step is
+taken. Defaults: ``tol = 1e-10`` for the Newton solvers (float64-accurate gradients after a quadratic last step),
+``1e-14`` for `LBFGS`, whose last step gains less.
 """
 
 from __future__ import annotations
 
 import abc
+import collections
 import enum
 from typing import Callable, NamedTuple
 
@@ -41,14 +32,9 @@ _DECREMENT_ROUNDING = 4  # a predicted gain ½λ² below a few ulps of f cannot 
 
 
 class Status(enum.IntEnum):
-    """Why a fit stopped: `Diagnostics.status`, an int array (per fit under `vmap`); compare with these members.
-
-    - `CONVERGED` (0): the method's stopping test held.
-    - `MAX_ITER` (1): the iteration limit came first.
-    - `STALLED` (2): no further progress was possible: a line search found no rise, a fixed-point iteration
-      stopped improving (EP oscillating), a step could not be shortened enough.
-    - `NONFINITE` (3): the objective is not finite at the end.
-    - `FELL_BACK` (4): the optimum found was worse than the start, which is returned (`vj.AIKL`)."""
+    """Why a fit stopped (`Diagnostics.status`, an int array): `CONVERGED` (0), `MAX_ITER` (1), `STALLED` (2: no
+    further progress possible, e.g. no rise along a step, EP oscillating), `NONFINITE` (3: the objective at the end)
+    or `FELL_BACK` (4: the optimum was worse than the start, which is returned; `vj.AIKL`)."""
 
     CONVERGED = 0
     MAX_ITER = 1
@@ -58,9 +44,8 @@ class Status(enum.IntEnum):
 
     @staticmethod
     def of(converged, *, value=None, stalled=False, fell_back=False) -> jax.Array:
-        """The status code (int32) from a run's flags: ``value``, the objective at the end (None: not checked),
-        not finite → `NONFINITE`; else ``fell_back`` → `FELL_BACK`; else ``converged`` → `CONVERGED`; else
-        ``stalled`` → `STALLED`; else `MAX_ITER`."""
+        """The int32 code, by precedence: ``value`` (the final objective; None: unchecked) not finite, ``fell_back``,
+        ``converged``, ``stalled``, else `MAX_ITER`."""
         code = jnp.where(converged, Status.CONVERGED, jnp.where(stalled, Status.STALLED, Status.MAX_ITER))
         code = jnp.where(fell_back, Status.FELL_BACK, code)
         if value is not None:
@@ -69,10 +54,8 @@ class Status(enum.IntEnum):
 
 
 class Solution(NamedTuple):
-    """What a solver returns; ``trace[k]`` is f after iteration k (``trace[0]`` at ``x0``, NaN after the last).
-
-    ``decrement``: the last squared Newton decrement gᵀd measured (before the final step); ``status``: a `Status`
-    (`CONVERGED`: the decrement was at most the threshold; `STALLED`: the line search found no acceptable step)."""
+    """What a solver returns; ``trace[k]`` is f after iteration k (``trace[0]`` at ``x0``, NaN after the last) and
+    ``decrement`` the last gᵀd measured (before the final step)."""
 
     x: jax.Array
     value: jax.Array
@@ -92,9 +75,7 @@ class Solution(NamedTuple):
 
 
 class AbstractSolver(eqx.Module):
-    """A maximiser: ``maximise(fn, x0, preconditioner) -> Solution``.
-
-    ``preconditioner(x)``, if given, returns v ↦ M v, M a positive-definite approximation of (−∇²fn(x))⁻¹."""
+    """A maximiser; ``preconditioner(x)``, if given, returns v ↦ M v, M ≻ 0 approximating (−∇²fn(x))⁻¹."""
 
     tol: eqx.AbstractVar[float]
     max_iter: eqx.AbstractVar[int]
@@ -109,10 +90,8 @@ class AbstractSolver(eqx.Module):
 
 
 def iterate(step, state, max_iter: int, done=None):
-    """``state = step(k, state)`` for k = 0, 1, … until ``done(k, state)`` or ``max_iter`` steps; ``(state, k)``.
-
-    The early-stopping loop of vijax's iterative schemes (mean-field sweeps, E-steps, nested EP). ``done`` (None:
-    never) is checked before each step, k the number of steps taken."""
+    """``state = step(k, state)`` for k = 0, 1, … until ``done(k, state)`` (checked before each step; None: never)
+    or ``max_iter`` steps; returns ``(state, k)``."""
     def unfinished(carry):
         k, state = carry
         return (k < max_iter) if done is None else (k < max_iter) & ~done(k, state)
@@ -126,10 +105,8 @@ def iterate(step, state, max_iter: int, done=None):
 
 
 def extrapolated_distance(change, previous_change, floor):
-    """How far a linearly converging fixed-point iteration still is from its limit (LVB's, free-form mean field's).
-
-    With Δ_k = ``change``, Δ_{k−1} = ``previous_change``, r = Δ_k/Δ_{k−1}: Δ_k r/(1 − r) (a geometric series; a slow
-    run is far however small its steps). inf until a contraction is seen; 0 once Δ_k ≤ ``floor`` (rounding)."""
+    """How far a linearly converging iteration is from its limit: Δ_k r/(1 − r), r = Δ_k/Δ_{k−1} (Δ_k = ``change``,
+    Δ_{k−1} = ``previous_change``); inf until a contraction is seen, 0 once Δ_k ≤ ``floor``."""
     rate = change / previous_change
     contracting = jnp.isfinite(previous_change) & (rate < 1)
     extrapolated = jnp.where(contracting, change * rate / jnp.where(contracting, 1 - rate, 1.0), jnp.inf)
@@ -148,18 +125,13 @@ class FixedPoint(NamedTuple):
 
 
 def fixed_point(evaluate, update, change, x0, *, tol, max_evals, floor):
-    """Maximise an objective by its monotone fixed-point map x ← F(x) (an EM), accelerated by SQUAREM.
+    """Maximise an objective by its monotone map x ← F(x) (an EM), accelerated by SQUAREM (Varadhan & Roland 2008).
 
-    ``evaluate(x) -> (value, aux)``: the objective and what the map needs (the expensive part); ``update(x, aux)``:
-    F(x), with value(F(x)) ≥ value(x); ``change(a, b, aux)``: a step's size (e.g. in q's standard deviations). Plain
-    steps converge linearly, at the slowest direction's rate, so each cycle takes x₁ = F(x₀), x₂ = F(x₁) and, with
-    r = x₁ − x₀ and v = x₂ − 2x₁ + x₀, tries (Varadhan & Roland 2008)
-
-        x' = x₀ − 2αr + α²v,   α = −‖r‖/‖v‖ ≤ −1,
-
-    accepted if value(x') ≥ value(x₁) (to 16 ulps), else the run goes on from x₂ (plain EM): the objective never
-    drops beyond rounding. Stops, returning x₂, when the two plain steps' `extrapolated_distance` is ≤ ``tol``.
-    One evaluation per loop iteration, so ``evaluate`` appears once in the compiled program."""
+    ``evaluate(x) -> (value, aux)``: the objective and what the map needs; ``update(x, aux)``: F(x);
+    ``change(a, b, aux)``: a step's size. Each cycle takes x₁ = F(x₀), x₂ = F(x₁) and tries
+    x' = x₀ − 2αr + α²v (r = x₁ − x₀, v = x₂ − 2x₁ + x₀, α = −‖r‖/‖v‖ ≤ −1), kept if value(x') ≥ value(x₁) to 16
+    ulps, else the run goes on from x₂. Stops, returning x₂, once the plain steps' `extrapolated_distance` is ≤
+    ``tol``. One evaluation per loop pass (``evaluate`` is traced once)."""
     value, aux = evaluate(x0)
     inf = jnp.array(jnp.inf, value.dtype)
     trace = nan_trace(max_evals, value.dtype)
@@ -172,8 +144,7 @@ def fixed_point(evaluate, update, change, x0, *, tol, max_evals, floor):
 
     def body(s):
         fx = update(s["point"], s["aux"])
-        # x' is accepted unless it is below x₁ by more than rounding (once the objective is flat, a
-        # comparison of equal values would otherwise turn on the last bits).
+        # x' is accepted unless below x₁ by more than rounding (on a flat objective, not by its last bits).
         slack = 16 * jnp.finfo(s["v1"].dtype).eps * jnp.abs(s["v1"])
         accept = (s["phase"] == 0) | ((s["phase"] == 2) & (s["value"] >= s["v1"] - slack))
         # An accepted point starts a cycle: x₀ = point, next x₁ = F(x₀).
@@ -199,17 +170,12 @@ def fixed_point(evaluate, update, change, x0, *, tol, max_evals, floor):
                     distance=jnp.where(at_x1, distance, s["distance"]), done=done)
 
     s = jax.lax.while_loop(cond, body, state)
-    # The last point evaluated is x₂ when the run converged; otherwise the last accepted iterate is
-    # the best point known (phase 0 and 1 points are accepted or plain steps from one).
+    # The last point evaluated is x₂ when the run converged; otherwise the last accepted iterate is the best known.
     ok = jnp.isfinite(s["value"]) & (s["phase"] != 2)
     x = select(ok, s["point"], s["x0"])
     value = jnp.where(ok, s["value"], s["trace"][jnp.maximum(s["accepted"], 0)])
     trace = jnp.where(ok, s["trace"].at[s["accepted"] + 1].set(s["value"]), s["trace"])
     return FixedPoint(x, value, s["k"], s["done"] & jnp.isfinite(s["value"]), s["distance"], trace)
-
-
-def _max_abs(g):
-    return jnp.max(jnp.abs(g), initial=0.0)
 
 
 def _ascent(g, d):
@@ -219,20 +185,8 @@ def _ascent(g, d):
     return jnp.where(ok, d, g), jnp.where(ok, slope, jnp.vdot(g, g))
 
 
-class _LoopState(NamedTuple):
-    x: jax.Array  # the current point (x0 before the first evaluation)
-    f: jax.Array  # −∞ before the first evaluation
-    g: jax.Array
-    d: jax.Array  # the direction from x (zero before the first evaluation)
-    slope: jax.Array  # gᵀd at x: the squared Newton decrement
-    alpha: jax.Array  # the step of the next trial, x + alpha d
-    k: jax.Array
-    failed: jax.Array
-    done: jax.Array
-    trace: jax.Array
-    n_val: jax.Array
-    n_grad: jax.Array
-    n_hvp: jax.Array
+# The point x (x0, f = −∞ and d = 0 before the first evaluation), slope = gᵀd, and the next trial's step alpha.
+_LoopState = collections.namedtuple("_LoopState", "x f g d slope alpha k failed done trace n_val n_grad n_hvp")
 
 
 _C1 = 1e-4
@@ -249,12 +203,11 @@ def _acceptable(f, slope, f_new, dphi_new, alpha=1.0):
 
 
 def _newton_loop(solver, fn, x0, local_model, direction):
-    """Shared loop of the Newton solvers, with the objective traced once.
+    """The Newton solvers' loop, one trial x + αd (first x0) a pass, so the objective is traced once.
 
-    ``local_model(x)``: objective, gradient and curvature; ``direction(x, g, curvature)``: a Newton direction and its
-    Hessian-vector product count. Each iteration evaluates one trial x + αd (first x0): accepted (`_acceptable`), it
-    becomes the point, its direction comes from the local model at hand and the next trial is the full step;
-    rejected, α is halved. Once gᵀd is below the threshold, that step is the last."""
+    ``local_model(x)``: objective, gradient, curvature; ``direction(x, g, curvature)``: a Newton direction and its
+    Hessian-vector product count. An accepted trial (`_acceptable`) becomes the point and its full step the next
+    trial; a rejected one halves α."""
     dtype = x0.dtype
     zero, false = jnp.array(0), jnp.array(False)
     trace = nan_trace(solver.max_iter, dtype)
@@ -272,9 +225,11 @@ def _newton_loop(solver, fn, x0, local_model, direction):
         f_try, g_try, curv_try = local_model(x_try)
         accept = jnp.where(started, _acceptable(s.f, s.slope, f_try, jnp.vdot(g_try, s.d), s.alpha)
                            & ((s.alpha == 1) | (f_try > s.f)), jnp.isfinite(f_try))
-        d, slope, n_hvp = jax.lax.cond(
-            accept & ~last, lambda: _ascent_with_count(direction(x_try, g_try, curv_try), g_try),
-            lambda: (s.d, s.slope, zero))
+        def new_direction():
+            d, n = direction(x_try, g_try, curv_try)
+            return _ascent(g_try, d) + (n,)
+
+        d, slope, n_hvp = jax.lax.cond(accept & ~last, new_direction, lambda: (s.d, s.slope, zero))
         keep = lambda new, old: jnp.where(accept, new, old)
         alpha = jnp.where(accept, 1.0, 0.5 * s.alpha).astype(dtype)
         k = s.k + (accept & started)
@@ -289,27 +244,20 @@ def _newton_loop(solver, fn, x0, local_model, direction):
     return _solution(solver, s.x, s.f, s.g, s.k, s.slope, s.done, s.trace, s.n_val, s.n_grad, s.n_hvp, s.failed)
 
 
-def _ascent_with_count(direction_and_count, g):
-    d, n = direction_and_count
-    return _ascent(g, d) + (n,)
-
-
 def _solution(solver, x, f, g, k, decrement, done, trace, n_val, n_grad, n_hvp, failed) -> Solution:
-    """``done``: the last step was taken from a point whose decrement was below the threshold; ``failed``: the line
-    search found no acceptable step."""
+    """``done``: the last step was taken (the decrement below the threshold); ``failed``: no acceptable step."""
     status = Status.of(done | (decrement <= solver.threshold(f)), value=f, stalled=failed)
-    return Solution(x, f, _max_abs(g), k, status, trace, n_val, n_grad, n_hvp, decrement)
+    return Solution(x, f, jnp.max(jnp.abs(g), initial=0.0), k, status, trace, n_val, n_grad, n_hvp, decrement)
 
 
 class NewtonCG(AbstractSolver):
     """Hessian-free (truncated) Newton with Armijo backtracking.
 
     −∇²f · d = ∇f is solved by preconditioned CG on autodiff Hessian-vector products to relative residual
-    η_k = min(½, (gᵀMg)^{1/4}) (scale-free, as gᵀMg estimates λ²: loose far from the optimum, tight near it),
-    stopping early on non-negative curvature; superlinear on concave objectives (G-KL with log-concave sites).
+    min(½, (gᵀMg)^{1/4}) (loose far from the optimum, tight near it), stopping on non-negative curvature.
 
-    **Arguments:** `tol` (λ² = gᵀd at which the last step is taken; 1e-10, see the module docstring), `max_iter`
-    (Newton iterations; 100), `max_cg` (CG iterations per Newton step; 50).
+    **Arguments:** `tol` (λ² at which the last step is taken; 1e-10), `max_iter` (Newton iterations; 100),
+    `max_cg` (CG iterations per Newton step; 50).
     """
 
     tol: float = 1e-10
@@ -331,9 +279,7 @@ class NewtonCG(AbstractSolver):
 
 
 class Newton(AbstractSolver):
-    """Dense Newton: forms the Hessian by autodiff; for small parameter counts.
-
-    An indefinite Hessian is replaced by −V max(|λ|, δ) Vᵀ, so every step is an ascent direction.
+    """Dense Newton for small problems: the autodiff Hessian, −V max(|λ|, δ) Vᵀ where indefinite.
 
     **Arguments:** `tol` (λ² at which the last step is taken; 1e-10), `max_iter` (Newton iterations; 100)."""
 
@@ -357,11 +303,10 @@ class Newton(AbstractSolver):
 
 
 class GaussNewton(AbstractSolver):
-    """Newton steps with the preconditioner as the inverse Hessian: d = M(x) ∇f(x).
+    """Newton steps with the preconditioner as the inverse Hessian, d = M(x) ∇f(x) (gradient ascent without one).
 
-    For vijax's log joints M⁻¹ = Λ + Σ H diag(ω⁺) Hᵀ (Gauss–Newton): exact Newton steps where the sites are
-    log-concave, ascent elsewhere, one factorisation and no Hessian-vector products (the cheapest solver where M is
-    that good). Without a preconditioner, gradient ascent with backtracking (not recommended).
+    For vijax's log joints M⁻¹ = Λ + Σ H diag(ω⁺) Hᵀ (Gauss–Newton): Newton's steps where the sites are
+    log-concave, with one factorisation a step and no Hessian-vector products.
 
     **Arguments:** `tol` (gᵀMg at which the last step is taken; 1e-10), `max_iter` (100)."""
 
@@ -381,34 +326,19 @@ class GaussNewton(AbstractSolver):
         return _newton_loop(self, fn, x0, local_model, direction)
 
 
-class _LBFGSState(NamedTuple):
-    x: jax.Array
-    f: jax.Array
-    g: jax.Array
-    d: jax.Array
-    slope: jax.Array
-    s_mem: jax.Array  # (memory, dim) steps, newest last
-    y_mem: jax.Array  # (memory, dim) gradient changes of −f
-    rho: jax.Array  # 1/sᵀy, 0 for empty slots
-    k: jax.Array
-    failed: jax.Array
-    done: jax.Array
-    trace: jax.Array
-    n_grad: jax.Array
-    b: _Bracket  # the line search along d from x
-    fresh: jax.Array  # x0 not evaluated yet
+# s_mem, y_mem: (memory, dim) steps and changes of −∇f, newest last; rho: 1/sᵀy (0: empty); b: the line search
+# along d from x (`_Bracket`); fresh: x0 not evaluated yet.
+_LBFGSState = collections.namedtuple("_LBFGSState", "x f g d slope s_mem y_mem rho k failed done trace n_grad b fresh")
 
 
 class LBFGS(AbstractSolver):
     """Limited-memory BFGS, preconditioned, with a strong Wolfe line search.
 
-    The direction H_k ∇f comes from the two-loop recursion over the last ``memory`` pairs (s_i, y_i) =
-    (x_{i+1} − x_i, ∇f(x_i) − ∇f(x_{i+1})) with H_k⁰ = M(x_k), the preconditioner at the current point (Nocedal &
-    Wright §7.2; for vijax's bounds the curvature that preconditions `NewtonCG`), or sᵀy/yᵀy I without one; pairs
-    with sᵀy ≤ 0 are dropped. Steps meet the strong Wolfe conditions with ``c2 = 0.9`` (`_Bracket`), α = 1 tried
-    first. One `lax.while_loop`, one objective evaluation per pass. With ``gain_tol``, the run also stops
+    The direction H_k ∇f is the two-loop recursion (Nocedal & Wright §7.2) over the last ``memory`` pairs with
+    sᵀy > 0, with H_k⁰ = M(x_k), the preconditioner at the current point, or sᵀy/yᵀy I without one. Steps meet the
+    strong Wolfe conditions with ``c2 = 0.9`` (`_Bracket`), α = 1 first. With ``gain_tol`` the run also stops
     (converged) once f rose by at most ``gain_tol`` over ``gain_window`` iterations: for objectives known only to
-    some accuracy (AI-KL's lattice bound), where the decrement test asks for progress finer than that.
+    some accuracy (AI-KL's lattice bound).
 
     **Arguments:** `tol` (gᵀH_k g at which the last step is taken; 1e-14), `max_iter` (1000), `memory` (pairs kept;
     10), `max_backtracks` (line-search trials; 30), `gain_tol` (None: no gain test), `gain_window` (10).
@@ -451,8 +381,7 @@ class LBFGS(AbstractSolver):
             return s.fresh | ((s.k < self.max_iter) & ~s.failed & ~s.done)
 
         def body(s):
-            # One evaluation per pass, at the line search's trial x + αd (x0 itself on the first pass,
-            # where d = 0): the objective is traced once, in this body.
+            # One evaluation per pass, at the trial x + αd (x0 on the first pass, d = 0).
             f_a, g_a = value_and_grad(s.x + s.b.alpha * s.d)
             f_a = jnp.asarray(f_a, dtype)
             b = _wolfe_step(s.b, s.f, s.slope, s.d, 0.9, f_a, g_a)
@@ -495,27 +424,12 @@ class LBFGS(AbstractSolver):
                          s.failed)
 
 
-class _Bracket(NamedTuple):
-    """The line search of `LBFGS`, one trial per loop pass: a step α along ascent direction ``d`` with
-
-        φ(α) ≥ φ(0) + c₁ α φ'(0)   and   |φ'(α)| ≤ c₂ φ'(0),     φ(α) = fn(x + α d),
-
-    the first replaced near the optimum by `_acceptable`'s approximate Wolfe conditions. Each trial gives fn and
-    its gradient. Without a bracket the next trial extrapolates φ' linearly to zero (at most ×10); inside [lo, hi]
-    (either order) it is the secant zero of φ' if the ends' slopes differ in sign, else the maximiser of the
-    quadratic through φ(lo), φ'(lo), φ(hi), kept 10 % from both ends (exact on a quadratic at the second trial).
-    Without the curvature condition the best acceptable step ``lo`` is kept; ``lo`` = 0: none."""
-
-    lo: jax.Array  # best acceptable step so far (0 at the start) ...
-    f_lo: jax.Array
-    g_lo: jax.Array  # ... its objective and gradient
-    dphi_lo: jax.Array  # and directional derivative
-    hi: jax.Array  # the other end of a bracket around the maximum along d (inf until one is known)
-    f_hi: jax.Array
-    dphi_hi: jax.Array
-    alpha: jax.Array  # the next trial
-    done: jax.Array
-    n: jax.Array
+# `LBFGS`'s line search, one trial a loop pass, for φ(α) = fn(x + α d): φ(α) ≥ φ(0) + c₁ α φ'(0) (or `_acceptable`)
+# and |φ'(α)| ≤ c₂ φ'(0). lo: the best acceptable step (0: none) with φ, ∇fn and φ' there; hi: the other end of a
+# bracket around the maximum (inf until one is known); alpha: the next trial. Without a bracket the next trial
+# extrapolates φ' linearly to zero (at most ×10); inside [lo, hi] it is the secant zero of φ' where the ends' slopes
+# differ in sign, else the maximiser of the quadratic through φ(lo), φ'(lo), φ(hi), 10 % from both ends.
+_Bracket = collections.namedtuple("_Bracket", "lo f_lo g_lo dphi_lo hi f_hi dphi_hi alpha done n")
 
 
 def _wolfe_start(f, g, slope, alpha0):
@@ -549,9 +463,8 @@ def _wolfe_step(b, f, slope, d, c2, f_a, g_a):
     secant = lo + width * dphi_lo / (dphi_lo - dphi_hi)
     shortfall = f_lo + dphi_lo * width - f_hi
     quadratic = lo + dphi_lo * width**2 / (2 * shortfall)
-    # A trial beyond lo clearly below it means φ' is far from linear there (a barrier, an overflow):
-    # the secant on φ' would barely move, so backtrack from lo by the quadratic in φ, at least halving.
-    # (Near the optimum φ differs by rounding only, and the secant on φ' is the accurate step.)
+    # A trial beyond lo clearly below it means φ' is far from linear there (a barrier, an overflow), where the
+    # secant on φ' would barely move: backtrack by the quadratic in φ, at least halving.
     worse = (hi > lo) & ~(f_hi >= f_lo - 1e-6 * (1.0 + jnp.abs(f_lo)))
     use_secant = jnp.isfinite(dphi_hi) & (dphi_hi * dphi_lo < 0) & ~worse
     inside = jnp.where(use_secant, secant,

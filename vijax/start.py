@@ -9,28 +9,17 @@ $$
 \\tau_n = \\max(-(\\log\\varphi_n)''(x^*_n), 0), \\quad \\nu_n = (\\log\\varphi_n)'(x^*_n) + \\tau_n x^*_n
 $$
 
-(ν_n = 0 where τ_n = 0: a site without curvature at the mode says where the mode is, not how wide
-the site is). The Gaussian f ∏_n exp(ν_n x_n − ½τ_n x_n²) is the Laplace approximation: it is where
-the data put the posterior however wide, flat or singular f, so no site expectation overflows there
-(a Poisson site's ⟨eˣ⟩ = e^{m + v/2} under a prior of variance 10⁶). G-KL, EP, LVB and mean field
-start from it (`expand_at_mode`); `shared` is its compiled program, one per model shape, which the
-methods whose state is the expansion itself (EP, the default G-KL, free-form mean field) use as their
-`start`. Laplace and MAP run the same mode search (`mode_search`) as their fit, from the prior mean.
+(ν_n = 0 where τ_n = 0). The Gaussian f ∏_n exp(ν_n x_n − ½τ_n x_n²) is the Laplace approximation:
+where the data put the posterior however wide or flat f, so no site expectation overflows there.
+G-KL, EP, LVB and mean field start from it (`expand_at_mode`; `shared` is its compiled program).
 
-**The mode search** (`mode_search`) maximises ℓ by Newton steps with the Gauss–Newton curvature
-P = Λ + Σ_g H_gᵀ diag(ω⁺_g) H_g (`Curvature`, ω⁺ = max(−(log φ)'', 0)), which is −∇²ℓ wherever the
-sites are log-concave:
-
-- *dense* (small D, dense H): P formed and factorised, O(D³) a step; or, for a diagonal Λ with no
-  more sites than coordinates, Woodbury through an N × N factorisation (Rasmussen & Williams Alg. 3.1);
-- *matrix-free* (a sparse H, D above `DENSE_MAX_DIM`, or when the caller asks, as every non-`Full`
-  covariance family does): the step P⁻¹∇ℓ by truncated CG on products v ↦ Pv (one product with each H
-  and its transpose), preconditioned by diag(P). Nothing of size D × D, N × D or nnz × D is formed.
-
-A dense Gaussian factor N(μ, LLᵀ) (a GP prior) is searched in w̃ = L⁻¹(w − μ) (`whitened`), where P
-is well conditioned however ill-conditioned LLᵀ; the mode is returned in the model's coordinates.
-The search stops at a squared Newton decrement of 10⁻⁶ (a start needs no more: each method converges
-on its own terms). Where it fails (a non-finite ℓ), the expansion is taken at its starting point.
+**The mode search** (`mode_search`) takes Newton steps with the Gauss–Newton curvature
+P = Λ + Σ_g H_gᵀ diag(ω⁺_g) H_g (ω⁺ = max(−(log φ)'', 0)): *dense* (P factorised, or Woodbury through
+an N × N factorisation for a diagonal Λ and N ≤ D) or *matrix-free* (a sparse H, D above
+`DENSE_MAX_DIM`, or on request: truncated CG on v ↦ Pv preconditioned by diag(P)). A dense Gaussian
+factor N(μ, LLᵀ) is searched in w̃ = L⁻¹(w − μ) (`whitened`). The search stops at a squared Newton
+decrement of 10⁻⁶ (each method converges on its own terms); where it fails, the expansion is taken
+at its starting point.
 """
 
 from __future__ import annotations
@@ -55,15 +44,8 @@ _START_SOLVER = GaussNewton(tol=1e-6, max_iter=50)
 
 
 class SiteExpansion(eqx.Module):
-    """Every site's Gauss–Newton expansion log φ_n(x) ≈ ν_n x − ½ τ_n x² at a point (module docstring).
-
-    - `mode`: the point, shape ``(D,)``, in the model's coordinates (the mode of the log joint for
-      `expand_at_mode`);
-    - `precision`: τ ≥ 0, one array of shape ``(N_g,)`` per site group;
-    - `shift`: ν, the same shapes.
-
-    The site parameters live in x = h_nᵀw + b_n, so they are the same in any basis of w.
-    """
+    """Every site's Gauss–Newton expansion log φ_n(x) ≈ ν_n x − ½ τ_n x² at `mode` ``(D,)``: `precision` τ ≥ 0 and
+    `shift` ν, one ``(N_g,)`` array per site group (in x, so the same in any basis of w)."""
 
     mode: jax.Array
     precision: tuple[jax.Array, ...]
@@ -80,11 +62,8 @@ class SiteExpansion(eqx.Module):
 
 
 def working_model(model: LatentLinearModel):
-    """``(sites, whitening)``: the site groups in the coordinates a dense Gaussian factor whitens.
-
-    ``whitening`` is ``(μ, L)`` for a dense Gaussian factor N(μ, LLᵀ) (the groups then act on
-    w̃ = L⁻¹(w − μ)), else None and the groups as they are.
-    """
+    """``(sites, whitening)``: for a dense Gaussian factor N(μ, LLᵀ), the site groups acting on w̃ = L⁻¹(w − μ) and
+    ``(μ, L)``; else the groups as they are and None."""
     whitening = model.prior.whitening() if model.prior is not None else None
     if whitening is None:
         return model.sites, None
@@ -93,8 +72,7 @@ def working_model(model: LatentLinearModel):
 
 
 def whitened(model: LatentLinearModel) -> LatentLinearModel:
-    """The model in w̃ = L⁻¹(w − μ) for a dense Gaussian factor N(μ, LLᵀ): prior N(0, I), sites in the
-    new basis. Other models are returned as they are."""
+    """The model in w̃ = L⁻¹(w − μ) for a dense Gaussian factor N(μ, LLᵀ) (prior N(0, I)); others as they are."""
     sites, whitening = working_model(model)
     if whitening is None:
         return model
@@ -107,8 +85,7 @@ def matrix_free(model: LatentLinearModel) -> bool:
 
 
 def _woodbury_preconditioner(model):
-    """P⁻¹ for P = Λ + HᵀWH with Λ diagonal and one group of N ≤ D sites, by an N × N factorisation:
-    P⁻¹ = Λ⁻¹ − Λ⁻¹Hᵀ W½ B⁻¹ W½ HΛ⁻¹, B = I + W½ HΛ⁻¹Hᵀ W½ (G = HΛ⁻¹Hᵀ formed once)."""
+    """P⁻¹ = Λ⁻¹ − Λ⁻¹Hᵀ W½ B⁻¹ W½ HΛ⁻¹, B = I + W½ HΛ⁻¹Hᵀ W½, for Λ diagonal and one group of N ≤ D sites."""
     (group,) = model.sites
     projection = group.projection
     inv_prec = 1.0 / model.prior.precision_diagonal()
@@ -134,8 +111,7 @@ def _dense_preconditioner(model):
 
 
 def _matrix_free_preconditioner(model):
-    """v ↦ P⁻¹v approximately: truncated CG on products with P (forcing term min(½, (vᵀMv)^¼)),
-    preconditioned by diag(P)⁻¹. A PD P makes the result an ascent direction for any truncation."""
+    """v ↦ P⁻¹v by truncated CG preconditioned by diag(P)⁻¹ (an ascent direction for any truncation)."""
     def preconditioner(w):
         product, diagonal = Curvature(model, site_curvatures(w, model, gauss_newton=True)).operator()
         return lambda v: pcg(product, v, lambda r: r / diagonal, _MAX_CG)[0]
@@ -144,8 +120,8 @@ def _matrix_free_preconditioner(model):
 
 
 def mode_search(model: LatentLinearModel, w0, solver: AbstractSolver, dense: bool | None = None):
-    """Maximise ℓ from ``w0`` with ``solver``, preconditioned by the Gauss–Newton curvature (module
-    docstring): dense unless ``dense`` is False or the model is `matrix_free`. Returns the `Solution`."""
+    """Maximise ℓ from ``w0`` with ``solver``, preconditioned by the Gauss–Newton curvature, dense unless ``dense``
+    is False or the model is `matrix_free`; returns the `Solution`."""
     if dense is None:
         dense = not matrix_free(model)
     prior, sites = model.prior, model.sites
@@ -170,11 +146,8 @@ def expand_at(model: LatentLinearModel, w) -> SiteExpansion:
 
 def expand_at_mode(model: LatentLinearModel, dense: bool | None = None,
                    solver: AbstractSolver = _START_SOLVER) -> SiteExpansion:
-    """The `SiteExpansion` at the mode of the log joint, searched from the Gaussian factor's mean (or 0).
-
-    ``dense``: form the D × D curvature in the search (None: unless the model is `matrix_free`; a
-    method with a structured covariance family passes False). Pure and traceable; `shared` is its
-    compiled program."""
+    """The `SiteExpansion` at the mode of the log joint, searched from the Gaussian factor's mean (or 0);
+    ``dense``: form the D × D curvature in the search (None: unless the model is `matrix_free`)."""
     frozen = jax.lax.stop_gradient(model)
     sites, whitening = working_model(frozen)
     work = frozen if whitening is None else LatentLinearModel(GaussianFactor.isotropic(model.dim, 1.0), sites)
@@ -187,14 +160,11 @@ def expand_at_mode(model: LatentLinearModel, dense: bool | None = None,
     return expand_at(frozen, mode)
 
 
-@eqx.filter_jit
-def _shared(model, dense):
-    return expand_at_mode(model, dense)
+_shared = eqx.filter_jit(expand_at_mode)
 
 
 def shared(model: LatentLinearModel, dense: bool | None = None) -> SiteExpansion:
-    """`expand_at_mode` compiled: one program per model structure and shape and ``dense``, whichever
-    method asks (EP, G-KL with its full covariance and free-form mean field start from it)."""
+    """`expand_at_mode` compiled: one program per model shape and ``dense``, whichever method asks."""
     return _shared(model, not matrix_free(model) if dense is None else bool(dense))
 
 

@@ -1,22 +1,11 @@
 """The base class of every inference method, and the state contract they share.
 
-A method is configuration (an `equinox.Module`) with one `State` type, a pytree of fixed structure for
-a given model shape and method configuration, and three operations:
-
-- ``state = method.start(model)``: the cold start, from the data (its own small program; the methods
-  whose state is the shared site expansion use `vijax.start.shared`, one program per model shape);
-- ``post = method.fit(model, state)``: the one compiled core; ``post.state`` is the final State, so
-  ``method.fit(model, post.state)`` restarts exactly where the fit ended;
-- ``state = method.to_state(model, init)``: a warm start from anything else, outside `jit`: a
-  `Posterior` of this method (its state, no program), of any other method (a conversion from its
-  mean and covariance, one small program), a State of this method, or a ``(D,)`` array (every site's
-  expansion at that point).
-
-`vj.infer` composes them, inside or outside `jit`, with one code path. Settings that do not shape the
-program (tolerances, damping, powers, step sizes: every float field not marked static) are traced:
-`start`, `fit` and the conversions are compiled with them as array leaves, so a new ``tol`` or
-``damping`` reuses the program. Iteration caps that size a trace, node counts, covariance families
-and schedules are static.
+A method is configuration (an `equinox.Module`) with one State type (a pytree of fixed structure per model
+shape and configuration) and three operations: ``method.start(model)``, the cold start; ``method.fit(model,
+state)``, the one compiled core, whose ``post.state`` restarts exactly where it ended; and
+``method.to_state(model, init)``, a warm start (outside `jit`) from a `Posterior` of any method, a State or a
+``(D,)`` array. Float settings (tolerances, damping) are traced, so a new ``tol`` reuses the programs;
+iteration caps, node counts, covariance families and schedules are static.
 """
 
 from __future__ import annotations
@@ -36,9 +25,8 @@ __all__ = ["AbstractMethod", "compiled", "traced_settings", "same_shapes"]
 
 
 def traced_settings(method):
-    """``method`` with every Python float leaf (a setting such as ``tol``) as a weakly typed JAX scalar,
-    so that a compiled function taking it traces the value instead of baking it in: a new tolerance
-    reuses the program, and a weak type never promotes the working dtype (float32 stays float32)."""
+    """``method`` with every Python float leaf as a weakly typed JAX scalar: traced, not baked into a program, and
+    never promoting the working dtype."""
     return jax.tree_util.tree_map(lambda x: jnp.asarray(x) if isinstance(x, float) else x, method)
 
 
@@ -48,31 +36,17 @@ def _call(method, name, args):
 
 
 def compiled(method, name: str, *args):
-    """``method.<name>(*args)`` as a compiled program: one per method configuration, name and argument
-    structure and shapes; the method's settings traced (`traced_settings`)."""
+    """``method.<name>(*args)`` compiled, with the method's settings traced (`traced_settings`)."""
     return _call(traced_settings(method), name, args)
 
 
 class AbstractMethod(eqx.Module):
     """An inference method: frozen configuration with the state contract of `vijax.methods._base`.
 
-    A subclass implements the pure, traceable pieces; the base class compiles and composes them:
-
-    - `init_state(model) -> State`: the cold start;
-    - `solve(model, state) -> Posterior`: the fit from a State (``post.state`` its final State);
-    - `from_gaussian(model, mean, factor) -> State`: a start from any Gaussian q = N(mean, S)
-      (``factor`` a covariance-family factor of S): how a `Posterior` of another method converts;
-    - `from_expansion(model, expansion) -> State`: a start from every site's second-order expansion at
-      a point (`vijax.start.SiteExpansion`): how a ``(D,)`` array converts;
-    - `is_state(model, state) -> bool`: whether ``state`` is a State of this method for ``model``.
-
-    A method whose `from_expansion` only repackages the expansion says so in `shares_start`: its
-    `start` is then the shared compiled expansion (`vijax.start.shared`, one program per model shape)
-    and no program of its own. `start_dense` says whether its start may form the D × D curvature
-    (None: unless the model is sparse or large; False for structured covariance families).
+    A subclass implements the pure, traceable `init_state`, `solve`, `from_gaussian` (how another method's
+    `Posterior` converts), `from_expansion` (how a ``(D,)`` array converts) and `is_state`; the base class
+    compiles and composes them.
     """
-
-    # ------------------------------------------------------------------------------ to implement
 
     @abc.abstractmethod
     def init_state(self, model: LatentLinearModel):
@@ -105,25 +79,19 @@ class AbstractMethod(eqx.Module):
         return None
 
     def shares_start(self, model: LatentLinearModel) -> bool:
-        """Whether `from_expansion` only repackages the expansion (no arithmetic), so that `start` is the
-        shared program `vijax.start.shared` (default False: `init_state` compiled as the method's own)."""
+        """Whether `from_expansion` only repackages the expansion, so that `start` is `vijax.start.shared`."""
         return False
 
-    # ------------------------------------------------------------------------------ compiled
-
     def start(self, model: LatentLinearModel):
-        """The cold start as a State: a compiled program (the shared expansion where ``shares_start``).
-        A State is a starting point, constant in the model (every `solve` stops its gradient), so the
-        program takes the model with its gradient stopped: under `jax.grad` it is the same program as
-        without."""
+        """The cold start as a State, compiled; constant in the model (so the same program under `jax.grad`)."""
         model = jax.lax.stop_gradient(model)
         if self.shares_start(model):
             return self.from_expansion(model, _start.shared(model, self.start_dense(model)))
         return compiled(self, "init_state", model)
 
     def fit(self, model: LatentLinearModel, state) -> Posterior:
-        """The fit from ``state`` (a State of this method: `start`, `to_state` or ``post.state``), compiled
-        once per model structure and shape and method configuration; settings are traced."""
+        """The fit from ``state`` (`start`, `to_state` or ``post.state``), compiled once per model shape and
+        configuration."""
         self.check_model(model)
         if not self.is_state(model, state):
             name = type(self).__name__
@@ -133,10 +101,9 @@ class AbstractMethod(eqx.Module):
         return compiled(self, "solve", model, state)
 
     def to_state(self, model: LatentLinearModel, init):
-        """The State a warm start from ``init`` begins at (outside `jit`; see the module docstring):
-        a State of this method as it is; a `Posterior` of this method (same site shapes) its ``state``;
-        a `Posterior` of another method converted from its mean and covariance; a ``(D,)`` array the
-        expansion at that point. Anything else raises a `ValueError` that says what is accepted."""
+        """The State a warm start from ``init`` begins at (outside `jit`): a State as it is, a `Posterior` of this
+        method its ``state``, of another its mean and covariance converted, a ``(D,)`` array every site's
+        expansion at that point; anything else a `ValueError`."""
         name = type(self).__name__
         model = jax.lax.stop_gradient(model)  # a State is constant in the model (see `start`)
         if isinstance(init, Posterior):
@@ -176,9 +143,7 @@ def _describe(x) -> str:
     return f"{type(x).__name__}: {x!r}"
 
 
-@eqx.filter_jit
-def _compiled_expand_at(model, w):
-    return _start.expand_at(model, w)
+_compiled_expand_at = eqx.filter_jit(_start.expand_at)
 
 
 def same_shapes(state, template) -> bool:

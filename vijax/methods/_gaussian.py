@@ -5,16 +5,10 @@ with precision P = Λ + Σ_n A_n h_n h_nᵀ and shift r = η + Σ_n (a_n − A_n
 
     log ∫ = κ + Σ_n (a_n b_n − ½ A_n b_n² + c_n) + ½ rᵀP⁻¹r + (D/2) log 2π − ½ log det P.
 
-For a dense Gaussian factor N(μ, LLᵀ) (a GP prior) the integral is taken in the whitened
-coordinates w = μ + L w̃ (dw = |L| dw̃ turns f into N(w̃ | 0, I)), so P̃ = I + Σ A_n h̃_n h̃_nᵀ with
-h̃ = Lᵀh and nothing ever inverts the prior covariance; the Gaussian maps back as mean = μ + L m̃,
-S = L S̃ Lᵀ.
-
-When, in addition, every site group has one site per coordinate (H = I or diag(s), as in GP
-models), the quadratics add a diagonal W = Σ_g s_g² A_g to the precision, and for W ≥ 0 the
-marginals come from the site form of Rasmussen & Williams (§3.4.3, §3.6):
-B = I + W½KW½ = L_B L_Bᵀ, Σ = K − VᵀV with V = L_B⁻¹W½K, about 4/3 D³ flops against some 5 D³ for
-the general path (`integrate_diagonal`, used by `marginals`).
+A dense Gaussian factor N(μ, LLᵀ) is integrated in the whitened coordinates w = μ + L w̃ (P̃ = I +
+Σ A_n h̃_n h̃_nᵀ, h̃ = Lᵀh; the prior covariance is never inverted). Where, in addition, every site group
+has one site per coordinate (GP models), the marginals come from the site form of Rasmussen & Williams
+(§3.4.3), B = I + W½KW½ (`integrate_diagonal`).
 """
 
 from __future__ import annotations
@@ -34,12 +28,10 @@ __all__ = ["integrate", "working_model", "diagonal_form", "integrate_diagonal", 
 
 
 def integrate(model: LatentLinearModel, quadratics, sites=None, whitening=None, map_back=True):
-    """``(log ∫, mean, C)``: the integral and its normalised Gaussian N(mean, CᵀC), C upper-triangular.
+    """``(log ∫, mean, C)``: the integral (NaN where it diverges) and its Gaussian N(mean, CᵀC), C upper-triangular.
 
-    ``quadratics`` holds one ``(a, A, c)`` per site group (each broadcastable to ``(N_g,)``).
-    ``sites``/``whitening`` from `working_model` may be passed to reuse the change of basis;
-    ``map_back=False`` returns the Gaussian in the working (whitened) coordinates.
-    The value is NaN where P is not positive definite (the integral diverges).
+    ``quadratics``: one ``(a, A, c)`` per site group; ``sites``/``whitening``: `working_model`'s, to reuse;
+    ``map_back=False``: the Gaussian in the whitened coordinates.
     """
     if sites is None:
         sites, whitening = working_model(model)
@@ -60,8 +52,7 @@ def integrate(model: LatentLinearModel, quadratics, sites=None, whitening=None, 
         r = r + group.projection.rmv(a - A * b)
         const = const + jnp.sum(a * b - 0.5 * A * b**2 + c)
     factor = Primal.of(P)
-    # A P singular to working precision (a rank-deficient sum, rounded) can still factorise, with pivots
-    # at the rounding of its diagonal: its integral diverges all the same (`Primal.proper`).
+    # A P singular to working precision can still factorise, with pivots at rounding: it diverges (`Primal.proper`).
     z = factor.half_solve(r)  # rᵀP⁻¹r = ‖z‖²
     value = jnp.where(factor.proper, const + 0.5 * z @ z + 0.5 * d * LOG_2PI - 0.5 * factor.logdet(), jnp.nan)
     mean = factor.solve(r)
@@ -73,12 +64,8 @@ def integrate(model: LatentLinearModel, quadratics, sites=None, whitening=None, 
 
 
 def precision_operator(model: LatentLinearModel, quadratics):
-    """``(product, r, const)``: the integrand's precision as a map v ↦ P v, its shift r and its constant.
-
-    Matrix-free (P = Λ + Σ_n A_n h_n h_nᵀ is never formed: each product costs one product with every
-    projection and its transpose, and a Hessian-vector product of the Gaussian factor's log density),
-    in the model's own coordinates, so log ∫ = const + ½ rᵀP⁻¹r + (D/2) log 2π − ½ log det P.
-    """
+    """``(product, r, const)``: v ↦ P v (P never formed), r and the constant, in the model's coordinates, so that
+    log ∫ = const + ½ rᵀP⁻¹r + (D/2) log 2π − ½ log det P."""
     d, dtype = model.dim, model.dtype
     zero = jnp.zeros(d, dtype)
     if model.prior is None:
@@ -133,13 +120,8 @@ class DiagonalIntegral(NamedTuple):
 
 
 def integrate_diagonal(K, mu, W, r, variances=True) -> DiagonalIntegral:
-    """The integral of a dense Gaussian N(μ, K) times exp(rᵀw − ½ wᵀdiag(W)w), for W ≥ 0.
-
-    With u = w − μ ~ N(0, K) and r' = r − Wμ the integral is
-    exp(rᵀμ − ½μᵀWμ) · det(B)^{−½} · exp(½ r'ᵀΣr'), Σ = (K⁻¹ + W)⁻¹ = K − K W½ B⁻¹ W½ K, B = I + W½KW½,
-    so no inverse of K is formed (R&W Alg. 3.2 and eq. 3.65). One Cholesky of B and, for the
-    variances, one triangular solve with D right-hand sides.
-    """
+    """The integral of N(μ, K) exp(rᵀw − ½ wᵀdiag(W)w), W ≥ 0: exp(rᵀμ − ½μᵀWμ) det(B)^{−½} exp(½ r'ᵀΣr'),
+    r' = r − Wμ, Σ = K − K W½ B⁻¹ W½ K, B = I + W½KW½ (R&W Alg. 3.2; K never inverted)."""
     factor = SiteForm.of(K, W)  # W clipped at 0, so that an unselected branch of a `cond` stays finite
     r0 = r - W * mu
     u = K @ r0
@@ -163,9 +145,8 @@ def _diagonal_quadratics(scales, sites, quadratics, dtype):
 
 
 def marginals(model: LatentLinearModel, quadratics, work=None):
-    """``(log ∫, means, variances)``: the integral of `integrate` and, per site group, the means and
-    variances of x_gn under its Gaussian (tuples, one entry per group); NaN where P is not positive
-    definite. Uses the site form (`integrate_diagonal`) where `diagonal_form` applies and W ≥ 0."""
+    """``(log ∫, means, variances)``: `integrate`'s value and the site marginals (one entry per group), by the
+    site form where `diagonal_form` applies and W ≥ 0."""
     work = working_model(model) if work is None else work
 
     def general(_):

@@ -8,8 +8,7 @@ S^{-1} = \\Lambda + \\sum_g H_g^\\top \\operatorname{diag}(\\lambda_g) H_g, \\qq
 F(\\mu, \\sigma^2) = \\sum_n \\langle \\log\\varphi_n(x) \\rangle_{N(\\mu_n, \\sigma_n^2)},
 $$
 
-μ_n = h_nᵀm + b_n, σ_n² = h_nᵀSh_n. So q is searched over (m, λ), D + N numbers (the Cholesky
-parametrisation has D(D+3)/2). As S⁻¹ − Λ = Hᵀdiag(λ)H, tr(ΛS) = D − Σ_n λ_nσ_n² and
+μ_n = h_nᵀm + b_n, σ_n² = h_nᵀSh_n, so q is searched over (m, λ), D + N numbers, and
 
 $$
 \\mathcal B(m, \\lambda) = \\tfrac D2 (1 + \\log 2\\pi) - \\tfrac12 \\log\\det S^{-1} + \\log f(m)
@@ -17,7 +16,7 @@ $$
 $$
 
 With g = ∇_m B, λ* = −2∂F/∂σ² at q, d = λ* − λ, A = Σ∘Σ (Σ = HSHᵀ; ∂σ²/∂λ = −A), C = diag(∂λ*/∂σ²),
-E = diag(∂λ*/∂μ) (`expected_log_phi_derivatives`), B's gradient is (g, ½Ad) and its negative Hessian,
+E = diag(∂λ*/∂μ) (`expected_log_phi_derivatives`), B's gradient is (g, ½Ad) and its negative Hessian K,
 up to terms that vanish with d (P* is the exact curvature in m for fixed S: −∂²F/∂μ² = λ*),
 
 $$
@@ -26,31 +25,25 @@ $$
 $$
 
 **Steps** (Δm, Δλ), t halved until B does not fall beyond its rounding. The *natural gradient*
-Δm = P*⁻¹g, Δλ = d (thesis eq. 3.61 in λ, Newton in m) is exact in one step for Gaussian sites, else
-linear (rate ½ where q is wide, slower where λ* moves with μ); it stands in wherever Newton's step is
-no ascent direction or would make some λ < 0. *Newton*: K(Δm, Δλ) = (g, d), i.e. P*Δm − ½HᵀEAΔλ = g,
-GΔλ − EHΔm = d, G = I + CA; the dual form solves it with A in full once natural-gradient steps
-contract by less than 10×, the primal form always, from M (A by its diagonal σ⁴: O(N) beside a D × D
-factorisation) with Richardson corrections (an O(ND²) product with A each) until the estimated
-relative error is below √decrement: still quadratic (Eisenstat & Walker; `_corrected_newton_step`).
-For log-concave sites λ* ≥ 0, so every λ(t) ≥ 0 and S(t) is positive definite.
+Δm = P*⁻¹g, Δλ = d (thesis eq. 3.61) is exact in one step for Gaussian sites, else linear; it stands in
+wherever Newton's step is no ascent direction or would make some λ < 0. *Newton*: K(Δm, Δλ) = (g, d);
+the dual form solves it with A in full once natural-gradient steps contract by less than 10×, the
+primal form always, from M (A by its diagonal σ⁴) with Richardson corrections until the estimated
+relative error is below √decrement (still quadratic; `_corrected_newton_step`). For log-concave sites
+λ* ≥ 0, so every λ(t) ≥ 0 and S(t) is positive definite. **Stopping** on the decrement ∇Bᵀ(Δm, Δλ): at
+``tol`` or B's rounding after a Newton step, else at ``tol²`` or once it stops falling below ``tol``.
 
-**Stopping** on the decrement ∇Bᵀ(Δm, Δλ) (≈ twice the gain left; unit-free): at ``tol`` or B's rounding
-after a Newton step (primal: corrections on target), else at ``tol²`` (it resolves below B's rounding)
-or once it stops falling below ``tol``. That last step is taken, and no step is computed after it.
+**Linear algebra.** A dense Gaussian factor N(μ, LLᵀ) is whitened first (Λ = I).
 
-**Linear algebra** (no inverse of an ill-conditioned matrix). A dense Gaussian factor N(μ, LLᵀ) (a GP
-prior) is whitened first (w = μ + Lw̃: Λ = I); else Λ is its precision (diagonal, dense, singular or 0).
-
-- *primal* (N > D sites, or Λ not diagonal): S⁻¹ (D × D), scaled to unit diagonal, by Cholesky;
-  σ² = rowsums of T∘T, T = HCᵀ, C = R⁻¹ (S = CᵀC); O(N D² + D³) a point, O(N D²) a product with A;
-- *dual* (N ≤ D, Λ = diag(p), e.g. GP models): B = I + Λ_λ½ K̃ Λ_λ½ (N × N), K̃ = HΛ⁻¹Hᵀ formed once,
-  S = Λ⁻¹ − Λ⁻¹HᵀΛ_λ½B⁻¹Λ_λ½HΛ⁻¹, σ² = diag K̃ − ‖L_B⁻¹Λ_λ½K̃‖² by columns; O(N³ + ND) a step
-  (with H = I, the GP site form of Khan, Mohamed & Murphy 2012: V⁻¹ = K⁻¹ + diag λ).
+- *primal* (N > D sites, or Λ not diagonal): S⁻¹ (D × D) by Cholesky, σ² = rowsums of T∘T, T = HCᵀ
+  (S = CᵀC); O(N D² + D³) a point;
+- *dual* (N ≤ D, Λ = diag(p), e.g. GP models): S by Woodbury through B = I + Λ_λ½ K̃ Λ_λ½ (N × N),
+  K̃ = HΛ⁻¹Hᵀ formed once; O(N³ + ND) a step (for H = I, Khan, Mohamed & Murphy 2012).
 """
 
 from __future__ import annotations
 
+import collections
 import itertools
 from typing import NamedTuple
 
@@ -76,8 +69,7 @@ _DISTRUST = 4  # halvings after which a Newton step (its slope estimated) gives 
 
 
 def applies(model: LatentLinearModel) -> bool:
-    """Whether every site group's potential has a concave Gaussian expectation (`concave_expectation`,
-    implied by log-concavity): then λ* = −∂²F/∂μ² ≥ 0 and every step is proper."""
+    """Whether every site's Gaussian expectation is concave (so λ* ≥ 0 and every step is proper)."""
     return all(bool(g.potential.concave_expectation) for g in model.sites)
 
 
@@ -87,30 +79,19 @@ def is_state(state, model: LatentLinearModel) -> bool:
             and all(isinstance(s, jax.Array) and s.shape == (g.num_sites,) for s, g in zip(state, model.sites)))
 
 
-# ---------------------------------------------------------------------------------------- sites
-
-
-class _SiteDerivatives(NamedTuple):
-    """F and its derivatives at the site marginals (all sites stacked; each elementwise)."""
-
-    value: jax.Array  # F, a scalar
-    mean: jax.Array  # ∂F/∂μ
-    target: jax.Array  # λ* = −2 ∂F/∂σ²
-    target_var: jax.Array  # ∂λ*/∂σ²
-    target_mean: jax.Array  # ∂λ*/∂μ
+# F (a scalar) and, at every site, ∂F/∂μ, λ* = −2 ∂F/∂σ², ∂λ*/∂σ² and ∂λ*/∂μ.
+_SiteDerivatives = collections.namedtuple("_SiteDerivatives", "value mean target target_var target_mean")
 
 
 def _site_derivatives(model, quadrature, means, variances) -> _SiteDerivatives:
-    """At the site marginals (``means``, ``variances``: one array per group), each group's potential's
-    `expected_log_phi_derivatives` (closed forms where it has them, else forward mode), all sites stacked."""
+    """`expected_log_phi_derivatives` at the site marginals (one array per group), all sites stacked."""
     parts = [g.potential.expected_log_phi_derivatives(mu, v, quadrature) for g, mu, v in zip(model.sites, means, variances)]
     value, mean, var, mean_var, var_var = (jnp.concatenate(x) for x in zip(*parts))
     return _SiteDerivatives(jnp.sum(value), mean, -2.0 * var, -2.0 * var_var, -2.0 * mean_var)
 
 
 def fixed_point_precisions(model: LatentLinearModel, means, variances, quadrature):
-    """λ* = max(−2 ∂F/∂σ², 0) at site marginals (``means``, ``variances``; one array per group): the
-    site precisions a Gaussian with these marginals implies, where a warm start from it begins."""
+    """λ* = max(−2 ∂F/∂σ², 0) at site marginals (one array per group): a warm start's site precisions."""
     target = _site_derivatives(model, quadrature, tuple(means), tuple(variances)).target
     return _split(jnp.maximum(target, 0.0), _sizes(model))
 
@@ -125,22 +106,13 @@ def _split(x, sizes):
 
 
 def _site_bound(logdet_precision, lam, variances, log_f, dim: int, expected):
-    """The G-KL bound at q = N(m, S), S⁻¹ = Λ + Hᵀdiag(λ)H, from its pieces:
-    B = H[q] + log f(m) − ½ (D − λᵀσ²) + F; ``logdet_precision`` = log det S⁻¹, ``lam``, ``variances`` = σ² (all
-    sites stacked), ``log_f`` = log f(m), ``dim`` = D, ``expected`` = F."""
+    """B = H[q] + log f(m) − ½ (D − λᵀσ²) + F from log det S⁻¹, λ, σ² (all sites), log f(m), D and F."""
     return gaussian_entropy(-logdet_precision, dim) + log_f - 0.5 * (dim - lam @ variances) + expected
 
 
-# ------------------------------------------------------------------------------- linear algebra
-
-
-class _Factor(NamedTuple):
-    """S(λ) factorised: log det S⁻¹, the site variances σ² (all sites) and what the backend's steps need."""
-
-    logdet: jax.Array
-    variances: jax.Array
-    core: jax.Array  # primal: C with S = CᵀC (upper-triangular); dual: unused
-    cross: jax.Array  # primal: T = HCᵀ, so that Σ = HSHᵀ = TTᵀ; dual: L_B⁻¹ Λ_λ½ K̃, Σ = K̃ − crossᵀcross
+# S(λ) factorised: log det S⁻¹, σ² (all sites), core (primal: C, S = CᵀC; dual: unused) and cross (primal:
+# T = HCᵀ, Σ = HSHᵀ = TTᵀ; dual: L_B⁻¹ Λ_λ½ K̃, Σ = K̃ − crossᵀcross).
+_Factor = collections.namedtuple("_Factor", "logdet variances core cross")
 
 
 class _Linear:
@@ -194,12 +166,6 @@ class _Primal(_Linear):
         return fac.core
 
 
-def _coupling_mv(T, Tt, v):
-    """(Σ∘Σ) v = diag(T (Tᵀdiag(v)T) Tᵀ) for Σ = TTᵀ (``Tt`` = Tᵀ, formed once): two N × D × D products, Σ
-    never formed."""
-    return jnp.sum((T @ (Tt @ (v[:, None] * T))) * T, axis=1)
-
-
 class _Dual(_Linear):
     """S by Woodbury through B = I + Λ_λ½ K̃ Λ_λ½ (N × N), K̃ = HΛ⁻¹Hᵀ, for Λ = diag(p); A = Σ∘Σ in full."""
 
@@ -212,9 +178,6 @@ class _Dual(_Linear):
     def _precision(self):
         return self.model.prior.precision_diagonal().astype(self.K.dtype)  # in the model's dtype (x64 or not)
 
-    def _inverse_precision(self):
-        return 1.0 / self._precision()
-
     def factor(self, lam) -> _Factor:
         """The site form of S (`SiteForm`: B = I + Λ_λ½ K̃ Λ_λ½); σ² = diag K̃ − colsums of V∘V."""
         sites = SiteForm.of(self.K, lam)
@@ -225,7 +188,7 @@ class _Dual(_Linear):
     def solve_weighted(self, weights, r):
         """(Λ + HᵀWH)⁻¹ r: ``weights`` W an (N,) vector (≥ 0: Λ⁻¹(r − Hᵀ(K̃ + W⁻¹)⁻¹HΛ⁻¹r), by the site form)
         or an (N, N) matrix (Newton's, possibly indefinite: Λ⁻¹r − Λ⁻¹HᵀW(I + K̃W)⁻¹HΛ⁻¹r, by LU)."""
-        inv_p = self._inverse_precision()
+        inv_p = 1.0 / self._precision()
         if weights.ndim == 1:
             return inv_p * (r - self.project_t(SiteForm.of(self.K, weights).sites_solve(self.project(inv_p * r))))
         T = lu_factor(jnp.eye(self.K.shape[0], dtype=self.K.dtype) + self.K @ weights)
@@ -239,8 +202,7 @@ class _Dual(_Linear):
 
 
 def _site_covariance(model, work):
-    """K̃ = H Λ⁻¹ Hᵀ in the working coordinates, all groups stacked; from the original dense prior
-    where every group has one site per coordinate (a GP: K̃ = diag(s) K diag(s), no product with L)."""
+    """K̃ = H Λ⁻¹ Hᵀ in the working coordinates, all groups stacked (a GP's: diag(s) K diag(s))."""
     form = diagonal_form(model)
     if form is not None:
         K, _, scales = form
@@ -258,15 +220,9 @@ def backend(model: LatentLinearModel, work: LatentLinearModel):
     return _Primal(work)
 
 
-# ---------------------------------------------------------------------------------------- steps
-
-
-class _Direction(NamedTuple):
-    mean: jax.Array  # Δm
-    lam: jax.Array  # Δλ
-    decrement: jax.Array  # ∇Bᵀ(Δm, Δλ)
-    quadratic: jax.Array  # as good as Newton's step: the decrement after it about the square of its own
-    spread: jax.Array  # the primal form's estimate of the relative error of Newton's step with A by its diagonal
+# Δm, Δλ, the decrement ∇Bᵀ(Δm, Δλ), quadratic (as good as Newton's step) and spread (the primal form's estimate of
+# the relative error of Newton's step with A by its diagonal).
+_Direction = collections.namedtuple("_Direction", "mean lam decrement quadratic spread")
 
 
 def _natural_step(lin, fac, lam, grad, site, spread) -> _Direction:
@@ -277,8 +233,7 @@ def _natural_step(lin, fac, lam, grad, site, spread) -> _Direction:
 
 
 def _step(newton, wanted, lin, fac, lam, grad, site, spread, last) -> _Direction:
-    """Newton's step where ``newton`` and usable, else the natural-gradient step, each once in the program.
-    None (zeros) unless ``wanted`` (the point is the last); ``spread`` as in `_corrected_newton_step`."""
+    """Newton's step where ``newton`` and usable, else the natural-gradient one; zeros unless ``wanted``."""
 
     def attempt():
         return lin.newton_step(fac, lam, grad, site, spread, last)
@@ -317,12 +272,10 @@ _FLOOR = 100  # the last step leaves an error of this many ulps (in units of q's
 
 
 def _corrected_newton_step(lin: _Primal, fac, lam, grad, site, spread, last) -> tuple[_Direction, jax.Array]:
-    """Newton's step in the primal form, K x = b in x = (Δm, Δλ), from x₀ = M⁻¹b.
-    M is K with A by its diagonal a = σ⁴ (O(N) beside a D × D factorisation). While x's estimated
-    relative error (in M's curvature) exceeds `allowed`, x ← x + M⁻¹(b − Kx) (Richardson; b − Kx =
-    (M − K)δ, δ the last correction, is one product (A − diag a)δλ, `_coupling_mv`). ``spread``: x₀'s
-    relative error at the last point (`_SPREAD_START` first), so no product is spent where x₀ is good
-    enough; ``last``: the decrement below which the fit stops after this step (left to `_FLOOR` ulps)."""
+    """Newton's step in the primal form, K x = b in x = (Δm, Δλ), from x₀ = M⁻¹b, M = K with A by its diagonal
+    a = σ⁴. While x's estimated relative error exceeds `allowed`, x ← x + M⁻¹(b − Kx) (Richardson; one product
+    (A − diag a)δλ, δ the last correction). ``spread``: x₀'s relative error at the last point; ``last``: the
+    decrement below which the fit stops after this step."""
     T, a = fac.cross, fac.variances**2
     Tt = T.T  # once, not in every product
     gap, e, c, target = site.target - lam, site.target_mean, site.target_var, site.target
@@ -341,8 +294,7 @@ def _corrected_newton_step(lin: _Primal, fac, lam, grad, site, spread, last) -> 
         return jnp.sqrt(z @ z + 0.5 * a @ lam_step**2)
 
     def allowed(decrement):
-        """The relative error at which a step is as good as Newton's: √decrement (the decrement after it
-        is then about the square of this one's), or what leaves an error of ``floor``."""
+        """The relative error at which a step is as good as Newton's: √decrement, or what leaves ``floor``."""
         root = jnp.sqrt(jnp.maximum(decrement, 0.0))
         return jnp.maximum(root, floor / root)
 
@@ -354,15 +306,14 @@ def _corrected_newton_step(lin: _Primal, fac, lam, grad, site, spread, last) -> 
         # x = (Δm, Δλ); δ the last correction added to it (the first: x₀) and its size; Σ A δλ over the
         # corrections before δ; x's estimated relative error; x₀'s (the relative size of the first correction).
         k, mean, lam_step, d_lam, previous, coupled, _, measured = s
-        product = _coupling_mv(T, Tt, d_lam)
+        product = jnp.sum((T @ (Tt @ (d_lam[:, None] * T))) * T, axis=1)  # (Σ∘Σ)δλ = diag(T(Tᵀdiag(δλ)T)Tᵀ)
         off = product - a * d_lam  # (A − diag a)δλ
         c_mean, c_lam = precondition(0.5 * lin.project_t(e * off), -c * off)
         c_size = size(c_mean, c_lam)
         contraction = c_size / previous
         new_mean, new_lam = mean + c_mean, lam_step + c_lam
         new_size = size(new_mean, new_lam)
-        # A correction not well below the last (after the first, which measures x₀'s error): the iteration
-        # does not converge here, and stops where it is.
+        # A correction not well below the last (after the first): the iteration does not converge, and stops.
         converging = (k == 0) | (contraction <= _CONTRACTION)
         return (jnp.where(converging, k + 1, _MAX_PRODUCTS), jnp.where(converging, new_mean, mean),
                 jnp.where(converging, new_lam, lam_step), jnp.where(converging, c_lam, 0.0), c_size,
@@ -379,36 +330,15 @@ def _corrected_newton_step(lin: _Primal, fac, lam, grad, site, spread, last) -> 
     return _Direction(mean, lam_step, decrement, error <= allowed(decrement), spread), ok
 
 
-# ---------------------------------------------------------------------------------------- ascent
+# A q = N(m, S(λ)) (λ all sites stacked), its factor, B, ∇_m B, λ* − λ, the step from it and whether the step was
+# meant to be Newton's.
+_Point = collections.namedtuple("_Point", "mean lam fac value grad gap step newton")
 
 
-class _Point(NamedTuple):
-    """A q = N(m, S(λ)) and the step from it."""
-
-    mean: jax.Array
-    lam: jax.Array  # all sites stacked
-    fac: _Factor
-    value: jax.Array
-    grad: jax.Array  # ∇_m B
-    gap: jax.Array  # λ* − λ
-    step: _Direction
-    newton: jax.Array  # whether the step was meant to be Newton's
-
-
-class _State(NamedTuple):
-    point: _Point  # the current point (a placeholder with value −∞ before the first)
-    trial_mean: jax.Array  # the point the next iteration evaluates
-    trial_lam: jax.Array
-    t: jax.Array  # its step length along the current point's step
-    retry: jax.Array  # the trial is the current point again, to take the natural-gradient step from it
-    decrement: jax.Array  # the last decrement measured (of a full step)
-    rate: jax.Array  # the ratio of the last two decrements
-    k: jax.Array
-    halvings: jax.Array
-    done: jax.Array
-    converged: jax.Array
-    trace: jax.Array
-    evals: jax.Array
+# The current point (value −∞ before the first), the next trial (m, λ) at step length t along the point's step (retry:
+# the point again, for its natural-gradient step), the last full step's decrement and its ratio to the one before.
+_State = collections.namedtuple("_State", "point trial_mean trial_lam t retry decrement rate k halvings done converged "
+                                          "trace evals")
 
 
 class NaturalFit(NamedTuple):
@@ -423,9 +353,8 @@ class NaturalFit(NamedTuple):
 
 def fit(model: LatentLinearModel, work: LatentLinearModel, mean, lam, quadrature, max_iter: int,
         tol: float) -> NaturalFit:
-    """Maximise the G-KL bound of ``work`` (``model`` in the working coordinates; ``model`` is read only
-    for a GP prior's covariance) over (m, λ) from (``mean``, ``lam``: one array per group). Where the
-    bound is not finite at the start, λ ← 4λ + 3/σ² (each variance below a quarter) until it is."""
+    """Maximise the G-KL bound of ``work`` (``model`` in working coordinates) over (m, λ) from (``mean``, ``lam``:
+    one array per group). Where the bound is not finite at the start, λ ← 4λ + 3/σ² until it is."""
     lin = backend(model, work)
     sizes = _sizes(work)
     dtype, d = work.dtype, work.dim
@@ -457,13 +386,11 @@ def fit(model: LatentLinearModel, work: LatentLinearModel, mean, lam, quadrature
                    jnp.array(0), false, false, trace, jnp.array(0))
 
     def body(s: _State) -> _State:
-        # One point per iteration of the loop (so the objective is traced once): the trial (m, λ) that the
-        # last iteration chose. Accepted, it becomes the point and the next trial is its full step;
-        # rejected, t is halved. Before any finite point, a non-finite start has its λ raised instead.
+        # One trial point a pass (the objective traced once): accepted, the next trial is its full step;
+        # rejected, t is halved; before any finite point, λ is raised instead.
         p = s.point
         started = jnp.isfinite(p.value)
-        # Newton's step: in the primal form always (it costs what a natural-gradient step does there), in
-        # the dual once natural-gradient steps are seen to converge slowly, and from then on.
+        # Newton's step: always in the primal form, in the dual once natural-gradient steps are slow.
         newton = (p.newton | (s.rate > _SLOW) | (not lin.dense_coupling)) & ~s.retry
         full = started & (s.t == 1) & ~s.retry
         rate = jnp.where(full, p.step.decrement / s.decrement, s.rate)
@@ -474,17 +401,15 @@ def fit(model: LatentLinearModel, work: LatentLinearModel, mean, lam, quadrature
         # The trial after the last step is the answer: no step is computed from it.
         new = point(s.trial_mean, s.trial_lam, lin.factor(s.trial_lam), newton,
                     jnp.where(started, p.step.spread, _SPREAD_START), ~last)
-        # B may not fall beyond its rounding; once the gain left is below what B resolves, its
-        # differences are noise, and a step that lowers it by up to `loose` is taken.
+        # B may not fall beyond its rounding (beyond `loose` once the gain left is below it).
         noise = jnp.where(decrement <= loose, loose, _ROUNDING * eps * jnp.abs(p.value))
         ok = jnp.isfinite(new.value) & ((new.value >= p.value - noise) | ~started | s.retry)
         p = select(ok, new, p)
         k = s.k + (ok & started & ~s.retry)
         halvings = jnp.where(ok, 0, s.halvings + 1)
         t = jnp.where(ok, one, 0.5 * s.t)
-        # A Newton step whose slope was only estimated (the primal form's, whose last correction has A by
-        # its diagonal, however well the corrections converged) may not rise at all: after a few halvings,
-        # the point is evaluated again with the natural-gradient step, an ascent direction.
+        # A Newton step whose slope was only estimated may not rise at all: after a few halvings, the point
+        # is evaluated again with the natural-gradient step, an ascent direction.
         estimated = ~p.step.quadratic | (not lin.dense_coupling)
         retry = ~ok & p.newton & estimated & (halvings == _DISTRUST)
         t = jnp.where(retry, one, t)
@@ -493,8 +418,7 @@ def fit(model: LatentLinearModel, work: LatentLinearModel, mean, lam, quadrature
         # A retry takes the point itself (its Newton direction may not even be finite).
         trial_mean = jnp.where(jnp.isfinite(p.value), jnp.where(retry, p.mean, p.mean + t * p.step.mean), s.trial_mean)
         trial_lam = jnp.where(jnp.isfinite(p.value), jnp.where(retry, p.lam, p.lam + t * p.step.lam), raised)
-        # Stop after the last step (kept if B allows), or when no step down to 2⁻³⁰ raises B (the bound
-        # is flat to its rounding along the step: converged if the decrement says so too).
+        # Stop after the last step, or when no step down to 2⁻³⁰ raises B (converged if the decrement is loose).
         stuck = halvings >= _MAX_HALVINGS
         return _State(p, trial_mean, trial_lam, t, retry, decrement, rate, k, halvings, last | stuck,
                       last | (stuck & (decrement <= loose)), jnp.where(ok, s.trace.at[k].set(p.value), s.trace),
@@ -504,10 +428,9 @@ def fit(model: LatentLinearModel, work: LatentLinearModel, mean, lam, quadrature
     s, _ = iterate(lambda _, s: body(s), state, cap, lambda _, s: (s.k >= max_iter) | (s.evals >= cap) | s.done)
     p = s.point
     grad_norm = jnp.maximum(jnp.max(jnp.abs(p.grad)), jnp.max(0.5 * jnp.abs(p.gap)))
-    # stuck: no step down to 2⁻³⁰ raised B while the decrement was still above the loose threshold
-    stalled = s.done & ~s.converged
-    diagnostics = Diagnostics(iterations=s.k, status=Status.of(s.converged, value=p.value, stalled=stalled),
-                              stationarity=s.decrement, grad_norm=grad_norm, objective_trace=s.trace,
-                              num_value_evals=s.evals, num_grad_evals=s.evals, num_hvp_evals=0, method="GKL",
+    status = Status.of(s.converged, value=p.value, stalled=s.done & ~s.converged)
+    diagnostics = Diagnostics(iterations=s.k, status=status, stationarity=s.decrement, grad_norm=grad_norm,
+                              objective_trace=s.trace, num_value_evals=s.evals, num_grad_evals=s.evals, num_hvp_evals=0,
+                              method="GKL",
                               solver=f"natural-parameter ascent ({'dual' if lin.dense_coupling else 'primal'})")
     return NaturalFit(p.mean, lin.cholesky(p.fac, p.lam), _split(p.lam, sizes), p.value, diagnostics)

@@ -10,18 +10,12 @@ $$
 \\qquad \\mu_n = h_n^\\top m + b_n,\\ \\sigma_n^2 = h_n^\\top S h_n .
 $$
 
-With a Gaussian f = N(μ, Σ) the Gaussian term is
-−½[log det(2πΣ) + (m−μ)ᵀΣ⁻¹(m−μ) + tr(Σ⁻¹S)] (thesis eq. 4.1.1). The bound is
-jointly concave in (m, C) when every φ_n is log-concave, and exact (equal to
-log Z, with q the posterior) when every φ_n is Gaussian.
-
-For a dense prior N(μ, LLᵀ), `GKL(whiten=True)` maximises over w̃ with
-w = μ + L w̃ (thesis appendix B.5): the prior becomes N(0, I), the projections
-H L, and the answer is mapped back as m = μ + L m̃, C = C̃ Lᵀ.
+The bound is jointly concave in (m, C) when every φ_n is log-concave, and equal to log Z (q the
+posterior) when every φ_n is Gaussian. For a dense prior N(μ, LLᵀ), `GKL(whiten=True)` maximises over
+w̃ = L⁻¹(w − μ) (thesis appendix B.5), where the prior is N(0, I).
 """
 
 from __future__ import annotations
-
 
 import equinox as eqx
 import jax
@@ -67,12 +61,9 @@ def bound(params: GaussianParams, model: LatentLinearModel, quadrature: GaussHer
 
 
 def bound_at(q, *args, quadrature: GaussHermite = _DEFAULT_QUADRATURE):
-    """The G-KL bound at any Gaussian: ``bound_at(mean, covariance, model)`` or ``bound_at(posterior, model)``.
-
-    ``covariance`` is a dense ``(D, D)`` matrix or a covariance-family factor; a `Posterior` (from any
-    method, e.g. `vj.LVB`) supplies its mean and factor. Useful to compare methods on one scale: the
-    G-KL bound at the LVB Gaussian is never below the LVB bound (thesis §4.4.1).
-    """
+    """The G-KL bound at any Gaussian: ``bound_at(mean, covariance, model)`` (``covariance`` dense ``(D, D)`` or a
+    covariance-family factor) or ``bound_at(posterior, model)`` (a `Posterior` of any method): methods compared on
+    one scale."""
     if isinstance(q, Posterior):
         (model,) = args
         mean, covariance = q.mean, q.factor
@@ -94,11 +85,8 @@ def curvature(params: GaussianParams, model: LatentLinearModel, quadrature=_DEFA
 
 
 def shrunk_until_finite(params: GaussianParams, objective, max_halvings: int = 60) -> GaussianParams:
-    """``params`` with S scaled by 4⁻ᵏ, for the smallest k ≥ 0 at which ``objective`` is finite.
-
-    Every family's S is quadratic in its trainable leaves (CᵀC, ΘΘᵀ + diag d², …), so halving them
-    quarters S; a site expectation that overflows for a wide q (⟨eˣ⟩ = e^{m + v/2}) is finite for a
-    narrow enough one."""
+    """``params`` with S scaled by 4⁻ᵏ (its trainable leaves halved k times), for the smallest k ≥ 0 at which
+    ``objective`` is finite (a site expectation that overflows for a wide q, ⟨eˣ⟩ = e^{m + v/2})."""
     free, fixed = eqx.partition(params.factor, params.factor.trainable())
 
     def at(t):
@@ -110,9 +98,8 @@ def shrunk_until_finite(params: GaussianParams, objective, max_halvings: int = 6
 
 
 class NaturalParams(eqx.Module):
-    """The state of the natural-parameter G-KL (the full family with log-concave sites): q's mean
-    ``(D,)`` in the model's coordinates and its site precisions λ, one ``(N_g,)`` array per site group,
-    with S⁻¹ = Λ + Σ_g H_gᵀ diag(λ_g) H_g."""
+    """The State of natural-parameter G-KL: q's mean ``(D,)`` and its site precisions λ, one ``(N_g,)`` array per
+    group, with S⁻¹ = Λ + Σ_g H_gᵀ diag(λ_g) H_g."""
 
     mean: jax.Array
     precision: tuple[jax.Array, ...]
@@ -123,30 +110,19 @@ class GKL(AbstractMethod):
 
     **Arguments:**
 
-    - `covariance`: a covariance family (`vj.covariance.Full()` by default; see
-      `vj.covariance` for the constrained families that scale to large D).
-    - `solver`: a `vj.solvers` solver; by default the family's own choice
-      (`NewtonCG()`, preconditioned by the family's structure; `LBFGS()` for the
-      non-concave `FactorAnalysis`).
+    - `covariance`: a covariance family (default `vj.covariance.Full()`).
+    - `solver`: a `vj.solvers` solver (default: `NewtonCG()` preconditioned by the family's structure;
+      `LBFGS()` for the non-concave `FactorAnalysis`).
     - `quadrature`: the rule for site expectations without a closed form.
     - `whiten`: change of basis w = μ + L w̃ for dense priors (full covariance only).
     - `tol`, `max_iter`: the stopping decrement (default 1e-10) and iteration cap (default 200) of the
-      natural-parameter ascent, and of the default `NewtonCG` of a concave family; a `solver` given
-      has its own.
+      natural-parameter ascent and of the default `NewtonCG`.
 
-    ``vj.infer(model, vj.GKL())`` returns a `Posterior` whose ``log_z`` is the bound
-    (a lower bound on log Z) at the q it returns. Without ``init`` the fit starts from the Laplace
-    approximation (`vijax.start.expand_at_mode`), never from the prior.
-
-    **Which algorithm.** With the full family, no `solver` given and log-concave sites (logistic,
-    probit, Poisson, Laplace, Gaussian, ...), the fit is natural-parameter ascent: q is searched in
-    the form the optimum has, S⁻¹ = Λ + Σ_g H_gᵀ diag(λ_g) H_g, over (m, λ), D + N numbers, with one
-    D × D (N > D) or N × N (N ≤ D: GP models, wide data) factorisation a step; see
-    `vijax.methods._gkl_natural`. Its State is `NaturalParams` (m, λ), and its start the shared
-    site expansion (λ = the Laplace approximation's site precisions). Otherwise (another family, a
-    `solver` given, or sites that are not log-concave) the bound is maximised over (m, C) by the
-    solver; the State is `GaussianParams`, started from the family's fit to the Laplace curvature
-    (found matrix-free for every family but `Full`). Both reach the same optimum.
+    ``log_z`` is the bound (≤ log Z) at the q returned. The fit starts from the Laplace approximation
+    (`vijax.start.expand_at_mode`). With the full family, no `solver` and log-concave sites it is
+    natural-parameter ascent over (m, λ), S⁻¹ = Λ + Σ_g H_gᵀ diag(λ_g) H_g (`vijax.methods._gkl_natural`;
+    State `NaturalParams`); otherwise the solver maximises over (m, C) (State `GaussianParams`). Both
+    reach the same optimum.
     """
 
     covariance: AbstractCovariance = Full()
@@ -155,11 +131,6 @@ class GKL(AbstractMethod):
     whiten: bool = eqx.field(static=True, default=True)
     tol: float = 1e-10
     max_iter: int = eqx.field(static=True, default=200)
-
-    def _whitening(self, model):
-        if not (self.whiten and isinstance(self.covariance, Full) and model.prior is not None):
-            return None
-        return model.prior.whitening()
 
     def _solver(self):
         if self.solver is not None:
@@ -190,8 +161,6 @@ class GKL(AbstractMethod):
 
     def _natural(self, model) -> bool:
         return self.solver is None and isinstance(self.covariance, Full) and _gkl_natural.applies(model)
-
-    # ------------------------------------------------------------------------------ the state contract
 
     def start_dense(self, model):
         return None if isinstance(self.covariance, Full) else False
@@ -226,15 +195,14 @@ class GKL(AbstractMethod):
         return (isinstance(state, GaussianParams) and jnp.shape(state.mean) == (model.dim,)
                 and self.covariance.owns(state.factor, model.dim))
 
-    # ------------------------------------------------------------------------------ the fit
-
     def solve(self, model: LatentLinearModel, state) -> Posterior:
         frozen = jax.lax.stop_gradient(model)
         state = jax.lax.stop_gradient(state)
-        if self._natural(frozen):
-            return self._solve_natural(model, frozen, state)
-        whitening = self._whitening(frozen)
+        whitens = self.whiten and isinstance(self.covariance, Full) and frozen.prior is not None
+        whitening = frozen.prior.whitening() if whitens else None
         work_model = whitened(frozen) if whitening is not None else frozen
+        if self._natural(frozen):
+            return self._solve_natural(model, frozen, work_model, whitening, state)
         params = state
         if whitening is not None:
             loc, L = whitening
@@ -263,15 +231,11 @@ class GKL(AbstractMethod):
             loc, L = whitening
             opt = GaussianParams(loc + L @ opt.mean, CholeskyFactor.from_matrix(opt.factor.cholesky() @ L.T))
         opt = jax.lax.stop_gradient(opt)
-        # Envelope theorem: at the optimum ∂B/∂(m, C) = 0, so differentiating the bound with
-        # the parameters frozen gives the derivative of the optimal bound in the model.
-        log_z = bound(opt, model, self.quadrature)
+        log_z = bound(opt, model, self.quadrature)  # at the frozen optimum: the envelope theorem
         diagnostics = Diagnostics.from_solution(sol, method="GKL", solver=type(solver).__name__)
         return Posterior(opt.mean, opt.factor, log_z, diagnostics, model, bound_claim=True, state=opt)
 
-    def _solve_natural(self, model, frozen, state: NaturalParams) -> Posterior:
-        whitening = self._whitening(frozen)
-        work = whitened(frozen) if whitening is not None else frozen
+    def _solve_natural(self, model, frozen, work, whitening, state: NaturalParams) -> Posterior:
         mean = state.mean
         if whitening is not None:
             mean = solve_triangular(whitening[1], mean - whitening[0], lower=True)
@@ -281,8 +245,7 @@ class GKL(AbstractMethod):
             loc, L = whitening
             mean, C = loc + L @ mean, C @ L.T  # S = L S̃ Lᵀ; upper × upper is upper-triangular
         opt = jax.lax.stop_gradient(GaussianParams(mean, CholeskyFactor.from_matrix(C).canonical()))
-        # The bound at the q returned (the fit's own value), differentiable as the bound with the live model
-        # (the envelope theorem): evaluated again only under differentiation.
+        # The fit's own value, differentiable as the bound with the live model (evaluated only under differentiation).
         log_z = computed(out.value, lambda p, m: bound(p, m, self.quadrature), opt, model)
         state = jax.lax.stop_gradient(NaturalParams(opt.mean, out.lam))
         return Posterior(opt.mean, opt.factor, log_z, out.diagnostics, model, bound_claim=True, state=state)

@@ -1,12 +1,7 @@
 """The Laplace approximation: a Gaussian at the mode of the log joint.
 
-For the model p(w) ∝ f(w) ∏_n φ_n(h_nᵀw + b_n), with log joint
-
-$$
-\\ell(w) = \\log f(w) + \\sum_n \\log \\varphi_n(h_n^\\top w + b_n),
-$$
-
-the mode w* = argmax ℓ is found by Newton-CG, and q(w) = N(w*, A⁻¹) with
+For the model p(w) ∝ f(w) ∏_n φ_n(h_nᵀw + b_n), with log joint ℓ(w) = log f(w) + Σ_n log φ_n(h_nᵀw + b_n),
+q(w) = N(w*, A⁻¹) at the mode w* = argmax ℓ, with
 
 $$
 A = -\\nabla^2 \\ell(w^*) = \\Lambda + \\sum_n \\omega_n h_n h_n^\\top,
@@ -15,14 +10,10 @@ A = -\\nabla^2 \\ell(w^*) = \\Lambda + \\sum_n \\omega_n h_n h_n^\\top,
 \\log Z \\approx \\ell(w^*) + \\tfrac D2 \\log 2\\pi - \\tfrac12 \\log\\det A .
 $$
 
-Λ is the precision of f (zero without a Gaussian term). The evidence is exact, and q the
-posterior, when every φ_n is Gaussian. For sites that are not log-concave (Student-t,
-Cauchy) some ω_n are negative, and A need not be positive definite where the solver stopped
-(a saddle, or a stop short of the mode); there the Gauss–Newton curvature, with
-ω_n ← max(ω_n, 0), takes its place, with a reported jitter should it still be singular.
-
-The pure functions `log_joint`, `site_curvatures`, `negative_hessian` and `evidence` take
-(w, model) and are differentiable in both.
+Λ is the precision of f (zero without one); the evidence is exact for Gaussian sites. Where A is
+not positive definite (sites that are not log-concave), the Gauss–Newton curvature (ω_n ← max(ω_n, 0))
+takes its place, with a reported jitter should it still be singular. `log_joint`, `site_curvatures`,
+`negative_hessian` and `evidence` are pure in (w, model).
 """
 
 from __future__ import annotations
@@ -69,30 +60,25 @@ def _precision(model: LatentLinearModel, weights, dtype):
 
 
 def evidence(w, model: LatentLinearModel, gauss_newton=False, jitter=0.0):
-    """The Laplace evidence ℓ(w) + (D/2) log 2π − ½ log det(A + jitter·I) at a mode ``w``.
-
-    NaN where A + jitter·I is not positive definite.
-    """
+    """The Laplace evidence ℓ(w) + (D/2) log 2π − ½ log det(A + jitter·I) at a mode ``w`` (NaN unless A + jitter·I
+    is positive definite)."""
     A = negative_hessian(w, model, gauss_newton)
     factor = Primal.of(A + jitter * jnp.eye(model.dim, dtype=A.dtype))
     return log_joint(w, model) + 0.5 * model.dim * LOG_2PI - 0.5 * factor.logdet()
 
 
 def mode_solver(model: LatentLinearModel, solver: AbstractSolver | None = None) -> AbstractSolver:
-    """``solver``, or the default for ``model``'s mode: `GaussNewton` where every site is log-concave (its
-    Gauss–Newton curvature is then the exact −∇²ℓ, so its steps are Newton's, without Newton-CG's
-    Hessian-vector products to compile), else `NewtonCG` preconditioned by that curvature."""
+    """``solver``, or the default for ``model``'s mode: `GaussNewton` where every site is log-concave (its steps
+    are then Newton's, with no Hessian-vector products to compile), else `NewtonCG`."""
     if solver is not None:
         return solver
     return GaussNewton() if all(bool(g.potential.log_concave) for g in model.sites) else NewtonCG()
 
 
 def curvature_at_mode(mode, model: LatentLinearModel):
-    """The factorisation (a `Primal`) of the curvature A used at ``mode``, whether it is the Gauss–Newton
-    fallback, and the jitter added to it: the exact A = −∇²ℓ where it is positive definite, else the
-    Gauss–Newton curvature A⁺ (ω_n ← max(ω_n, 0)), else A⁺ + jitter·I with the smallest jitter in
-    {10⁻¹⁰s, 10⁻⁹s, …} (s the mean of |diag A⁺|) that works. One loop tries them in turn, so the
-    program forms A and factorises it in one place, from the site curvatures computed once."""
+    """``(factor, fallback, jitter)``: the `Primal` factorisation of the first positive-definite curvature among the
+    exact A = −∇²ℓ, the Gauss–Newton A⁺ and A⁺ + jitter·I, jitter in {10⁻¹⁰s, 10⁻⁹s, …} (s the mean |diag A⁺|),
+    tried in one loop so that A is formed and factorised in one place."""
     dtype = mode.dtype
     omega = site_curvatures(mode, model)
     clipped = tuple(jnp.maximum(w, 0.0) for w in omega)
@@ -142,8 +128,7 @@ class ModeFit(NamedTuple):
 
 
 def fit_mode(model: LatentLinearModel, w0, solver: AbstractSolver) -> ModeFit:
-    """The shared first half of `Laplace` and `MAP`: the mode of the frozen model, searched from ``w0``,
-    and its curvature."""
+    """The mode of the frozen model, searched from ``w0``, and its curvature (shared by `Laplace` and `MAP`)."""
     frozen = jax.lax.stop_gradient(model)
     sol = mode_search(frozen, jax.lax.stop_gradient(w0), solver)
     mode = jax.lax.stop_gradient(sol.x)
@@ -152,21 +137,16 @@ def fit_mode(model: LatentLinearModel, w0, solver: AbstractSolver) -> ModeFit:
 
 
 def differentiable_mode(fit: ModeFit, model: LatentLinearModel):
-    """The mode in value, with the derivative of the mode in the model's hyperparameters θ.
-
-    At the mode ∇ℓ(w*; θ) = 0, so by the implicit function theorem dw*/dθ = A⁻¹ ∂_θ∇ℓ: the
-    derivative of one Newton step A⁻¹ ∇ℓ(w*; θ) from the frozen mode, whose value (≈ 0) is removed.
-    """
+    """The mode, with dw*/dθ = A⁻¹ ∂_θ∇ℓ (implicit function theorem) as the derivative of one Newton step from the
+    frozen mode, whose value (≈ 0) is removed."""
     g = jax.grad(log_joint)(fit.mode, model)
     step = fit.curvature.solve(g)
     return fit.mode + (step - jax.lax.stop_gradient(step))
 
 
 class AbstractModeMethod(AbstractMethod):
-    """What `Laplace` and `MAP` share: their State is a point w, shape ``(D,)``, where the mode search
-    starts (the fit's final State is the mode). The cold start is the Gaussian factor's mean: the fit's
-    own mode search needs no other start (a second one in a start program would double what they
-    compile); another posterior starts from its mean, an expansion at a point from that point."""
+    """`Laplace` and `MAP`: the State is the point ``(D,)`` where the mode search starts (cold: the Gaussian
+    factor's mean, so no second mode search is compiled; from a posterior: its mean)."""
 
     solver: eqx.AbstractVar[AbstractSolver | None]
 
@@ -188,23 +168,13 @@ class Laplace(AbstractModeMethod):
 
     **Arguments:**
 
-    - `solver`: a `vj.solvers` solver for the mode (default `None`: `GaussNewton()` where every
-      site is log-concave, else `NewtonCG()` preconditioned by the Gauss–Newton curvature; see
-      `mode_solver`).
+    - `solver`: a `vj.solvers` solver for the mode (default `None`: see `mode_solver`).
 
-    ``vj.infer(model, vj.Laplace())`` returns a `Posterior` with a full `CholeskyFactor`
-    (S = CᵀC, C upper-triangular) and ``log_z`` = ℓ(w*) + (D/2) log 2π − ½ log det A, an
-    approximation (``is_lower_bound=False``), exact for Gaussian sites. It costs O(D³) per
-    Newton iteration and at the end. A dense prior N(μ, LLᵀ) (a GP prior) is handled in the
-    whitened coordinates w = μ + L w̃, where the curvature I + L̃ᵀWL̃ is well conditioned however
-    ill-conditioned LLᵀ is (the approximation and its evidence do not depend on the basis).
-
-    ``jax.grad`` of ``log_z`` in the model's hyperparameters θ is the total derivative of the
-    Laplace evidence: ℓ(w*) contributes its partial derivative (the envelope theorem, ∇ℓ = 0
-    at w*), and the log-determinant also its dependence through the mode,
-    dw*/dθ = A⁻¹ ∂_θ∇ℓ(w*) (implicit differentiation). Where the exact curvature is not
-    positive definite (``post.diagnostics.info.fallback``) the Gauss–Newton curvature stands in
-    for A throughout, so the evidence and its gradient are those of that approximation.
+    ``vj.infer(model, vj.Laplace())`` returns a full `CholeskyFactor` and ``log_z`` = ℓ(w*) + (D/2) log 2π
+    − ½ log det A (not a bound). A dense prior N(μ, LLᵀ) is handled in the whitened coordinates, where the
+    curvature is well conditioned. ``jax.grad`` of ``log_z`` is the total derivative of the evidence,
+    through the mode by implicit differentiation; where the exact curvature is not positive definite
+    (``post.diagnostics.info.fallback``) that of the Gauss–Newton approximation.
     """
 
     solver: AbstractSolver | None = None
@@ -218,9 +188,7 @@ class Laplace(AbstractModeMethod):
             working = lambda model: model
             mode, factor = fit.mode, fit.factor()
         else:
-            # A dense prior N(μ, LLᵀ) (a GP prior): work in w = μ + L w̃, where the prior is N(0, I) and
-            # the curvature I + L̃ᵀWL̃ stays well conditioned however ill-conditioned LLᵀ is. The
-            # Laplace approximation and its evidence are invariant to this change of basis.
+            # In w = μ + L w̃ the curvature I + L̃ᵀWL̃ stays well conditioned (and the evidence is invariant).
             loc, L = whitening
             working = whitened
             loc0, L0 = jax.lax.stop_gradient((loc, L))

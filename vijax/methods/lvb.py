@@ -16,10 +16,9 @@ $$
 P = \\Lambda + \\sum_n A_n h_n h_n^\\top, \\qquad r = \\eta + \\sum_n (a_n - A_n b_n) h_n
 $$
 
-(thesis eq. 3.8.4 with +½ log det(2πP⁻¹), its constant corrected). B_LVB(ξ) is the G-KL bound with
-each site replaced by its local bound, maximised over q at q_ξ = N(P⁻¹r, P⁻¹), the LVB posterior
-(thesis §4.4.1): the G-KL bound at q_ξ, and the optimal one, dominate it. Local bounds
-(`local_bound`), each with its optimal ξ given q in closed form:
+(thesis eq. 3.8.4, its constant corrected): the G-KL bound with each site replaced by its local bound,
+maximised over q at q_ξ = N(P⁻¹r, P⁻¹), so the G-KL bound at q_ξ dominates it (thesis §4.4.1). Local
+bounds (`local_bound`), each with its optimal ξ given q in closed form:
 
 - `Logistic`: ``bound="jaakkola"`` (`Jaakkola`; Jaakkola & Jordan), λ(ξ) = tanh(ξ/2)/(4ξ),
   ξ_n² = ⟨x_n²⟩_q; ``bound="bohning"`` (`Bohning`; Böhning), curvature ¼, ψ_n = ⟨x_n⟩_q.
@@ -27,8 +26,8 @@ each site replaced by its local bound, maximised over q at q_ξ = N(P⁻¹r, P�
   Laplace, (df + 1)/(df·scale² + ξ²) for Student-t; ξ_n² = ⟨(x_n − loc)²⟩_q.
 - `Gaussian` sites are exact (no ξ); `Masked` ones (`vijax.pad_sites`) are bounded where on (`MaskedBound`).
 
-Alternating q ← q_ξ with these updates is EM (ξ as hyperparameters): B_LVB never decreases. ``xi`` is
-a tuple, one entry per site group: ``(N_g,)`` (ξ, or ψ for Böhning), or None for a `Gaussian` group.
+Alternating q ← q_ξ with these updates is EM: B_LVB never decreases. ``xi`` is a tuple, one entry per
+site group: ``(N_g,)`` (ξ, or ψ for Böhning), or None for a `Gaussian` group.
 """
 
 from __future__ import annotations
@@ -41,13 +40,12 @@ import jax
 import jax.numpy as jnp
 
 from .. import potentials as pot
-from .._linalg import LOG_2PI, pcg, ritz_pairs
+from .._linalg import LOG_2PI, nan_trace, pcg, ritz_pairs
 from ..covariance import CholeskyFactor, DiagonalFactor, SubspaceFactor
 from ..model import LatentLinearModel
 from ..posterior import Diagnostics, LVBInfo, Posterior
-from .._linalg import nan_trace
 from ..solvers import FixedPoint, Status, fixed_point, iterate
-from ._base import AbstractMethod
+from ._base import AbstractMethod, same_shapes
 from ._gaussian import integrate, marginals, precision_operator, working_model
 from ..start import expand_at_mode
 
@@ -58,10 +56,6 @@ BOUNDS = ("jaakkola", "bohning")
 VARIANCES = ("exact", "lanczos")
 _NUM_PROBES = 8  # Rademacher probes for the reported log_z and variance share with Lanczos variances
 _MAX_CG = 5000  # CG steps for the mean with Lanczos variances (stops at a relative residual of 10⁻² √ε)
-
-
-# ----------------------------------------------------------------------------------------------
-# Site bounds
 
 
 class AbstractLocalBound(eqx.Module):
@@ -81,26 +75,20 @@ class AbstractLocalBound(eqx.Module):
         return a * x - 0.5 * A * x**2 + c
 
     def expected(self, mean, var):
-        """max_ξ ⟨a x − ½ A x² + c⟩ = a μ − ½ A (μ² + v) + c at ξ = `update` (μ, v), elementwise.
-        A lower bound on ⟨log φ(x)⟩, x ~ N(``mean``, ``var``), differentiable in both; e.g. `Jaakkola`:
-        log σ(ξ) + (μ − ξ)/2, ξ = √(μ² + v); `Bohning`: log σ(μ) − v/8."""
+        """max_ξ ⟨a x − ½ A x² + c⟩ ≤ ⟨log φ(x)⟩ for x ~ N(``mean``, ``var``), elementwise and differentiable
+        (e.g. `Jaakkola`: log σ(ξ) + (μ − ξ)/2 at ξ = √(μ² + v); `Bohning`: log σ(μ) − v/8)."""
         a, A, c = self.quadratic(self.update(mean, var))
         return a * mean - 0.5 * A * (mean**2 + var) + c
-
-
-def _jaakkola_lambda(xi):
-    """λ(ξ) = tanh(ξ/2)/(4ξ), even in ξ, with its series 1/8 − ξ²/96 near 0."""
-    small = jnp.abs(xi) < 1e-4
-    safe = jnp.where(small, 1.0, xi)
-    return jnp.where(small, 0.125 - xi**2 / 96.0, jnp.tanh(0.5 * safe) / (4.0 * safe))
 
 
 class Jaakkola(AbstractLocalBound):
     """log σ(x) ≥ log σ(ξ) + (x − ξ)/2 − λ(ξ)(x² − ξ²): tight at x = ±ξ."""
 
     def quadratic(self, xi):
-        lam = _jaakkola_lambda(xi)
-        # log σ(ξ) − ξ/2 = −log(2 cosh(ξ/2)), even in ξ.
+        # λ(ξ) = tanh(ξ/2)/(4ξ), even in ξ, by its series 1/8 − ξ²/96 near 0; log σ(ξ) − ξ/2 = −log(2 cosh(ξ/2)).
+        small = jnp.abs(xi) < 1e-4
+        safe = jnp.where(small, 1.0, xi)
+        lam = jnp.where(small, 0.125 - xi**2 / 96.0, jnp.tanh(0.5 * safe) / (4.0 * safe))
         return 0.5 * jnp.ones_like(xi), 2.0 * lam, jax.nn.log_sigmoid(xi) - 0.5 * xi + lam * xi**2
 
     def update(self, mean, var):
@@ -119,19 +107,16 @@ class Bohning(AbstractLocalBound):
 
 
 class ScaleMixture(AbstractLocalBound):
-    """Tangent in y = (x − loc)² of the convex g(y) = log φ(loc + √y): tight at x = loc ± ξ.
-    For `Laplace`, `StudentT`, `Cauchy`: log φ(x) ≥ log φ(loc + ξ) − ½ A(ξ)((x − loc)² − ξ²) with
-    A(ξ) = −(log φ)'(loc + ξ)/ξ, by autodiff of the potential centred at 0 (no cancellation at |loc| ≫ ξ)."""
+    """The tangent in y = (x − loc)² of the convex log φ(loc + √y) (`Laplace`, `StudentT`, `Cauchy`):
+    log φ(x) ≥ log φ(loc + ξ) − ½ A(ξ)((x − loc)² − ξ²), A(ξ) = −(log φ)'(loc + ξ)/ξ, tight at x = loc ± ξ."""
 
     potential: pot.AbstractPotential
 
-    def _centred(self):
-        return eqx.tree_at(lambda p: p.loc, self.potential, jnp.zeros_like(self.potential.loc))
-
     def quadratic(self, xi):
-        centred = self._centred()
+        centred = eqx.tree_at(lambda p: p.loc, self.potential, jnp.zeros_like(self.potential.loc))
         # The bound is valid for every ξ ≠ 0; keep ξ off 0, where A is 0/0 (or ∞ for Laplace).
-        xi = jnp.where(jnp.abs(xi) < _tiny(xi), _tiny(xi), xi)
+        tiny = jnp.finfo(jnp.result_type(xi)).tiny ** 0.25
+        xi = jnp.where(jnp.abs(xi) < tiny, tiny, xi)
         log_phi, slope = jax.jvp(lambda t: centred.log_phi(t), (xi,), (jnp.ones_like(xi),))
         A = -slope / xi
         loc = self.potential.loc
@@ -139,10 +124,6 @@ class ScaleMixture(AbstractLocalBound):
 
     def update(self, mean, var):
         return jnp.sqrt((mean - self.potential.loc) ** 2 + var)
-
-
-def _tiny(x):
-    return jnp.finfo(jnp.result_type(x)).tiny ** 0.25
 
 
 class Exact(AbstractLocalBound):
@@ -187,8 +168,7 @@ def _(potential: pot.Gaussian, bound: str = "jaakkola"):
 
 
 class MaskedBound(AbstractLocalBound):
-    """The bound of a `Masked` potential: ``bound`` where the mask is on, the zero quadratic (log φ̃ = 0)
-    elsewhere, ξ held at 1 there (so masked-out sites add nothing to the fixed-point distance)."""
+    """A `Masked` potential's bound: ``bound`` where the mask is on, else the zero quadratic with ξ held at 1."""
 
     bound: AbstractLocalBound
     mask: jax.Array
@@ -221,29 +201,19 @@ def _site_bounds(model: LatentLinearModel, bound: str):
     return tuple(local_bound(group.potential, bound) for group in model.sites)
 
 
-# ----------------------------------------------------------------------------------------------
-# The bound and its Gaussian
-
-
 def _quadratics(xi, model: LatentLinearModel, bound: str):
     return tuple(site.quadratic(x) for site, x in zip(_site_bounds(model, bound), xi))
 
 
-def _evaluate(xi, model: LatentLinearModel, bound: str):
-    """``(B_LVB(ξ), mean, C)`` with q_ξ = N(mean, CᵀC), C = R⁻¹ from the reversed Cholesky P = R Rᵀ."""
-    return integrate(model, _quadratics(xi, model, bound))
-
-
 def bound(xi, model: LatentLinearModel, bound: str = "jaakkola"):
-    """B_LVB(ξ), the local variational lower bound on log Z (a pure, differentiable scalar function).
-    ``xi`` as in the module docstring; ``bound``: the `Logistic` bound. NaN where P = Λ + Σ A_n h_n h_nᵀ
-    is not positive definite (e.g. no Gaussian factor and too few sites)."""
-    return _evaluate(xi, model, bound)[0]
+    """B_LVB(ξ), the local variational lower bound on log Z (pure, differentiable); ``bound``: the `Logistic`
+    bound. NaN where P is not positive definite (e.g. no Gaussian factor and too few sites)."""
+    return integrate(model, _quadratics(xi, model, bound))[0]
 
 
 def gaussian(xi, model: LatentLinearModel, bound: str = "jaakkola"):
     """The Gaussian q_ξ = N(P⁻¹r, P⁻¹) of the bound at ``xi``: ``(mean, CholeskyFactor)``."""
-    _, mean, C = _evaluate(xi, model, bound)
+    _, mean, C = integrate(model, _quadratics(xi, model, bound))
     return mean, CholeskyFactor.from_matrix(C)
 
 
@@ -264,18 +234,9 @@ def update(xi, model: LatentLinearModel, bound: str = "jaakkola"):
     return _update(model, bound, mean, factor)
 
 
-# ----------------------------------------------------------------------------------------------
-# The method
-
-
 class LVBState(eqx.Module):
-    """What an LVB fit leaves behind (``post.state``), and an ``init`` to start from.
-
-    - `xi`: the site parameters (as `bound`'s ``xi``): they define q_ξ = N(P⁻¹r, P⁻¹) exactly;
-    - `mean`: q's mean ``(D,)`` (the first CG solve's start with ``variances="lanczos"``; zeros cold);
-    - `bound`: the `Logistic` bound ξ parametrises (``"jaakkola"`` or ``"bohning"``).
-
-    Cold and fitted states have one form, so warm-started loops (`vj.design.sequential`) compile once."""
+    """The State of `LVB` (``post.state``): `xi`, the site parameters (as `bound`'s ``xi``; they define q_ξ), `mean`,
+    q's mean ``(D,)`` (where CG starts with ``variances="lanczos"``), and `bound`, the `Logistic` bound."""
 
     xi: tuple
     mean: jax.Array
@@ -287,31 +248,23 @@ class LVB(AbstractMethod):
 
     **Arguments:**
 
-    - `bound`: the `Logistic` bound, ``"jaakkola"`` (default; tighter) or ``"bohning"`` (curvature ¼:
-      P fixed); other sites use `local_bound` (a `ValueError` where there is none: use `vj.GKL`).
+    - `bound`: the `Logistic` bound, ``"jaakkola"`` (default; tighter) or ``"bohning"`` (curvature ¼);
+      other sites use `local_bound` (a `ValueError` where there is none: use `vj.GKL`).
     - `max_iter`: the most points evaluated (default 500; each O(N D² + D³)).
-    - `tol`: stop once ξ is within ``tol`` (default 1e-9) of the fixed point, max_n |ξ_n − ξ*_n|/√V_n,
-      extrapolated from two plain steps as Δ_k r/(1 − r), r = Δ_k/Δ_{k−1} (EM is linear: slow runs are
-      not stopped early), or at steps below rounding (10³ ε). SQUAREM (`vj.solvers.fixed_point`)
-      accelerates, keeping B non-decreasing; as B is stationary in ξ, ``log_z``'s gradient is good to
-      about ``tol``, the bound to ``tol²``.
-    - `variances`: ``"exact"`` (default) forms and factorises P. ``"lanczos"`` never forms P (image-size
-      D, no dense Gaussian factor; thesis §5.4 after glm-ie): warm-started Jacobi-preconditioned CG for
-      the mean, ``num_lanczos`` Lanczos vectors for the variances (`vj.design.lanczos_variances`), which
-      understate each (holding a share ``diagnostics.info.variance_fraction``, `vj.posterior.LVBInfo`, of
-      the total, about k/D for a flat spectrum), so ξ is smaller. ``log_z`` is then an estimate
-      (stochastic Lanczos quadrature; ``is_lower_bound=False``, no gradient), q's covariance a rank-k
-      `SubspaceFactor` (V Θ⁻¹ Vᵀ plus 1/θ_max off the Krylov space; free design solves with P:
-      `covariance_solve`), the run glm-ie's outer loop: plain steps until ‖Δξ‖₂/‖ξ‖₂ ≤ ``tol``
-      (``tol=1e-2``, ``max_iter`` 10–30 for design loops).
+    - `tol`: stop once ξ is within ``tol`` (default 1e-9) of the fixed point in units of q's marginal
+      standard deviations (`vj.solvers.extrapolated_distance`; SQUAREM-accelerated, `vj.solvers.fixed_point`);
+      B is stationary in ξ, so ``log_z``'s gradient is good to about ``tol``, the bound to ``tol²``.
+    - `variances`: ``"exact"`` (default) forms and factorises P; ``"lanczos"`` never does (large D, no dense
+      Gaussian factor; thesis §5.4 after glm-ie): CG for the mean, k Lanczos vectors for the variances
+      (understated: `vj.posterior.LVBInfo`), ``log_z`` an estimate (``is_lower_bound=False``, no gradient),
+      q's covariance a rank-k `SubspaceFactor` (exact solves: `covariance_solve`), plain steps until
+      ‖Δξ‖₂/‖ξ‖₂ ≤ ``tol``.
     - `num_lanczos`: k (default 80, as the thesis); `num_probes`: probes of the quadrature behind
-      ``log_z`` and ``variance_fraction`` (default 8; the first is free, each further k products).
+      ``log_z`` and ``variance_fraction`` (default 8; each after the first costs k products).
 
-    ``vj.infer(model, vj.LVB())`` returns a `Posterior` with q = q_ξ* (a full `CholeskyFactor`,
-    S = P⁻¹) and ``log_z`` = B_LVB(ξ*) ≤ log Z (``is_lower_bound=True``), never above G-KL's; its
-    ``jax.grad`` is the optimised bound's (envelope theorem). The State is an `LVBState`; another
-    method's posterior starts from the ξ of its marginals. ``diagnostics.objective_trace`` holds
-    B_LVB after each step, ``grad_norm`` max |∂B/∂ξ| at the end."""
+    ``vj.infer(model, vj.LVB())`` returns q = q_ξ* (a full `CholeskyFactor`, S = P⁻¹) and ``log_z`` =
+    B_LVB(ξ*) ≤ log Z (``is_lower_bound=True``), differentiable by the envelope theorem;
+    ``diagnostics.grad_norm`` is max |∂B/∂ξ| at the end."""
 
     bound: str = eqx.field(static=True, default="jaakkola")
     max_iter: int = eqx.field(static=True, default=500)
@@ -330,8 +283,7 @@ class LVB(AbstractMethod):
             raise ValueError(f"LVB: `num_probes` must be a positive integer, got {self.num_probes!r}.")
 
     def _iterate(self, xi, model):
-        """Accelerated fixed-point steps (`vj.solvers.fixed_point`); a step needs only q_ξ's marginals
-        (`marginals`: the site form for GP models)."""
+        """SQUAREM-accelerated fixed-point steps; each needs only q_ξ's marginals (`marginals`)."""
         work = working_model(model)
 
         def evaluate(xi):
@@ -351,11 +303,8 @@ class LVB(AbstractMethod):
                            floor=1e3 * float(jnp.finfo(dtype).eps))
 
     def _outer_loops(self, xi, model, v0, mean0=None):
-        """glm-ie's outer loop with Lanczos variances; returns the run and the last mean.
-        Plain steps ξ ← F̂(ξ), at most ``max_iter``, until ‖F̂(ξ) − ξ‖₂/‖ξ‖₂ ≤ ``tol`` (``converged``): F̂'s
-        variances are understated by about k/D (units of their sd would overstate steps √(D/k)-fold) and
-        F̂ is neither monotone nor a contraction (it can oscillate), so no SQUAREM, no extrapolated
-        distance. CG starts from the last mean (``mean0`` first), to `_inner_rtol` (the final one 10⁻² √ε)."""
+        """glm-ie's outer loop: plain steps ξ ← F̂(ξ) until ‖F̂(ξ) − ξ‖₂/‖ξ‖₂ ≤ ``tol``; returns the run and the
+        last mean. F̂ (Lanczos variances) is neither monotone nor a contraction, so no SQUAREM."""
         def step(k, state):
             xi, _, _, trace, mean = state
             value, means, variances, extras = _lanczos_marginals(model, _quadratics(xi, model, self.bound),
@@ -373,9 +322,6 @@ class LVB(AbstractMethod):
         (xi, value, change, trace, mean), k = iterate(step, state, self.max_iter, done=lambda k, s: s[2] <= self.tol)
         return FixedPoint(xi, value, k, change <= self.tol, change, trace), mean
 
-    # The State is an `LVBState`: ξ (which defines q_ξ exactly) and q's mean (the first CG solve's start
-    # with Lanczos variances).
-
     def init_state(self, model) -> LVBState:
         frozen = jax.lax.stop_gradient(model)
         if self.variances == "exact":
@@ -385,9 +331,8 @@ class LVB(AbstractMethod):
         return LVBState(_update(frozen, self.bound, mean, DiagonalFactor(scale)), jnp.zeros_like(mean), self.bound)
 
     def from_expansion(self, model, expansion) -> LVBState:
-        """ξ from the marginals of f ∏ exp(ν_n x_n − ½ τ_n x_n²), the Laplace approximation at the mode.
-        From the Gaussian factor's moments where that q is improper (flat sites, no Gaussian factor), or
-        with ``variances="lanczos"`` (which never forms P)."""
+        """ξ from the Laplace approximation's marginals; from the Gaussian factor's moments where that q is
+        improper, or with ``variances="lanczos"`` (which never forms P)."""
         frozen = jax.lax.stop_gradient(model)
         mean, scale = frozen.initial_moments()
         fallback = _update(frozen, self.bound, mean, DiagonalFactor(scale))
@@ -402,7 +347,11 @@ class LVB(AbstractMethod):
         return LVBState(_update(jax.lax.stop_gradient(model), self.bound, mean, factor), mean, self.bound)
 
     def is_state(self, model, state) -> bool:
-        return _restarts(state, model, self.bound)
+        if not isinstance(state, LVBState) or state.bound != self.bound:
+            return False
+        expected = jax.eval_shape(lambda: _update(model, self.bound, jnp.zeros(model.dim, model.dtype),
+                                                  DiagonalFactor(jnp.ones(model.dim, model.dtype))))
+        return same_shapes(state.xi, expected)
 
     def solve(self, model: LatentLinearModel, state: LVBState) -> Posterior:
         if self.variances == "lanczos":
@@ -411,14 +360,11 @@ class LVB(AbstractMethod):
         xi = jax.lax.stop_gradient(state.xi)
         run = self._iterate(xi, frozen)
         xi, k, converged, trace = run.x, run.evaluations, run.converged, run.trace
-        _, mean, C = _evaluate(xi, frozen, self.bound)
+        _, mean, C = integrate(frozen, _quadratics(xi, frozen, self.bound))
         grad = jax.grad(bound)(xi, frozen, self.bound)
         grad_norm = max((jnp.max(jnp.abs(g)) for g in jax.tree_util.tree_leaves(grad)),
                         default=jnp.zeros((), trace.dtype))
-        # Envelope theorem: ∂B/∂ξ = 0 at the fixed point, so the bound at the frozen ξ* with the live
-        # model has the derivative of the optimal bound in every hyperparameter.
-        log_z = bound(xi, model, self.bound)
-        # Work done: one bound evaluation per point tried (k), one gradient (for grad_norm).
+        log_z = bound(xi, model, self.bound)  # at the frozen ξ*, live model: the envelope theorem
         diagnostics = Diagnostics(iterations=k, status=Status.of(converged, value=run.value),
                                   stationarity=run.distance, grad_norm=grad_norm,
                                   objective_trace=trace, num_value_evals=k, num_grad_evals=1, num_hvp_evals=0,
@@ -443,8 +389,7 @@ class LVB(AbstractMethod):
         quadratics = _quadratics(run.x, frozen, self.bound)
         _, _, _, (mean, theta, V, _, cg, first) = _lanczos_marginals(frozen, quadratics, self.num_lanczos,
                                                                      probes[0], last_mean)
-        # The reported value and captured share from all probes (stochastic Lanczos quadrature, once); the
-        # first probe's quadrature is that last Lanczos run's.
+        # The reported value and captured share from all probes; the first probe's is that last Lanczos run's.
         product, r, const = precision_operator(frozen, quadratics)
         k = min(self.num_lanczos, frozen.dim)
         logdet, trace = first
@@ -453,33 +398,19 @@ class LVB(AbstractMethod):
             logdet, trace = (first + rest) / self.num_probes
         value = const + 0.5 * r @ mean + 0.5 * frozen.dim * LOG_2PI - 0.5 * logdet
         fraction = jnp.sum(1 / theta) / trace
-        # S ≈ V Θ⁻¹ Vᵀ (the estimate behind the variances) plus, outside the Krylov space, the smallest
-        # variance found, 1/θ_max (S ≽ λ_max(P)⁻¹ I), so that q is proper.
+        # S ≈ V Θ⁻¹ Vᵀ plus, outside the Krylov space, the smallest variance found, 1/θ_max, so that q is proper.
         factor = SubspaceFactor(V, jnp.diag(1 / jnp.sqrt(theta)), 1 / jnp.sqrt(theta[-1]))
-        info = LVBInfo(jnp.asarray(min(self.num_lanczos, frozen.dim)), fraction, cg)
+        info = LVBInfo(jnp.asarray(k), fraction, cg)
         diagnostics = Diagnostics(iterations=run.evaluations, status=Status.of(run.converged, value=run.value),
                                   stationarity=run.distance,
                                   objective_trace=run.trace, num_value_evals=run.evaluations, num_grad_evals=0,
                                   num_hvp_evals=0, method="LVB", solver="fixed_point", info=info)
-        # log_z: B_LVB with ½ log det P from stochastic Lanczos quadrature (one probe): an estimate, not a
-        # bound, and not differentiated in the model's parameters.
         return Posterior(mean, factor, jax.lax.stop_gradient(value), diagnostics, model, bound_claim=False,
                          state=LVBState(run.x, mean, self.bound))
 
 
-def _restarts(state, model, bound) -> bool:
-    """Whether ``state`` (a `Posterior.state`) holds ξ of ``bound`` for ``model``'s site groups."""
-    if not isinstance(state, LVBState) or state.bound != bound:
-        return False
-    expected = jax.eval_shape(lambda: _update(model, bound, jnp.zeros(model.dim, model.dtype),
-                                              DiagonalFactor(jnp.ones(model.dim, model.dtype))))
-    shapes = jax.tree_util.tree_map(jnp.shape, (state.xi, expected))
-    return jax.tree_util.tree_structure(state.xi) == jax.tree_util.tree_structure(expected) and shapes[0] == shapes[1]
-
-
 def _inner_rtol(tol, dtype):
-    """CG's relative residual inside the Lanczos outer loop: 10⁻⁴ · tol (ξ is wanted to a relative ``tol``),
-    never looser than 10⁻⁶ nor tighter than the final solve's 10⁻² √ε."""
+    """CG's relative residual in the outer loop: 10⁻⁴ · tol, within [10⁻² √ε (the final solve's), 10⁻⁶]."""
     tight = 1e-2 * float(jnp.finfo(dtype).eps) ** 0.5
     return jnp.maximum(tight, jnp.minimum(1e-6, 1e-4 * jnp.asarray(tol, dtype)))
 
@@ -497,22 +428,18 @@ def _mean_by_cg(model, quadratics, product, r, rtol, mean0=None):
 
 
 def _jacobi(model, quadratics, dtype):
-    """v ↦ diag(P)⁻¹ v with diag(P) ⊇ Σ_n A_n h_n² from the projections' ``squared_rmv`` (the site weights A_n
-    of a sparse model spread over orders of magnitude, which the diagonal absorbs)."""
+    """v ↦ D⁻¹ v, D = Σ_n A_n h_n² (the sites' part of diag P, which absorbs A_n's spread in magnitude)."""
     diagonal = jnp.zeros(model.dim, dtype)
     for group, (_, A, _) in zip(model.sites, quadratics):
         diagonal = diagonal + group.projection.squared_rmv(jnp.broadcast_to(A, (group.num_sites,)).astype(dtype))
-    # A Gaussian factor's own diagonal is not added (any positive diagonal is a valid preconditioner);
-    # coordinates the sites do not reach keep a unit scale.
+    # Coordinates the sites do not reach keep a unit scale.
     inverse = jnp.where(diagonal > 0, 1.0 / jnp.where(diagonal > 0, diagonal, 1.0), 1.0)
     return lambda v: inverse * v
 
 
 def covariance_solve(post: Posterior, rtol: float = 1e-6):
-    """V ↦ S V (V ``(D,)`` or ``(D, K)``) for an LVB posterior's exact covariance S = P⁻¹.
-    By Jacobi-preconditioned CG with P = Λ + Σ_n A_n(ξ) h_n h_nᵀ (``post.state``; never formed), to
-    ‖v − P x‖ ≤ ``rtol`` ‖v‖. With ``variances="lanczos"`` ``post.factor`` holds S's leading eigenvectors
-    (P's smallest) poorly; solves hold them exactly, one CG run a product (`vj.design.free_design`)."""
+    """V ↦ S V (V ``(D,)`` or ``(D, K)``) for an LVB posterior's exact covariance S = P⁻¹, by Jacobi-preconditioned
+    CG on P = Λ + Σ_n A_n(ξ) h_n h_nᵀ (never formed) to ‖v − P x‖ ≤ ``rtol`` ‖v‖ (`vj.design.free_design`)."""
     state = post.state
     if not isinstance(state, LVBState):
         raise ValueError("lvb.covariance_solve: `post` must be a vj.LVB fit (its `state` an LVBState), got a "
@@ -529,8 +456,7 @@ def covariance_solve(post: Posterior, rtol: float = 1e-6):
 
 
 def _quadrature(product, v, k):
-    """vᵀ log(P) v and vᵀ P⁻¹ v by k-point Gauss quadrature (`ritz_pairs`): for a Rademacher v, unbiased
-    estimates of log det P and tr P⁻¹ (Hutchinson) up to the quadrature's error."""
+    """vᵀ log(P) v and vᵀ P⁻¹ v by k-point Lanczos quadrature: for a Rademacher v, estimates of log det P, tr P⁻¹."""
     theta, _, weights = ritz_pairs(product, v, k)
     return _quadrature_sums(theta, weights, v)
 
@@ -542,12 +468,10 @@ def _quadrature_sums(theta, weights, v):
 
 
 def _lanczos_marginals(model, quadratics, num_lanczos, v0, mean0=None, rtol=None):
-    """``(value, means, variances, extras)`` of the integral with P never formed (variances="lanczos").
-    The mean m = P⁻¹ r by CG (`precision_operator`, `_jacobi`) from ``mean0`` (the last outer loop's or
-    fit's) to ‖r − P m‖ ≤ rtol ‖r‖ (default 10⁻² √ε); V̂_n = Σ_k (h_nᵀ u_k)² / θ_k ≤ h_nᵀ P⁻¹ h_n from k
-    Lanczos vectors started at ``v0`` (`lanczos_variances`; as Seeger & Nickisch: smaller variances,
-    smaller ξ, a conservative outer loop); log det P ≈ ‖v0‖² Σ_k ω_k log θ_k (`ritz_pairs`); extras =
-    (m, θ (k,) ascending, Ritz vectors (D, k), share of tr P⁻¹ captured, CG steps, v0's `_quadrature`)."""
+    """``(value, means, variances, extras)`` of the integral with P never formed: m = P⁻¹ r by CG from ``mean0`` to
+    ‖r − P m‖ ≤ rtol ‖r‖ (default 10⁻² √ε); V̂_n = Σ_k (h_nᵀ u_k)² / θ_k ≤ h_nᵀ P⁻¹ h_n from k Lanczos vectors
+    started at ``v0``; extras = (m, θ (k,) ascending, Ritz vectors (D, k), share of tr P⁻¹ captured, CG steps,
+    v0's `_quadrature`)."""
     product, r, const = precision_operator(model, quadratics)
     dtype, d = model.dtype, model.dim
     rtol = 1e-2 * float(jnp.finfo(dtype).eps) ** 0.5 if rtol is None else rtol

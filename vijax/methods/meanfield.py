@@ -5,31 +5,24 @@ $$
 + \\sum_n \\langle \\log \\varphi_n(h_n^\\top w + b_n)\\rangle .
 $$
 
-**One site per coordinate (H = I) with a Gaussian term f = N(μ, Λ⁻¹): free-form factors.** The
-optimal factor given the others is the tilted density
+**Free-form factors** (one site per coordinate, H = I, and f = N(μ, Λ⁻¹)): the optimal factor given the
+others is the tilted density
 
 $$
 q(w_k) = \\varphi_k(w_k + b_k)\\, \\mathcal N(w_k \\mid c_k, v_k) / Z_k, \\qquad
 v_k = 1/\\Lambda_{kk},\\quad c_k = m_k - [\\Lambda(m - \\mu)]_k / \\Lambda_{kk}
 $$
 
-(m the factors' means; the thesis's printed sign of the cross term is corrected, see the research
-errata), found by asynchronous coordinate ascent, which never lowers the bound. Z_k = ⟨φ_k⟩ under
-N(c_k, v_k), the factor's mean m_k and variance s_k are the tilted moments EP also uses
-(`AbstractPotential.tilted_moments`: closed forms, or a rule that resolves the potential's peaks). For any
-(c, v) the bound is then, exactly,
+(m the factors' means; the thesis's sign of the cross term corrected), found by coordinate ascent.
+With Z_k, m_k, s_k the tilted moments EP also uses (`AbstractPotential.tilted_moments`), the bound is
 
 $$
 \\mathcal B_{\\rm MF} = \\sum_k \\Big[\\log Z_k + \\tfrac12 \\log 2\\pi v_k
 + \\frac{s_k + (m_k - c_k)^2}{2 v_k}\\Big] + \\log f(m) - \\tfrac12 \\sum_k \\Lambda_{kk} s_k .
 $$
 
-The factors are not Gaussian; the `Posterior` holds their means and variances (a `DiagonalFactor`).
-
-**Any other model: Gaussian factors.** Restricted to q(w_d) = N(m_d, c_d²) the bound is the G-KL
-bound with a diagonal covariance, tractable for any H (each site needs only the Gaussian marginal
-of h_nᵀw), maximised by `vj.GKL(covariance=vj.covariance.Diagonal())`. For H = I it is below the
-free-form bound, with equality when the sites are Gaussian.
+**Any other model: Gaussian factors** q(w_d) = N(m_d, c_d²): the G-KL bound with a diagonal
+covariance (`vj.GKL(covariance=vj.covariance.Diagonal())`), below the free-form one for H = I.
 """
 
 from __future__ import annotations
@@ -60,12 +53,8 @@ def free_form_applies(model: LatentLinearModel) -> bool:
 
 
 def factor_moments(c, v, model: LatentLinearModel, quadrature: GaussHermite = GaussHermite()):
-    """(log Z, mean, variance) of every tilted factor φ_k(w_k + b_k) N(w_k | c_k, v_k) / Z_k, each ``(D,)``.
-
-    These are EP's tilted moments (`AbstractPotential.tilted_moments`, in x = w + b): closed forms where
-    the potential has them, else the windowed rule that resolves a peak of φ narrower than N(c_k, v_k),
-    which a plain Gauss–Hermite rule for log Z_k and its derivatives would miss. (``quadrature`` is
-    not used; it is kept for the signature's sake.)"""
+    """(log Z, mean, variance) of every tilted factor φ_k(w_k + b_k) N(w_k | c_k, v_k) / Z_k, each ``(D,)``: EP's
+    tilted moments (`AbstractPotential.tilted_moments`). ``quadrature`` is not used."""
     group = model.sites[0]
     offset = jnp.broadcast_to(group.offset, c.shape)
     log_z, mean, var = group.potential.tilted_moments(group.project(c), jnp.broadcast_to(v, c.shape), 1.0)
@@ -90,18 +79,14 @@ class MeanField(AbstractMethod):
     - `solver`: for Gaussian factors, a `vj.solvers` solver (default: the diagonal family's,
       `NewtonCG()` with a Jacobi preconditioner).
     - `quadrature`: the rule for expectations without a closed form.
-    - `max_iter`, `tol`: for free-form factors, the most coordinate-ascent sweeps, and the distance
-      of the factors' means from the fixed point, in units of their standard deviations, at which they
-      stop (extrapolated from the last two sweeps, `vj.solvers.extrapolated_distance`: coordinate
-      ascent converges linearly).
-    - `free_form`: use free-form factors when the model allows them (``True``, default) or always
-      Gaussian factors (``False``).
+    - `max_iter`, `tol`: for free-form factors, the most sweeps, and the distance of the factors' means
+      from the fixed point in their standard deviations at which they stop
+      (`vj.solvers.extrapolated_distance`).
+    - `free_form`: use free-form factors when the model allows them (default ``True``).
 
-    ``vj.infer(model, vj.MeanField())`` returns a `Posterior` with the factors' means and variances
-    (a `DiagonalFactor`) and ``log_z`` the mean-field lower bound on log Z, differentiable in the
-    model's hyperparameters (envelope theorem, with the factors' parameters frozen).
-    ``diagnostics.solver`` says which case ran: ``"coordinate_ascent"`` (free form) or the solver's
-    name (Gaussian factors, the same fit as ``vj.GKL(covariance=vj.covariance.Diagonal())``).
+    The `Posterior` holds the factors' means and variances (a `DiagonalFactor`) and ``log_z`` the
+    mean-field lower bound, differentiable by the envelope theorem; ``diagnostics.solver`` is
+    ``"coordinate_ascent"`` (free form) or the solver's name (Gaussian factors).
     """
 
     solver: AbstractSolver | None = None
@@ -119,9 +104,6 @@ class MeanField(AbstractMethod):
 
     def _gaussian(self) -> GKL:
         return GKL(covariance=Diagonal(), solver=self.solver, quadrature=self.quadrature)
-
-    # The State: the factors' means ``(D,)`` for free-form factors; G-KL's `GaussianParams` (a diagonal
-    # factor) for Gaussian factors.
 
     def start_dense(self, model):
         return None if self._free(model) else False
@@ -192,7 +174,6 @@ class MeanField(AbstractMethod):
         c, v = jax.lax.stop_gradient((c, v))
         _, mean, var = factor_moments(c, v, frozen, self.quadrature)
         log_z = bound(c, v, model, self.quadrature)  # live model: the envelope theorem
-        # Work done: the bound once at the start and after every sweep (the sweeps' 1-D tilted moments aside).
         status = Status.of(stationarity <= self.tol, value=trace[sweeps])
         diagnostics = Diagnostics(iterations=sweeps, status=status, stationarity=stationarity,
                                   objective_trace=trace, num_value_evals=sweeps + 1, method="MeanField",
