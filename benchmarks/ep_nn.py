@@ -41,7 +41,8 @@ Writes ``benchmarks/results/ep_nn.{txt,json}``.
 defaults, or ``--damping``, ``--prior-damping``, ``--momentum``; ``--iterations`` at most, default 2000):
 the moment residual every 100 iterations, at the end the residual of each kind of site (activations,
 noise, input-weight priors, their scale sites, positivity of v, output weights), the units alive
-(E v_k > 0.1) and the test RMSE / mean log predictive density. Printed only; earlier runs, with per-kind
+(E v_k > 0.1), q(v) and the test RMSE / mean log predictive density; with several ``--iterations``
+(e.g. ``1500 2000 3000 4000 6000``), one fit stopped at each, to tell a cycle from a drift. Printed only; earlier runs, with per-kind
 damping schedules, are in ``benchmarks/results/ep_nn_convergence.txt``.
 """
 
@@ -189,26 +190,35 @@ def scaling(quick):
 
 
 def convergence(args, data):
-    """``--convergence``: one EP-NN fit's residual trace, each kind of site's residual and the test metrics."""
+    """``--convergence``: EP-NN fits of one problem stopped at each of ``--iterations``: the residual trace, each
+    kind of site's residual, q(v) and the test metrics (a drift shows as q(v) still moving)."""
     Xtr, ytr, Xte, yte, sy = data[args.convergence]
     defaults = vj.nn.NetworkEP()
-    method = vj.nn.NetworkEP(
-        damping=defaults.damping if args.damping is None else args.damping,
-        prior_damping=(defaults.prior_damping if args.prior_damping is None
-                       else None if args.prior_damping.lower() == "none" else float(args.prior_damping)),
-        momentum=defaults.momentum if args.momentum is None else args.momentum, max_iter=args.iterations)
-    print(f"{args.convergence} (n = {len(ytr)}, d = {Xtr.shape[1]}), K = {K}: {method}", flush=True)
-    post, (seconds,) = timed(lambda: vj.infer(vj.nn.TwoLayerNetwork(Xtr, ytr, num_hidden=K), method))
-    d = post.diagnostics
-    trace = np.asarray(d.info.residual_trace)
-    for k in range(100, int(d.iterations) + 1, 100):
-        print(f"  iteration {k:5d}: residual {trace[k]:.3g}")
-    mean, _ = post.predict(Xte)
-    rmse, lpd = metrics(np.asarray(mean), np.asarray(post.log_predictive(Xte, yte)), yte, sy)
-    print(f"stopped at iteration {int(d.iterations)} ({seconds:.0f} s, compilation included), residual "
-          f"{float(d.stationarity):.3g}, converged {bool(d.converged)}; per kind [h activations, p noise, w input-weight "
-          f"priors, s scales, pos positivity, v outputs] {np.array2string(np.asarray(d.info.residuals), precision=2)}; "
-          f"units alive {int(np.sum(np.asarray(post.v_mean[:-1]) > 0.1))}/{K}; test RMSE {rmse:.4f}, LPD {lpd:.4f}")
+    net = vj.nn.TwoLayerNetwork(Xtr, ytr, num_hidden=K)
+    np.set_printoptions(precision=4, linewidth=150)
+    for iterations in args.iterations:
+        method = vj.nn.NetworkEP(
+            damping=defaults.damping if args.damping is None else args.damping,
+            prior_damping=(defaults.prior_damping if args.prior_damping is None
+                           else None if args.prior_damping.lower() == "none" else float(args.prior_damping)),
+            momentum=defaults.momentum if args.momentum is None else args.momentum, max_iter=iterations)
+        print(f"{args.convergence} (n = {len(ytr)}, d = {Xtr.shape[1]}), K = {K}: {method}", flush=True)
+        post, (seconds,) = timed(lambda: vj.infer(net, method))
+        d = post.diagnostics
+        trace = np.asarray(d.info.residual_trace)
+        if len(args.iterations) == 1:
+            for k in range(100, int(d.iterations) + 1, 100):
+                print(f"  iteration {k:5d}: residual {trace[k]:.3g}")
+        mean, _ = post.predict(Xte)
+        rmse, lpd = metrics(np.asarray(mean), np.asarray(post.log_predictive(Xte, yte)), yte, sy)
+        last = trace[max(1, int(d.iterations) - 499):int(d.iterations) + 1]
+        print(f"stopped at iteration {int(d.iterations)} ({seconds:.0f} s, compilation included), residual "
+              f"{float(d.stationarity):.3g} (last 500: {last.min():.3g} to {last.max():.3g}), converged "
+              f"{bool(d.converged)}; per kind [h activations, p noise, w input-weight priors, s scales, pos positivity, "
+              f"v outputs] {' '.join(f'{r:.2e}' for r in np.asarray(d.info.residuals))}; units alive "
+              f"{int(np.sum(np.asarray(post.v_mean[:-1]) > 0.1))}/{K}; test RMSE {rmse:.4f}, LPD {lpd:.4f}\n"
+              f"  E v (v_0 last) {np.asarray(post.v_mean)}\n  sd v {np.sqrt(np.diag(np.asarray(post.v_cov)))}",
+              flush=True)
 
 
 def main():
@@ -220,7 +230,8 @@ def main():
     parser.add_argument("--nuts-budget", default="500,500", help="NUTS warm-up and draws, W,S")
     parser.add_argument("--no-scaling", action="store_true", help="skip the timing runs, leave ep_nn.txt alone")
     parser.add_argument("--convergence", default=None, metavar="PROBLEM", help="EP-NN's convergence on one problem")
-    parser.add_argument("--iterations", type=int, default=2000, help="--convergence: iterations at most")
+    parser.add_argument("--iterations", type=int, nargs="+", default=[2000],
+                        help="--convergence: iterations at most (several: one fit stopped at each)")
     parser.add_argument("--damping", type=float, default=None, help="--convergence: NetworkEP's damping")
     parser.add_argument("--prior-damping", default=None, help="--convergence: NetworkEP's prior_damping (or none)")
     parser.add_argument("--momentum", type=float, default=None, help="--convergence: NetworkEP's momentum")

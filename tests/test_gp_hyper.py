@@ -1,7 +1,6 @@
 """vj.gp.fit_hyperparameters' restarts and bounds: the best run is kept, every step stays in the box, and
 the restarts reuse the first run's programs."""
 
-import jax
 import numpy as np
 import optax
 import pytest
