@@ -128,12 +128,8 @@ def compare(results: Mapping[str, Any], ax: Any = None, xlabel: str = "log Z") -
     """
     ax = _axes(ax)
     labels = list(results)
-    values, bounds = [], []
-    for label in labels:
-        r = results[label]
-        values.append(float(r.log_z) if hasattr(r, "log_z") else float(r))
-        bounds.append(bool(getattr(r, "is_lower_bound", True)))
-    values = np.asarray(values)
+    values = np.asarray([float(r.log_z) if hasattr(r, "log_z") else float(r) for r in results.values()])
+    bounds = [bool(getattr(r, "is_lower_bound", True)) for r in results.values()]
     left = np.nanmin(values) - 0.05 * (np.ptp(values[np.isfinite(values)]) + 1.0) if np.isfinite(values).any() else 0
     y = np.arange(len(labels))
     bars = ax.barh(y, values - left, left=left, color="C0")
