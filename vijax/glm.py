@@ -31,19 +31,9 @@ from .model import GaussianFactor, Identity, LatentLinearModel, Sites
 from .posterior import Mixture, Posterior
 from .quadrature import GaussHermite, safe_sqrt
 
-__all__ = [
-    "logistic_regression",
-    "probit_regression",
-    "poisson_regression",
-    "robust_regression",
-    "linear_regression",
-    "hierarchical_linear",
-    "hierarchical_predict",
-    "signed_labels",
-    "predict_proba",
-    "predict_mean",
-    "log_predictive",
-]
+__all__ = ["logistic_regression", "probit_regression", "poisson_regression", "robust_regression", "linear_regression",
+           "hierarchical_linear", "hierarchical_predict", "signed_labels", "predict_proba", "predict_mean",
+           "log_predictive"]
 
 
 def _design(X, owner, data=True):

@@ -15,21 +15,9 @@ from .gaussian import DenseGaussian, DiagonalGaussian, GaussianFactor, Isotropic
 from .potentials import AbstractPotential
 from .projections import AbstractProjection, Dense, Identity, ScaledIdentity, Sparse, as_projection
 
-__all__ = [
-    "GaussianFactor",
-    "IsotropicGaussian",
-    "DiagonalGaussian",
-    "DenseGaussian",
-    "NaturalGaussian",
-    "AbstractProjection",
-    "Dense",
-    "Sparse",
-    "Identity",
-    "ScaledIdentity",
-    "as_projection",
-    "Sites",
-    "LatentLinearModel",
-]
+__all__ = ["GaussianFactor", "IsotropicGaussian", "DiagonalGaussian", "DenseGaussian", "NaturalGaussian",
+           "AbstractProjection", "Dense", "Sparse", "Identity", "ScaledIdentity", "as_projection", "Sites",
+           "LatentLinearModel"]
 
 
 class Sites(eqx.Module):

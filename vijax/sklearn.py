@@ -41,14 +41,8 @@ from .methods import EP, GKL, LVB, MAP, AbstractMethod, Laplace, MeanField
 from .inference import infer as _infer
 from .padding import pad_sites as _pad_sites
 
-__all__ = [
-    "BayesianLogisticRegression",
-    "BayesianProbitRegression",
-    "BayesianPoissonRegression",
-    "BayesianRobustRegression",
-    "GPClassifier",
-    "GPRegressor",
-]
+__all__ = ["BayesianLogisticRegression", "BayesianProbitRegression", "BayesianPoissonRegression",
+           "BayesianRobustRegression", "GPClassifier", "GPRegressor"]
 
 _METHODS = {"gkl": GKL, "ep": EP, "laplace": Laplace, "map": MAP, "lvb": LVB, "meanfield": MeanField}
 
