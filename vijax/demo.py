@@ -2,14 +2,10 @@
 
 Run ``python -m vijax.demo [--output vijax_demo.png] [--seed 0]``.
 
-The data are scikit-learn's bundled copy (569 tumours, 30 features; nothing is
-downloaded), split 70/30 at random by ``--seed``, standardised with the
-training-set statistics and given an intercept column of ones. The prior is
-N(0, I). Each method is compiled ahead of time (the programs are traced one after
-another and compiled in parallel threads, one per core; the compile time is
-reported in its own column), then run once and timed. The plot shows the posterior
-coefficients under the full and the diagonal covariance family and the bound
-per solver iteration.
+The data are scikit-learn's bundled copy (569 tumours, 30 features), split 70/30 by ``--seed``,
+standardised with the training statistics, with an intercept column; the prior is N(0, I). Each
+method is compiled ahead of time (in parallel threads), then run once and timed. The plot shows the
+coefficients under the full and the diagonal covariance family and the bound per solver iteration.
 """
 
 from __future__ import annotations
@@ -103,43 +99,19 @@ def plot(rows, path, feature_names):
     import matplotlib.pyplot as plt
 
     fig, (left, middle, right) = plt.subplots(1, 3, figsize=(17, 5), gridspec_kw=dict(width_ratios=[1.6, 1, 1]))
-
     by_name = {r["name"]: r for r in rows}
-    panel = [by_name[n] for n in COEFFICIENT_PANEL if n in by_name]
-    offsets = np.linspace(-0.15, 0.15, len(panel)) if len(panel) > 1 else [0.0]
-    for r, offset in zip(panel, offsets):
-        post = r["post"]
-        mean = np.asarray(post.mean)
-        sd = np.sqrt(np.asarray(post.marginals(vj.Identity(mean.shape[0]))[1]))
-        left.errorbar(np.arange(len(mean)) + offset, mean, yerr=2 * sd, fmt="o", ms=3, capsize=2, lw=1,
-                      label=f"{r['name']}  (log Z ≥ {r['log_z']:.1f})")
-    left.axhline(0.0, color="0.7", lw=0.8, zorder=0)
-    left.set_xticks(np.arange(len(feature_names)))
-    left.set_xticklabels(feature_names, rotation=90, fontsize=7)
-    left.set_ylabel("posterior mean ± 2 sd")
+    panel = {f"{n}  (log Z ≥ {by_name[n]['log_z']:.1f})": by_name[n]["post"]
+             for n in COEFFICIENT_PANEL if n in by_name}
+    vj.plot.coefficients(panel, names=feature_names, ax=left)
     left.set_title("q(w): full vs diagonal covariance")
-    left.legend(fontsize=8, loc="upper left")
-
     # Only bounds share an axis: other methods' objectives are not comparable.
-    traced = [r for r in rows if r["lower_bound"]]
-    best = max(r["log_z"] for r in traced)
-    for r in traced:
-        trace = np.asarray(r["post"].diagnostics.objective_trace)
-        trace = trace[np.isfinite(trace)]
-        k = np.arange(len(trace))
-        middle.plot(k, trace, marker=".", label=r["name"])
-        gap = trace - trace[-1]
-        right.semilogy(k[:-1], np.maximum(-gap[:-1], 1e-16), marker=".", label=r["name"])
+    bounds = {r["name"]: r["post"] for r in rows if r["lower_bound"]}
+    vj.plot.convergence(bounds, ax=middle)
+    vj.plot.convergence(bounds, ax=right, gap=True)
+    best = max(float(post.log_z) for post in bounds.values())
     middle.set_ylim(best - 40, best + 4)
-    middle.set_xlabel("solver iteration")
-    middle.set_ylabel("G-KL bound on log Z")
-    middle.set_title("bound per iteration")
-    middle.legend(fontsize=8, loc="lower right")
-    right.set_xlabel("solver iteration")
-    right.set_ylabel("final bound − bound")
-    right.set_title("convergence to each fit's own optimum")
-    right.legend(fontsize=8, loc="upper right")
-
+    middle.set(xlabel="solver iteration", ylabel="G-KL bound on log Z", title="bound per iteration")
+    right.set(xlabel="solver iteration", ylabel="final bound − bound", title="convergence to each fit's own optimum")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

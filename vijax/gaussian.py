@@ -1,14 +1,9 @@
 """Gaussian factors exp(−½ wᵀΛw + ηᵀw + c): the Gaussian term of a latent linear model.
 
-`GaussianFactor` is the abstract base and the home of the constructors (``isotropic``, ``diagonal``,
-``dense``, ``precision``, ``linear_gaussian``); each returns the concrete form whose algebra is
-cheapest: `IsotropicGaussian`, `DiagonalGaussian`, `DenseGaussian` or `NaturalGaussian`.
-
-The constructors store their parameters as strongly typed arrays of one floating dtype: the promoted
-dtype of the arrays passed (``dense(mean, cov)`` with a float32 ``cov`` is float32), else
-``jnp.result_type(float)`` (``isotropic(dim, variance=1.0)``: float64 where x64 is enabled), so an
-optimiser's update of a prior variance never changes its type. A `vj.LatentLinearModel` gives its
-Gaussian factor the dtype of its site projections.
+`GaussianFactor`'s constructors return the concrete form whose algebra is cheapest (`IsotropicGaussian`,
+`DiagonalGaussian`, `DenseGaussian`, `NaturalGaussian`), its parameters strongly typed arrays of the promoted
+dtype of the arrays passed, else ``jnp.result_type(float)``, so an optimiser's update never changes their type
+(a `vj.LatentLinearModel` casts its factor to the dtype of its site projections).
 """
 
 from __future__ import annotations
@@ -31,15 +26,14 @@ __all__ = ["GaussianFactor", "IsotropicGaussian", "DiagonalGaussian", "DenseGaus
 class GaussianFactor(eqx.Module):
     """A Gaussian term exp(−½ wᵀΛw + ηᵀw + c) of the target.
 
-    Build it with one of the constructors; each returns the concrete form whose
-    algebra is cheapest:
+    Build it with one of the constructors:
 
     - `GaussianFactor.isotropic(dim, variance, mean=0)` — N(w | μ, v I);
     - `GaussianFactor.diagonal(variance, mean=0)` — N(w | μ, diag(v));
     - `GaussianFactor.dense(mean, cov)` — N(w | μ, Σ), Σ positive definite;
     - `GaussianFactor.precision(mean, prec)` — N(w | μ, Λ⁻¹), Λ positive definite;
-    - `GaussianFactor.linear_gaussian(M, y, noise_variance)` — the likelihood
-      N(y | M w, ν² I) as a function of w (its precision MᵀM/ν² may be singular).
+    - `GaussianFactor.linear_gaussian(M, y, noise_variance)` — N(y | M w, ν² I) as a
+      function of w (its precision MᵀM/ν² may be singular).
     """
 
     # Whether Λ is diagonal, so that tr(ΛS) needs only diag(S).

@@ -12,10 +12,9 @@ of X, shape ``(N, D)`` (add a column of ones for an intercept):
 | `linear_regression` | N(y_n \\| x_nᵀw, noise_scale²) (conjugate) | x_n |
 
 `hierarchical_linear` builds a `vj.hierarchical.HierarchicalModel` (uncertain prior scales and noise variance,
-fitted by `vj.methods.ep_hyper.HierarchicalEP`). Data and parameters (``y``, ``prior_variance``, ``scale``, ``df``,
-``offset``) are strongly typed arrays of X's floating dtype (integer X: ``jnp.result_type(float)``): a float32 X
-gives a float32 model, and a jitted loop updating a parameter compiles once. Predictive quantities integrate the
-site potential over q's 1-D Gaussian marginal of x_*ᵀw, in closed form or by quadrature.
+fitted by `vj.methods.ep_hyper.HierarchicalEP`). Data and parameters take X's floating dtype, strongly typed (so
+a jitted loop updating a parameter compiles once). Predictives integrate the site potential over q's 1-D marginal
+of x_*ᵀw, in closed form or by quadrature; each also takes a `vj.posterior.Mixture` over hyperparameters.
 """
 
 from __future__ import annotations
@@ -32,19 +31,9 @@ from .model import GaussianFactor, Identity, LatentLinearModel, Sites
 from .posterior import Mixture, Posterior
 from .quadrature import GaussHermite, safe_sqrt
 
-__all__ = [
-    "logistic_regression",
-    "probit_regression",
-    "poisson_regression",
-    "robust_regression",
-    "linear_regression",
-    "hierarchical_linear",
-    "hierarchical_predict",
-    "signed_labels",
-    "predict_proba",
-    "predict_mean",
-    "log_predictive",
-]
+__all__ = ["logistic_regression", "probit_regression", "poisson_regression", "robust_regression", "linear_regression",
+           "hierarchical_linear", "hierarchical_predict", "signed_labels", "predict_proba", "predict_mean",
+           "log_predictive"]
 
 
 def _design(X, owner, data=True):
@@ -72,7 +61,7 @@ def signed_labels(y: ArrayLike, owner: str = "signed_labels") -> jax.Array:
         owner: the function named in the error message.
 
     Returns:
-        The labels as ±1 floats, shape ``(N,)``.
+        ±1 floats, shape ``(N,)``.
     """
     if _checks.is_concrete(y):
         values = set(np.unique(np.asarray(y)).tolist())
@@ -102,8 +91,7 @@ def logistic_regression(X: ArrayLike, y: ArrayLike, prior_variance: ArrayLike = 
     Args:
         X: covariates, shape ``(N, D)`` (add a column of ones for an intercept).
         y: labels, shape ``(N,)``, all in {0, 1} or all in {−1, +1}.
-        prior_variance: v > 0, each weight's prior variance (may be traced, e.g. for ML-II by ``jax.grad`` of
-            ``vj.infer(...).log_z``).
+        prior_variance: v > 0, each weight's prior variance (may be traced, e.g. for ML-II).
 
     Returns:
         A ``LatentLinearModel`` with one ``Logistic`` site group on H = diag(y) X.
@@ -237,11 +225,9 @@ def hierarchical_linear(X, y, groups="ard", scale_prior=(0.0, 4.0), noise_prior=
         if set(np.unique(labels).tolist()) != set(range(labels.max() + 1)):
             raise ValueError(f"{owner}: group labels must be 0..G-1 with every group used; got {np.unique(labels)}.")
     G = int(labels.max()) + 1
-    means = [jnp.ravel(jnp.asarray(noise_prior[0], X.dtype))]
-    vars_ = [jnp.ravel(jnp.asarray(noise_prior[1], X.dtype))]
-    means.append(jnp.broadcast_to(jnp.asarray(scale_prior[0], X.dtype), (G,)))
-    vars_.append(jnp.broadcast_to(jnp.asarray(scale_prior[1], X.dtype), (G,)))
-    if means[0].shape != (1,) or vars_[0].shape != (1,):
+    noise_mean, noise_var = (jnp.ravel(jnp.asarray(p, X.dtype)) for p in noise_prior)
+    scale_mean, scale_var = (jnp.broadcast_to(jnp.asarray(p, X.dtype), (G,)) for p in scale_prior)
+    if noise_mean.shape != (1,) or noise_var.shape != (1,):
         raise ValueError(f"{owner}: `noise_prior` must be a pair of scalars (mean, variance) of log σ².")
     names = ("log noise variance",) + tuple(f"log scale {g}" for g in range(G))
     if df is None:
@@ -253,7 +239,7 @@ def hierarchical_linear(X, y, groups="ard", scale_prior=(0.0, 4.0), noise_prior=
         likelihood = potentials.StudentT(df=jnp.asarray(df, X.dtype), loc=y)
     sites = (Sites(X, likelihood), Sites(Identity(D), potentials.Gaussian(loc=jnp.zeros(D, X.dtype))))
     return HierarchicalModel(sites, (np.zeros(X.shape[0], int), jnp.asarray(labels + 1)),
-                             jnp.concatenate(means), jnp.concatenate(vars_), names)
+                             jnp.concatenate([noise_mean, scale_mean]), jnp.concatenate([noise_var, scale_var]), names)
 
 
 def hierarchical_predict(post, X_test, y_test=None, quadrature=GaussHermite()):
@@ -278,15 +264,11 @@ def hierarchical_predict(post, X_test, y_test=None, quadrature=GaussHermite()):
     return mean, var + noise, lp
 
 
-def _single_group(post, owner):
+def _site_potential(post, owner):
+    """The GLM's one site potential, for new data: a padded model's (`vj.pad_sites`) without its mask."""
     if len(post.model.sites) != 1:
         raise ValueError(f"{owner}: expects a GLM posterior (one site group); got {len(post.model.sites)} groups.")
-    return post.model.sites[0]
-
-
-def _site_potential(group):
-    """The group's potential for new data: a padded model's (`vj.pad_sites`) without its mask."""
-    potential = group.potential
+    potential = post.model.sites[0].potential
     return potential.potential if isinstance(potential, potentials.Masked) else potential
 
 
@@ -307,7 +289,7 @@ def predict_proba(post: Posterior | Mixture, X_test: ArrayLike,
     owner = "predict_proba"
     if isinstance(post, Mixture):
         return post.mix(predict_proba, X_test, quadrature)
-    potential = _site_potential(_single_group(post, owner))
+    potential = _site_potential(post, owner)
     if not potential.labels_in_projection:
         raise ValueError(f"{owner}: needs a binary classification posterior, got a {type(potential).__name__} likelihood.")
     X_test = _design(X_test, owner, data=False)
@@ -333,7 +315,7 @@ def predict_mean(post: Posterior | Mixture, X_test: ArrayLike, offset: ArrayLike
     owner = "predict_mean"
     if isinstance(post, Mixture):
         return post.mix(predict_mean, X_test, offset)
-    potential = _site_potential(_single_group(post, owner))
+    potential = _site_potential(post, owner)
     if potential.labels_in_projection:
         return predict_proba(post, X_test)
     X_test = _design(X_test, owner, data=False)
@@ -371,7 +353,7 @@ def log_predictive(post: Posterior | Mixture, X_test: ArrayLike, y_test: ArrayLi
     owner = "log_predictive"
     if isinstance(post, Mixture):
         return post.mix(log_predictive, X_test, y_test, quadrature, combine="log")
-    potential = _site_potential(_single_group(post, owner))
+    potential = _site_potential(post, owner)
     X_test = _design(X_test, owner, data=False)
     y_test = _targets(y_test, X_test, owner, "y_test")
     if potential.labels_in_projection:

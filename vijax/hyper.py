@@ -1,19 +1,11 @@
-"""Hyperparameters integrated, not optimised: the marginal likelihood as a function, deterministic rules
-(a central composite design, a grid) and NUTS over θ, any vijax method as the inner integral.
+"""Hyperparameters integrated, not optimised, with any vijax method as the inner integral.
 
-A model ``build(theta)`` (a `vj.LatentLinearModel`, e.g. a `vj.gp.model`) depends on hyperparameters θ, an
-unconstrained flat ``(P,)`` array: ``build`` maps it to positive parameters itself (``jnp.exp(theta[0])`` for a
-lengthscale). For each θ a method gives log p̂(y | θ) = ``vj.infer(build(theta), method).log_z`` (EP, Laplace: an
-approximation; G-KL, LVB, mean field: a lower bound), differentiable in θ by the envelope theorem. This module
-
-- wraps it as a function (`marginal`), warm-startable and differentiable;
-- integrates θ against a prior p(θ) = exp(``log_prior(theta)``) by a central composite design or a grid around the
-  mode of log p̂(y | θ) + log p(θ) (`integrate`, after GPstuff's ``gp_ia`` and INLA), or by NUTS (`sample`, with
-  NumPyro); both return a `vj.posterior.Mixture`: points θ_k, weights w_k and the method's fit q_k at each point, one
-  compiled program, so the GP and GLM predictive functions (`vj.gp.predict_proba`, `vj.glm.log_predictive`, …) accept
-  them and return the predictive mixed over θ:
-
-      p(y_* | y) ≈ Σ_k w_k ∫ p(y_* | f_*) q_k(f_*) df_*.
+A model ``build(theta)`` depends on an unconstrained flat ``(P,)`` array θ (``build`` maps it to positive
+parameters itself, e.g. ``jnp.exp``). A method gives log p̂(y | θ) = ``vj.infer(build(theta), method).log_z``,
+differentiable in θ by the envelope theorem: `marginal` wraps it as a function; `integrate` (a central composite
+design or a grid around the mode, after INLA and GPstuff's ``gp_ia``) and `sample` (NUTS, with NumPyro) integrate θ
+against a prior p(θ). Both return a `vj.posterior.Mixture` of points θ_k, weights w_k and fits q_k, which the GP and
+GLM predictive functions accept: p(y_* | y) ≈ Σ_k w_k ∫ p(y_* | f_*) q_k(f_*) df_*.
 """
 
 from __future__ import annotations
@@ -30,7 +22,7 @@ import numpy as np
 from . import _checks
 from .inference import ConvergenceWarning, check_method, infer
 from .methods import AbstractMethod
-from .posterior import Mixture, Posterior
+from .posterior import Mixture, Posterior, _map
 from .solvers import LBFGS
 
 __all__ = ["marginal", "Marginal", "integrate", "Integration", "sample", "Samples", "SamplerInfo",
@@ -40,8 +32,7 @@ MAX_DIM = 6  # the deterministic rules' largest dim θ (a grid or design grows e
 
 
 # ------------------------------------------------------------------------------------------------------------------
-# The inner fits: four compiled programs, each the method's fit inside (a cold fit; the mode search; the gradients
-# for the Hessian; the fits at the design points), all warm-started from one posterior.
+# The inner fits: compiled programs, each warm-started from one posterior.
 
 
 def _log_density(theta, build, method, log_prior, init):
@@ -60,27 +51,15 @@ def _log_prior(log_prior, theta):
     return log_prior(theta)
 
 
-def _map(fn, thetas, batch_size):
-    """``fn`` at each row of ``thetas`` by `jax.lax.map`: one at a time for ``batch_size`` 1, else vmapped within
-    whole batches (the rows padded to a multiple of the batch by repeating the last, the padding dropped after)."""
-    if batch_size == 1:
-        return jax.lax.map(fn, thetas)
-    count = thetas.shape[0]
-    batch = min(batch_size, count)
-    index = jnp.minimum(jnp.arange(-(-count // batch) * batch), count - 1)
-    out = jax.lax.map(fn, thetas[index], batch_size=batch)
-    return jax.tree_util.tree_map(lambda leaf: leaf[:count], out)
-
-
 @eqx.filter_jit
 def _fits(build, method, log_prior, thetas, init, batch_size):
-    """The log densities and fits at the rows of ``thetas``: one program (`_map`)."""
+    """The log densities and fits at the rows of ``thetas``."""
     return _map(lambda th: _log_density(th, build, method, log_prior, init), thetas, batch_size)
 
 
 @eqx.filter_jit
 def _gradients(build, method, log_prior, thetas, init, batch_size):
-    """∇_θ (log p̂ + log p) at the rows of ``thetas`` (envelope gradients), one program (`_map`)."""
+    """∇_θ (log p̂ + log p) at the rows of ``thetas`` (envelope gradients)."""
     return _map(jax.grad(lambda th: _log_density(th, build, method, log_prior, init)[0]), thetas, batch_size)
 
 
@@ -90,10 +69,16 @@ def _mode(build, method, log_prior, theta0, init, solver):
     return solver.maximise(lambda th: _log_density(th, build, method, log_prior, init)[0], theta0)
 
 
-def _check_build(build, owner):
+def _check_args(build, method, log_prior, batch_size, owner):
     if not callable(build):
         raise ValueError(f"{owner}: `build` must be a function theta -> model (e.g. a vj.gp.model), got "
                          f"{type(build).__name__}.")
+    check_method(method, owner)
+    if log_prior is not None and not callable(log_prior):
+        raise ValueError(f"{owner}: `log_prior` must be a function theta -> log p(theta) (a scalar), got "
+                         f"{type(log_prior).__name__}.")
+    if not (isinstance(batch_size, (int, np.integer)) and batch_size >= 1):
+        raise ValueError(f"{owner}: `batch_size` must be a positive integer, got {batch_size!r}.")
 
 
 def _check_theta(theta0, owner, name="theta0"):
@@ -130,13 +115,11 @@ def _start(build, method, log_prior, theta0, owner):
 class Marginal(eqx.Module):
     """θ ↦ log p̂(y | θ), the method's ``log_z`` for ``build(theta)``; made by `marginal`.
 
-    ``m(theta, init=None)`` returns the scalar log p̂(y | θ); ``m.fit(theta, init=None)`` the whole `vj.Posterior`.
-    Both are compiled once per shape of θ and of the model (``build`` and ``method`` are part of the program's key,
-    so keep one ``build`` function rather than a new lambda per call). ``init`` warm-starts the inner fit: None (a
-    cold start), or a previous fit (``m.fit(theta_old)``, any method's `vj.Posterior`, or the method's State); a
-    warm refit from a posterior of this method compiles nothing new. ``jax.grad(m)(theta)`` is the envelope-theorem
-    gradient of the method's objective at its optimum (no differentiation through the inner iterations); `m` also
-    works under `jax.jit` and `jax.vmap`. For G-KL, LVB and mean field log p̂ is a lower bound on log p(y | θ).
+    ``m(theta, init=None)`` is the scalar log p̂(y | θ), ``m.fit(theta, init=None)`` the whole `vj.Posterior`; both
+    compile once per shape (``build`` is part of the program's key: keep one function, not a new lambda per call).
+    ``init`` warm-starts the inner fit: None (cold) or a previous fit or State. ``jax.grad(m)(theta)`` is the
+    envelope-theorem gradient (no differentiation through the inner iterations); `m` works under `jax.jit` and
+    `jax.vmap`. For G-KL, LVB and mean field log p̂ is a lower bound on log p(y | θ).
     """
 
     build: Callable = eqx.field(static=True)
@@ -159,22 +142,15 @@ class Marginal(eqx.Module):
 
 
 def marginal(build: Callable, method: AbstractMethod) -> Marginal:
-    """The log marginal likelihood θ ↦ log p̂(y | θ) = ``vj.infer(build(theta), method).log_z`` as a function.
+    """The log marginal likelihood θ ↦ log p̂(y | θ) = ``vj.infer(build(theta), method).log_z`` as a `Marginal`.
 
     **Arguments:**
 
-    - `build`: ``theta -> model``, θ a flat ``(P,)`` array of unconstrained hyperparameters (the function maps them
-      to the model's positive parameters, e.g. ``jnp.exp``); every θ must give a model of the same structure and
-      shapes.
+    - `build`: ``theta -> model``, θ a flat ``(P,)`` array of unconstrained hyperparameters; every θ must give a
+      model of the same structure and shapes.
     - `method`: any vijax method (`vj.EP()`, `vj.Laplace()`, `vj.GKL()`, …).
-
-    Returns a `Marginal`: ``m(theta, init=None)`` is log p̂(y | θ), differentiable (``jax.grad(m)(theta)``, the
-    envelope theorem), jit-able and vmap-able; ``m.fit(theta, init)`` the posterior, to pass back as ``init`` at a
-    nearby θ.
     """
-    owner = "vj.hyper.marginal"
-    _check_build(build, owner)
-    check_method(method, owner)
+    _check_args(build, method, None, 1, "vj.hyper.marginal")
     return Marginal(build, method)
 
 
@@ -183,19 +159,13 @@ def marginal(build: Callable, method: AbstractMethod) -> Marginal:
 
 
 def ccd_design(dim: int, f0: float = 1.1) -> tuple[np.ndarray, np.ndarray]:
-    """The central composite design in P = ``dim`` whitened coordinates z and its integration weights.
+    """The central composite design in P = ``dim`` whitened coordinates z and its log weights log Δ_k.
 
-    Returns ``(z, log_delta)``, shapes ``(K, P)`` and ``(K,)``. Row 0 is the centre; then the 2P axial points
-    ±f0·√P·e_i; then the two-level factorial points, every coordinate ±f0, so every non-central point lies on the
-    sphere |z| = f0·√P: the full 2^P factorial for P ≤ 4, and for P = 5, 6 the half fraction 2^(P−1) whose last
-    factor is the product of the others (defining relation I = AB…, resolution V and VI). P = 1 has no factorial
-    part (it would repeat the axial points). K = 3, 9, 15, 25, 27, 45 for P = 1, …, 6: the designs of Rue, Martino
-    & Chopin (2009, §6.5) and GPstuff's ``gp_ia``.
-
-    The weights (Rue et al. 2009; GPstuff): Δ_0 = (2π)^{P/2}(1 − 1/f0²) at the centre and
-    Δ_k = (2π)^{P/2} exp(P f0²/2) / ((K − 1) f0²) elsewhere, so that Σ_k Δ_k g(z_k) N(z_k | 0, I) = E[g(z)] for
-    g = 1, z_i and z_i z_j: the rule ∫ f(z) dz ≈ Σ_k Δ_k f(z_k) is exact in mass, mean and covariance for a Gaussian
-    f. ``f0`` must exceed 1 (the centre's weight is positive).
+    Returns ``(z, log_delta)``, shapes ``(K, P)`` and ``(K,)``: the centre, the 2P axial points ±f0·√P·e_i and the
+    factorial points with every coordinate ±f0 (full 2^P for 2 ≤ P ≤ 4, the half fraction 2^(P−1), last factor the
+    product of the others, for P = 5, 6), so K = 3, 9, 15, 25, 27, 45 (Rue, Martino & Chopin 2009, §6.5; GPstuff's
+    ``gp_ia``). Δ_0 = (2π)^{P/2}(1 − 1/f0²) and Δ_k = (2π)^{P/2} exp(P f0²/2) / ((K − 1) f0²) make
+    ∫ f(z) dz ≈ Σ_k Δ_k f(z_k) exact in mass, mean and covariance for a Gaussian f; ``f0`` > 1 keeps Δ_0 positive.
     """
     owner = "vj.hyper.ccd_design"
     if not (isinstance(dim, (int, np.integer)) and 1 <= dim <= MAX_DIM):
@@ -250,57 +220,38 @@ def integrate(build: Callable, method: AbstractMethod, log_prior: Callable, thet
               difference_step: float = 1e-3, solver: LBFGS | None = None, batch_size: int = 1) -> Integration:
     """Integrate the hyperparameters θ by a central composite design or a grid around the mode of p(θ | y).
 
-    With ℓ(θ) = log p̂(y | θ) + log p(θ) (``log_prior(theta)`` a JAX function, up to a constant):
+    With ℓ(θ) = log p̂(y | θ) + log p(θ):
 
-    1. the mode θ̂ = argmax ℓ by `vj.solvers.LBFGS` (envelope gradients; each inner fit warm-started from the fit at
-       ``theta0``);
-    2. the Hessian A = −∇²ℓ(θ̂) by central differences of the envelope gradient, A_:i = −(∇ℓ(θ̂ + h e_i) −
-       ∇ℓ(θ̂ − h e_i))/(2h), symmetrised: the envelope theorem makes the first derivative of log p̂ exact at the
-       inner optimum, but `jax.hessian` of it would miss how the optimum moves with θ, so second derivatives come
-       from differences of first ones (2P gradients, one program);
-    3. whitened coordinates z along A's principal axes: θ = θ̂ + L z with Σ = A⁻¹ = V diag(λ) Vᵀ, L = V diag(√λ);
-    4. the rule's points z_k, the fits at all θ_k in one program, and weights w_k ∝ Δ_k exp(ℓ(θ_k)):
+    1. the mode θ̂ = argmax ℓ by `vj.solvers.LBFGS` on envelope gradients;
+    2. A = −∇²ℓ(θ̂) by central differences of the envelope gradient (2P gradients, symmetrised): `jax.hessian` of
+       log p̂ would miss how the inner optimum moves with θ;
+    3. whitened coordinates along A's principal axes: θ = θ̂ + L z, Σ = A⁻¹ = L Lᵀ;
+    4. the fits at the rule's points θ_k and weights w_k ∝ Δ_k exp(ℓ(θ_k)): ``rule="ccd"`` uses `ccd_design` (exact
+       in the mass and second moments of a Gaussian, so Σ_k Δ_k exp(ℓ(θ_k)) is the Laplace evidence when ℓ is
+       quadratic); ``rule="grid"`` the lattice ``step``·ℤ^P within |z| ≤ ``extent`` with Δ_k = step^P (the midpoint
+       rule; 197 points for P = 2 by default), with a warning if the density at the edge is within e⁻⁴ of its peak.
 
-       - ``rule="ccd"`` (Rue, Martino & Chopin 2009 §6.5; GPstuff's ``gp_ia``): `ccd_design` scaled by f0 (> 1), so
-         the non-central points lie on the sphere |z| = f0·√P, with Δ_0 = (2π)^{P/2}(1 − 1/f0²) at the centre and
-         Δ_k = (2π)^{P/2} exp(P f0²/2) / ((K − 1) f0²) elsewhere: the rule integrates the standard Gaussian's mass
-         and second moments exactly, so ℓ(θ_k) − ℓ(θ̂) + |z_k|²/2 is the correction the design makes to the Gaussian
-         approximation (Σ_k Δ_k exp(ℓ(θ_k)) = exp(ℓ(θ̂))(2π)^{P/2} when ℓ is quadratic: the Laplace evidence);
-       - ``rule="grid"``: z on the lattice ``step``·ℤ^P within the ball |z| ≤ ``extent`` (GPstuff's grid along the
-         principal axes; step 0.5 and extent 4 give 197 points for P = 2), Δ_k = step^P, the midpoint rule. A
-         warning says when the density at the ball's edge is not negligible (within e⁻⁴ of its largest value).
-
-    log_z = ½ log det Σ + log Σ_k Δ_k exp(ℓ(θ_k)) (the Jacobian of θ = θ̂ + L z included); ``mean`` and ``sd`` are
-    the weighted moments of the points. CCD's points and weights are exact for a Gaussian p(θ | y): skewness and
-    heavier tails beyond radius f0·√P are seen only at K points, so its moments of θ are rougher than a grid's.
+    log_z = ½ log det Σ + log Σ_k Δ_k exp(ℓ(θ_k)). CCD sees skewness and tails only at K points, so its moments of θ
+    are rougher than a grid's.
 
     **Arguments:**
 
-    - `build`, `method`: as for `marginal` (θ a flat ``(P,)`` array, P ≤ 6).
-    - `log_prior`: ``theta -> log p(theta)``, a scalar JAX function (unnormalised densities give log_z up to the
-      same constant).
-    - `theta0`: where the mode search starts (``(P,)``).
+    - `build`, `method`: as for `marginal` (P ≤ 6).
+    - `log_prior`: ``theta -> log p(theta)``, a scalar JAX function (unnormalised: log_z up to the same constant).
+    - `theta0`: where the mode search starts (``(P,)``); every inner fit is warm-started from the fit there.
     - `rule`: ``"ccd"`` (default) or ``"grid"``.
     - `f0`: CCD's radius factor (> 1; 1.1 as in INLA and GPstuff). `step`, `extent`, `max_points`: the grid's
       spacing and radius in standard deviations, and the most points it may have.
     - `difference_step`: h of the Hessian's differences, in θ's units.
     - `solver`: the mode search's `vj.solvers.LBFGS` (default ``LBFGS(tol=1e-10, max_iter=200)``).
-    - `batch_size`: the fits at the points are one compiled program that visits them `batch_size` at a time
-      (`jax.lax.map`), vmapped within a batch. The default 1 fits one point after another: under `jax.vmap` a
-      method's data-dependent branches (EP's fallback schedules, a solver's safeguards) run on every lane and
-      every iteration runs until the slowest lane converges, which costs more than it saves for dense fits on a
-      CPU; raise it on an accelerator.
+    - `batch_size`: fits per vmapped batch (`jax.lax.map`). 1 (default) fits one point after another: under
+      `jax.vmap` every lane runs every branch until the slowest converges, which costs more than it saves on a CPU;
+      raise it on an accelerator.
 
-    Returns an `Integration` (a `vj.posterior.Mixture`): pass it to `vj.gp.predict_proba`, `vj.gp.predict`,
-    `vj.gp.log_predictive`, `vj.glm.predict_proba`, `vj.glm.predict_mean` or `vj.glm.log_predictive` for the
-    predictive mixed over θ.
+    Returns an `Integration`, which the GP and GLM predictive functions mix over θ.
     """
     owner = "vj.hyper.integrate"
-    _check_build(build, owner)
-    check_method(method, owner)
-    if not callable(log_prior):
-        raise ValueError(f"{owner}: `log_prior` must be a function theta -> log p(theta) (a scalar), got "
-                         f"{type(log_prior).__name__}.")
+    _check_args(build, method, log_prior, batch_size, owner)
     if rule not in ("ccd", "grid"):
         raise ValueError(f"{owner}: `rule` must be 'ccd' or 'grid', got {rule!r}.")
     theta0 = _check_theta(theta0, owner)
@@ -311,8 +262,6 @@ def integrate(build: Callable, method: AbstractMethod, log_prior: Callable, thet
     if rule == "grid" and not (step > 0 and extent >= step):
         raise ValueError(f"{owner}: the grid needs `step` > 0 and `extent` ≥ `step`, got step={step!r}, "
                          f"extent={extent!r}.")
-    if not (isinstance(batch_size, (int, np.integer)) and batch_size >= 1):
-        raise ValueError(f"{owner}: `batch_size` must be a positive integer, got {batch_size!r}.")
     if not difference_step > 0:
         raise ValueError(f"{owner}: `difference_step` must be positive, got {difference_step!r}.")
     solver = LBFGS(tol=1e-10, max_iter=200) if solver is None else solver
@@ -436,19 +385,15 @@ class Samples(Mixture):
 def sample(build: Callable, method: AbstractMethod, log_prior: Callable, key, num_samples: int, num_warmup: int,
            theta0, *, num_posteriors: int | None = 200, target_accept_prob: float = 0.8,
            dense_mass: bool = True, batch_size: int = 1) -> Samples:
-    """NUTS over θ on log p̂(y | θ) + log p(θ), the latent variables integrated by the method (NumPyro's sampler).
-
-    Each step of the sampler fits the method at θ, warm-started from its fit at ``theta0``, and uses the envelope
-    gradient: HMC over θ with the latent Gaussian integrated out, by any vijax method (Stan's embedded Laplace and
-    BlackJAX's ``laplace_marginal`` use Laplace only). NumPyro is an optional dependency, imported here.
+    """NUTS (NumPyro's, an optional dependency) over θ on log p̂(y | θ) + log p(θ), the latent variables integrated
+    by the method: each step fits it at θ, warm-started from the fit at ``theta0``, and uses the envelope gradient.
 
     **Arguments:**
 
     - `build`, `method`, `log_prior`: as for `integrate`.
     - `key`: a `jax.random` key; `num_samples`, `num_warmup`: draws kept and warm-up (adaptation) steps, one chain.
     - `theta0`: the starting point, ``(P,)`` (e.g. ``vj.hyper.integrate(...).mode``).
-    - `num_posteriors`: the method is fitted at this many draws (evenly thinned; None: every draw), in one program,
-      for the predictive mixture.
+    - `num_posteriors`: the method is fitted at this many draws (evenly thinned; None: every draw) for the mixture.
     - `target_accept_prob`, `dense_mass`: NumPyro's NUTS settings (a dense mass matrix by default: P is small).
     - `batch_size`: as for `integrate`, for the fits at the points.
 
@@ -461,16 +406,10 @@ def sample(build: Callable, method: AbstractMethod, log_prior: Callable, key, nu
     except ImportError:
         raise ImportError(f"{owner} runs NumPyro's NUTS, which is not installed: pip install numpyro "
                           "(vijax's core does not depend on it).") from None
-    _check_build(build, owner)
-    check_method(method, owner)
-    if not callable(log_prior):
-        raise ValueError(f"{owner}: `log_prior` must be a function theta -> log p(theta), got "
-                         f"{type(log_prior).__name__}.")
+    _check_args(build, method, log_prior, batch_size, owner)
     for name, value, least in (("num_samples", num_samples, 1), ("num_warmup", num_warmup, 0)):
         if not (isinstance(value, (int, np.integer)) and value >= least):
             raise ValueError(f"{owner}: `{name}` must be an integer ≥ {least}, got {value!r}.")
-    if not (isinstance(batch_size, (int, np.integer)) and batch_size >= 1):
-        raise ValueError(f"{owner}: `batch_size` must be a positive integer, got {batch_size!r}.")
     if num_posteriors is not None and not (isinstance(num_posteriors, (int, np.integer)) and num_posteriors >= 1):
         raise ValueError(f"{owner}: `num_posteriors` must be a positive integer or None, got {num_posteriors!r}.")
     theta0 = _check_theta(theta0, owner)

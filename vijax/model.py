@@ -1,11 +1,5 @@
-"""The latent linear model p(w) ∝ N(w | μ, Σ) · ∏_n φ_n(h_nᵀ w + b_n).
-
-- `Sites` — a group of site potentials with its projection matrix H (dense,
-  `jax.experimental.sparse.BCOO`, or `Identity`) and an optional offset b.
-- `LatentLinearModel` — a Gaussian factor (or none) and one or more site groups.
-
-The Gaussian factors live in `vijax.gaussian` and the projections in `vijax.projections`; both are
-re-exported here, so ``from vijax.model import GaussianFactor, Dense`` keeps working.
+"""The latent linear model p(w) ∝ N(w | μ, Σ) · ∏_n φ_n(h_nᵀ w + b_n): `Sites` (potentials, their projection H
+and offset b) and `LatentLinearModel`. Re-exports `vijax.gaussian`'s factors and `vijax.projections`.
 """
 
 from __future__ import annotations
@@ -21,21 +15,9 @@ from .gaussian import DenseGaussian, DiagonalGaussian, GaussianFactor, Isotropic
 from .potentials import AbstractPotential
 from .projections import AbstractProjection, Dense, Identity, ScaledIdentity, Sparse, as_projection
 
-__all__ = [
-    "GaussianFactor",
-    "IsotropicGaussian",
-    "DiagonalGaussian",
-    "DenseGaussian",
-    "NaturalGaussian",
-    "AbstractProjection",
-    "Dense",
-    "Sparse",
-    "Identity",
-    "ScaledIdentity",
-    "as_projection",
-    "Sites",
-    "LatentLinearModel",
-]
+__all__ = ["GaussianFactor", "IsotropicGaussian", "DiagonalGaussian", "DenseGaussian", "NaturalGaussian",
+           "AbstractProjection", "Dense", "Sparse", "Identity", "ScaledIdentity", "as_projection", "Sites",
+           "LatentLinearModel"]
 
 
 class Sites(eqx.Module):

@@ -1,41 +1,26 @@
 """Padded site groups: one compiled fit for data sets of nearby sizes.
 
-A jitted fit is compiled for the shapes of its model, so cross-validation folds of unequal size,
-bootstrap samples and a growing data stream compile once per number of sites N. `pad_sites`
-gives every site group a fixed size instead: the real sites followed by padding sites that
-contribute exactly nothing,
+A jitted fit is compiled for the shapes of its model, so folds of unequal size compile once per number
+of sites N. `pad_sites` gives every site group a fixed size N' instead: the real sites, then padding
+sites that contribute exactly nothing,
 
 $$
-p(w) \\propto f(w) \\prod_{n \\le N} \\varphi_n(h_n^\\top w + b_n)
-\\prod_{N < n \\le N'} 1 ,
+p(w) \\propto f(w) \\prod_{n \\le N} \\varphi_n(h_n^\\top w + b_n) \\prod_{N < n \\le N'} 1 ,
 $$
 
-so log Z, the posterior and every method's answer are those of the unpadded model. A padding site
-is a copy of the last real site (its row of H, its offset and its per-site potential parameters)
-whose potential is switched off by a `vijax.potentials.Masked` wrapper: log φ̃_n ≡ 0 for n > N.
-This is data for the shared methods, not a case inside them. Per site, exactly:
-
-- G-KL, mean field: ⟨log φ̃_n⟩ = 0, with zero derivatives in (μ_n, σ_n), so the bound, its
-  gradient and its curvature Σ_n w_n h_n h_nᵀ (w_n = 0) are those of the real sites;
-- Laplace, MAP: log φ̃_n(x) = 0, so the log joint, its gradient and its Hessian are unchanged,
-  and so are the mode and the evidence;
-- EP: the tilted density φ̃_n^η N(x | m, v) is the cavity, moments (0, m, v): a padding site starts
-  at precision 0 (its curvature at the mode) and its moment-matching update keeps it there;
-- LVB: the zero quadratic, with ξ_n fixed.
-
-A padding site copies a real one (rather than being a zero row of H) so that everything evaluated
-at it is a value the real sites already produce: every marginal variance stays positive (EP's
-cavities are formed before any potential is consulted) and nothing non-finite is computed under
-the mask, which matters because reverse-mode derivatives multiply by what sits under a
-`jnp.where`. The mask is a traced array, so every model padded to the same sizes has the same
-pytree structure and shapes, and one ``jax.jit``-compiled fit serves them all::
+so log Z, the posterior and every method's answer are those of the unpadded model. A padding site is a
+copy of the last real site whose potential a `vijax.potentials.Masked` wrapper switches off
+(log φ̃_n ≡ 0): G-KL, mean field, Laplace and MAP see a zero term with zero derivatives, EP's tilted
+density is the cavity (the site stays at precision 0), LVB a zero quadratic. Copying a real site rather
+than using a zero row of H keeps every value computed under the mask finite, which matters because
+reverse-mode derivatives multiply by what sits under a `jnp.where`. The mask is a traced array, so
+models padded to the same sizes share one compiled fit::
 
     fit = jax.jit(lambda m: vj.infer(m, vj.GKL()))
     for X, y in folds:                                    # 90 … 110 training points each
         post = fit(vj.pad_sites(vj.glm.logistic_regression(X, y), 112))   # compiled once
 
-Costs: a fit does the work of N' sites (the padding ones are evaluated, then discarded), so
-buckets a few percent above the largest N cost a few percent of run time.
+A fit does the work of N' sites, so buckets a few percent above the largest N cost a few percent.
 """
 
 from __future__ import annotations
@@ -66,21 +51,14 @@ def pad_sites(model: LatentLinearModel, size=None, *, multiple=None) -> LatentLi
     - `multiple`: pad each group to the next multiple of this (a bucket rule: with ``multiple=16``
       folds of 90 … 110 points land on 96 or 112 sites).
 
-    **Returns:** a `vj.LatentLinearModel` with the same Gaussian factor whose padded groups carry a
-    `vijax.potentials.Masked` potential (True for the N real sites, False for the N' − N padding
-    sites, each a copy of the group's last real site). Every method's ``log_z``, mean, covariance
-    and diagnostics equal those of ``model`` up to rounding, and so do derivatives with respect to
-    the model's parameters; models padded to the same sizes reuse one compiled fit. A group that
-    already has N' sites is wrapped all the same (its mask all True), so that every fold has the
-    same structure.
+    **Returns:** a `vj.LatentLinearModel` whose padded groups carry a `vijax.potentials.Masked`
+    potential (True for the N real sites); every method's answer and its derivatives equal those of
+    ``model`` up to rounding. A group already of size N' is wrapped all the same, so every fold has
+    the same structure.
 
-    Groups with dense or sparse (`BCOO`) H can be padded; a sparse group must be padded outside
-    ``jax.jit`` (its stored entries are a shape), and its padding rows add the last row's entries.
-    Groups on `vj.Identity` or `ScaledIdentity` (one site per latent coordinate, as in GP models)
-    cannot grow without the latent dimension: pass None for them, or an equal size.
-
-    Raises `ValueError` for a size below a group's number of sites, a non-positive size or
-    multiple, both or neither of them, or a group that cannot be padded.
+    Dense and sparse (`BCOO`) groups can be padded, sparse ones outside ``jax.jit`` (their stored
+    entries are a shape). Groups on `vj.Identity` or `ScaledIdentity` (one site per latent
+    coordinate, as in GP models) cannot grow: pass None for them, or an equal size.
     """
     if not isinstance(model, LatentLinearModel):
         raise ValueError(f"{_OWNER}: expected a vj.LatentLinearModel, got {type(model).__name__}.")
@@ -122,7 +100,7 @@ def _target_sizes(model, size, multiple):
     return sizes
 
 
-def _pad_rows(leaf, num_sites, extra):
+def _pad_rows(leaf, extra):
     """A per-site array (shape ``(N,)``, or ``(N, ...)``) with its last row repeated ``extra`` times."""
     if extra == 0:
         return leaf
@@ -143,7 +121,7 @@ def _pad_group(group: Sites, target: int, index: int) -> Sites:
             raise ValueError(f"{_OWNER}: site group {index} has no sites to copy; padding sites are copies of a "
                              "real one.")
         if isinstance(projection, Dense):
-            projection = Dense(_pad_rows(projection.matrix, n, extra))
+            projection = Dense(_pad_rows(projection.matrix, extra))
         elif isinstance(projection, Sparse):
             projection = _pad_sparse(projection.matrix, extra, index)
         else:
@@ -155,7 +133,7 @@ def _pad_group(group: Sites, target: int, index: int) -> Sites:
         mask, potential = jnp.broadcast_to(potential.mask, (n,)), potential.potential
     else:
         mask = jnp.ones((n,), bool)
-    pad = lambda leaf: _pad_rows(leaf, n, extra) if _per_site(leaf, n) else leaf
+    pad = lambda leaf: _pad_rows(leaf, extra) if _per_site(leaf, n) else leaf
     potential = jax.tree_util.tree_map(pad, potential)
     mask = jnp.concatenate([mask, jnp.zeros((extra,), bool)])
     offset = pad(group.offset)

@@ -1,8 +1,7 @@
 """Plots of fits: coefficient intervals, GP predictive bands, convergence traces, method comparison.
 
-Needs matplotlib (``pip install "vijax[plot]"``), imported when a helper is first called; ``import
-vijax`` does not import this module (``vj.plot`` loads it on first access). Every helper draws on
-``ax`` (a new figure's axes when None) and returns the axes, so panels compose::
+Needs matplotlib (``pip install "vijax[plot]"``); ``vj.plot`` loads this module on first access. Every
+helper draws on ``ax`` (a new figure's axes when None) and returns the axes, so panels compose::
 
     fig, (a, b) = plt.subplots(1, 2)
     vj.plot.coefficients({"G-KL": post, "Laplace": lap}, ax=a)
@@ -42,9 +41,6 @@ def coefficients(posteriors: Any, names: Sequence[str] | None = None, ax: Any = 
         names: coefficient names for the x axis (default: their indices).
         ax: matplotlib axes to draw on (default: a new figure).
         width: the half-width of each interval in standard deviations (2 ≈ a 95% interval).
-
-    Returns:
-        The axes.
     """
     ax = _axes(ax)
     fits = _labelled(posteriors)
@@ -76,9 +72,6 @@ def gp_bands(post: Any, X_test: Any, X: Any = None, y: Any = None, ax: Any = Non
         ax: matplotlib axes (default: a new figure).
         width: the band's half-width in standard deviations of f.
         label: the legend label of the mean.
-
-    Returns:
-        The axes.
     """
     ax = _axes(ax)
     X_test = np.asarray(X_test, dtype=float).reshape(-1, 1)
@@ -106,9 +99,6 @@ def convergence(posteriors: Any, ax: Any = None, gap: bool = False) -> Any:
         ax: matplotlib axes (default: a new figure).
         gap: plot final value − value on a log scale (how fast each fit reaches its own optimum)
             instead of the values.
-
-    Returns:
-        The axes.
     """
     ax = _axes(ax)
     for label, fit in _labelled(posteriors).items():
@@ -135,18 +125,11 @@ def compare(results: Mapping[str, Any], ax: Any = None, xlabel: str = "log Z") -
         results: a mapping label -> `vj.Posterior` (its ``log_z``) or label -> number.
         ax: matplotlib axes (default: a new figure).
         xlabel: the quantity's name.
-
-    Returns:
-        The axes.
     """
     ax = _axes(ax)
     labels = list(results)
-    values, bounds = [], []
-    for label in labels:
-        r = results[label]
-        values.append(float(r.log_z) if hasattr(r, "log_z") else float(r))
-        bounds.append(bool(getattr(r, "is_lower_bound", True)))
-    values = np.asarray(values)
+    values = np.asarray([float(r.log_z) if hasattr(r, "log_z") else float(r) for r in results.values()])
+    bounds = [bool(getattr(r, "is_lower_bound", True)) for r in results.values()]
     left = np.nanmin(values) - 0.05 * (np.ptp(values[np.isfinite(values)]) + 1.0) if np.isfinite(values).any() else 0
     y = np.arange(len(labels))
     bars = ax.barh(y, values - left, left=left, color="C0")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import ClassVar
 
 import equinox as eqx
@@ -30,7 +31,7 @@ def _show(x) -> str:
             value = np.asarray(x).item()
             return f"{value:.6g}" if isinstance(value, float) else repr(value)
         return f"{np.dtype(x.dtype).name}{list(np.shape(x))}"
-    if isinstance(x, (EPInfo, LaplaceInfo, LVBInfo, Diagnostics)):
+    if isinstance(x, (_Info, Diagnostics)):
         return repr(x)
     return type(x).__name__
 
@@ -40,7 +41,16 @@ def _fields_repr(obj, names, **shown) -> str:
     return f"{type(obj).__name__}(" + ", ".join(f"{n}={shown.get(n) or _show(getattr(obj, n))}" for n in names) + ")"
 
 
-class EPInfo(eqx.Module):
+class _Info(eqx.Module):
+    """A method's record for `Diagnostics.info`, shown with its fields' values."""
+
+    def __repr__(self):
+        if _traced(self):
+            return super().__repr__()
+        return _fields_repr(self, [field.name for field in dataclasses.fields(self)])
+
+
+class EPInfo(_Info):
     """What expectation propagation reports beyond `Diagnostics` (``post.diagnostics.info``); all scalars.
 
     - `max_change`: the largest site-parameter change in the last iteration, in units of the site's marginal
@@ -55,13 +65,8 @@ class EPInfo(eqx.Module):
     shrunk: jax.Array
     fallback: jax.Array
 
-    def __repr__(self):
-        if _traced(self):
-            return super().__repr__()
-        return _fields_repr(self, ("max_change", "skipped", "shrunk", "fallback"))
 
-
-class LaplaceInfo(eqx.Module):
+class LaplaceInfo(_Info):
     """What `vj.Laplace` and `vj.MAP` report beyond `Diagnostics` (``post.diagnostics.info``); scalars.
 
     - `fallback`: the Hessian at the mode was not negative definite, so the Gauss–Newton curvature stood in; bool.
@@ -70,13 +75,8 @@ class LaplaceInfo(eqx.Module):
     fallback: jax.Array
     jitter: jax.Array
 
-    def __repr__(self):
-        if _traced(self):
-            return super().__repr__()
-        return _fields_repr(self, ("fallback", "jitter"))
 
-
-class LVBInfo(eqx.Module):
+class LVBInfo(_Info):
     """What `vj.LVB` with ``variances="lanczos"`` reports (``post.diagnostics.info``).
 
     - `num_lanczos`: the Lanczos vectors k behind the variance estimates; int.
@@ -88,26 +88,19 @@ class LVBInfo(eqx.Module):
     variance_fraction: jax.Array
     cg_iterations: jax.Array
 
-    def __repr__(self):
-        if _traced(self):
-            return super().__repr__()
-        return _fields_repr(self, ("num_lanczos", "variance_fraction", "cg_iterations"))
-
 
 class Diagnostics(eqx.Module):
     """How a fit went: the fields every method reports, and a method's own record in `info`.
 
-    Keyword-only, e.g. ``Diagnostics(iterations=k, status=vj.Status.of(ok, value=f), objective_trace=trace,
-    method="GKL", solver="NewtonCG", grad_norm=g)``. Every field is a scalar (batched under `vmap`) except
-    `objective_trace`.
+    Keyword-only. Every field is a scalar (batched under `vmap`) except `objective_trace`.
 
     - `iterations` (int): iterations (sweeps, outer steps) done.
     - `status` (int32): why the fit stopped, a `vj.Status` code; ``converged`` (property) is
       ``status == vj.Status.CONVERGED``.
-    - `stationarity`: what convergence was judged by, at the end: the squared Newton decrement
-      gᵀ(−∇²f)⁻¹g ≈ 2 × the remaining gain for solver-based fits (G-KL, Laplace, MAP, Gaussian mean field; last
-      measured, before the final step), ∇Bᵀ(Δm, Δλ) for natural-parameter G-KL, the moment-matching residual for
-      EP, the extrapolated distance from the fixed point for LVB and free-form mean field. NaN (default): unmeasured.
+    - `stationarity`: what convergence was judged by, at the end: the squared Newton decrement gᵀ(−∇²f)⁻¹g for
+      solver-based fits (measured before the final step), ∇Bᵀ(Δm, Δλ) for natural-parameter G-KL, the
+      moment-matching residual for EP, the extrapolated distance from the fixed point for LVB and free-form mean
+      field. NaN (default): unmeasured.
     - `grad_norm`: max |gradient| in the method's parameters at the end; NaN (default) where not measured.
     - `objective_trace`: the objective after each iteration, shape ``(max_iter + 1,)``, NaN-padded.
     - `num_value_evals`, `num_grad_evals`, `num_hvp_evals`: work done, for cost accounting (default 0).
@@ -179,13 +172,11 @@ class Posterior(eqx.Module):
     - `log_z`: the log-evidence estimate, differentiable in the model's hyperparameters: a lower bound on log Z for
       G-KL, mean field and LVB (envelope theorem); an approximation for Laplace; for MAP the log joint at the mode
       (not an evidence estimate).
-    - `is_lower_bound` (property): the method claims a bound (`bound_claim`, static) **and** `log_z` is finite. A
-      Python bool for a concrete `log_z` (usable in ``if``), a bool array of its shape while traced; so a posterior
-      has one pytree structure in or out of `jit` (one compile as a warm start).
+    - `is_lower_bound` (property): the method claims a bound (`bound_claim`, static) **and** `log_z` is finite; a
+      Python bool for a concrete `log_z`, a bool array while traced (one pytree structure in or out of `jit`).
     - `diagnostics`: a `Diagnostics`; `model`: the model fitted (used by predictive functions).
-    - `state`: the method's final State (`vj.EP`: `vj.ep.SiteParams`; `vj.LVB`: `vj.lvb.LVBState`; `vj.GKL`:
-      `NaturalParams` or `GaussianParams`; `vj.Laplace`, `vj.MAP`: the mode): ``method.fit(model, post.state)``
-      restarts where the fit ended.
+    - `state`: the method's final State (e.g. `vj.ep.SiteParams`, `vj.lvb.LVBState`; the mode for `vj.Laplace`):
+      ``method.fit(model, post.state)`` restarts where the fit ended.
     - `defines_log_z` (class attribute): False where the method gives no evidence (`vj.nn.NetworkPosterior`): its
       `log_z` is NaN by definition and `vj.infer` does not warn.
 
@@ -251,13 +242,10 @@ class Posterior(eqx.Module):
             raise ValueError(f"Posterior.summary: mean has shape {np.shape(self.mean)}, a batch of posteriors "
                              "(from vmap); select one first, e.g. jax.tree.map(lambda x: x[0], post).")
         dim = int(np.shape(self.mean)[0])
-        if names is None:
-            names = [f"w[{i}]" for i in range(dim)]
-        else:
-            names = [str(n) for n in names]
-            if len(names) != dim:
-                raise ValueError(f"Posterior.summary: got {len(names)} names for {dim} coordinates; pass one "
-                                 "name per coordinate of the mean, or None.")
+        names = [f"w[{i}]" for i in range(dim)] if names is None else [str(n) for n in names]
+        if len(names) != dim:
+            raise ValueError(f"Posterior.summary: got {len(names)} names for {dim} coordinates; pass one "
+                             "name per coordinate of the mean, or None.")
         mean, std = np.asarray(self.mean), np.asarray(self.std)
         shown = dim if max_rows is None else min(dim, int(max_rows))
         d = self.diagnostics
@@ -294,11 +282,9 @@ class Posterior(eqx.Module):
 class Mixture(eqx.Module):
     """A mixture of posteriors over hyperparameters θ: points θ_k, weights w_k (summing to 1) and the fit q_k at each.
 
-    The base of `vj.hyper.Integration` and `vj.hyper.Samples`. Subclasses hold ``points`` ``(K, P)``, ``weights``
-    ``(K,)`` and ``posteriors``, one `Posterior` whose leaves have a leading axis K (a vmapped fit). The GP and GLM
-    predictive functions accept a mixture and return the mixed predictive through `mix`, the one place where
-    predictives are combined: probabilities and means Σ_k w_k f_k, densities by log Σ_k w_k exp(f_k), and latent
-    moments by the law of total variance, (Σ_k w_k m_k, Σ_k w_k (v_k + (m_k − m̄)²)).
+    The base of `vj.hyper.Integration` and `vj.hyper.Samples`: ``points`` ``(K, P)``, ``weights`` ``(K,)`` and
+    ``posteriors``, one `Posterior` whose leaves have a leading axis K. The GP and GLM predictive functions accept a
+    mixture and combine their predictives through `mix`.
 
     ``mean``, ``sd``: the mean and standard deviation of θ under the weights.
     """
@@ -322,26 +308,33 @@ class Mixture(eqx.Module):
 
         ``combine``: ``"mean"`` (Σ_k w_k f_k: probabilities, predictive means), ``"log"`` (log Σ_k w_k exp(f_k): log
         densities) or ``"moments"`` (``predictive`` returns a mean and a variance; the mixture's mean and variance by
-        the law of total variance). The points are visited in batches of 16 (`jax.lax.map`, vmapped within a batch), one compiled program."""
+        the law of total variance: (Σ_k w_k m_k, Σ_k w_k (v_k + (m_k − m̄)²))). One compiled program, vmapped in
+        batches of 16."""
         if combine not in ("mean", "log", "moments"):
             raise ValueError(f"Mixture.mix: `combine` must be 'mean', 'log' or 'moments', got {combine!r}.")
         return _mixed(predictive, combine, self.posteriors, self.weights, args)
 
 
+def _map(fn, xs, batch_size):
+    """``fn`` over the leading axis of the pytree ``xs`` by `jax.lax.map`, vmapped within whole batches of
+    ``batch_size``: the rows are padded to a multiple of the batch by repeating the last, the padding dropped after
+    (a remainder batch would be a second vmapped copy of ``fn``, which also hung XLA's CPU runtime)."""
+    if batch_size == 1:
+        return jax.lax.map(fn, xs)
+    count = jax.tree_util.tree_leaves(xs)[0].shape[0]
+    batch = min(batch_size, count)
+    index = jnp.minimum(jnp.arange(-(-count // batch) * batch), count - 1)
+    out = jax.lax.map(fn, jax.tree_util.tree_map(lambda leaf: leaf[index], xs), batch_size=batch)
+    return jax.tree_util.tree_map(lambda leaf: leaf[:count], out)
+
+
 @eqx.filter_jit
 def _mixed(predictive, combine, posteriors, weights, args):
-    # Whole batches only: the points padded to a multiple of the batch by repeating the last, with weight 0 (a
-    # remainder batch is a second vmapped copy of the predictive, which also hung XLA's CPU runtime).
-    batch = min(weights.shape[0], 16)
-    size = -(-weights.shape[0] // batch) * batch
-    index = jnp.minimum(jnp.arange(size), weights.shape[0] - 1)
-    posteriors = jax.tree_util.tree_map(lambda leaf: leaf[index], posteriors)
-    weights = jnp.zeros(size, weights.dtype).at[: weights.shape[0]].set(weights)
-    values = jax.lax.map(lambda post: predictive(post, *args), posteriors, batch_size=batch)
+    values = _map(lambda post: predictive(post, *args), posteriors, min(weights.shape[0], 16))
     if combine == "mean":
         return jnp.tensordot(weights, values, axes=1)
     if combine == "log":
-        log_w = jnp.log(weights).reshape((size,) + (1,) * (values.ndim - 1))
+        log_w = jnp.log(weights).reshape(weights.shape + (1,) * (values.ndim - 1))
         return jax.nn.logsumexp(values + log_w, axis=0)
     means, variances = values
     mean = jnp.tensordot(weights, means, axes=1)
@@ -350,10 +343,8 @@ def _mixed(predictive, combine, posteriors, weights, args):
 
 def _bound_flag(claim, log_z):
     """``claim`` that ``log_z`` is a lower bound, withdrawn where ``log_z`` is not finite: a Python bool when both are
-    concrete, else a bool array (traced under jit or vmap)."""
-    if _traced(claim, log_z):
-        return jnp.logical_and(claim, jnp.isfinite(log_z))
-    if np.ndim(log_z) == 0 and np.ndim(claim) == 0:
+    concrete scalars, else a bool array (batched, or traced under jit or vmap)."""
+    if not _traced(claim, log_z) and np.ndim(log_z) == 0 and np.ndim(claim) == 0:
         return bool(claim) and bool(np.isfinite(np.asarray(log_z)))
     return jnp.logical_and(claim, jnp.isfinite(log_z))
 

@@ -1,31 +1,20 @@
 """Sites split across devices: one model, several accelerators, the same answer.
 
-Every method in vijax reduces over sites: the G-KL bound is a sum of one expectation per row of
-H, and its gradient a sum of rank-one pieces. `shard_sites` lays a model out for JAX's SPMD
-partitioner so that each device holds a slice of the rows of every dense site group (and the
-matching per-site potential parameters and offsets), while the prior, the variational
-parameters and anything without a site axis are replicated. Under `jax.jit` XLA then evaluates
-each device's share of the sites locally and reduces the sums across devices; nothing else in
-vijax changes, and results equal those of one device up to the order of floating-point sums.
-
-A group of N rows on n devices becomes two groups: the first n·⌊N/n⌋ rows, sharded, and the
-remaining N mod n rows, replicated — the bound is a sum over sites, so splitting a group is
-exact, and no padding site (which would have to contribute nothing to every method) is needed.
-
-Several GPUs on one host::
+Every method reduces over sites (the G-KL bound is a sum of one expectation per row of H). `shard_sites`
+lays a model out for JAX's SPMD partitioner: each device holds a slice of the rows of every dense site
+group (with the matching per-site parameters and offsets); the prior and everything without a site axis
+is replicated. Under `jax.jit` XLA evaluates each device's sites locally and reduces the sums across
+devices, so results equal one device's up to the order of floating-point sums. A group of N rows on n
+devices becomes two groups, the first n·⌊N/n⌋ rows sharded and the remaining N mod n replicated: exact,
+since the objective is a sum over sites, and no padding is needed. ::
 
     mesh = jax.make_mesh((jax.device_count(),), ("sites",))  # or vj.shard_sites(model): all devices
     post = jax.jit(lambda m: vj.infer(m, vj.GKL()))(vj.shard_sites(model, mesh))
 
-Several hosts: call ``jax.distributed.initialize()`` at the start of the same script on every
-host (it reads the coordinator address, process count and id from the cluster environment or
-its arguments), build the model from the same data on every host, and call `shard_sites` with a
-mesh over ``jax.devices()`` (all hosts' devices). Each host then places only its own rows on its
-own devices (`jax.make_array_from_callback`); results are global arrays, readable on every host
-after ``jax.experimental.multihost_utils.process_allgather``.
-
-On CPU, ``XLA_FLAGS=--xla_force_host_platform_device_count=4`` (set before JAX starts) gives
-four devices to try this on.
+Several hosts: call ``jax.distributed.initialize()`` on every host, build the model from the same data on
+each, and pass a mesh over ``jax.devices()``; each host places only its own rows, and results are global
+arrays (``jax.experimental.multihost_utils.process_allgather`` reads them). On CPU,
+``XLA_FLAGS=--xla_force_host_platform_device_count=4`` (set before JAX starts) gives four devices.
 """
 
 from __future__ import annotations
@@ -64,18 +53,16 @@ def shard_sites(model: LatentLinearModel, mesh: Mesh | None = None, axis_name: s
     **Arguments:**
 
     - `model`: a `vj.LatentLinearModel`. Dense site groups (H of shape ``(N, D)``) are split
-      across devices by rows; groups with `vj.Identity` or `ScaledIdentity` projections (one
-      site per coordinate, as many sites as latent dimensions: the models of `vj.gp.model`) are
-      replicated with the prior and the rest of the model.
+      across devices by rows; `vj.Identity` and `ScaledIdentity` groups (one site per latent
+      coordinate, as in `vj.gp.model`) are replicated with the prior.
     - `mesh`: a `jax.sharding.Mesh`; by default a one-axis mesh over all ``jax.devices()``.
     - `axis_name`: the mesh axis that sites are split over (other mesh axes, if any, replicate).
 
     **Returns:** an equivalent `LatentLinearModel` whose arrays are placed on the mesh. Pass it to
     `vj.infer` (inside `jax.jit` for the partitioned computation).
 
-    Raises `ValueError` for sparse (`BCOO`) projections, which JAX cannot yet partition (convert
-    such a group to dense rows, ``H.todense()``, or keep it on one device), and for projection
-    types other than `Dense`, `Identity` and `ScaledIdentity`.
+    Raises `ValueError` for sparse (`BCOO`) projections, which JAX cannot yet partition, and other
+    projection types.
     """
     if not isinstance(model, LatentLinearModel):
         raise ValueError(f"shard_sites: expected a vj.LatentLinearModel, got {type(model).__name__}.")

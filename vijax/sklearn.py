@@ -1,7 +1,6 @@
 """scikit-learn estimators over vijax's models (needs the ``sklearn`` extra: ``pip install "vijax[sklearn]"``).
 
-The only module importing scikit-learn (not a vijax dependency); ``import vijax`` does not import it,
-``vj.sklearn`` loads it on first access.
+``import vijax`` does not import scikit-learn; ``vj.sklearn`` loads this module on first access.
 
 | estimator | model | kind |
 |---|---|---|
@@ -14,12 +13,10 @@ The only module importing scikit-learn (not a vijax dependency); ``import vijax`
 
 The inference method is a parameter (``method="gkl"``, ``"ep"``, ``"laplace"``, ``"map"``, ``"lvb"``,
 ``"meanfield"``, or an instance such as ``vj.GKL(covariance=...)``), so ``GridSearchCV`` can choose it.
-After ``fit``: ``posterior_`` (the `vj.Posterior`), ``log_z_`` (the log evidence estimate; a lower
-bound for G-KL, LVB, mean field), and ``coef_``, ``intercept_`` (posterior means; GLMs) or ``kernel_``
-(the kernel used, after ML-II if ``optimize=True``; GPs). GLM fits pad the rows to the next power of
-two (`vj.pad_sites`, exact), so cross-validation folds of similar sizes share one compiled program.
-Estimators and posteriors pickle; a posterior alone also saves with ``equinox.tree_serialise_leaves``
-and loads into a template of the same structure, e.g. ``jax.eval_shape`` of the same fit (user guide).
+After ``fit``: ``posterior_``, ``log_z_`` (a lower bound for G-KL, LVB, mean field), and ``coef_``,
+``intercept_`` (GLMs) or ``kernel_`` (GPs, after ML-II if ``optimize=True``). GLM fits pad the rows to
+the next power of two (`vj.pad_sites`, exact), so folds of similar sizes share one compiled program.
+Estimators and posteriors pickle.
 """
 
 from __future__ import annotations
@@ -44,25 +41,19 @@ from .methods import EP, GKL, LVB, MAP, AbstractMethod, Laplace, MeanField
 from .inference import infer as _infer
 from .padding import pad_sites as _pad_sites
 
-__all__ = [
-    "BayesianLogisticRegression",
-    "BayesianProbitRegression",
-    "BayesianPoissonRegression",
-    "BayesianRobustRegression",
-    "GPClassifier",
-    "GPRegressor",
-]
+__all__ = ["BayesianLogisticRegression", "BayesianProbitRegression", "BayesianPoissonRegression",
+           "BayesianRobustRegression", "GPClassifier", "GPRegressor"]
 
 _METHODS = {"gkl": GKL, "ep": EP, "laplace": Laplace, "map": MAP, "lvb": LVB, "meanfield": MeanField}
 
 
-def _method(method, owner):
-    if isinstance(method, AbstractMethod):
+def _method(method, owner, name="method", table=_METHODS, types=AbstractMethod, kind="a vijax method (e.g. vj.GKL())"):
+    """``method`` if an instance of ``types``, else a new instance of its name in ``table``."""
+    if isinstance(method, types):
         return method
-    if isinstance(method, str) and method.lower() in _METHODS:
-        return _METHODS[method.lower()]()
-    raise ValueError(f"{owner}: `method` must be one of {sorted(_METHODS)} or a vijax method instance "
-                     f"(e.g. vj.GKL()); got {method!r}.")
+    if isinstance(method, str) and method.lower() in table:
+        return table[method.lower()]()
+    raise ValueError(f"{owner}: `{name}` must be one of {sorted(table)} or {kind}; got {method!r}.")
 
 
 def _padded_size(n):
@@ -77,16 +68,24 @@ def _with_intercept(X, fit_intercept):
     return jnp.concatenate([X, jnp.ones((X.shape[0], 1), X.dtype)], axis=1) if fit_intercept else X
 
 
-def _fit_glm(est, build, X):
-    """Fit the padded GLM; set posterior_, log_z_, coef_ and intercept_."""
-    model = build(_with_intercept(X, est.fit_intercept))
-    post = _infer(_pad_sites(model, _padded_size(X.shape[0])), _method(est.method, type(est).__name__))
-    est.posterior_ = post
-    est.log_z_ = float(post.log_z)
-    mean = np.asarray(post.mean)
-    est.coef_ = mean[:-1] if est.fit_intercept else mean
-    est.intercept_ = float(mean[-1]) if est.fit_intercept else 0.0
-    return est
+class _GLM(BaseEstimator):
+    """The GLM estimators' parameters and fit."""
+
+    def __init__(self, method: str | AbstractMethod = "gkl", prior_variance: float = 1.0, fit_intercept: bool = True):
+        self.method = method
+        self.prior_variance = prior_variance
+        self.fit_intercept = fit_intercept
+
+    def _fit_glm(self, build, X):
+        """Fit the padded GLM; set posterior_, log_z_, coef_ and intercept_."""
+        model = build(_with_intercept(X, self.fit_intercept))
+        post = _infer(_pad_sites(model, _padded_size(X.shape[0])), _method(self.method, type(self).__name__))
+        self.posterior_ = post
+        self.log_z_ = float(post.log_z)
+        mean = np.asarray(post.mean)
+        self.coef_ = mean[:-1] if self.fit_intercept else mean
+        self.intercept_ = float(mean[-1]) if self.fit_intercept else 0.0
+        return self
 
 
 class _ClassifierMixin(ClassifierMixin):
@@ -108,8 +107,7 @@ class _ClassifierMixin(ClassifierMixin):
 
     def predict(self, X: ArrayLike) -> np.ndarray:
         """The class with the largest predictive probability, shape ``(n_samples,)``."""
-        proba = self.predict_proba(X)
-        return self.classes_[np.argmax(proba, axis=1)]
+        return self.classes_[np.argmax(self.predict_proba(X), axis=1)]
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
@@ -117,19 +115,14 @@ class _ClassifierMixin(ClassifierMixin):
         return tags
 
 
-class _GLMClassifier(_ClassifierMixin, BaseEstimator):
+class _GLMClassifier(_ClassifierMixin, _GLM):
     _builder = None
-
-    def __init__(self, method: str | AbstractMethod = "gkl", prior_variance: float = 1.0, fit_intercept: bool = True):
-        self.method = method
-        self.prior_variance = prior_variance
-        self.fit_intercept = fit_intercept
 
     def fit(self, X: ArrayLike, y: ArrayLike) -> Self:
         """Fit q(w) to the training data ``X`` (n_samples, n_features) and binary labels ``y``."""
         X, y = validate_data(self, X, y)
         y01 = self._encode(y).astype(float)
-        return _fit_glm(self, lambda Xd: type(self)._builder(Xd, y01, self.prior_variance), X)
+        return self._fit_glm(lambda Xd: type(self)._builder(Xd, y01, self.prior_variance), X)
 
     def predict_proba(self, X: ArrayLike) -> np.ndarray:
         """Posterior predictive class probabilities, shape ``(n_samples, 2)`` in the order of ``classes_``."""
@@ -171,7 +164,7 @@ class BayesianProbitRegression(_GLMClassifier):
     _builder = staticmethod(_glm.probit_regression)
 
 
-class BayesianPoissonRegression(RegressorMixin, BaseEstimator):
+class BayesianPoissonRegression(RegressorMixin, _GLM):
     """Bayesian Poisson regression with log link; ``predict`` is the posterior predictive mean count.
 
     Args:
@@ -183,17 +176,12 @@ class BayesianPoissonRegression(RegressorMixin, BaseEstimator):
         posterior_, log_z_, coef_, intercept_: as for `BayesianLogisticRegression`.
     """
 
-    def __init__(self, method: str | AbstractMethod = "gkl", prior_variance: float = 1.0, fit_intercept: bool = True):
-        self.method = method
-        self.prior_variance = prior_variance
-        self.fit_intercept = fit_intercept
-
     def fit(self, X: ArrayLike, y: ArrayLike) -> Self:
         """Fit q(w) to covariates ``X`` and non-negative counts ``y``."""
         X, y = validate_data(self, X, y, y_numeric=True)
         if np.any(y < 0):
             raise ValueError("BayesianPoissonRegression: counts y must be non-negative; got negative values.")
-        return _fit_glm(self, lambda Xd: _glm.poisson_regression(Xd, y, self.prior_variance), X)
+        return self._fit_glm(lambda Xd: _glm.poisson_regression(Xd, y, self.prior_variance), X)
 
     def predict(self, X: ArrayLike) -> np.ndarray:
         """E[y_* | x_*] = ⟨exp(x_*ᵀw)⟩_q = exp(m_* + v_*/2), shape ``(n_samples,)``."""
@@ -208,7 +196,7 @@ class BayesianPoissonRegression(RegressorMixin, BaseEstimator):
         return tags
 
 
-class BayesianRobustRegression(RegressorMixin, BaseEstimator):
+class BayesianRobustRegression(RegressorMixin, _GLM):
     """Bayesian linear regression with Student-t or Laplace noise; ``predict`` is the posterior mean of x_*ᵀw.
 
     Args:
@@ -235,8 +223,8 @@ class BayesianRobustRegression(RegressorMixin, BaseEstimator):
     def fit(self, X: ArrayLike, y: ArrayLike) -> Self:
         """Fit q(w) to covariates ``X`` and real targets ``y``."""
         X, y = validate_data(self, X, y, y_numeric=True)
-        return _fit_glm(self, lambda Xd: _glm.robust_regression(Xd, y, self.likelihood, self.scale, self.df,
-                                                                self.prior_variance), X)
+        return self._fit_glm(lambda Xd: _glm.robust_regression(Xd, y, self.likelihood, self.scale, self.df,
+                                                               self.prior_variance), X)
 
     def predict(self, X: ArrayLike) -> np.ndarray:
         """Posterior mean of x_*ᵀw, shape ``(n_samples,)``."""
@@ -262,14 +250,6 @@ def _expected_failed_checks(estimator) -> dict[str, str]:
     return dict(_EXPECTED_FAILED_CHECKS.get(type(estimator).__name__, {}))
 
 
-def _kernel(kernel, n_features):
-    if kernel is None:
-        return _gp.kernels.SquaredExponential(lengthscale=1.0, variance=1.0)
-    if not isinstance(kernel, AbstractKernel):
-        raise ValueError(f"`kernel` must be a vj.gp.kernels kernel or None, got {type(kernel).__name__}.")
-    return kernel
-
-
 # scikit-learn's kernels default to bounds (1e-5, 1e5) for every hyperparameter; restarts draw within them.
 _DEFAULT_BOUNDS = (1e-5, 1e5)
 _MULTICLASS = {"nested_ep": _gp.multiclass.NestedEP, "softmax": lambda: _gp.softmax.SoftmaxBound("log")}
@@ -288,7 +268,9 @@ def _restarts(est, owner):
 def _fit_gp(est, X, likelihood, labels, method, num_classes=None):
     """Fit the GP (binary or regression: `vj.gp.model`; ``num_classes``: `vj.gp.multiclass.model`), by
     ML-II if ``est.optimize``; set kernel_, posterior_, log_z_ and n_iter_."""
-    kernel = _kernel(est.kernel, X.shape[1])
+    kernel = _gp.kernels.SquaredExponential(lengthscale=1.0, variance=1.0) if est.kernel is None else est.kernel
+    if not isinstance(kernel, AbstractKernel):
+        raise ValueError(f"`kernel` must be a vj.gp.kernels kernel or None, got {type(kernel).__name__}.")
     X = jnp.asarray(X, dtype=jnp.result_type(float))
     if est.optimize:
         num_restarts, bounds, seed = _restarts(est, type(est).__name__)
@@ -313,25 +295,16 @@ class GPClassifier(_ClassifierMixin, BaseEstimator):
 
     **Two classes:** f ~ GP(0, k), p(y = 1 | f) = σ(f) or Φ(f) (`vj.gp.model`), fitted by ``method``.
 
-    **More classes (C > 2):** C latent functions f_c ~ GP(0, k) sharing the one ``kernel``
-    (`vj.gp.multiclass.model`), fitted by ``multiclass_method``:
+    **More classes (C > 2):** C latent functions f_c ~ GP(0, k) sharing ``kernel`` in one joint model
+    (`vj.gp.multiclass.model`; unlike scikit-learn's one-vs-rest, the probabilities sum to one without
+    renormalising), fitted by ``multiclass_method``:
 
-    - ``"nested_ep"`` (default): the multinomial probit p(y = c | f) = P(f_c + ε_c > f_j + ε_j ∀ j),
-      by nested EP (`vj.gp.multiclass.NestedEP`). It is the default because it is the most accurate
-      approximation of its model (an EP fixed point with the exact inner moments of each site, not a
-      bound), its predictive probabilities are deterministic (an inner EP per test point) and were the
-      best of vijax's multi-class methods on iris (user guide: multi-class classification), and its
-      ``log_z`` is differentiable in the kernel, so ``optimize=True`` works.
+    - ``"nested_ep"`` (default): the multinomial probit p(y = c | f) = P(f_c + ε_c > f_j + ε_j ∀ j) by
+      nested EP (`vj.gp.multiclass.NestedEP`): the most accurate of vijax's multi-class methods on iris
+      (user guide), deterministic predictions, and a ``log_z`` differentiable in the kernel for ``optimize``.
     - ``"softmax"``: the softmax likelihood by the log bound (`vj.gp.softmax.SoftmaxBound("log")`):
-      ``log_z_`` is a guaranteed lower bound on the softmax model's log evidence (for model comparison
-      on a bound); ``predict_proba`` is a Monte Carlo average over 4000 draws with a fixed key.
+      ``log_z_`` is a lower bound; ``predict_proba`` averages 4000 draws with a fixed key.
     - or a `vj.gp.multiclass.NestedEP` / `vj.gp.softmax.SoftmaxBound` instance.
-
-    ``likelihood`` and ``method`` apply to two classes only. scikit-learn's
-    `GaussianProcessClassifier` fits C binary one-vs-rest GPs, each with its own kernel
-    hyperparameters; here one joint model couples the classes through the likelihood (its
-    probabilities sum to one without renormalising) and one kernel (and, with ``optimize``, one set of
-    hyperparameters) is shared by the C latent functions.
 
     Args:
         kernel: a `vj.gp.kernels` kernel; ``None`` is ``SquaredExponential(lengthscale=1, variance=1)``.
@@ -344,10 +317,9 @@ class GPClassifier(_ClassifierMixin, BaseEstimator):
         multiclass_method: ``"nested_ep"`` (default), ``"softmax"``, or an instance (C > 2 classes).
         n_restarts_optimizer: with ``optimize``, further ML-II runs from log-uniform draws within
             ``bounds``; the run with the highest log Ẑ is kept (scikit-learn's name and meaning).
-        bounds: bounds on the hyperparameters in their natural scale, as `vj.gp.fit_hyperparameters`
-            takes them: a pair ``(low, high)`` for every parameter or a dict name → pair (e.g.
-            ``{"lengthscale": (1e-2, 1e2)}``); they clip every ML-II step. ``None``: unbounded, or,
-            with restarts, scikit-learn's default kernel bounds (1e-5, 1e5) for every parameter.
+        bounds: natural-scale bounds clipping every ML-II step, a pair ``(low, high)`` for every
+            parameter or a dict name → pair (`vj.gp.fit_hyperparameters`). ``None``: unbounded, or,
+            with restarts, scikit-learn's default kernel bounds (1e-5, 1e5).
         random_state: the restarts' draws (an int, a ``numpy.random.RandomState`` or None, as in
             scikit-learn).
 
@@ -381,21 +353,14 @@ class GPClassifier(_ClassifierMixin, BaseEstimator):
         X, y = validate_data(self, X, y)
         encoded = self._encode(y)
         if len(self.classes_) > 2:
-            method = self._multiclass_method()
+            method = _method(self.multiclass_method, "GPClassifier", "multiclass_method", _MULTICLASS,
+                             (_gp.multiclass.NestedEP, _gp.softmax.SoftmaxBound),
+                             "a vj.gp.multiclass.NestedEP or vj.gp.softmax.SoftmaxBound")
             return _fit_gp(self, X, None, encoded, method, num_classes=len(self.classes_))
         if self.likelihood not in ("logistic", "probit"):
             raise ValueError(f"GPClassifier: `likelihood` must be 'logistic' or 'probit', got {self.likelihood!r}.")
         likelihood = _potentials.Logistic() if self.likelihood == "logistic" else _potentials.Probit()
         return _fit_gp(self, X, likelihood, encoded.astype(float), _method(self.method, "GPClassifier"))
-
-    def _multiclass_method(self):
-        method = self.multiclass_method
-        if isinstance(method, (_gp.multiclass.NestedEP, _gp.softmax.SoftmaxBound)):
-            return method
-        if isinstance(method, str) and method.lower() in _MULTICLASS:
-            return _MULTICLASS[method.lower()]()
-        raise ValueError(f"GPClassifier: `multiclass_method` must be 'nested_ep', 'softmax', a "
-                         f"vj.gp.multiclass.NestedEP or a vj.gp.softmax.SoftmaxBound; got {method!r}.")
 
     def predict_proba(self, X: ArrayLike) -> np.ndarray:
         """p(y_* | x_*, data) under q(f_*), shape ``(n_samples, n_classes)`` in the order of ``classes_``."""
