@@ -46,10 +46,10 @@ def pad_sites(model: LatentLinearModel, size=None, *, multiple=None) -> LatentLi
 
     Give either ``size`` or ``multiple``:
 
-    - `size`: the number of sites N' ≥ N of every group (an int), or one entry per group (a tuple of
-      ints, with None for a group to leave as it is, e.g. prior sites on `vj.Identity`).
-    - `multiple`: pad each group to the next multiple of this (a bucket rule: with ``multiple=16``
-      folds of 90 … 110 points land on 96 or 112 sites).
+    - `size`: the number of sites N' ≥ N of every group (an int), or one entry per group (a tuple,
+      None leaving a group as it is, e.g. prior sites on `vj.Identity`).
+    - `multiple`: pad each group to the next multiple of this (``multiple=16``: 90 … 110 points land
+      on 96 or 112 sites).
 
     **Returns:** a `vj.LatentLinearModel` whose padded groups carry a `vijax.potentials.Masked`
     potential (True for the N real sites); every method's answer and its derivatives equal those of

@@ -309,10 +309,8 @@ class GPClassifier(_ClassifierMixin, BaseEstimator):
     Args:
         kernel: a `vj.gp.kernels` kernel; ``None`` is ``SquaredExponential(lengthscale=1, variance=1)``.
         likelihood: ``"logistic"`` or ``"probit"`` (two classes).
-        method: ``"laplace"`` (default), ``"ep"``, ``"gkl"``, ``"lvb"`` (logistic only), or an instance
-            (two classes).
-        optimize: ML-II: maximise ``log_z`` over the kernel's parameters (`vj.gp.fit_hyperparameters`),
-            for two classes and for more.
+        method: ``"laplace"`` (default), ``"ep"``, ``"gkl"``, ``"lvb"`` (logistic only) or an instance.
+        optimize: ML-II: maximise ``log_z`` over the kernel's parameters (`vj.gp.fit_hyperparameters`).
         max_iter: the number of ML-II steps at most (per run).
         multiclass_method: ``"nested_ep"`` (default), ``"softmax"``, or an instance (C > 2 classes).
         n_restarts_optimizer: with ``optimize``, further ML-II runs from log-uniform draws within
@@ -320,8 +318,7 @@ class GPClassifier(_ClassifierMixin, BaseEstimator):
         bounds: natural-scale bounds clipping every ML-II step, a pair ``(low, high)`` for every
             parameter or a dict name → pair (`vj.gp.fit_hyperparameters`). ``None``: unbounded, or,
             with restarts, scikit-learn's default kernel bounds (1e-5, 1e5).
-        random_state: the restarts' draws (an int, a ``numpy.random.RandomState`` or None, as in
-            scikit-learn).
+        random_state: the restarts' draws (an int, a ``numpy.random.RandomState`` or None).
 
     Attributes:
         posterior_: the `vj.Posterior` over the latent f at the training inputs (for C > 2 a
