@@ -1,6 +1,6 @@
 """Shared numerical helpers, at the bottom of vijax's layers (imports nothing from vijax): Cholesky-type factors,
-tree-wide selection, objective traces, backtracking, Gaussian densities and KL, truncated CG, Lanczos, and the
-Gauss–Legendre rule."""
+tree-wide selection, objective traces, backtracking, Gaussian densities and KL, truncated CG, Lanczos, the
+Gauss–Legendre rule, and a batched `lax.map`."""
 
 from __future__ import annotations
 
@@ -251,3 +251,16 @@ def lanczos_variances(precision_product, dim: int, num_iter: int, key=None, dtyp
     v0 = _start(key, dim, dtype) if v0 is None else v0
     values, vectors, _ = ritz_pairs(precision_product, v0, num_iter)
     return jnp.sum(vectors**2 / values[None, :], axis=1), values, vectors
+
+
+def batched_map(fn, xs, batch_size):
+    """``fn`` over the leading axis of the pytree ``xs`` by `jax.lax.map`, vmapped within whole batches of
+    ``batch_size``: the rows are padded to a multiple of the batch by repeating the last, the padding dropped after
+    (a remainder batch would be a second vmapped copy of ``fn``, which also hung XLA's CPU runtime)."""
+    if batch_size == 1:
+        return jax.lax.map(fn, xs)
+    count = jax.tree_util.tree_leaves(xs)[0].shape[0]
+    batch = min(batch_size, count)
+    index = jnp.minimum(jnp.arange(-(-count // batch) * batch), count - 1)
+    out = jax.lax.map(fn, jax.tree_util.tree_map(lambda leaf: leaf[index], xs), batch_size=batch)
+    return jax.tree_util.tree_map(lambda leaf: leaf[:count], out)

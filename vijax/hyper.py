@@ -22,7 +22,8 @@ import numpy as np
 from . import _checks
 from .inference import ConvergenceWarning, check_method, infer
 from .methods import AbstractMethod
-from .posterior import Mixture, Posterior, _map
+from ._linalg import batched_map
+from .posterior import Mixture, Posterior
 from .solvers import LBFGS
 
 __all__ = ["marginal", "Marginal", "integrate", "Integration", "sample", "Samples", "SamplerInfo",
@@ -54,13 +55,13 @@ def _log_prior(log_prior, theta):
 @eqx.filter_jit
 def _fits(build, method, log_prior, thetas, init, batch_size):
     """The log densities and fits at the rows of ``thetas``."""
-    return _map(lambda th: _log_density(th, build, method, log_prior, init), thetas, batch_size)
+    return batched_map(lambda th: _log_density(th, build, method, log_prior, init), thetas, batch_size)
 
 
 @eqx.filter_jit
 def _gradients(build, method, log_prior, thetas, init, batch_size):
     """∇_θ (log p̂ + log p) at the rows of ``thetas`` (envelope gradients)."""
-    return _map(jax.grad(lambda th: _log_density(th, build, method, log_prior, init)[0]), thetas, batch_size)
+    return batched_map(jax.grad(lambda th: _log_density(th, build, method, log_prior, init)[0]), thetas, batch_size)
 
 
 @eqx.filter_jit

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._linalg import batched_map
 from .covariance import AbstractFactor
 from .model import LatentLinearModel
 from .projections import as_projection
@@ -315,22 +316,9 @@ class Mixture(eqx.Module):
         return _mixed(predictive, combine, self.posteriors, self.weights, args)
 
 
-def _map(fn, xs, batch_size):
-    """``fn`` over the leading axis of the pytree ``xs`` by `jax.lax.map`, vmapped within whole batches of
-    ``batch_size``: the rows are padded to a multiple of the batch by repeating the last, the padding dropped after
-    (a remainder batch would be a second vmapped copy of ``fn``, which also hung XLA's CPU runtime)."""
-    if batch_size == 1:
-        return jax.lax.map(fn, xs)
-    count = jax.tree_util.tree_leaves(xs)[0].shape[0]
-    batch = min(batch_size, count)
-    index = jnp.minimum(jnp.arange(-(-count // batch) * batch), count - 1)
-    out = jax.lax.map(fn, jax.tree_util.tree_map(lambda leaf: leaf[index], xs), batch_size=batch)
-    return jax.tree_util.tree_map(lambda leaf: leaf[:count], out)
-
-
 @eqx.filter_jit
 def _mixed(predictive, combine, posteriors, weights, args):
-    values = _map(lambda post: predictive(post, *args), posteriors, min(weights.shape[0], 16))
+    values = batched_map(lambda post: predictive(post, *args), posteriors, min(weights.shape[0], 16))
     if combine == "mean":
         return jnp.tensordot(weights, values, axes=1)
     if combine == "log":

@@ -48,7 +48,7 @@ from ..start import expand_at
 from ._base import AbstractMethod, compiled, same_shapes
 from ._envelope import computed
 from ._gaussian import integrate, marginals, working_model
-from .ep import SiteParams, _change, _direction, _quadratics, _residual, cavity, _check_settings
+from ._ep_sites import SiteParams, _change, _check_settings, _direction, _quadratics, _residual, cavity
 
 __all__ = ["HierarchicalEP", "HierarchicalPosterior", "HierarchicalState", "log_variance_tilted_moments",
            "scale_tilted_moments"]
