@@ -292,3 +292,15 @@ def test_reprs_show_values_and_shapes():
     shown = []
     jax.jit(lambda s: shown.append(repr(P.Gaussian(scale=s))) or s)(jnp.ones(4))
     assert shown == ["Gaussian(loc=f64[], scale=f64[4])"]
+
+
+def test_integer_settings_accept_numpy_integers_and_refuse_bools_and_floats():
+    """One check (`_checks.integer`) for every integer setting: NumPy integers pass as ints, bools and floats fail."""
+    from vijax import _checks
+
+    assert _checks.integer("n", np.int64(3), "owner") == 3 and type(_checks.integer("n", np.int64(3), "owner")) is int
+    assert _checks.integer("n", 0, "owner", minimum=0) == 0
+    for bad, minimum, words in [(True, 1, "a positive integer"), (2.0, 1, "a positive integer"),
+                                (-1, 0, "a non-negative integer"), (4, 8, "an integer ≥ 8")]:
+        with pytest.raises(ValueError, match=f"owner: `n` must be {words}, got"):
+            _checks.integer("n", bad, "owner", minimum)

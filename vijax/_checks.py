@@ -10,6 +10,7 @@ takes ``y``'s dtype for both), else ``jnp.result_type(float)``. Tracers keep the
 from __future__ import annotations
 
 import functools
+import operator
 
 import jax
 import jax.numpy as jnp
@@ -116,6 +117,18 @@ def format_param(x) -> str:
     if callable(x) and not isinstance(x, eqx.Module):
         return getattr(x, "__name__", type(x).__name__)
     return repr(x)
+
+
+def integer(name: str, value, owner: str, minimum: int = 1) -> int:
+    """``value`` as a Python int, refusing bools, non-integers and values below ``minimum``."""
+    words = {0: "a non-negative integer", 1: "a positive integer"}.get(minimum, f"an integer ≥ {minimum}")
+    try:
+        number = operator.index(value)
+    except TypeError:
+        number = None
+    if isinstance(value, (bool, np.bool_)) or number is None or number < minimum:
+        raise ValueError(f"{owner}: `{name}` must be {words}, got {value!r}.")
+    return number
 
 
 def check_finite(name: str, x, owner: str) -> None:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import operator
 from typing import NamedTuple
 
 import jax
 import numpy as np
+
+from . import _checks
 
 __all__ = ["LogisticData", "synthetic_logistic_regression"]
 
@@ -42,18 +43,6 @@ def _rng(key_or_seed, owner):
     return np.random.default_rng([int(v) for v in words.astype(np.uint32)])
 
 
-def _count(name, value, owner, minimum):
-    if isinstance(value, (bool, np.bool_)):
-        raise ValueError(f"{owner}: `{name}` must be an integer, got a bool.")
-    try:
-        value = operator.index(value)
-    except TypeError:
-        raise ValueError(f"{owner}: `{name}` must be an integer, got {value!r}.") from None
-    if value < minimum:
-        raise ValueError(f"{owner}: `{name}` must be at least {minimum}, got {value}.")
-    return value
-
-
 def synthetic_logistic_regression(key_or_seed, dim: int, num_train: int, num_test: int) -> LogisticData:
     """Correlated-covariate Bayesian logistic regression (Challis thesis §5.2, JMLR 2013 §6.2).
 
@@ -80,9 +69,9 @@ def synthetic_logistic_regression(key_or_seed, dim: int, num_train: int, num_tes
     **Returns:** a `LogisticData` of numpy float64 arrays; the same arguments give the same arrays.
     """
     owner = "synthetic_logistic_regression"
-    dim = _count("dim", dim, owner, 1)
-    num_train = _count("num_train", num_train, owner, 1)
-    num_test = _count("num_test", num_test, owner, 0)
+    dim = _checks.integer("dim", dim, owner, 1)
+    num_train = _checks.integer("num_train", num_train, owner, 1)
+    num_test = _checks.integer("num_test", num_test, owner, 0)
     if num_train + num_test < 2:
         raise ValueError(f"{owner}: need num_train + num_test >= 2 points to normalise the covariates.")
     rng = _rng(key_or_seed, owner)

@@ -25,7 +25,6 @@ A fit does the work of N' sites, so buckets a few percent above the largest N co
 
 from __future__ import annotations
 
-import operator
 
 import equinox as eqx
 import jax
@@ -33,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import sparse as jsparse
 
+from . import _checks
 from .model import Dense, LatentLinearModel, Sites, Sparse
 from .potentials import Masked
 
@@ -68,31 +68,21 @@ def pad_sites(model: LatentLinearModel, size=None, *, multiple=None) -> LatentLi
     return model.replace(sites=groups)
 
 
-def _positive_int(name, value):
-    try:
-        value_int = operator.index(value)
-    except TypeError:
-        raise ValueError(f"{_OWNER}: `{name}` must be a positive integer, got {value!r}.") from None
-    if isinstance(value, bool) or value_int < 1:
-        raise ValueError(f"{_OWNER}: `{name}` must be a positive integer, got {value!r}.")
-    return value_int
-
-
 def _target_sizes(model, size, multiple):
     counts = [g.num_sites for g in model.sites]
     if (size is None) == (multiple is None):
         raise ValueError(f"{_OWNER}: give exactly one of `size` (the padded number of sites) and `multiple` "
                          "(pad to the next multiple of it).")
     if multiple is not None:
-        multiple = _positive_int("multiple", multiple)
+        multiple = _checks.integer("multiple", multiple, _OWNER)
         return [max(-(-n // multiple), 1) * multiple for n in counts]
     if isinstance(size, (tuple, list)):
         if len(size) != len(counts):
             raise ValueError(f"{_OWNER}: `size` has {len(size)} entries but the model has {len(counts)} site "
                              "group(s); give one per group (None leaves a group as it is).")
-        sizes = [None if s is None else _positive_int(f"size[{i}]", s) for i, s in enumerate(size)]
+        sizes = [None if s is None else _checks.integer(f"size[{i}]", s, _OWNER) for i, s in enumerate(size)]
     else:
-        sizes = [_positive_int("size", size)] * len(counts)
+        sizes = [_checks.integer("size", size, _OWNER)] * len(counts)
     for index, (n, target) in enumerate(zip(counts, sizes)):
         if target is not None and target < n:
             raise ValueError(f"{_OWNER}: site group {index} has {n} sites, more than the padded size {target}; "

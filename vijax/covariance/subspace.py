@@ -8,6 +8,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+from .. import _checks
 from .._linalg import inverse_factor, leading_eigenvectors, reversed_cholesky
 from ._base import AbstractCovariance, AbstractFactor, as_scale, check_rank
 from ._dense import CholeskyFactor
@@ -36,8 +37,7 @@ class Subspace(AbstractCovariance):
     def __check_init__(self):
         if self.basis_update not in ("fixed_point", "gradient"):
             raise ValueError(f"Subspace: `basis_update` must be 'fixed_point' or 'gradient', got {self.basis_update!r}.")
-        if isinstance(self.num_updates, bool) or not isinstance(self.num_updates, int) or self.num_updates < 0:
-            raise ValueError(f"Subspace: `num_updates` must be a non-negative integer, got {self.num_updates!r}.")
+        _checks.integer("num_updates", self.num_updates, "Subspace", 0)
 
     def _k(self, dim):
         return check_rank("rank", self.rank, dim, "Subspace")

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .. import _checks
 from ..projections import AbstractProjection, Identity, as_projection
 
 __all__ = ["identity", "finite_differences", "wavelets", "stack", "FiniteDifferences", "Wavelets", "Stacked",
@@ -283,9 +284,7 @@ class Stacked(AbstractProjection):
 
 def identity(dim: int) -> Identity:
     """B = I: the sparsity prior acts on each coordinate of w (``vj.Identity(dim)``)."""
-    if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim < 1:
-        raise ValueError(f"identity: `dim` must be a positive integer, got {dim!r}.")
-    return Identity(int(dim))
+    return Identity(_checks.integer("dim", dim, "identity"))
 
 
 def finite_differences(shape, periodic=False, dtype=None) -> FiniteDifferences:

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .. import _checks
 from .. import potentials
 from ..covariance import Full
 from ..inference import infer
@@ -88,12 +89,6 @@ def random_rows(key, num_rows: int, dim: int, dtype=None):
     return rows / jnp.linalg.norm(rows, axis=1, keepdims=True)
 
 
-def _check_int(name, value, minimum):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"{_OWNER}: `{name}` must be an integer ≥ {minimum}, got {value!r}.")
-    return int(value)
-
-
 def sequential(M, y, noise_variance, B, prior, method: AbstractMethod, num_steps: int, *, rows_per_step: int = 1,
                design: str = "free", truth=None, measure: Callable | None = None, candidates=None, key=None,
                num_lanczos: int | None = None, warm_start: bool = True, pad: bool = True,
@@ -132,8 +127,8 @@ def sequential(M, y, noise_variance, B, prior, method: AbstractMethod, num_steps
     if (truth is None) == (measure is None):
         raise ValueError(f"{_OWNER}: give exactly one of `truth` (to simulate measurements) and `measure` "
                          "(a function rows -> y*).")
-    num_steps = _check_int("num_steps", num_steps, 0)
-    rows_per_step = _check_int("rows_per_step", rows_per_step, 1)
+    num_steps = _checks.integer("num_steps", num_steps, _OWNER, 0)
+    rows_per_step = _checks.integer("rows_per_step", rows_per_step, _OWNER)
     if design == "greedy":
         if candidates is None:
             raise ValueError(f"{_OWNER}: design='greedy' picks rows from `candidates`, a (C, D) array; give one.")

@@ -110,8 +110,7 @@ def fit_hyperparameters(kernel: AbstractKernel, X: ArrayLike, likelihood: Abstra
     else:
         data = _multiclass_data(kernel, X, likelihood, labels, num_classes, mean, jitter, train_likelihood, owner)
         train_likelihood = ()
-    if not (isinstance(max_iter, int) and max_iter >= 1):
-        raise ValueError(f"{owner}: `max_iter` must be a positive integer, got {max_iter!r}.")
+    _checks.integer("max_iter", max_iter, owner)
     if not (isinstance(num_restarts, (int, np.integer)) and not isinstance(num_restarts, bool) and num_restarts >= 0):
         raise ValueError(f"{owner}: `num_restarts` must be an integer ≥ 0, got {num_restarts!r}.")
     # Everything the jitted functions need travels as arguments (arrays traced, the rest static), so

@@ -95,8 +95,7 @@ class SoftmaxBound(AbstractMethod):
             raise ValueError(f"SoftmaxBound: `bound` must be one of {BOUNDS}, got {self.bound!r}.")
         if _checks.is_concrete(self.tol) and not self.tol >= 0:
             raise ValueError(f"SoftmaxBound: `tol` must be a non-negative number, got {self.tol!r}.")
-        if not (isinstance(self.max_iter, int) and not isinstance(self.max_iter, bool) and self.max_iter >= 1):
-            raise ValueError(f"SoftmaxBound: `max_iter` must be a positive integer, got {self.max_iter!r}.")
+        _checks.integer("max_iter", self.max_iter, "SoftmaxBound")
 
     def check_model(self, model) -> None:
         _check_model("gp.softmax.SoftmaxBound", model)

@@ -105,8 +105,7 @@ def _check_settings(method):
         x = getattr(method, field)
         if x is not None and _checks.is_concrete(x) and not (0 < x <= 1):
             raise ValueError(f"{name}: `{field}` must lie in (0, 1], got {x!r}.")
-    if not (isinstance(method.max_iter, int) and method.max_iter >= 1):
-        raise ValueError(f"{name}: `max_iter` must be a positive integer, got {method.max_iter!r}.")
+    _checks.integer("max_iter", method.max_iter, name)
     if _checks.is_concrete(method.tol) and not method.tol > 0:
         raise ValueError(f"{name}: `tol` must be positive, got {method.tol!r}.")
 

@@ -36,6 +36,7 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 from jax.scipy.special import gammaln, log_ndtr
 
+from .. import _checks
 from .._linalg import LOG_2PI, gaussian_entropy
 from ..covariance import CholeskyFactor, Full
 from ..model import LatentLinearModel
@@ -524,11 +525,6 @@ class AIKLPosterior(Posterior):
         return lattice_densities(self.params, self.base, H, offset, K, self.padding, self.span)
 
 
-def _check_positive_int(name, value, minimum):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"AIKL: `{name}` must be an integer ≥ {minimum}, got {value!r}.")
-
-
 class AIKL(AbstractMethod):
     """Affine-independent KL inference: maximise `bound` over (L, U, b, θ).
 
@@ -564,8 +560,8 @@ class AIKL(AbstractMethod):
         if not isinstance(self.base, AbstractBase):
             raise ValueError(f"AIKL: `base` must be a vj.aikl base such as vj.aikl.SkewNormal(), got "
                              f"{type(self.base).__name__}.")
-        _check_positive_int("lattice_points", self.lattice_points, 8)
-        _check_positive_int("max_doublings", self.max_doublings, 0)
+        _checks.integer("lattice_points", self.lattice_points, "AIKL", 8)
+        _checks.integer("max_doublings", self.max_doublings, "AIKL", 0)
         if self.scheme not in _SCHEMES:
             raise ValueError(f"AIKL: `scheme` must be one of {_SCHEMES}, got {self.scheme!r}.")
         if self.padding not in _PADDINGS:

@@ -39,6 +39,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+from .. import _checks
 from .. import potentials as pot
 from .._linalg import LOG_2PI, nan_trace, pcg, ritz_pairs
 from ..covariance import CholeskyFactor, DiagonalFactor, SubspaceFactor
@@ -277,10 +278,8 @@ class LVB(AbstractMethod):
         _check_bound(self.bound)
         if self.variances not in VARIANCES:
             raise ValueError(f"LVB: `variances` must be one of {VARIANCES}, got {self.variances!r}.")
-        if isinstance(self.num_lanczos, bool) or not isinstance(self.num_lanczos, int) or self.num_lanczos < 1:
-            raise ValueError(f"LVB: `num_lanczos` must be a positive integer, got {self.num_lanczos!r}.")
-        if isinstance(self.num_probes, bool) or not isinstance(self.num_probes, int) or self.num_probes < 1:
-            raise ValueError(f"LVB: `num_probes` must be a positive integer, got {self.num_probes!r}.")
+        _checks.integer("num_lanczos", self.num_lanczos, "LVB")
+        _checks.integer("num_probes", self.num_probes, "LVB")
 
     def _iterate(self, xi, model):
         """SQUAREM-accelerated fixed-point steps; each needs only q_ξ's marginals (`marginals`)."""

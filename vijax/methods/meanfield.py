@@ -33,6 +33,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+from .. import _checks
 from .._linalg import LOG_2PI as _LOG_2PI, nan_trace
 from ..covariance import Diagonal, DiagonalFactor
 from ..model import Identity, LatentLinearModel
@@ -96,8 +97,7 @@ class MeanField(AbstractMethod):
     free_form: bool = eqx.field(static=True, default=True)
 
     def __check_init__(self):
-        if not (isinstance(self.max_iter, int) and self.max_iter >= 1):
-            raise ValueError(f"MeanField: `max_iter` must be a positive integer, got {self.max_iter!r}.")
+        _checks.integer("max_iter", self.max_iter, "MeanField")
 
     def _free(self, model) -> bool:
         return self.free_form and free_form_applies(model)

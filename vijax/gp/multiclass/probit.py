@@ -41,7 +41,6 @@ from typing import NamedTuple
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.scipy.linalg import block_diag
 
 from ... import _checks
@@ -389,9 +388,7 @@ class NestedEP(AbstractMethod):
             raise ValueError(f"NestedEP: `damping` must lie in (0, 1], got {self.damping!r}.")
         if _checks.is_concrete(self.tol) and not self.tol > 0:
             raise ValueError(f"NestedEP: `tol` must be positive, got {self.tol!r}.")
-        if not (isinstance(self.max_iter, (int, np.integer)) and not isinstance(self.max_iter, bool)
-                and self.max_iter >= 1):
-            raise ValueError(f"NestedEP: `max_iter` must be a positive integer, got {self.max_iter!r}.")
+        _checks.integer("max_iter", self.max_iter, "NestedEP")
 
     def check_model(self, model) -> None:
         _check_model("gp.multiclass.NestedEP", model)
