@@ -5,18 +5,15 @@ G = ∂f̲/∂Ṽ summed over the point's observed columns, a natural-gradient s
 
     P* = Σ⁻¹ − 2 Σ_d W_dᵀ G_d W_d,        P ← (1 − ρ) P + ρ P*,        m ← m + ρ P⁻¹ (−Σ⁻¹(m − μ) + Σ_d W_dᵀ g_d)
 
-At ρ = 1 this is Newton's method in m with the covariance at its fixed point (for a Gaussian
-expectation of a fixed function, i.e. piecewise, Gaussian, Poisson, Jaakkola at fixed ξ, the Hessian in
-m̃ is 2G by Price's theorem), and for quadratic bounds the closed-form E-step (Algs. 2, 4, 5). A step
-that would lower L_n is rejected and ρ halved; an accepted one doubles ρ (up to 1): L_n never falls.
-A point stops after ``max_iter`` steps, or once q is within ``tol`` of its fixed point in its marginal
-standard deviations: with Δ_k = max_i(|Δm_i|/√V_ii, |ΔV_ii|/V_ii) of the accepted steps, the distance
-left is Δ_k r/(1 − r), r = Δ_k/Δ_{k−1} (`vj.solvers.extrapolated_distance`; the steps converge
-linearly, slowly where the likelihood dominates the prior; a test on L_n, stationary at the optimum,
-would stop √tol away). It also stops, converged, once *settled*: an accepted step neither shrank nor
-changed L_n beyond its rounding, so q is optimal to the bound's accuracy (the piecewise bounds'
-derivatives carry noise of about 10⁻⁸, where the steps wander without measurable contraction). Points are `jax.vmap`ped in one `jax.jit`; with
-constant-curvature likelihoods (Gaussian, Böhning) and no missing entry P* is shared, so V is computed
+At ρ = 1 this is Newton's method in m with V at its fixed point (for a Gaussian expectation of a fixed
+function the Hessian in m̃ is 2G, Price's theorem), and the closed-form E-step for quadratic bounds
+(Algs. 2, 4, 5). A step that would lower L_n is rejected and ρ halved; an accepted one doubles ρ (up to
+1), so L_n never falls. A point stops after ``max_iter`` steps, or once q is within ``tol`` of its fixed
+point in its marginal standard deviations: Δ_k = max_i(|Δm_i|/√V_ii, |ΔV_ii|/V_ii), distance left
+Δ_k r/(1 − r), r = Δ_k/Δ_{k−1} (`vj.solvers.extrapolated_distance`; a test on the stationary L_n would
+stop √tol away); or, converged, once an accepted step neither shrank nor changed L_n beyond rounding
+(the piecewise bounds' derivatives carry noise of about 10⁻⁸). Points are `jax.vmap`ped in one
+`jax.jit`; with constant-curvature likelihoods (Gaussian, Böhning) and no missing entry V is computed
 once and only the means iterate (thesis Alg. 5).
 
 **M-step.** μ and Σ in closed form (eq. 3.37; the graphical lasso when penalised); each column's
