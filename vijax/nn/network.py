@@ -226,17 +226,6 @@ def _activation_marginals(q: _Q, X):
     return means, variances, w_var
 
 
-def _f_moments(v_mean, v_cov, g_mean, g_var):
-    """E f, Var f and Cov(v, f) = Σ ḡ for f = vᵀg̃ with v ~ N(v_mean, v_cov) independent of g̃ (means
-    g_mean, independent coordinates with variances g_var; the last coordinate is the constant 1)."""
-    a = jnp.einsum("...ij,...j->...i", v_cov, g_mean)
-    mean = jnp.sum(v_mean * g_mean, -1)
-    diag = jnp.diagonal(v_cov, axis1=-2, axis2=-1)
-    var_v = jnp.sum(g_mean * a, -1)
-    var = var_v + jnp.sum((diag + v_mean**2) * g_var, -1)
-    return mean, var, var_v, a
-
-
 def _ones(shape, dtype):
     return jnp.ones(shape[:-1] + (1,), dtype)
 
@@ -358,8 +347,10 @@ class NetworkPosterior(Posterior):
         g_var = jnp.maximum(g_sq - g_mean**2, 0.0)
         g_mean = jnp.concatenate([g_mean, _ones(g_mean.shape, g_mean.dtype)], -1)
         g_var = jnp.concatenate([g_var, jnp.zeros_like(g_var[:, :1])], -1)
-        mean, var, _, _ = _f_moments(self.v_mean, self.v_cov, g_mean, g_var)
-        return mean, var
+        # f = vᵀg̃, v independent of g̃ (independent coordinates): Var f = ḡᵀΣḡ + Σ_k (Σ_kk + m_k²) Var g̃_k.
+        a = jnp.einsum("ij,nj->ni", self.v_cov, g_mean)
+        var = jnp.sum(g_mean * a, -1) + jnp.sum((jnp.diagonal(self.v_cov) + self.v_mean**2) * g_var, -1)
+        return jnp.sum(self.v_mean * g_mean, -1), var
 
 
 class NetworkEP(AbstractMethod):
