@@ -171,9 +171,7 @@ def _point_e_step(model, prior, y, mask, mean, cov, precision, shared, max_iter,
         sd = jnp.sqrt(jnp.diagonal(s.cov))
         change = jnp.maximum(jnp.max(jnp.abs(m_new - s.mean) / sd), jnp.max(jnp.abs(jnp.diagonal(v_new - s.cov)) / sd**2))
         change, previous = jnp.where(accept, change, s.change), jnp.where(accept, s.change, s.previous)
-        # Settled: an accepted step that did not shrink and did not change L_n beyond its rounding. q is at its
-        # optimum to the accuracy of the bound's evaluation (a bound whose derivatives carry noise, such as the
-        # piecewise ones, leaves the steps wandering at that level, where no contraction can be measured).
+        # Settled: optimal to the bound's accuracy (module docstring); no contraction is measurable there.
         settled = accept & (jnp.abs(value - s.bound) <= rounding) & (change >= previous)
         converged = accept & (extrapolated_distance(change, previous, floor) <= tol) | settled
         stalled = (~accept) & (s.rho <= 2.0**-_HALVINGS)
@@ -399,9 +397,7 @@ class FactorInfo(eqx.Module):
 
 class FactorPosterior(Posterior):
     """What `EM` and `EStep` return: the per-point posteriors q(z_n), the model they were fitted under,
-    and the bound.
-
-    N Gaussians, one per row: ``mean`` ``(N, L)``, ``covariance`` ``(N, L, L)``, ``std`` ``(N, L)``,
+    and the bound. N Gaussians, one per row: ``mean`` ``(N, L)``, ``covariance`` ``(N, L, L)``, ``std`` ``(N, L)``,
     ``marginals(H)`` (H ``(K, L)``: means and variances ``(N, K)``), ``sample(key, S)`` ``(S, N, L)``;
     ``factor`` a batched `vj.covariance.CholeskyFactor`. Also `log_z`, the last E-step's Σ_n w_n L_n
     (minus a sparse graphical model's ℓ1 penalty), a lower bound on log p(Y | fitted); `fitted`, the

@@ -1,16 +1,11 @@
 """Predictions from a fitted factor model: predictive densities of entries, class probabilities, imputation.
 
-Each function takes the `FactorPosterior` of `vj.factor.EM` or `vj.factor.EStep`, as `vj.glm` and `vj.gp`
-predictions take the fitted posterior: ``log_predictive(post, Y)``, ``probabilities(post)``,
-``impute(post, Y, mask)``. For rows the model was not fitted on, fit their posteriors under the
-learned model first: ``test = vj.infer(vj.factor.observe(post.fitted, Y_test, mask_test),
-vj.factor.EStep())``, then ``log_predictive(test, Y_test)``.
-
+Each function takes the `FactorPosterior` of `vj.factor.EM` or `vj.factor.EStep` (for new rows, fit
+them first: ``vj.infer(vj.factor.observe(post.fitted, Y_test, mask_test), vj.factor.EStep())``).
 For an entry (n, d), p(y_dn | observed) ≈ ⟨p(y | η)⟩ under q's predictor N(m̃_dn, Ṽ_dn) (thesis eq. 3.26),
 with q(z_n) fitted on the point's observed entries and the posterior's ``fitted`` model. Scalar
 predictors are integrated by Gauss–Hermite quadrature (32 nodes); categorical ones (K > 1) by Monte
-Carlo with ``num_samples`` draws from ``key``, a `jax.random` key the caller passes (required where a
-Monte Carlo estimate is made). All three functions return JAX arrays.
+Carlo with ``num_samples`` draws from ``key`` (a `jax.random` key, required only then).
 """
 
 from __future__ import annotations
