@@ -329,10 +329,7 @@ class NetworkPosterior(Posterior):
         mean, var_f = self._f(X_test)
         y_test = jnp.asarray(y_test, mean.dtype)
 
-        def log_density(phi):
-            total = var_f + jnp.exp(phi)
-            return normal_log_density(y_test, mean, total)
-
+        log_density = lambda phi: normal_log_density(y_test, mean, var_f + jnp.exp(phi))
         ones = jnp.ones_like(mean)
         return self.quadrature.log_expect_exp(log_density, self.hyper_mean[0] * ones,
                                               jnp.sqrt(self.hyper_var[0]) * ones)
