@@ -450,16 +450,6 @@ class FactorPosterior(Posterior):
                           f"{n} rows, {latent} latent dimensions, {self.fitted.num_columns} columns"])
 
 
-def _check_observed(method_name, model):
-    if isinstance(model, ObservedModel):
-        return
-    if isinstance(model, FactorModel):
-        raise ValueError(f"infer: vj.factor.{method_name} fits a factor model with its data: pass "
-                         f"vj.factor.observe(model, Y, mask), not the FactorModel alone.")
-    raise ValueError(f"infer: vj.factor.{method_name} fits a factor model with its data, "
-                     f"vj.factor.observe(model, Y, mask); got {type(model).__name__}.")
-
-
 def _state_of(method, model, init, accepted):
     """``init`` as a State of ``method`` (a State, or a posterior whose ``state`` is one), else a ValueError."""
     candidate = init.state if isinstance(init, Posterior) else init
@@ -468,11 +458,6 @@ def _state_of(method, model, init, accepted):
     name = type(method).__name__
     raise ValueError(f"{name}: `init` must be None, {accepted} for a model of these shapes (N = {model.num_points} "
                      f"rows, L = {model.latent_dim} latents), or its post.state; got {type(init).__name__}.")
-
-
-def _no_conversion(name):
-    raise ValueError(f"{name}: a start from another method's Gaussian or from a point does not apply to a factor model "
-                     "(its latents are one z_n per row); start from None or from a fit of this method.")
 
 
 def _same_shapes(state, template) -> bool:
@@ -501,7 +486,28 @@ class _EMLoop(NamedTuple):
     trace: jax.Array
 
 
-class EM(AbstractMethod):
+class _FactorMethod(AbstractMethod):
+    """What `EM` and `EStep` share: they fit an `ObservedModel`, from their own States only."""
+
+    def check_model(self, model) -> None:
+        name = type(self).__name__
+        if isinstance(model, FactorModel):
+            raise ValueError(f"infer: vj.factor.{name} fits a factor model with its data: pass "
+                             f"vj.factor.observe(model, Y, mask), not the FactorModel alone.")
+        if not isinstance(model, ObservedModel):
+            raise ValueError(f"infer: vj.factor.{name} fits a factor model with its data, "
+                             f"vj.factor.observe(model, Y, mask); got {type(model).__name__}.")
+
+    def from_gaussian(self, model, mean, factor):
+        self.from_expansion(model, None)
+
+    def from_expansion(self, model, expansion):
+        raise ValueError(f"{type(self).__name__}: a start from another method's Gaussian or from a point does not "
+                         "apply to a factor model (its latents are one z_n per row); start from None or from a fit "
+                         "of this method.")
+
+
+class EM(_FactorMethod):
     """Variational EM for latent Gaussian factor models: alternate E-steps (every q(z_n), `jax.vmap`ped,
     warm-started) and M-steps until the bound's relative change is below ``tol``, or ``max_iter``.
 
@@ -539,18 +545,9 @@ class EM(AbstractMethod):
             if _checks.is_concrete(value) and not value >= 0:
                 raise ValueError(f"EM: `{name}` must be a non-negative number, got {value!r}.")
 
-    def check_model(self, model) -> None:
-        _check_observed("EM", model)
-
     def init_state(self, model: ObservedModel) -> EMState:
         return EMState(model.model, initial_posteriors(model.model, model.num_points),
                        jnp.asarray(-jnp.inf, model.dtype))
-
-    def from_gaussian(self, model, mean, factor):
-        _no_conversion("EM")
-
-    def from_expansion(self, model, expansion):
-        _no_conversion("EM")
 
     def is_state(self, model, state) -> bool:
         if not isinstance(state, EMState):
@@ -588,7 +585,7 @@ class EM(AbstractMethod):
         return FactorPosterior(out.model, out.q, out.value, diagnostics, model, EMState(out.model, out.q, out.value))
 
 
-class EStep(AbstractMethod):
+class EStep(_FactorMethod):
     """The E-step alone: every q(z_n) under the factor model as given (no M-step), `jax.vmap`ped.
 
     For rows a model was not fitted on: their posteriors under a fitted model, then predictions,
@@ -617,17 +614,8 @@ class EStep(AbstractMethod):
         if _checks.is_concrete(self.tol) and not self.tol >= 0:
             raise ValueError(f"EStep: `tol` must be a non-negative number, got {self.tol!r}.")
 
-    def check_model(self, model) -> None:
-        _check_observed("EStep", model)
-
     def init_state(self, model: ObservedModel) -> Posteriors:
         return initial_posteriors(model.model, model.num_points)
-
-    def from_gaussian(self, model, mean, factor):
-        _no_conversion("EStep")
-
-    def from_expansion(self, model, expansion):
-        _no_conversion("EStep")
 
     def is_state(self, model, state) -> bool:
         return isinstance(state, Posteriors) and _same_shapes(state, eqx.filter_eval_shape(self.init_state, model))
