@@ -256,10 +256,6 @@ class Ordinal(AbstractLikelihood):
         self.first, self.log_gaps = t[..., 0], jnp.log(jnp.diff(t, axis=-1))
 
     @property
-    def constant_curvature(self):  # type: ignore[override]
-        return False
-
-    @property
     def num_outcomes(self):
         return self.num_levels
 
@@ -441,16 +437,13 @@ def _tilted_lse(mean, cov):
     m = jnp.concatenate([jnp.zeros_like(mean[:1]), mean])
     v = jnp.pad(cov, ((1, 0), (1, 0)))
 
-    def bound(a):
-        beta = jnp.eye(m.shape[0], dtype=m.dtype) - a  # row k: β_k = e_k − a
-        return a @ m + logsumexp(beta @ m + 0.5 * jnp.einsum("ki,ij,kj->k", beta, v, beta))
-
-    def fixed_point(a, _):
+    def exponents(a):  # β_kᵀm + ½β_kᵀVβ_k, β_k = e_k − a
         beta = jnp.eye(m.shape[0], dtype=m.dtype) - a
-        return jax.nn.softmax(beta @ m + 0.5 * jnp.einsum("ki,ij,kj->k", beta, v, beta)), None
+        return beta @ m + 0.5 * jnp.einsum("ki,ij,kj->k", beta, v, beta)
 
-    a0 = jax.nn.softmax(m)
-    a, _ = jax.lax.scan(fixed_point, a0, None, length=_TILTED_ITERATIONS)
+    bound = lambda a: a @ m + logsumexp(exponents(a))
+    a, _ = jax.lax.scan(lambda a, _: (jax.nn.softmax(exponents(a)), None), jax.nn.softmax(m), None,
+                        length=_TILTED_ITERATIONS)
     # Every a gives a valid bound; take the better of the fixed point and the log bound (a = 0).
     a = jax.lax.stop_gradient(jnp.where(bound(a) <= bound(jnp.zeros_like(a)), a, jnp.zeros_like(a)))
     return bound(a)
