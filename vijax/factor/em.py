@@ -24,7 +24,7 @@ falls; then each likelihood's own parameters (`update`).
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import equinox as eqx
 import jax
@@ -450,16 +450,6 @@ class FactorPosterior(Posterior):
                           f"{n} rows, {latent} latent dimensions, {self.fitted.num_columns} columns"])
 
 
-def _state_of(method, model, init, accepted):
-    """``init`` as a State of ``method`` (a State, or a posterior whose ``state`` is one), else a ValueError."""
-    candidate = init.state if isinstance(init, Posterior) else init
-    if method.is_state(model, candidate):
-        return candidate
-    name = type(method).__name__
-    raise ValueError(f"{name}: `init` must be None, {accepted} for a model of these shapes (N = {model.num_points} "
-                     f"rows, L = {model.latent_dim} latents), or its post.state; got {type(init).__name__}.")
-
-
 def _same_shapes(state, template) -> bool:
     """Whether the pytree ``state`` has the structure of ``template`` and leaves of the same shapes."""
     if jax.tree_util.tree_structure(state) != jax.tree_util.tree_structure(template):
@@ -498,6 +488,19 @@ class _FactorMethod(AbstractMethod):
             raise ValueError(f"infer: vj.factor.{name} fits a factor model with its data, "
                              f"vj.factor.observe(model, Y, mask); got {type(model).__name__}.")
 
+    def is_state(self, model, state) -> bool:
+        return (isinstance(state, self._state_type)
+                and _same_shapes(state, eqx.filter_eval_shape(self.init_state, model)))
+
+    def to_state(self, model, init):
+        """``init`` as a State (a State, or a posterior whose ``state`` is one), else a ValueError."""
+        candidate = init.state if isinstance(init, Posterior) else init
+        if self.is_state(model, candidate):
+            return candidate
+        raise ValueError(f"{type(self).__name__}: `init` must be None, {self._accepted} for a model of these shapes "
+                         f"(N = {model.num_points} rows, L = {model.latent_dim} latents), or its post.state; got "
+                         f"{type(init).__name__}.")
+
     def from_gaussian(self, model, mean, factor):
         self.from_expansion(model, None)
 
@@ -534,6 +537,8 @@ class EM(_FactorMethod):
     tol: float = 1e-6
     e_step_max_iter: int = eqx.field(static=True, default=100)
     e_step_tol: float = 1e-9
+    _state_type: ClassVar[type] = EMState
+    _accepted: ClassVar[str] = "an EM posterior (post)"
 
     def __check_init__(self):
         for name in ("max_iter", "e_step_max_iter"):
@@ -548,14 +553,6 @@ class EM(_FactorMethod):
     def init_state(self, model: ObservedModel) -> EMState:
         return EMState(model.model, initial_posteriors(model.model, model.num_points),
                        jnp.asarray(-jnp.inf, model.dtype))
-
-    def is_state(self, model, state) -> bool:
-        if not isinstance(state, EMState):
-            return False
-        return _same_shapes(state, eqx.filter_eval_shape(self.init_state, model))
-
-    def to_state(self, model, init):
-        return _state_of(self, model, init, "an EM posterior (post)")
 
     def solve(self, model: ObservedModel, state: EMState) -> FactorPosterior:
         data = jax.lax.stop_gradient(model)
@@ -606,6 +603,8 @@ class EStep(_FactorMethod):
     max_iter: int = eqx.field(static=True, default=1000)
     tol: float = 1e-9
     newton: bool = eqx.field(static=True, default=False)
+    _state_type: ClassVar[type] = Posteriors
+    _accepted: ClassVar[str] = "a FactorPosterior (post)"
 
     def __check_init__(self):
         if not (isinstance(self.max_iter, (int, np.integer)) and not isinstance(self.max_iter, bool)
@@ -616,12 +615,6 @@ class EStep(_FactorMethod):
 
     def init_state(self, model: ObservedModel) -> Posteriors:
         return initial_posteriors(model.model, model.num_points)
-
-    def is_state(self, model, state) -> bool:
-        return isinstance(state, Posteriors) and _same_shapes(state, eqx.filter_eval_shape(self.init_state, model))
-
-    def to_state(self, model, init):
-        return _state_of(self, model, init, "a FactorPosterior (post)")
 
     def solve(self, model: ObservedModel, state: Posteriors) -> FactorPosterior:
         data = jax.lax.stop_gradient(model)
