@@ -214,11 +214,9 @@ def e_step(model: FactorModel, Y, mask, q: Posteriors, max_iter: int = 500, tol:
     """Fit every q(z_n), warm-started at ``q``, by `jax.vmap` of the per-point ascent (for `EM`, `EStep`).
 
     ``complete`` (static): no entry is missing, allowing the shared-covariance shortcut. ``newton``
-    (static): step the means with the bound's own curvature −∂²f̲/∂m̃², not the fixed-point −2∂f̲/∂Ṽ.
-    They agree for Gaussian expectations of a fixed function (piecewise, Poisson, Gaussian); with
-    optimised local parameters (Böhning, Jaakkola, log, tilted) the latter is a majoriser and converges
-    linearly, Newton quadratically. One more L × L factorisation a step: it pays for large latent
-    spaces with few points (`vj.gp.softmax`), not for many small ones."""
+    (static): step the means with the bound's own curvature −∂²f̲/∂m̃², not −2∂f̲/∂Ṽ (they differ for
+    optimised local parameters: Böhning, Jaakkola, log, tilted): quadratic, not linear, convergence for
+    one more L × L factorisation a step, which pays for large latent spaces with few points."""
     return e_step_run(model, Y, mask, q, max_iter, tol, complete, newton)[0]
 
 

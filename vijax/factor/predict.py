@@ -17,6 +17,7 @@ import numpy as np
 from jax.scipy.special import logsumexp
 from jax.typing import ArrayLike
 
+from .._linalg import normal_log_density
 from ..quadrature import GaussHermite
 from .em import FactorPosterior, Posteriors
 from .likelihoods import GaussianColumn
@@ -34,8 +35,7 @@ def _block_predictors(block, q: Posteriors):
 def _log_expected_prob(lik, y, mean, cov, key, num_samples):
     """log⟨p(y | η)⟩ for one point's block: ``y`` (D_b,), ``mean`` (D_b, K), ``cov`` (D_b, K, K)."""
     if isinstance(lik, GaussianColumn):  # exact: y ~ N(m̃, ṽ + ψ)
-        var = cov[:, 0, 0] + lik.noise
-        return -0.5 * (jnp.log(2 * jnp.pi * var) + (y - mean[:, 0]) ** 2 / var)
+        return normal_log_density(y, mean[:, 0], cov[:, 0, 0] + lik.noise)
     if lik.num_predictors == 1:
         return _QUADRATURE.log_expect_exp(lambda eta: lik.log_prob(y, eta[:, None]), mean[:, 0],
                                           jnp.sqrt(cov[:, 0, 0]))
