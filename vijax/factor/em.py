@@ -5,18 +5,15 @@ G = ∂f̲/∂Ṽ summed over the point's observed columns, a natural-gradient s
 
     P* = Σ⁻¹ − 2 Σ_d W_dᵀ G_d W_d,        P ← (1 − ρ) P + ρ P*,        m ← m + ρ P⁻¹ (−Σ⁻¹(m − μ) + Σ_d W_dᵀ g_d)
 
-At ρ = 1 this is Newton's method in m with the covariance at its fixed point (for a Gaussian
-expectation of a fixed function, i.e. piecewise, Gaussian, Poisson, Jaakkola at fixed ξ, the Hessian in
-m̃ is 2G by Price's theorem), and for quadratic bounds the closed-form E-step (Algs. 2, 4, 5). A step
-that would lower L_n is rejected and ρ halved; an accepted one doubles ρ (up to 1): L_n never falls.
-A point stops after ``max_iter`` steps, or once q is within ``tol`` of its fixed point in its marginal
-standard deviations: with Δ_k = max_i(|Δm_i|/√V_ii, |ΔV_ii|/V_ii) of the accepted steps, the distance
-left is Δ_k r/(1 − r), r = Δ_k/Δ_{k−1} (`vj.solvers.extrapolated_distance`; the steps converge
-linearly, slowly where the likelihood dominates the prior; a test on L_n, stationary at the optimum,
-would stop √tol away). It also stops, converged, once *settled*: an accepted step neither shrank nor
-changed L_n beyond its rounding, so q is optimal to the bound's accuracy (the piecewise bounds'
-derivatives carry noise of about 10⁻⁸, where the steps wander without measurable contraction). Points are `jax.vmap`ped in one `jax.jit`; with
-constant-curvature likelihoods (Gaussian, Böhning) and no missing entry P* is shared, so V is computed
+At ρ = 1 this is Newton's method in m with V at its fixed point (for a Gaussian expectation of a fixed
+function the Hessian in m̃ is 2G, Price's theorem), and the closed-form E-step for quadratic bounds
+(Algs. 2, 4, 5). A step that would lower L_n is rejected and ρ halved; an accepted one doubles ρ (up to
+1), so L_n never falls. A point stops after ``max_iter`` steps, or once q is within ``tol`` of its fixed
+point in its marginal standard deviations: Δ_k = max_i(|Δm_i|/√V_ii, |ΔV_ii|/V_ii), distance left
+Δ_k r/(1 − r), r = Δ_k/Δ_{k−1} (`vj.solvers.extrapolated_distance`; a test on the stationary L_n would
+stop √tol away); or, converged, once an accepted step neither shrank nor changed L_n beyond rounding
+(the piecewise bounds' derivatives carry noise of about 10⁻⁸). Points are `jax.vmap`ped in one
+`jax.jit`; with constant-curvature likelihoods (Gaussian, Böhning) and no missing entry V is computed
 once and only the means iterate (thesis Alg. 5).
 
 **M-step.** μ and Σ in closed form (eq. 3.37; the graphical lasso when penalised); each column's
@@ -27,7 +24,7 @@ falls; then each likelihood's own parameters (`update`).
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import equinox as eqx
 import jax
@@ -174,9 +171,7 @@ def _point_e_step(model, prior, y, mask, mean, cov, precision, shared, max_iter,
         sd = jnp.sqrt(jnp.diagonal(s.cov))
         change = jnp.maximum(jnp.max(jnp.abs(m_new - s.mean) / sd), jnp.max(jnp.abs(jnp.diagonal(v_new - s.cov)) / sd**2))
         change, previous = jnp.where(accept, change, s.change), jnp.where(accept, s.change, s.previous)
-        # Settled: an accepted step that did not shrink and did not change L_n beyond its rounding. q is at its
-        # optimum to the accuracy of the bound's evaluation (a bound whose derivatives carry noise, such as the
-        # piecewise ones, leaves the steps wandering at that level, where no contraction can be measured).
+        # Settled: optimal to the bound's accuracy (module docstring); no contraction is measurable there.
         settled = accept & (jnp.abs(value - s.bound) <= rounding) & (change >= previous)
         converged = accept & (extrapolated_distance(change, previous, floor) <= tol) | settled
         stalled = (~accept) & (s.rho <= 2.0**-_HALVINGS)
@@ -219,11 +214,9 @@ def e_step(model: FactorModel, Y, mask, q: Posteriors, max_iter: int = 500, tol:
     """Fit every q(z_n), warm-started at ``q``, by `jax.vmap` of the per-point ascent (for `EM`, `EStep`).
 
     ``complete`` (static): no entry is missing, allowing the shared-covariance shortcut. ``newton``
-    (static): step the means with the bound's own curvature −∂²f̲/∂m̃², not the fixed-point −2∂f̲/∂Ṽ.
-    They agree for Gaussian expectations of a fixed function (piecewise, Poisson, Gaussian); with
-    optimised local parameters (Böhning, Jaakkola, log, tilted) the latter is a majoriser and converges
-    linearly, Newton quadratically. One more L × L factorisation a step: it pays for large latent
-    spaces with few points (`vj.gp.softmax`), not for many small ones."""
+    (static): step the means with the bound's own curvature −∂²f̲/∂m̃², not −2∂f̲/∂Ṽ (they differ for
+    optimised local parameters: Böhning, Jaakkola, log, tilted): quadratic, not linear, convergence for
+    one more L × L factorisation a step, which pays for large latent spaces with few points."""
     return e_step_run(model, Y, mask, q, max_iter, tol, complete, newton)[0]
 
 
@@ -402,9 +395,7 @@ class FactorInfo(eqx.Module):
 
 class FactorPosterior(Posterior):
     """What `EM` and `EStep` return: the per-point posteriors q(z_n), the model they were fitted under,
-    and the bound.
-
-    N Gaussians, one per row: ``mean`` ``(N, L)``, ``covariance`` ``(N, L, L)``, ``std`` ``(N, L)``,
+    and the bound. N Gaussians, one per row: ``mean`` ``(N, L)``, ``covariance`` ``(N, L, L)``, ``std`` ``(N, L)``,
     ``marginals(H)`` (H ``(K, L)``: means and variances ``(N, K)``), ``sample(key, S)`` ``(S, N, L)``;
     ``factor`` a batched `vj.covariance.CholeskyFactor`. Also `log_z`, the last E-step's Σ_n w_n L_n
     (minus a sparse graphical model's ℓ1 penalty), a lower bound on log p(Y | fitted); `fitted`, the
@@ -457,31 +448,6 @@ class FactorPosterior(Posterior):
                           f"{n} rows, {latent} latent dimensions, {self.fitted.num_columns} columns"])
 
 
-def _check_observed(method_name, model):
-    if isinstance(model, ObservedModel):
-        return
-    if isinstance(model, FactorModel):
-        raise ValueError(f"infer: vj.factor.{method_name} fits a factor model with its data: pass "
-                         f"vj.factor.observe(model, Y, mask), not the FactorModel alone.")
-    raise ValueError(f"infer: vj.factor.{method_name} fits a factor model with its data, "
-                     f"vj.factor.observe(model, Y, mask); got {type(model).__name__}.")
-
-
-def _state_of(method, model, init, accepted):
-    """``init`` as a State of ``method`` (a State, or a posterior whose ``state`` is one), else a ValueError."""
-    candidate = init.state if isinstance(init, Posterior) else init
-    if method.is_state(model, candidate):
-        return candidate
-    name = type(method).__name__
-    raise ValueError(f"{name}: `init` must be None, {accepted} for a model of these shapes (N = {model.num_points} "
-                     f"rows, L = {model.latent_dim} latents), or its post.state; got {type(init).__name__}.")
-
-
-def _no_conversion(name):
-    raise ValueError(f"{name}: a start from another method's Gaussian or from a point does not apply to a factor model "
-                     "(its latents are one z_n per row); start from None or from a fit of this method.")
-
-
 def _same_shapes(state, template) -> bool:
     """Whether the pytree ``state`` has the structure of ``template`` and leaves of the same shapes."""
     if jax.tree_util.tree_structure(state) != jax.tree_util.tree_structure(template):
@@ -508,7 +474,41 @@ class _EMLoop(NamedTuple):
     trace: jax.Array
 
 
-class EM(AbstractMethod):
+class _FactorMethod(AbstractMethod):
+    """What `EM` and `EStep` share: they fit an `ObservedModel`, from their own States only."""
+
+    def check_model(self, model) -> None:
+        name = type(self).__name__
+        if isinstance(model, FactorModel):
+            raise ValueError(f"infer: vj.factor.{name} fits a factor model with its data: pass "
+                             f"vj.factor.observe(model, Y, mask), not the FactorModel alone.")
+        if not isinstance(model, ObservedModel):
+            raise ValueError(f"infer: vj.factor.{name} fits a factor model with its data, "
+                             f"vj.factor.observe(model, Y, mask); got {type(model).__name__}.")
+
+    def is_state(self, model, state) -> bool:
+        return (isinstance(state, self._state_type)
+                and _same_shapes(state, eqx.filter_eval_shape(self.init_state, model)))
+
+    def to_state(self, model, init):
+        """``init`` as a State (a State, or a posterior whose ``state`` is one), else a ValueError."""
+        candidate = init.state if isinstance(init, Posterior) else init
+        if self.is_state(model, candidate):
+            return candidate
+        raise ValueError(f"{type(self).__name__}: `init` must be None, {self._accepted} for a model of these shapes "
+                         f"(N = {model.num_points} rows, L = {model.latent_dim} latents), or its post.state; got "
+                         f"{type(init).__name__}.")
+
+    def from_gaussian(self, model, mean, factor):
+        self.from_expansion(model, None)
+
+    def from_expansion(self, model, expansion):
+        raise ValueError(f"{type(self).__name__}: a start from another method's Gaussian or from a point does not "
+                         "apply to a factor model (its latents are one z_n per row); start from None or from a fit "
+                         "of this method.")
+
+
+class EM(_FactorMethod):
     """Variational EM for latent Gaussian factor models: alternate E-steps (every q(z_n), `jax.vmap`ped,
     warm-started) and M-steps until the bound's relative change is below ``tol``, or ``max_iter``.
 
@@ -535,6 +535,8 @@ class EM(AbstractMethod):
     tol: float = 1e-6
     e_step_max_iter: int = eqx.field(static=True, default=100)
     e_step_tol: float = 1e-9
+    _state_type: ClassVar[type] = EMState
+    _accepted: ClassVar[str] = "an EM posterior (post)"
 
     def __check_init__(self):
         for name in ("max_iter", "e_step_max_iter"):
@@ -546,26 +548,9 @@ class EM(AbstractMethod):
             if _checks.is_concrete(value) and not value >= 0:
                 raise ValueError(f"EM: `{name}` must be a non-negative number, got {value!r}.")
 
-    def check_model(self, model) -> None:
-        _check_observed("EM", model)
-
     def init_state(self, model: ObservedModel) -> EMState:
         return EMState(model.model, initial_posteriors(model.model, model.num_points),
                        jnp.asarray(-jnp.inf, model.dtype))
-
-    def from_gaussian(self, model, mean, factor):
-        _no_conversion("EM")
-
-    def from_expansion(self, model, expansion):
-        _no_conversion("EM")
-
-    def is_state(self, model, state) -> bool:
-        if not isinstance(state, EMState):
-            return False
-        return _same_shapes(state, eqx.filter_eval_shape(self.init_state, model))
-
-    def to_state(self, model, init):
-        return _state_of(self, model, init, "an EM posterior (post)")
 
     def solve(self, model: ObservedModel, state: EMState) -> FactorPosterior:
         data = jax.lax.stop_gradient(model)
@@ -595,7 +580,7 @@ class EM(AbstractMethod):
         return FactorPosterior(out.model, out.q, out.value, diagnostics, model, EMState(out.model, out.q, out.value))
 
 
-class EStep(AbstractMethod):
+class EStep(_FactorMethod):
     """The E-step alone: every q(z_n) under the factor model as given (no M-step), `jax.vmap`ped.
 
     For rows a model was not fitted on: their posteriors under a fitted model, then predictions,
@@ -616,6 +601,8 @@ class EStep(AbstractMethod):
     max_iter: int = eqx.field(static=True, default=1000)
     tol: float = 1e-9
     newton: bool = eqx.field(static=True, default=False)
+    _state_type: ClassVar[type] = Posteriors
+    _accepted: ClassVar[str] = "a FactorPosterior (post)"
 
     def __check_init__(self):
         if not (isinstance(self.max_iter, (int, np.integer)) and not isinstance(self.max_iter, bool)
@@ -624,23 +611,8 @@ class EStep(AbstractMethod):
         if _checks.is_concrete(self.tol) and not self.tol >= 0:
             raise ValueError(f"EStep: `tol` must be a non-negative number, got {self.tol!r}.")
 
-    def check_model(self, model) -> None:
-        _check_observed("EStep", model)
-
     def init_state(self, model: ObservedModel) -> Posteriors:
         return initial_posteriors(model.model, model.num_points)
-
-    def from_gaussian(self, model, mean, factor):
-        _no_conversion("EStep")
-
-    def from_expansion(self, model, expansion):
-        _no_conversion("EStep")
-
-    def is_state(self, model, state) -> bool:
-        return isinstance(state, Posteriors) and _same_shapes(state, eqx.filter_eval_shape(self.init_state, model))
-
-    def to_state(self, model, init):
-        return _state_of(self, model, init, "a FactorPosterior (post)")
 
     def solve(self, model: ObservedModel, state: Posteriors) -> FactorPosterior:
         data = jax.lax.stop_gradient(model)

@@ -115,7 +115,7 @@ class _LogPartitionBound(eqx.Module):
     for `Logistic` sites at its optimal parameter (`lvb.local_bound`, `AbstractLocalBound.expected`)."""
 
     bound: str = eqx.field(static=True)
-    pieces: int = eqx.field(static=True)
+    pieces: int = eqx.field(static=True, converter=int)
     kind: str = eqx.field(static=True)
 
     def __check_init__(self):
@@ -128,10 +128,6 @@ class _LogPartitionBound(eqx.Module):
         if self.bound == "piecewise":
             return -pot.PiecewiseLogistic(self.pieces, self.kind).expected_log_phi(-m, jnp.sqrt(v))
         return -lvb.local_bound(pot.Logistic(), self.bound).expected(-m, v)
-
-
-def _llp_bound(bound, pieces, kind):
-    return _LogPartitionBound(bound, int(pieces), kind)
 
 
 class GaussianColumn(AbstractLikelihood):
@@ -186,7 +182,7 @@ class Bernoulli(AbstractLikelihood):
     llp: _LogPartitionBound
 
     def __init__(self, bound: str = "piecewise", pieces: int = 20, kind: str = "quadratic"):
-        self.llp = _llp_bound(bound, pieces, kind)
+        self.llp = _LogPartitionBound(bound, pieces, kind)
 
     @property
     def constant_curvature(self):  # type: ignore[override]
@@ -250,7 +246,7 @@ class Ordinal(AbstractLikelihood):
                  thresholds=None):
         if not (isinstance(num_levels, (int, np.integer)) and num_levels >= 2):
             raise ValueError(f"Ordinal: `num_levels` must be an integer ≥ 2, got {num_levels!r}.")
-        self.num_levels, self.llp = int(num_levels), _llp_bound(bound, pieces, kind)
+        self.num_levels, self.llp = int(num_levels), _LogPartitionBound(bound, pieces, kind)
         if thresholds is None:  # logistic quantiles of equally likely levels
             p = np.arange(1, num_levels) / num_levels
             thresholds = np.log(p / (1 - p))
@@ -258,10 +254,6 @@ class Ordinal(AbstractLikelihood):
         if t.shape[-1] != num_levels - 1 or (not isinstance(t, jax.core.Tracer) and not bool(jnp.all(jnp.diff(t) > 0))):
             raise ValueError(f"Ordinal: `thresholds` must be {num_levels - 1} increasing values.")
         self.first, self.log_gaps = t[..., 0], jnp.log(jnp.diff(t, axis=-1))
-
-    @property
-    def constant_curvature(self):  # type: ignore[override]
-        return False
 
     @property
     def num_outcomes(self):
@@ -365,7 +357,7 @@ class StickBreaking(_Categorical):
 
     def __init__(self, num_classes: int, bound: str = "piecewise", pieces: int = 20, kind: str = "quadratic"):
         self._set_classes(num_classes)
-        self.llp = _llp_bound(bound, pieces, kind)
+        self.llp = _LogPartitionBound(bound, pieces, kind)
 
     def _weights(self, y):
         j = jnp.arange(self.num_classes - 1)
@@ -405,7 +397,7 @@ class Multinomial(_Categorical):
         if bound not in MULTINOMIAL_BOUNDS:
             raise ValueError(f"Multinomial: `bound` must be one of {MULTINOMIAL_BOUNDS}, got {bound!r}.")
         self.bound = bound
-        self.llp = _llp_bound("piecewise", pieces, kind)
+        self.llp = _LogPartitionBound("piecewise", pieces, kind)
 
     @property
     def constant_curvature(self):  # type: ignore[override]
@@ -445,16 +437,13 @@ def _tilted_lse(mean, cov):
     m = jnp.concatenate([jnp.zeros_like(mean[:1]), mean])
     v = jnp.pad(cov, ((1, 0), (1, 0)))
 
-    def bound(a):
-        beta = jnp.eye(m.shape[0], dtype=m.dtype) - a  # row k: β_k = e_k − a
-        return a @ m + logsumexp(beta @ m + 0.5 * jnp.einsum("ki,ij,kj->k", beta, v, beta))
-
-    def fixed_point(a, _):
+    def exponents(a):  # β_kᵀm + ½β_kᵀVβ_k, β_k = e_k − a
         beta = jnp.eye(m.shape[0], dtype=m.dtype) - a
-        return jax.nn.softmax(beta @ m + 0.5 * jnp.einsum("ki,ij,kj->k", beta, v, beta)), None
+        return beta @ m + 0.5 * jnp.einsum("ki,ij,kj->k", beta, v, beta)
 
-    a0 = jax.nn.softmax(m)
-    a, _ = jax.lax.scan(fixed_point, a0, None, length=_TILTED_ITERATIONS)
+    bound = lambda a: a @ m + logsumexp(exponents(a))
+    a, _ = jax.lax.scan(lambda a, _: (jax.nn.softmax(exponents(a)), None), jax.nn.softmax(m), None,
+                        length=_TILTED_ITERATIONS)
     # Every a gives a valid bound; take the better of the fixed point and the log bound (a = 0).
     a = jax.lax.stop_gradient(jnp.where(bound(a) <= bound(jnp.zeros_like(a)), a, jnp.zeros_like(a)))
     return bound(a)

@@ -216,10 +216,9 @@ def check_weights(weights, num_points: int, dtype, owner: str):
 class ObservedModel(eqx.Module):
     """A factor model with its data: what `vj.factor.EM` and `vj.factor.EStep` fit through `vj.infer`.
 
-    Build it with `observe`. Fields: `model` (the `FactorModel`), `Y` ``(N, D)`` (unobserved entries
-    replaced by 0), `mask` ``(N, D)`` booleans (True = observed), `weights` ``(N,)`` (row weights w_n:
-    the bound is Σ_n w_n L_n) and the static `complete` (no entry missing: the E-step may then share
-    one covariance between the points).
+    Build it with `observe` (which says what `Y`, `mask` and `weights` hold; unobserved entries of `Y` are
+    0 here); `model` is the `FactorModel`, the static `complete` says no entry is missing (the E-step may
+    then share one covariance between the points).
     """
 
     model: FactorModel

@@ -1,16 +1,11 @@
 """Predictions from a fitted factor model: predictive densities of entries, class probabilities, imputation.
 
-Each function takes the `FactorPosterior` of `vj.factor.EM` or `vj.factor.EStep`, as `vj.glm` and `vj.gp`
-predictions take the fitted posterior: ``log_predictive(post, Y)``, ``probabilities(post)``,
-``impute(post, Y, mask)``. For rows the model was not fitted on, fit their posteriors under the
-learned model first: ``test = vj.infer(vj.factor.observe(post.fitted, Y_test, mask_test),
-vj.factor.EStep())``, then ``log_predictive(test, Y_test)``.
-
+Each function takes the `FactorPosterior` of `vj.factor.EM` or `vj.factor.EStep` (for new rows, fit
+them first: ``vj.infer(vj.factor.observe(post.fitted, Y_test, mask_test), vj.factor.EStep())``).
 For an entry (n, d), p(y_dn | observed) ≈ ⟨p(y | η)⟩ under q's predictor N(m̃_dn, Ṽ_dn) (thesis eq. 3.26),
 with q(z_n) fitted on the point's observed entries and the posterior's ``fitted`` model. Scalar
 predictors are integrated by Gauss–Hermite quadrature (32 nodes); categorical ones (K > 1) by Monte
-Carlo with ``num_samples`` draws from ``key``, a `jax.random` key the caller passes (required where a
-Monte Carlo estimate is made). All three functions return JAX arrays.
+Carlo with ``num_samples`` draws from ``key`` (a `jax.random` key, required only then).
 """
 
 from __future__ import annotations
@@ -22,6 +17,7 @@ import numpy as np
 from jax.scipy.special import logsumexp
 from jax.typing import ArrayLike
 
+from .._linalg import normal_log_density
 from ..quadrature import GaussHermite
 from .em import FactorPosterior, Posteriors
 from .likelihoods import GaussianColumn
@@ -39,8 +35,7 @@ def _block_predictors(block, q: Posteriors):
 def _log_expected_prob(lik, y, mean, cov, key, num_samples):
     """log⟨p(y | η)⟩ for one point's block: ``y`` (D_b,), ``mean`` (D_b, K), ``cov`` (D_b, K, K)."""
     if isinstance(lik, GaussianColumn):  # exact: y ~ N(m̃, ṽ + ψ)
-        var = cov[:, 0, 0] + lik.noise
-        return -0.5 * (jnp.log(2 * jnp.pi * var) + (y - mean[:, 0]) ** 2 / var)
+        return normal_log_density(y, mean[:, 0], cov[:, 0, 0] + lik.noise)
     if lik.num_predictors == 1:
         return _QUADRATURE.log_expect_exp(lambda eta: lik.log_prob(y, eta[:, None]), mean[:, 0],
                                           jnp.sqrt(cov[:, 0, 0]))

@@ -15,25 +15,18 @@ the hidden units (Neal 1996's ARD), ``"common"``: one for all. Half-Gaussian out
 thesis: a left-truncated Student-t) remove the sign symmetry of the odd g(a) = erf(a/√2) = 2Φ(a) − 1;
 E_{N(a|m,s²)} g = erf(m/√(2(1+s²))) in closed form, E g² (an Owen-T integral) by Gauss–Hermite.
 
-**Approximation** (thesis §3.3): q(v) ∏_k q(w_k) q(φ), all Gaussian, q(φ) factorised. Point i has a
-rank-one site in v, exp(−τ_i(u_iᵀv)²/2 + ν_i u_iᵀv) (u_i = ḡ_i at the fixed point), a scalar site on
-each activation h_ik = w_kᵀx̃_i, and one on φ_0. Under the cavity:
-
-- f_i = vᵀg̃_i, g̃ = [g(h_i1), …, g(h_iK), 1], is taken as Gaussian (exact cavity moments);
-  N(y_i | f, e^{φ_0}) is then analytic in f, Gauss–Hermite in φ_0
-  (`vj.methods.ep_hyper.log_variance_tilted_moments`);
-- v by a linear-filter step: Cov(v, f_i) = Σ₋ḡ_i gives E v, Cov v from E f_i, Var f_i; the site is
-  rank one, −β ḡḡᵀ (Sherman–Morrison), and (τ_i, ν_i), u_i are damped towards it (O(K²) a point);
-- each h_ik alone: given h_ik = h, f_i is Gaussian with mean E f + μ_k(g(h) − ḡ_k) and variance
-  Σ_kk g(h)² + 2g(h)Cov(v_k, r) + Var r (r the rest of the sum); Gauss–Hermite in h and in φ_0.
-
-The prior sites N(w_kj | 0, e^{φ_{l_j}}) are `HierarchicalEP`'s, the positivity sites on v_k truncated
-Gaussians. All sites move together from a MAP start (`map_estimate`), damped, the step halved until q
-and every cavity are proper. Per iteration: K Choleskys of (d+1)², O(nKd²) marginals, O(nK·Q·P)
-tilted moments (Q, P nodes), O(nK²) v cavities. The predictive variance Var f_* + E σ² is exact under
-q, but E σ² tends to exceed the true noise (at the fixed point E σ² ≈ the mean of E_q(y_i − f_i)², and
-the factorised q's mean fits the data less closely than the posterior's), so the intervals err wide;
-a tight ``noise_prior`` holds a known σ².
+**Approximation** (thesis §3.3): q(v) ∏_k q(w_k) q(φ), all Gaussian, q(φ) factorised. Sites: per point
+a rank-one site on v, exp(−τ_i(u_iᵀv)²/2 + ν_i u_iᵀv) (u_i = ḡ_i at the fixed point), one on each
+activation h_ik = w_kᵀx̃_i and one on φ_0; per weight `HierarchicalEP`'s prior site N(w_kj | 0, e^{φ_{l_j}});
+truncated-Gaussian positivity sites on v_k. Under the cavity f_i = vᵀg̃_i, g̃ = [g(h_i1), …, g(h_iK), 1], is
+taken as Gaussian, so N(y_i | f, e^{φ_0}) is analytic in f and Gauss–Hermite in φ_0
+(`vj.methods.ep_hyper.log_variance_tilted_moments`); v moves by a linear-filter step (rank-one site
+−β ḡḡᵀ, Sherman–Morrison, O(K²) a point); each h_ik by Gauss–Hermite, f_i | h_ik = h being Gaussian with
+mean E f + μ_k(g(h) − ḡ_k), variance Σ_kk g(h)² + 2g(h)Cov(v_k, r) + Var r (r the rest of the sum).
+All sites move together from a MAP start (`map_estimate`), damped, the step halved until q and every
+cavity are proper. The predictive intervals err wide: at the fixed point E σ² ≈ the mean of
+E_q(y_i − f_i)², and the factorised q fits the data less closely than the posterior; a tight
+``noise_prior`` holds a known σ².
 """
 
 from __future__ import annotations
@@ -187,10 +180,8 @@ def _segment(values, labels, L, offset):
 
 
 def _per_unit(fn, *xs):
-    """``fn`` mapped over the hidden units (the leading axis) one at a time, by `jax.lax.map`.
-
-    Not `vmap`: on CPU two batched LAPACK calls running at once (the per-unit solves beside the per-point
-    v cavities) can each wait for the other's share of XLA's thread pool and deadlock. K is small."""
+    """``fn`` mapped over the hidden units (the leading axis) by `jax.lax.map`: a `vmap` can deadlock two
+    batched LAPACK calls on CPU's XLA thread pool (this beside the per-point v cavities). K is small."""
     return jax.lax.map(lambda args: fn(*args), xs)
 
 
@@ -235,27 +226,14 @@ def _activation_marginals(q: _Q, X):
     return means, variances, w_var
 
 
-def _f_moments(v_mean, v_cov, g_mean, g_var):
-    """E f, Var f and Cov(v, f) = Σ ḡ for f = vᵀg̃ with v ~ N(v_mean, v_cov) independent of g̃ (means
-    g_mean, independent coordinates with variances g_var; the last coordinate is the constant 1)."""
-    a = jnp.einsum("...ij,...j->...i", v_cov, g_mean)
-    mean = jnp.sum(v_mean * g_mean, -1)
-    diag = jnp.diagonal(v_cov, axis1=-2, axis2=-1)
-    var_v = jnp.sum(g_mean * a, -1)
-    var = var_v + jnp.sum((diag + v_mean**2) * g_var, -1)
-    return mean, var, var_v, a
-
-
 def _ones(shape, dtype):
     return jnp.ones(shape[:-1] + (1,), dtype)
 
 
 def map_estimate(net: TwoLayerNetwork, w0, iterations: int = 500):
-    """Input weights ``(K, d+1)`` and output weights ``(K+1,)`` maximising the log joint with every φ
-    at its prior mean (noise variance e^{μ_0}, weight variances e^{μ_l}), by L-BFGS from input weights
-    `w0` and output weights 1/2. The noise stays at its prior mean on purpose: with φ_0 learnt too the
-    MAP network interpolates the data, and parallel EP started there collapses q(φ_0) and stalls.
-    v_1..v_K = softplus(u) ≥ 0 (the mode is found on u's scale: a start, not a posterior mode)."""
+    """Input weights ``(K, d+1)`` and output weights ``(K+1,)`` maximising the log joint with every φ at
+    its prior mean, by `iterations` of L-BFGS from input weights `w0` and output weights 1/2; v_1..v_K =
+    softplus(u) ≥ 0. φ_0 is not learnt: the MAP network would interpolate the data and EP there stall."""
     K, D = w0.shape
     dtype = net.X.dtype
     w_var = jnp.exp(net.hyper_mean[1 + net.labels])
@@ -305,9 +283,8 @@ class NetworkPosterior(Posterior):
       index 0 log σ², then the input groups, then the bias.
     - `mean`, `factor`: q(θ), θ = [w_1; …; w_K; v] ``(K(d+1) + K + 1,)``, a block-diagonal covariance
       held as a dense `CholeskyFactor`.
-    - `log_z`: NaN (``defines_log_z`` is False: `vj.infer` does not call it a failure). The tilted
-      moments are not the derivatives of one tilted normaliser, so the EP energy (Jylänki eqs. 2.42,
-      2.45) is not stationary at the fixed points and estimates no log p(y); the thesis gives none.
+    - `log_z`: NaN (``defines_log_z`` is False): the tilted moments are not derivatives of one tilted
+      normaliser, so the EP energy (Jylänki eqs. 2.42, 2.45) estimates no log p(y).
     - `diagnostics` (``stationarity`` the moment residual, ``info`` a `NetworkInfo`), `model`, and
       `state`, the `NetworkState` (warm starts, e.g. ``init=post``).
     """
@@ -352,10 +329,7 @@ class NetworkPosterior(Posterior):
         mean, var_f = self._f(X_test)
         y_test = jnp.asarray(y_test, mean.dtype)
 
-        def log_density(phi):
-            total = var_f + jnp.exp(phi)
-            return normal_log_density(y_test, mean, total)
-
+        log_density = lambda phi: normal_log_density(y_test, mean, var_f + jnp.exp(phi))
         ones = jnp.ones_like(mean)
         return self.quadrature.log_expect_exp(log_density, self.hyper_mean[0] * ones,
                                               jnp.sqrt(self.hyper_var[0]) * ones)
@@ -370,8 +344,10 @@ class NetworkPosterior(Posterior):
         g_var = jnp.maximum(g_sq - g_mean**2, 0.0)
         g_mean = jnp.concatenate([g_mean, _ones(g_mean.shape, g_mean.dtype)], -1)
         g_var = jnp.concatenate([g_var, jnp.zeros_like(g_var[:, :1])], -1)
-        mean, var, _, _ = _f_moments(self.v_mean, self.v_cov, g_mean, g_var)
-        return mean, var
+        # f = vᵀg̃, v independent of g̃ (independent coordinates): Var f = ḡᵀΣḡ + Σ_k (Σ_kk + m_k²) Var g̃_k.
+        a = jnp.einsum("ij,nj->ni", self.v_cov, g_mean)
+        var = jnp.sum(g_mean * a, -1) + jnp.sum((jnp.diagonal(self.v_cov) + self.v_mean**2) * g_var, -1)
+        return jnp.sum(self.v_mean * g_mean, -1), var
 
 
 class NetworkEP(AbstractMethod):
@@ -382,36 +358,28 @@ class NetworkEP(AbstractMethod):
     - `damping`: δ ∈ (0, 1], the fraction of each EP step taken (default 0.3: parallel updates need
       more damping than sequential ones, as the thesis notes).
     - `prior_damping`: the input-weight prior and scale sites' damping from iteration 1000 on (default
-      0.6; None: ``damping``): a rescue for runs not converged by then (earlier ones are untouched),
-      whose units still die and revive while those sites re-settle. Not from the start: the early
-      iterations choose which units live. More damping on the other sites diverges.
+      0.6; None: ``damping``): a rescue for slow runs, where units still die and revive. Not from the
+      start: the early iterations choose which units live.
     - `momentum`: β ∈ [0, 1): each move is δ·(EP step) + β·(previous move), restarted from zero when the
-      moment residual rises (default 0.7; 0: plain EP). Late on, q drifts along a ridge of the factorised
-      posterior (the residual falling like a power of the iteration count), and larger damping (0.5–1)
-      makes the activation sites oscillate: the restart damps those, the momentum carries the drift. Off
-      for the first 200 iterations, whose moves decide which units live.
+      moment residual rises (default 0.7; 0: plain EP): late on q drifts slowly along a ridge, which the
+      momentum carries. Off for the first 200 iterations, whose moves decide which units live.
     - `max_iter`, `tol`: converged when the moment residual, max over sites of |m̂ − m|/√V + |log V̂/V|, is
-      ≤ ``tol`` (defaults 2000 and 1e-3: the residual falls slowly, the activation sites last).
+      ≤ ``tol`` (defaults 2000 and 1e-3: the residual falls slowly).
     - `activation_nodes`, `noise_nodes`: Gauss–Hermite nodes over each activation and over φ_0.
-    - `init`: ``"map"`` (default): activation sites centred on the input weights of `map_estimate` (500
-      L-BFGS iterations from random weights N(0, 1/d) drawn with `key`), weak sites on v on its output
-      weights. ``"random"``: activation sites on the random weights, q(v) the prior; parallel EP then
-      kills most units: the first v update asks negative output weights of about half, the positivity
-      sites pin them at 0, and a unit with E v_k ≈ 0 learns nothing, so never turns round.
-    - `init_precision`: the starting activation sites' precision (at random weights: zero weights would
-      leave the units identical, and EP keeps them so). `init_output_precision`: the starting v sites'
-      total precision (``"map"``).
+    - `init`: ``"map"`` (default): activation sites centred on `map_estimate`'s input weights (500 L-BFGS
+      iterations from random weights N(0, 1/d) drawn with `key`), weak sites on v at its output weights.
+      ``"random"``: activation sites at the random weights, q(v) the prior (parallel EP then kills most
+      units: the positivity sites pin about half the output weights at 0, and such units never revive).
+    - `init_precision`: the starting activation sites' precision. `init_output_precision`: the starting
+      v sites' total precision (``"map"``).
     - `nonnegative_activation_sites`: cap each activation's tilted variance at its cavity's, so no
-      activation site has negative precision (default True: a unit's n rank-one sites on w_k otherwise
-      oscillate under parallel updates); the fixed point then matches the tilted means, and the variances
-      where the cap is inactive.
-    - `key`: the `jax.random` key of the random start weights (None: ``jax.random.PRNGKey(0)``); an array
-      leaf, so another key reuses the compiled start.
+      activation site has negative precision (default True: otherwise a unit's n rank-one sites on w_k
+      oscillate under parallel updates).
+    - `key`: the `jax.random` key of the random start weights (None: ``jax.random.PRNGKey(0)``).
 
-    Returns a `NetworkPosterior`, in or out of `jit`; ``init`` may be one, or a `NetworkState`, of this
-    network's shapes (no other posterior converts: the weights enter non-linearly). The start and the
-    loop are separate programs; ``damping``, ``prior_damping``, ``momentum``, ``tol`` and the starting
-    precisions are traced: new values reuse them.
+    Returns a `NetworkPosterior`; ``init`` may be one, or a `NetworkState`, of this network's shapes.
+    ``damping``, ``prior_damping``, ``momentum``, ``tol``, the starting precisions and ``key`` are traced:
+    new values reuse the compiled programs.
     """
 
     damping: float = 0.3
