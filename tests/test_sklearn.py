@@ -8,6 +8,7 @@ import pytest
 
 pytest.importorskip("sklearn")
 import equinox as eqx
+from sklearn.base import clone
 from sklearn.model_selection import GridSearchCV
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
@@ -229,3 +230,13 @@ def test_check_estimator(estimator):
     failed = [(r["check_name"], repr(r["exception"])[:200]) for r in results if r["status"] == "failed"]
     assert not failed
     assert {r["check_name"] for r in results if r["status"] == "xfail"} <= set(expected)
+
+
+@pytest.mark.parametrize("estimator", CHECKED, ids=lambda e: type(e).__name__)
+def test_predicting_before_fit_raises_not_fitted(estimator):
+    """scikit-learn's contract (its slow `check_estimators_unfitted`, here in the default suite): `predict` on an
+    unfitted estimator raises `NotFittedError`, not an `AttributeError` from a fitted attribute."""
+    from sklearn.exceptions import NotFittedError
+
+    with pytest.raises(NotFittedError):
+        clone(estimator).predict(np.ones((3, 2)))

@@ -107,7 +107,8 @@ class _ClassifierMixin(ClassifierMixin):
 
     def predict(self, X: ArrayLike) -> np.ndarray:
         """The class with the largest predictive probability, shape ``(n_samples,)``."""
-        return self.classes_[np.argmax(self.predict_proba(X), axis=1)]
+        proba = self.predict_proba(X)  # first: it raises NotFittedError before `classes_` is looked up
+        return self.classes_[np.argmax(proba, axis=1)]
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
