@@ -1,36 +1,18 @@
 """Covariance functions k(x, x') as equinox modules.
 
-A kernel is called on inputs of shape ``(N, d)`` (a 1-D array is read as ``(N, 1)``):
-
-    kernel(X1, X2)   # (N1, N2) cross-covariance
-    kernel(X)        # (N, N) covariance of X with itself (white noise included)
-    kernel.diagonal(X)   # (N,) = diag(kernel(X))
-
-Constructors take positive values, stored as logarithms (``log_variance``, …) so that any gradient
-step keeps them positive; the properties ``variance``, ``lengthscale``, … give the values. The
-logarithms are strongly typed arrays of the dtype of the arrays passed, else ``jnp.result_type(float)``,
-so an optax update never changes their type (a jitted step compiles once).
-
-Stationary kernels use the scaled distance r² = Σ_j (x_j − x'_j)² / ℓ_j² (one ℓ per input
-dimension for ARD, or a scalar):
-
-| kernel | k(x, x') |
-|---|---|
-| `SquaredExponential` | v exp(−r²/2) |
-| `Matern12` | v exp(−r) |
-| `Matern32` | v (1 + √3 r) exp(−√3 r) |
-| `Matern52` | v (1 + √5 r + 5r²/3) exp(−√5 r) |
-| `Periodic` | v exp(−2 Σ_j sin²(π \\|x_j − x'_j\\| / p) / ℓ_j²) |
-| `Linear` | Σ_j v_j x_j x'_j |
-| `White` | v δ(x, x') — only in `kernel(X)`; cross-covariances are zero |
-
-Kernels add and multiply: ``k1 + k2`` and ``k1 * k2``.
+``kernel(X1, X2)`` is the ``(N1, N2)`` cross-covariance, ``kernel(X)`` the ``(N, N)`` covariance (white noise
+included) and ``kernel.diagonal(X)`` its diagonal, for inputs ``(N, d)`` (a 1-D array is ``(N, 1)``).
+Positive parameters are stored as logarithms (``log_variance``, …; strongly typed arrays, so an optax step
+keeps them positive and compiles once); the properties ``variance``, … give the values. Stationary
+kernels use r² = Σ_j (x_j − x'_j)² / ℓ_j² (one ℓ per input dimension for ARD, or a scalar). Kernels add
+and multiply: ``k1 + k2``, ``k1 * k2``.
 """
 
 from __future__ import annotations
 
 import abc
 import dataclasses
+import operator
 
 import jax
 import jax.numpy as jnp
@@ -56,15 +38,14 @@ __all__ = [
 
 
 def _format(value):
-    """A parameter's value for `repr`: numbers for concrete arrays (ARD lengthscales too), dtype and
-    shape for traced ones (`vijax._checks.format_param`)."""
+    """A parameter's value for `repr`: numbers for concrete arrays, dtype and shape for traced ones."""
     if isinstance(value, jax.core.Tracer) or np.ndim(value) == 0:
         return _checks.format_param(value)
     return np.array2string(np.asarray(value), precision=6, separator=", ")
 
 
 def _log_positive(name, value, owner, dtype):
-    """log of a positive parameter, a strongly typed array of ``dtype`` (`vijax._checks.as_param`)."""
+    """log of a positive parameter, a strongly typed array of ``dtype``."""
     value = _checks.as_param(name, value, owner, dtype)
     _checks.check_positive(name, value, owner)
     return jnp.log(value)
@@ -115,36 +96,30 @@ class AbstractKernel(eqx.Module):
         return Product(self, other)
 
 
-class Sum(AbstractKernel):
+class _Combination(AbstractKernel):
+    first: AbstractKernel
+    second: AbstractKernel
+
+    def __repr__(self):
+        return f"({self.first!r} {self._symbol} {self.second!r})"
+
+    def _matrix(self, X1, X2, same):
+        return self._op(self.first._matrix(X1, X2, same), self.second._matrix(X1, X2, same))
+
+    def _diagonal(self, X):
+        return self._op(self.first._diagonal(X), self.second._diagonal(X))
+
+
+class Sum(_Combination):
     """k₁ + k₂."""
 
-    first: AbstractKernel
-    second: AbstractKernel
-
-    def __repr__(self):
-        return f"({self.first!r} + {self.second!r})"
-
-    def _matrix(self, X1, X2, same):
-        return self.first._matrix(X1, X2, same) + self.second._matrix(X1, X2, same)
-
-    def _diagonal(self, X):
-        return self.first._diagonal(X) + self.second._diagonal(X)
+    _op, _symbol = operator.add, "+"
 
 
-class Product(AbstractKernel):
+class Product(_Combination):
     """k₁ · k₂ (elementwise)."""
 
-    first: AbstractKernel
-    second: AbstractKernel
-
-    def __repr__(self):
-        return f"({self.first!r} * {self.second!r})"
-
-    def _matrix(self, X1, X2, same):
-        return self.first._matrix(X1, X2, same) * self.second._matrix(X1, X2, same)
-
-    def _diagonal(self, X):
-        return self.first._diagonal(X) * self.second._diagonal(X)
+    _op, _symbol = operator.mul, "*"
 
 
 class _Stationary(AbstractKernel):
