@@ -1,18 +1,12 @@
-"""Multi-class GP classification with the softmax (multinomial-logit) likelihood and its local bounds.
+"""Multi-class GP classification with the softmax likelihood and its local bounds (Khan thesis ch. 5).
 
-C classes, f_c ~ GP(0, K_c) independently, p(y_i = c | f_i) = softmax(f_i)_c: the model of
-`vj.gp.multiclass.model`, fitted by `SoftmaxBound` through `vj.infer`:
-
-    post = vj.infer(vj.gp.multiclass.model(kernel, X, labels, C), vj.gp.softmax.SoftmaxBound("log"))
-    p = vj.gp.softmax.predict_proba(post, X_test, key=key)          # (T, C), Monte Carlo
-
-Only η_ik = f_ik − f_i0 enter the likelihood (`vj.factor.Multinomial`), so in the whitened values f̃,
-f_c = L_c f̃_c (K_c + εI = L_c L_cᵀ), the model is a one-point factor model with prior N(0, I), fitted by
-the factor model's E-step (Newton steps in the mean), which ascends
+The model of `vj.gp.multiclass.model`, p(y_i = c | f_i) = softmax(f_i)_c, fitted by `SoftmaxBound`. Only
+η_ik = f_ik − f_i0 enter the likelihood, so in the whitened values f̃_c = L_c⁻¹f_c (K_c + εI = L_cL_cᵀ) it is a
+one-point factor model with prior N(0, I), whose E-step (Newton steps in the mean) ascends
 
     log Z ≥ −KL(q(f̃) ‖ N(0, I)) + Σ_i f̲(y_i, m̃_i, Ṽ_i)
 
-with the Böhning, log, tilted or product-of-sigmoids bound f̲ on ⟨log softmax⟩ (Khan thesis ch. 5).
+with the Böhning, log, tilted or product-of-sigmoids bound f̲ on ⟨log softmax⟩.
 """
 
 from __future__ import annotations
@@ -39,8 +33,8 @@ BOUNDS = ("bohning", "log", "tilted", "pos")
 
 
 class SoftmaxState(eqx.Module):
-    """The State of `SoftmaxBound`: q(f̃) = N(mean, cov) over the whitened latents f̃ (class-major, C·N),
-    with ``precision`` = cov⁻¹. The cold start is the prior, N(0, I)."""
+    """The State of `SoftmaxBound`: q(f̃) = N(mean, cov) over the whitened latents (class-major, C·N),
+    ``precision`` = cov⁻¹; the cold start is the prior, N(0, I)."""
 
     mean: jax.Array
     cov: jax.Array
@@ -58,7 +52,7 @@ def _loadings(chol, num_classes):
 
 
 def _factor_model(chol, likelihood):
-    """The one-point factor model over the whitened latents: prior N(0, I), one column per input."""
+    """The one-point factor model over the whitened latents, one column per input."""
     num_classes, n = chol.shape[0], chol.shape[1]
     latent = num_classes * n
     block = Block(tuple(range(n)), likelihood, _loadings(chol, num_classes),
@@ -70,20 +64,19 @@ def _factor_model(chol, likelihood):
 class SoftmaxBound(AbstractMethod):
     """The softmax multi-class GP by a local bound on ⟨log softmax⟩ (Khan thesis ch. 5).
 
-    Fits a `vj.gp.multiclass.model` to a `vj.Posterior` over the class-major latent f (``(C·N,)``, a full
-    `vj.covariance.CholeskyFactor`) whose ``log_z``, the bound at its optimum, is a lower bound on
-    log p(y | X), differentiable in the kernels (envelope theorem). ``post.state`` is a `SoftmaxState`;
-    another method's posterior of the same model (e.g. `vj.gp.multiclass.NestedEP`'s) converts.
+    Fits a `vj.gp.multiclass.model` to a `vj.Posterior` over the class-major f (``(C·N,)``, a full
+    `vj.covariance.CholeskyFactor`); ``log_z``, the bound at its optimum, is a lower bound on log p(y | X),
+    differentiable in the kernels (envelope theorem). Another method's posterior of the model converts.
 
     **Arguments:**
 
-    - `bound`: ``"bohning"``, ``"log"`` (default), ``"tilted"`` (full-covariance tilted) or ``"pos"``
-      (product of sigmoids); static.
-    - `tol`: q within ``tol`` of its optimum, in units of its marginal standard deviations (traced).
+    - `bound`: ``"bohning"``, ``"log"``, ``"tilted"`` (full-covariance tilted) or ``"pos"`` (product of
+      sigmoids); static.
+    - `tol`: q within ``tol`` of its optimum, in units of its marginal standard deviations.
     - `max_iter`: most E-step iterations (static).
 
     **Diagnostics:** `stationarity` is the extrapolated distance of q from the optimum, `grad_norm`
-    max |∂bound/∂m̃| at the end, solver ``"E-step (Newton)"``.
+    max |∂bound/∂m̃| at the end.
     """
 
     bound: str = eqx.field(static=True, default="log")
@@ -125,8 +118,7 @@ class SoftmaxBound(AbstractMethod):
                 and jnp.shape(state.precision) == (d, d))
 
     def to_state(self, model, init):
-        """``init`` as a State: a `SoftmaxState`, a `SoftmaxBound` posterior (its state), or another method's
-        posterior of a model of the same shapes (converted from its mean and covariance, `from_gaussian`)."""
+        """``init`` as a State: a `SoftmaxState`, or a posterior of a model of the same shapes."""
         if isinstance(init, (jax.Array, np.ndarray)):
             raise ValueError("SoftmaxBound: an array `init` (a point w) does not apply to the multi-class GP model; "
                              "start from None, a posterior of this model (any method) or a SoftmaxState.")
@@ -163,8 +155,7 @@ class SoftmaxBound(AbstractMethod):
 
 
 def predict(post: Posterior, X_test):
-    """Predictive latent means (T, C) and covariances (T, C, C) at ``X_test`` (T, d), under the kernels and
-    inputs of ``post.model``."""
+    """Predictive latent means (T, C) and covariances (T, C, C) at ``X_test`` (T, d)."""
     return _predict(post, X_test, "vj.gp.softmax.predict")
 
 
@@ -191,8 +182,8 @@ def _predict(post, X_test, owner):
 
 
 def predict_proba(post: Posterior, X_test, *, key, num_samples: int = 4000):
-    """Class probabilities (T, C), a JAX array: ⟨softmax(f_*)⟩ under the predictive Gaussian, by Monte
-    Carlo with ``num_samples`` draws from ``key`` (a `jax.random` key; required)."""
+    """Class probabilities (T, C): ⟨softmax(f_*)⟩ under the predictive Gaussian, by Monte Carlo with
+    ``num_samples`` draws from ``key`` (a `jax.random` key; required)."""
     owner = "vj.gp.softmax.predict_proba"
     if key is None:
         raise ValueError(f"{owner}: pass `key=jax.random.PRNGKey(...)`: the probabilities are a Monte Carlo estimate.")

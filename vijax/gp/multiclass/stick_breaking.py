@@ -8,9 +8,8 @@ p(y = k \\mid \\eta) = \\sigma(\\eta_k) \\prod_{j < k} (1 - \\sigma(\\eta_j)),\\
 p(y = K \\mid \\eta) = \\prod_{j < K} (1 - \\sigma(\\eta_j)),
 $$
 
-so log p(y = k | η) = Σ_{j ≤ k} log σ(±η_j): binary logistic sites, one per (stick j, input n) with
-j ≤ rank(y_n). The sticks' values at inputs in no site are integrated out of the prior, which leaves
-H = diag(±1) and a block-diagonal prior: a `LatentLinearModel` (`StickBreakingModel`) for every method.
+so log p(y = k | η) = Σ_{j ≤ k} log σ(±η_j): one binary logistic site per (stick j, input n) with
+j ≤ rank(y_n); the other stick values are integrated out, leaving a `LatentLinearModel` with H = diag(±1).
 """
 
 from __future__ import annotations
@@ -71,22 +70,19 @@ def _layout(labels, n, num_classes, ordering, owner) -> StickLayout:
 class StickBreakingModel(LatentLinearModel):
     """The stick-breaking logistic GP classifier: a `vj.LatentLinearModel` that records its layout.
 
-    C − 1 independent GPs η_j ~ GP(0, k), one shared ``kernel``; the latent w (D values) holds, stick
-    by stick, η_j at the inputs whose class is at position ≥ j of ``ordering``, with prior
-    N(0, blkdiag(K_j + jitter·I)) and sites log σ(±η_j(x_n)) (+ where x_n's class is at position j).
+    The latent w (D values) holds, stick by stick, η_j ~ GP(0, k) at the inputs whose class is at position
+    ≥ j of ``ordering``: prior N(0, blkdiag(K_j + jitter·I)), sites log σ(±η_j(x_n)).
 
     **Arguments:**
 
-    - `kernel`, `X` ``(N, d)``, `labels` (integers 0 … C − 1, shape ``(N,)``), `num_classes` C ≥ 2.
-    - `pieces`: R for `vj.potentials.PiecewiseLogistic(R)` sites (the thesis's Stick-PW: with
-      `vj.GKL` the ``log_z`` is a lower bound on the stick model's log Z), or None for exact
-      `Logistic` sites (for `vj.EP`, `vj.Laplace`, or the G-KL bound with quadrature).
-    - `ordering`: the class broken off by each stick in turn (a permutation of 0 … C − 1);
-      default 0, 1, …, C − 1.
+    - `kernel` (shared by the sticks), `X` ``(N, d)``, `labels` (0 … C − 1, ``(N,)``), `num_classes` C ≥ 2.
+    - `pieces`: R for `vj.potentials.PiecewiseLogistic(R)` sites (with `vj.GKL`, ``log_z`` a lower bound),
+      or None for exact `Logistic` sites.
+    - `ordering`: the class broken off by each stick in turn (a permutation of 0 … C − 1; default in order).
     - `jitter`: added to the diagonal of each block.
 
-    **Fields** besides `prior` and `sites`: `kernel` and `X` (differentiable) and the static `labels`,
-    `num_classes` and `ordering`; the property `layout` places each latent coordinate.
+    **Fields** besides `prior` and `sites`: `kernel` and `X` and the static `labels`, `num_classes` and
+    `ordering`; the property `layout` places each latent coordinate.
     """
 
     kernel: AbstractKernel
@@ -127,8 +123,7 @@ def stick_breaking_model(kernel, X, labels, num_classes, pieces=20, ordering=Non
 
 
 def stick_breaking_probabilities(eta):
-    """p(y = c | η) for stick values ``eta`` ``(..., C − 1)``: shape ``(..., C)`` in stick order, summing to
-    one (to rounding: σ(−η) is used for the breaks)."""
+    """p(y = c | η) for stick values ``eta`` ``(..., C − 1)``: shape ``(..., C)`` in stick order."""
     eta = jnp.asarray(eta)
     log_keep = jnp.cumsum(jax.nn.log_sigmoid(-eta), axis=-1)  # log ∏_{j≤k} (1 − σ(η_j))
     before = jnp.concatenate([jnp.zeros_like(eta[..., :1]), log_keep[..., :-1]], axis=-1)
@@ -138,8 +133,8 @@ def stick_breaking_probabilities(eta):
 def stick_breaking_predict(post, X_test):
     """Predictive means and variances of the stick functions at ``X_test`` ``(T, d)``: two arrays ``(T, C − 1)``.
 
-    ``post`` is any fit of a `stick_breaking_model`, whose kernel, X and layout it uses; per stick j,
-    B_j = (K_j + εI)⁻¹ K(X_j, X_*) and q(η_j*) = N(B_jᵀ m_j, k_** − diag(K_*j B_j) + diag(B_jᵀ S B_j)).
+    ``post`` is any fit of a `stick_breaking_model`; per stick j, B_j = (K_j + εI)⁻¹ K(X_j, X_*) and
+    q(η_j*) = N(B_jᵀ m_j, k_** − diag(K_*j B_j) + diag(B_jᵀ S B_j)).
     """
     return _predict(post, X_test, "vj.gp.multiclass.stick_breaking_predict")[:2]
 
@@ -170,9 +165,8 @@ def _predict(post, X_test, owner):
 def stick_breaking_proba(post, X_test, quadrature=GaussHermite(64)):
     """Class probabilities ``(T, C)`` (columns in class order, rows summing to one) at ``X_test`` ``(T, d)``.
 
-    p(y_* = k) = ⟨σ(η_k)⟩ ∏_{j<k} ⟨1 − σ(η_j)⟩, each ⟨·⟩ a 1-D ``quadrature`` expectation under the
-    stick's predictive marginal (`stick_breaking_predict`): the sticks taken independent a posteriori,
-    as they are for the exact posterior and for EP, Laplace and full-covariance G-KL at their optimum.
+    p(y_* = k) = ⟨σ(η_k)⟩ ∏_{j<k} ⟨1 − σ(η_j)⟩, each ⟨·⟩ by ``quadrature`` under the stick's predictive marginal
+    (the sticks independent a posteriori, as for the exact posterior).
     """
     owner = "vj.gp.multiclass.stick_breaking_proba"
     mean, var, layout = _predict(post, X_test, owner)
