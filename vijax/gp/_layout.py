@@ -9,10 +9,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _checks
+from ..methods import AbstractMethod
 from .kernels import AbstractKernel
 from .models import DEFAULT_JITTER
 
-__all__ = ["MulticlassModel", "model", "class_labels"]
+__all__ = ["MulticlassModel", "MulticlassMethod", "model", "class_labels"]
 
 
 def class_labels(labels, n, num_classes, owner):
@@ -95,13 +96,25 @@ def model(kernel, X, labels, num_classes: int, jitter: float = DEFAULT_JITTER) -
     return MulticlassModel(kernels, X, jnp.asarray(y), jitter.astype(X.dtype), int(num_classes))
 
 
-def check_model(method_name, model):
-    """Raise a `ValueError` unless ``model`` is a `MulticlassModel` (what ``method_name`` fits)."""
-    if isinstance(model, MulticlassModel):
-        return
-    hint = ""
-    if hasattr(model, "layout") and hasattr(model, "ordering"):
-        hint = (" A stick-breaking model is a vj.LatentLinearModel: fit it with vj.GKL(), vj.EP() or any "
-                "method of vj.infer.")
-    raise ValueError(f"infer: vj.{method_name} fits a multi-class GP model, built by "
-                     f"vj.gp.multiclass.model(kernel, X, labels, num_classes); got {type(model).__name__}.{hint}")
+class MulticlassMethod(AbstractMethod):
+    """A method that fits the `MulticlassModel` (which has no sites, so no start from a point w)."""
+
+    def check_model(self, model) -> None:
+        if isinstance(model, MulticlassModel):
+            return
+        hint = ""
+        if hasattr(model, "layout") and hasattr(model, "ordering"):
+            hint = (" A stick-breaking model is a vj.LatentLinearModel: fit it with vj.GKL(), vj.EP() or any "
+                    "method of vj.infer.")
+        raise ValueError(f"infer: {type(self).__name__} fits a multi-class GP model, built by "
+                         f"vj.gp.multiclass.model(kernel, X, labels, num_classes); got {type(model).__name__}.{hint}")
+
+    def from_expansion(self, model, expansion):
+        raise ValueError(f"{type(self).__name__}: a start from a point w does not apply to the multi-class GP model; "
+                         "start from None, a posterior of this model or its post.state.")
+
+    def to_state(self, model, init):
+        """``init`` as a State: a State of this method, or a posterior of a model of the same shapes."""
+        if isinstance(init, (jax.Array, np.ndarray)):  # refused before the base class expands (absent) sites
+            self.from_expansion(model, None)
+        return super().to_state(model, init)

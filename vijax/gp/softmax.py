@@ -14,7 +14,6 @@ from __future__ import annotations
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.scipy.linalg import block_diag, cho_solve, solve_triangular
 
 from .. import _checks
@@ -22,10 +21,9 @@ from .._factorisation import conditional
 from ..covariance import CholeskyFactor
 from ..factor import Block, FactorModel, Multinomial, elbo_point
 from ..factor.em import Posteriors, e_step_run
-from ..methods import AbstractMethod
 from ..posterior import Diagnostics, Posterior
 from ..solvers import Status
-from ._layout import MulticlassModel, check_model as _check_model
+from ._layout import MulticlassMethod, MulticlassModel
 
 __all__ = ["SoftmaxBound", "SoftmaxState", "BOUNDS", "predict", "predict_proba"]
 
@@ -61,7 +59,7 @@ def _factor_model(chol, likelihood):
                        learn_prior=False, learn_loadings=False)
 
 
-class SoftmaxBound(AbstractMethod):
+class SoftmaxBound(MulticlassMethod):
     """The softmax multi-class GP by a local bound on ⟨log softmax⟩ (Khan thesis ch. 5).
 
     Fits a `vj.gp.multiclass.model` to a `vj.Posterior` over the class-major f (``(C·N,)``, a full
@@ -90,9 +88,6 @@ class SoftmaxBound(AbstractMethod):
             raise ValueError(f"SoftmaxBound: `tol` must be a non-negative number, got {self.tol!r}.")
         _checks.integer("max_iter", self.max_iter, "SoftmaxBound")
 
-    def check_model(self, model) -> None:
-        _check_model("gp.softmax.SoftmaxBound", model)
-
     def init_state(self, model: MulticlassModel) -> SoftmaxState:
         eye = jnp.eye(model.dim, dtype=model.dtype)
         return SoftmaxState(jnp.zeros(model.dim, model.dtype), eye, eye)
@@ -108,21 +103,10 @@ class SoftmaxBound(AbstractMethod):
         precision = cho_solve((jnp.linalg.cholesky(cov), True), jnp.eye(cov.shape[0], dtype=cov.dtype))
         return SoftmaxState(mean_w, cov, 0.5 * (precision + precision.T))
 
-    def from_expansion(self, model, expansion):
-        raise ValueError("SoftmaxBound: a start from a point w does not apply (the multi-class GP model has no site "
-                         "expansion); start from None, a posterior of this model (any method) or a SoftmaxState.")
-
     def is_state(self, model, state) -> bool:
         d = model.dim
         return (isinstance(state, SoftmaxState) and jnp.shape(state.mean) == (d,) and jnp.shape(state.cov) == (d, d)
                 and jnp.shape(state.precision) == (d, d))
-
-    def to_state(self, model, init):
-        """``init`` as a State: a `SoftmaxState`, or a posterior of a model of the same shapes."""
-        if isinstance(init, (jax.Array, np.ndarray)):
-            raise ValueError("SoftmaxBound: an array `init` (a point w) does not apply to the multi-class GP model; "
-                             "start from None, a posterior of this model (any method) or a SoftmaxState.")
-        return super().to_state(model, init)
 
     def solve(self, model: MulticlassModel, state: SoftmaxState) -> Posterior:
         num_classes, n = model.num_classes, model.num_inputs

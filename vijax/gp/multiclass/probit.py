@@ -22,13 +22,12 @@ from jax.scipy.linalg import block_diag
 from ... import _checks
 from ..._factorisation import Primal, SiteForm
 from ...covariance import AbstractFactor
-from ...methods import AbstractMethod
 from ...methods.ep import cavity, log_normaliser, moment_residual, site_step
 from ...posterior import Diagnostics, Posterior
 from ...potentials import Probit
 from ...quadrature import GaussHermite
 from ...solvers import Status, iterate
-from .._layout import MulticlassModel, check_model as _check_model
+from .._layout import MulticlassMethod, MulticlassModel
 
 __all__ = [
     "NestedEP",
@@ -327,7 +326,7 @@ def energy(state: NestedEPState, model: MulticlassModel):
     return _evaluate(model.prior_covariances(), state.tau * (1 - onehot), state.nu * (1 - onehot), onehot)[2]
 
 
-class NestedEP(AbstractMethod):
+class NestedEP(MulticlassMethod):
     """Nested EP for the multinomial-probit multi-class GP (Riihimäki, Jylänki & Vehtari 2013).
 
     Returns a `NestedEPPosterior`; an outer iteration costs O(C N³).
@@ -355,9 +354,6 @@ class NestedEP(AbstractMethod):
             raise ValueError(f"NestedEP: `tol` must be positive, got {self.tol!r}.")
         _checks.integer("max_iter", self.max_iter, "NestedEP")
 
-    def check_model(self, model) -> None:
-        _check_model("gp.multiclass.NestedEP", model)
-
     def init_state(self, model: MulticlassModel) -> NestedEPState:
         zeros = jnp.zeros((model.num_inputs, model.num_classes), model.dtype)
         return NestedEPState(zeros, zeros)
@@ -366,24 +362,10 @@ class NestedEP(AbstractMethod):
         raise ValueError("NestedEP: its sites are not a function of another method's Gaussian; start from None "
                          "(zero sites), a NestedEP posterior of a model of the same shapes, or its post.state.")
 
-    def from_expansion(self, model, expansion):
-        raise ValueError("NestedEP: a start from a point w does not apply (the multi-class GP model has no site "
-                         "expansion); start from None, a NestedEP posterior or its post.state.")
-
     def is_state(self, model, state) -> bool:
         shape = (model.num_inputs, model.num_classes)
         return (isinstance(state, NestedEPState) and jnp.shape(state.tau) == shape
                 and jnp.shape(state.nu) == shape)
-
-    def to_state(self, model, init):
-        """``init`` as a State: a `NestedEPState` of these shapes, or a `NestedEPPosterior` (its state)."""
-        candidate = init.state if isinstance(init, Posterior) else init
-        if self.is_state(model, candidate):
-            return candidate
-        shape = (model.num_inputs, model.num_classes)
-        raise ValueError(f"NestedEP: `init` must be None, a NestedEP posterior of a model with N = {shape[0]} inputs "
-                         f"and C = {shape[1]} classes, or its post.state (a NestedEPState of shape {shape}); got "
-                         f"{type(init).__name__}.")
 
     def solve(self, model: MulticlassModel, state: NestedEPState) -> NestedEPPosterior:
         """Nested EP on stop_gradient(K), then the energy with the live K at the frozen final sites."""
