@@ -15,23 +15,9 @@ from .hyper import HyperparameterFit, fit_hyperparameters
 from .models import GPModel, log_predictive, model, predict, predict_proba
 from .sparse import collapsed_elbo, optimal_inducing_posterior, predict_sparse, svgp_elbo, svgp_natural_step
 
-__all__ = [
-    "kernels",
-    "multiclass",
-    "softmax",
-    "model",
-    "GPModel",
-    "predict",
-    "predict_proba",
-    "log_predictive",
-    "fit_hyperparameters",
-    "HyperparameterFit",
-    "collapsed_elbo",
-    "optimal_inducing_posterior",
-    "predict_sparse",
-    "svgp_elbo",
-    "svgp_natural_step",
-]
+__all__ = ["kernels", "multiclass", "softmax", "model", "GPModel", "predict", "predict_proba", "log_predictive",
+           "fit_hyperparameters", "HyperparameterFit", "collapsed_elbo", "optimal_inducing_posterior", "predict_sparse",
+           "svgp_elbo", "svgp_natural_step"]
 
 
 def __dir__():

@@ -119,8 +119,7 @@ def fit_hyperparameters(kernel: AbstractKernel, X: ArrayLike, likelihood: Abstra
         prefix = f"{owner}: run {r}," if num_restarts else f"{owner}:"
         runs.append(_run(start, data, method, optimizer, limits, max_iter, tol, progress and prefix))
     finals = [run[3][-1] for run in runs]
-    best = max(range(len(runs)), key=lambda r: (np.isfinite(finals[r]), finals[r] if np.isfinite(finals[r])
-                                                else -np.inf, -r))
+    best = int(np.argmax(np.where(np.isfinite(finals), finals, -np.inf)))  # the first on ties
     params, post, grad, trace, evals, converged, stalled, change = runs[best]
     if limits is not None:  # at an active bound, only the components that stay in the box
         grad = _free_gradient(grad, params, limits)

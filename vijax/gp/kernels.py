@@ -23,18 +23,8 @@ import equinox as eqx
 from .. import _checks
 from ..quadrature import safe_sqrt
 
-__all__ = [
-    "AbstractKernel",
-    "SquaredExponential",
-    "Matern12",
-    "Matern32",
-    "Matern52",
-    "Periodic",
-    "Linear",
-    "White",
-    "Sum",
-    "Product",
-]
+__all__ = ["AbstractKernel", "SquaredExponential", "Matern12", "Matern32", "Matern52", "Periodic", "Linear", "White",
+           "Sum", "Product"]
 
 
 def _format(value):
@@ -220,15 +210,17 @@ class Periodic(AbstractKernel):
         return jnp.full(X.shape[0], self.variance, X.dtype)
 
 
-class Linear(AbstractKernel):
-    """Σ_j v_j x_j x'_j (``variance`` a scalar or one value per input dimension)."""
-
+class _VarianceOnly(AbstractKernel):
     log_variance: jnp.ndarray
 
     def __init__(self, variance=1.0):
-        self.log_variance = _log_positive("variance", variance, "Linear", _checks.float_dtype(variance))
+        self.log_variance = _log_positive("variance", variance, type(self).__name__, _checks.float_dtype(variance))
 
     variance = _exp("variance")
+
+
+class Linear(_VarianceOnly):
+    """Σ_j v_j x_j x'_j (``variance`` a scalar or one value per input dimension)."""
 
     def _matrix(self, X1, X2, same):
         return (X1 * self.variance) @ X2.T
@@ -237,15 +229,8 @@ class Linear(AbstractKernel):
         return jnp.sum(X**2 * self.variance, axis=1)
 
 
-class White(AbstractKernel):
+class White(_VarianceOnly):
     """v δ(x, x'): v I in ``kernel(X)``, zero between different input sets (independent noise)."""
-
-    log_variance: jnp.ndarray
-
-    def __init__(self, variance=1.0):
-        self.log_variance = _log_positive("variance", variance, "White", _checks.float_dtype(variance))
-
-    variance = _exp("variance")
 
     def _matrix(self, X1, X2, same):
         if same:

@@ -29,19 +29,8 @@ from ...quadrature import GaussHermite
 from ...solvers import Status, iterate
 from .._layout import MulticlassMethod, MulticlassModel
 
-__all__ = [
-    "NestedEP",
-    "NestedEPState",
-    "NestedEPPosterior",
-    "NestedEPInfo",
-    "NestedEPFactor",
-    "energy",
-    "tilted_moments",
-    "multinomial_probit_log_likelihood",
-    "predict",
-    "predict_proba",
-    "RULES",
-]
+__all__ = ["NestedEP", "NestedEPState", "NestedEPPosterior", "NestedEPInfo", "NestedEPFactor", "energy",
+           "tilted_moments", "multinomial_probit_log_likelihood", "predict", "predict_proba", "RULES"]
 
 RULES = ("ep", "quadrature")  # `predict_proba`'s integration rules
 _PROBIT = Probit()
@@ -264,12 +253,8 @@ class NestedEPFactor(AbstractFactor):
         return self.m_factor.half_solve(_side_by_side(self.E @ self.prior_cov))
 
     def dense(self):
-        C = self.E.shape[0]
-        K = self.prior_cov
-        KEK = K @ self.E @ K
-        own = block_diag(*[K[c] - KEK[c] for c in range(C)])
-        G = self._cross()
-        return own + G.T @ G
+        K, G = self.prior_cov, self._cross()
+        return block_diag(*(K - K @ self.E @ K)) + G.T @ G
 
     def variances(self):
         K = self.prior_cov

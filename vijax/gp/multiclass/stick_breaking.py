@@ -30,14 +30,8 @@ from ... import _checks
 from ..kernels import AbstractKernel
 from ..models import DEFAULT_JITTER, conditional_marginals
 
-__all__ = [
-    "StickBreakingModel",
-    "StickLayout",
-    "stick_breaking_model",
-    "stick_breaking_probabilities",
-    "stick_breaking_predict",
-    "stick_breaking_proba",
-]
+__all__ = ["StickBreakingModel", "StickLayout", "stick_breaking_model", "stick_breaking_probabilities",
+           "stick_breaking_predict", "stick_breaking_proba"]
 
 
 class StickLayout(NamedTuple):
@@ -57,12 +51,7 @@ def _layout(labels, n, num_classes, ordering, owner) -> StickLayout:
         raise ValueError(f"{owner}: `ordering` must be a permutation of 0 … {num_classes - 1} (the class "
                          f"broken off by each stick in turn), got {ordering!r}.")
     rank = np.argsort(order)[y]
-    stick, point = [], []
-    for j in range(num_classes - 1):
-        members = np.flatnonzero(rank >= j)  # inputs that reach stick j
-        stick.append(np.full(members.size, j))
-        point.append(members)
-    stick, point = np.concatenate(stick), np.concatenate(point)
+    stick, point = np.nonzero(rank >= np.arange(num_classes - 1)[:, None])  # stick by stick, the inputs reaching it
     sign = np.where(rank[point] == stick, 1.0, -1.0)
     return StickLayout(rank, order, stick, point, sign)
 
