@@ -279,19 +279,18 @@ def _build(params, data):
     X, _, labels, mean, jitter, num_classes = data
     if num_classes is not None:  # validated by `_multiclass_data`; one kernel shared by every class
         kernel = jax.tree_util.tree_map(lambda p: p.astype(X.dtype), params[0])
-        return MulticlassModel((kernel,) * num_classes, X, labels, jitter, num_classes), None
-    lik = _likelihood(params, data)
-    return model(params[0], X, lik, labels=labels, mean=mean, jitter=jitter), lik
+        return MulticlassModel((kernel,) * num_classes, X, labels, jitter, num_classes)
+    return model(params[0], X, _likelihood(params, data), labels=labels, mean=mean, jitter=jitter)
 
 
 @eqx.filter_jit
 def _start(params, data, method):
     """The inner method's start at ``params``, the model built inside the program."""
-    return method.start(_build(params, data)[0])
+    return method.start(_build(params, data))
 
 
 def _negative_log_z(params, data, method, state):
-    post = method.fit(_build(params, data)[0], state)
+    post = method.fit(_build(params, data), state)
     return -post.log_z, post
 
 

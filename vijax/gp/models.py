@@ -118,16 +118,11 @@ def label_signs(likelihood, labels, n, owner):
     return signed_labels(labels, owner).astype(labels.dtype)
 
 
-def _gp_prior(post, owner):
+def _latent(post, X_test, owner):
+    """The latent predictive means and variances at ``X_test`` under the posterior's `GPModel`, and its likelihood."""
     prior = post.model.prior
     if not isinstance(prior, DenseGaussian) or len(post.model.sites) != 1:
         raise ValueError(f"{owner}: expects the posterior of a `vj.gp.model` (a dense Gaussian prior and one site group).")
-    return prior
-
-
-def _latent(post, X_test, owner):
-    """The latent predictive marginals at ``X_test`` under the posterior's `GPModel`."""
-    prior = _gp_prior(post, owner)
     if not isinstance(post.model, GPModel):
         raise ValueError(f"{owner}: the posterior's model is a {type(post.model).__name__}, which does not record "
                          "a kernel and inputs; build it with vj.gp.model(kernel, X, likelihood).")
@@ -138,7 +133,7 @@ def _latent(post, X_test, owner):
     if X_test.shape[1] != X.shape[1]:
         raise ValueError(f"{owner}: X_test has {X_test.shape[1]} columns but the training inputs have {X.shape[1]}.")
     centred, var = conditional_marginals(post, prior.chol, kernel(X, X_test), kernel.diagonal(X_test))
-    return prior.mean[0] + centred, var
+    return prior.mean[0] + centred, var, post.model.sites[0].potential
 
 
 def conditional_marginals(post, chol, cross, prior_diag, columns=None):
@@ -158,10 +153,9 @@ def predict(post: Posterior | Mixture, X_test: ArrayLike) -> tuple[jax.Array, ja
     ``post`` is a fit of ``vj.gp.model(kernel, X, …)`` by any method, or a `vj.posterior.Mixture` over
     hyperparameters (`vj.hyper.integrate`): the mixture's mean and variance.
     """
-    owner = "vj.gp.predict"
     if isinstance(post, Mixture):
         return post.mix(predict, X_test, combine="moments")
-    return _latent(post, X_test, owner)
+    return _latent(post, X_test, "vj.gp.predict")[:2]
 
 
 def predict_proba(post: Posterior | Mixture, X_test: ArrayLike,
@@ -172,11 +166,9 @@ def predict_proba(post: Posterior | Mixture, X_test: ArrayLike,
     owner = "vj.gp.predict_proba"
     if isinstance(post, Mixture):
         return post.mix(predict_proba, X_test, quadrature)
-    _gp_prior(post, owner)
-    potential = post.model.sites[0].potential
+    mean, var, potential = _latent(post, X_test, owner)
     if not potential.labels_in_projection:
         raise ValueError(f"{owner}: needs a classification posterior, got a {type(potential).__name__} likelihood.")
-    mean, var = _latent(post, X_test, owner)
     return jnp.exp(potential.log_expected_phi(mean, safe_sqrt(var), quadrature))
 
 
@@ -190,9 +182,7 @@ def log_predictive(post: Posterior | Mixture, X_test: ArrayLike, y_test: ArrayLi
     owner = "vj.gp.log_predictive"
     if isinstance(post, Mixture):
         return post.mix(log_predictive, X_test, y_test, quadrature, combine="log")
-    _gp_prior(post, owner)
-    potential = post.model.sites[0].potential
-    mean, var = _latent(post, X_test, owner)
+    mean, var, potential = _latent(post, X_test, owner)
     y_test = _checks.as_float_array("y_test", y_test, owner, ndim=1)
     if y_test.shape[0] != mean.shape[0]:
         raise ValueError(f"{owner}: X_test has {mean.shape[0]} rows but `y_test` has {y_test.shape[0]} entries.")
