@@ -79,8 +79,7 @@ def model(kernel, X, labels, num_classes: int, jitter: float = DEFAULT_JITTER) -
     - `num_classes`: C ≥ 2 (classes without training points are allowed).
     - `jitter`: added to the diagonal of each K_c.
 
-    Returns a `MulticlassModel`; fit it with ``vj.infer(model, vj.gp.multiclass.NestedEP())`` or
-    ``vj.infer(model, vj.gp.softmax.SoftmaxBound("log"))``.
+    Returns a `MulticlassModel`, fitted by `vj.gp.multiclass.NestedEP` or `vj.gp.softmax.SoftmaxBound`.
     """
     owner = "vj.gp.multiclass.model"
     X = _checks.as_inputs(X, owner)

@@ -63,12 +63,10 @@ def fit_hyperparameters(kernel: AbstractKernel, X: ArrayLike, likelihood: Abstra
     **Arguments:**
 
     - `kernel`, `X`, `likelihood`, `labels`, `mean`, `jitter`: as for `vj.gp.model`.
-    - `num_classes`: C for a multi-class GP (``vj.gp.multiclass.model``, one `kernel` shared by the
-      classes): then `likelihood` None, `labels` in 0 … C − 1 and `mean` 0.
-    - `method`: any vijax method; with `num_classes`, `vj.gp.multiclass.NestedEP()` or
-      `vj.gp.softmax.SoftmaxBound()`.
-    - `train_likelihood`: positive likelihood parameters to learn; default ``("scale",)`` when the
-      likelihood has a scale, else none.
+    - `num_classes`: C for a multi-class GP (one `kernel` shared by the classes; `likelihood` None, `mean` 0),
+      fitted by `method` `vj.gp.multiclass.NestedEP()` or `vj.gp.softmax.SoftmaxBound()`.
+    - `method`: any vijax method.
+    - `train_likelihood`: positive likelihood parameters to learn; default ``("scale",)`` if it has a scale.
     - `optimizer`: None (default) for L-BFGS (``optax.scale_by_lbfgs`` directions, backtracking until log Ẑ
       rises by the Armijo fraction 10⁻⁴ of the predicted gain), or an optax transformation minimising
       −log Ẑ, every update taken (it receives ``value``, ``grad`` and ``value_fn``).
@@ -77,8 +75,8 @@ def fit_hyperparameters(kernel: AbstractKernel, X: ArrayLike, likelihood: Abstra
     - `bounds`: None (unbounded), one ``(low, high)`` for every parameter, or a dict from names (kernel
       parameters without ``log_``, and `train_likelihood`'s) to pairs, e.g. ``{"lengthscale": (1e-2, 1e2)}``,
       in the natural scale; the start and every step are clipped into the box.
-    - `num_restarts`: further runs (needs `bounds`), each from log-parameters drawn uniformly within the
-      bounds, as scikit-learn's ``n_restarts_optimizer``; the best final log Ẑ is returned (first on ties).
+    - `num_restarts`: further runs from log-parameters drawn uniformly within `bounds` (as scikit-learn's
+      ``n_restarts_optimizer``); the best final log Ẑ is returned.
     - `seed`: the restarts' draws, ``numpy.random.default_rng(seed)``.
     - `progress`: print log Ẑ after every step.
     """

@@ -39,23 +39,15 @@ class SoftmaxState(eqx.Module):
     precision: jax.Array
 
 
-def _loadings(chol, num_classes):
-    """W̃ (N, C−1, C·N): row (i, k) is e_{k,i}ᵀ L − e_{0,i}ᵀ L, the map from f̃ to η_ik = f_ik − f_i0."""
-    c, n = num_classes, chol.shape[-1]
-    blocks = jnp.zeros((n, c - 1, c, n), chol.dtype)
-    blocks = blocks.at[:, :, 0, :].set(-chol[0][:, None, :])
-    idx = jnp.arange(1, c)
-    blocks = blocks.at[:, idx - 1, idx, :].set(jnp.transpose(chol[1:], (1, 0, 2)))
-    return blocks.reshape(n, c - 1, c * n)
-
-
 def _factor_model(chol, likelihood):
-    """The one-point factor model over the whitened latents, one column per input."""
-    num_classes, n = chol.shape[0], chol.shape[1]
-    latent = num_classes * n
-    block = Block(tuple(range(n)), likelihood, _loadings(chol, num_classes),
-                  jnp.zeros((n, num_classes - 1), chol.dtype))
-    return FactorModel(jnp.zeros(latent, chol.dtype), jnp.eye(latent, dtype=chol.dtype), (block,),
+    """The one-point factor model over the whitened latents f̃, one column per input; its loadings
+    (N, C−1, C·N) have row (i, k) e_{k,i}ᵀL − e_{0,i}ᵀL, the map from f̃ to η_ik = f_ik − f_i0."""
+    c, n = chol.shape[0], chol.shape[1]
+    loadings = jnp.zeros((n, c - 1, c, n), chol.dtype).at[:, :, 0, :].set(-chol[0][:, None, :])
+    idx = jnp.arange(1, c)
+    loadings = loadings.at[:, idx - 1, idx, :].set(jnp.transpose(chol[1:], (1, 0, 2))).reshape(n, c - 1, c * n)
+    block = Block(tuple(range(n)), likelihood, loadings, jnp.zeros((n, c - 1), chol.dtype))
+    return FactorModel(jnp.zeros(c * n, chol.dtype), jnp.eye(c * n, dtype=chol.dtype), (block,),
                        learn_prior=False, learn_loadings=False)
 
 
@@ -150,17 +142,13 @@ def _predict(post, X_test, owner):
                          f"vj.gp.softmax.SoftmaxBound(...)), got {type(post).__name__}"
                          f"{' of ' + type(post.model).__name__ if isinstance(post, Posterior) else ''}.")
     X_test = _checks.as_inputs(X_test, owner)
-    model, state = post.model, post.state
-    kernels, X = model.kernels, model.X
-    num_classes, n = model.num_classes, model.num_inputs
+    model, shape = post.model, (post.model.num_classes, post.model.num_inputs)
     chol = jnp.linalg.cholesky(model.prior_covariances())
     # A_c = K_*c L_c⁻ᵀ maps the whitened f̃_c to the conditional mean of f_*c.
-    conds = [conditional(chol[c], k(X, X_test), k.diagonal(X_test)) for c, k in enumerate(kernels)]
+    conds = [conditional(chol[c], k(model.X, X_test), k.diagonal(X_test)) for c, k in enumerate(model.kernels)]
     A = jnp.stack([cond.whitened.T for cond in conds])
-    m = state.mean.reshape(num_classes, n)
-    V = state.cov.reshape(num_classes, n, num_classes, n)
-    mean = jnp.einsum("cmn,cn->mc", A, m)
-    cov = jnp.einsum("cmn,cndo,dmo->mcd", A, V, A)
+    mean = jnp.einsum("cmn,cn->mc", A, post.state.mean.reshape(shape))
+    cov = jnp.einsum("cmn,cndo,dmo->mcd", A, post.state.cov.reshape(shape + shape), A)
     prior_var = jnp.stack([cond.variances for cond in conds], -1)
     return mean, cov + jax.vmap(jnp.diag)(prior_var)
 

@@ -57,10 +57,9 @@ def _layout(labels, n, num_classes, ordering, owner) -> StickLayout:
 
 
 class StickBreakingModel(LatentLinearModel):
-    """The stick-breaking logistic GP classifier: a `vj.LatentLinearModel` that records its layout.
-
-    The latent w (D values) holds, stick by stick, η_j ~ GP(0, k) at the inputs whose class is at position
-    ≥ j of ``ordering``: prior N(0, blkdiag(K_j + jitter·I)), sites log σ(±η_j(x_n)).
+    """The stick-breaking logistic GP classifier: a `vj.LatentLinearModel` whose latent w (D values) holds,
+    stick by stick, η_j at the inputs whose class is at position ≥ j of ``ordering``: prior
+    N(0, blkdiag(K_j + jitter·I)), sites log σ(±η_j(x_n)).
 
     **Arguments:**
 
@@ -70,8 +69,7 @@ class StickBreakingModel(LatentLinearModel):
     - `ordering`: the class broken off by each stick in turn (a permutation of 0 … C − 1; default in order).
     - `jitter`: added to the diagonal of each block.
 
-    **Fields** besides `prior` and `sites`: `kernel` and `X` and the static `labels`, `num_classes` and
-    `ordering`; the property `layout` places each latent coordinate.
+    **Fields** besides `prior` and `sites`: `kernel`, `X` and the static `labels`, `num_classes`, `ordering`.
     """
 
     kernel: AbstractKernel
@@ -122,9 +120,7 @@ def stick_breaking_probabilities(eta):
 def stick_breaking_predict(post, X_test):
     """Predictive means and variances of the stick functions at ``X_test`` ``(T, d)``: two arrays ``(T, C − 1)``.
 
-    ``post`` is any fit of a `stick_breaking_model`; per stick j, B_j = (K_j + εI)⁻¹ K(X_j, X_*) and
-    q(η_j*) = N(B_jᵀ m_j, k_** − diag(K_*j B_j) + diag(B_jᵀ S B_j)).
-    """
+    ``post`` is any fit of a `stick_breaking_model`; per stick, as `vj.gp.predict`."""
     return _predict(post, X_test, "vj.gp.multiclass.stick_breaking_predict")[:2]
 
 
@@ -155,8 +151,7 @@ def stick_breaking_proba(post, X_test, quadrature=GaussHermite(64)):
     """Class probabilities ``(T, C)`` (columns in class order, rows summing to one) at ``X_test`` ``(T, d)``.
 
     p(y_* = k) = ⟨σ(η_k)⟩ ∏_{j<k} ⟨1 − σ(η_j)⟩, each ⟨·⟩ by ``quadrature`` under the stick's predictive marginal
-    (the sticks independent a posteriori, as for the exact posterior).
-    """
+    (the sticks independent a posteriori, as for the exact posterior)."""
     owner = "vj.gp.multiclass.stick_breaking_proba"
     mean, var, layout = _predict(post, X_test, owner)
     a = quadrature.expect(jax.nn.sigmoid, mean, safe_sqrt(var))  # ⟨σ(η_j)⟩, (T, K)
