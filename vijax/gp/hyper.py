@@ -154,7 +154,7 @@ def _run(params, data, method, optimizer, limits, max_iter, tol, progress):
         if optimizer is None:
             direction, new_state, predicted = _lbfgs_direction(grad, opt_state, params, limits)
             predicted = float(predicted)  # −log Ẑ falls by about α·predicted along −direction
-            alpha, accepted = 1.0, False
+            alpha = 1.0
             for _ in range(_MAX_HALVINGS):
                 trial, fall = _along(params, direction, jnp.asarray(alpha), limits, grad)
                 fall = alpha * predicted if fall is None else float(fall)
@@ -162,10 +162,9 @@ def _run(params, data, method, optimizer, limits, max_iter, tol, progress):
                 evals += 1
                 limit = float(value) - _ARMIJO * fall + _RISE_TOLERANCE * (1 + abs(float(value)))
                 if np.isfinite(float(t_value)) and float(t_value) <= limit:
-                    accepted = True
                     break
                 alpha *= 0.5
-            if not accepted:  # no step raises log Ẑ: stop at the last point
+            else:  # no step raises log Ẑ: stop at the last point
                 stalled = True
                 break
         else:

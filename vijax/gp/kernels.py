@@ -129,22 +129,16 @@ class _Stationary(AbstractKernel):
     lengthscale = _exp("lengthscale")
     variance = _exp("variance")
 
-    def _scaled(self, X):
+    def _matrix(self, X1, X2, same):
         ell = self.lengthscale
-        if ell.ndim == 1 and ell.shape[0] != X.shape[1]:
-            raise ValueError(f"{type(self).__name__}: {ell.shape[0]} lengthscales for inputs with {X.shape[1]} columns.")
-        return X / ell
-
-    def _squared_distance(self, X1, X2, same):
-        A, B = self._scaled(X1), self._scaled(X2)
+        if ell.ndim == 1 and ell.shape[0] != X1.shape[1]:
+            raise ValueError(f"{type(self).__name__}: {ell.shape[0]} lengthscales for inputs with {X1.shape[1]} columns.")
+        A, B = X1 / ell, X2 / ell
         r2 = jnp.sum(A**2, 1)[:, None] + jnp.sum(B**2, 1)[None, :] - 2 * A @ B.T
         r2 = jnp.maximum(r2, 0.0)
         if same:  # the expansion leaves rounding error where the distance is exactly zero
             r2 = r2 * (1 - jnp.eye(r2.shape[0], dtype=r2.dtype))
-        return r2
-
-    def _matrix(self, X1, X2, same):
-        return self.variance * self._profile(self._squared_distance(X1, X2, same))
+        return self.variance * self._profile(r2)
 
     def _diagonal(self, X):
         return jnp.full(X.shape[0], self.variance * self._profile(jnp.zeros((), X.dtype)), X.dtype)

@@ -88,9 +88,8 @@ def collapsed_elbo(kernel: AbstractKernel, X: ArrayLike, y: ArrayLike, noise_var
     :math:`I + A A^\top = L_B L_B^\top`.
     """
     X, Z, y, noise_variance = _inputs("collapsed_elbo", X, inducing, y, noise_variance)
-    N = X.shape[0]
     _, _, AAT, LB, c = _titsias_terms(kernel, X, y, noise_variance, Z, jitter)
-    log_marginal = (-0.5 * N * (_LOG_2PI + jnp.log(noise_variance))
+    log_marginal = (-0.5 * X.shape[0] * (_LOG_2PI + jnp.log(noise_variance))
                     - jnp.sum(jnp.log(jnp.diag(LB)))
                     - 0.5 * jnp.dot(y, y) / noise_variance + 0.5 * jnp.dot(c, c))
     trace = jnp.sum(kernel.diagonal(X)) / noise_variance - jnp.trace(AAT)
@@ -130,12 +129,11 @@ def predict_sparse(kernel: AbstractKernel, inducing: ArrayLike, mean_u: ArrayLik
     r"""Predictive marginals of the latent function under :math:`q(u) = \mathcal N(\mu, S)`: ``(mean, var)``, each (T,).
 
     $$
-    q(f_*) = \mathcal N\big(K_{*Z} K_{ZZ}^{-1}\mu,\;
-    k_{**} - \operatorname{diag}(K_{*Z} K_{ZZ}^{-1} K_{Z*})
-    + \operatorname{diag}(K_{*Z} K_{ZZ}^{-1} S K_{ZZ}^{-1} K_{Z*})\big);
+    q(f_*) = \mathcal N\big(K_{*Z} K_{ZZ}^{-1}\mu,\; k_{**} - \operatorname{diag}(K_{*Z} K_{ZZ}^{-1} K_{Z*})
+    + \operatorname{diag}(K_{*Z} K_{ZZ}^{-1} S K_{ZZ}^{-1} K_{Z*})\big)
     $$
 
-    add the noise variance to ``var`` for noisy observations."""
+    (add the noise variance to ``var`` for noisy observations)."""
     X_test, Z, _, _ = _inputs("predict_sparse", X_test, inducing)
     mean_u, cov_u = _q_u("predict_sparse", mean_u, "cov_u", cov_u, Z.shape[0])
     L = _chol_kzz(kernel, Z, jitter)

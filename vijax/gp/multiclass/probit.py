@@ -110,9 +110,8 @@ def _combine(m0, V0, tau, nu, onehot):
 
 def _inner_energy(m0, V0, tau, nu, onehot, m, V):
     """log Ẑ ≈ log ∫ N(f | m0, V0) p(y | f) df from the inner sites (Jylänki eqs. 2.42/2.45)."""
-    active = onehot == 0
     mz, vz = _z_marginals(m, V, tau, nu, onehot)
-    factors = jnp.sum(_scalar_update(mz, vz, tau, nu, active).log_terms)
+    factors = jnp.sum(_scalar_update(mz, vz, tau, nu, onehot == 0).log_terms)
     pi, S, s, h = _site_terms(tau, nu, onehot)
     T = _site_precision(pi, S)
     # ∫ N(f | m0, V0) exp(−½fᵀT̃f + hᵀf) df, centred at m0 so that V0 is never inverted
@@ -312,9 +311,8 @@ def energy(state: NestedEPState, model: MulticlassModel):
 
 
 class NestedEP(MulticlassMethod):
-    """Nested EP for the multinomial-probit multi-class GP (Riihimäki, Jylänki & Vehtari 2013).
-
-    Returns a `NestedEPPosterior`; an outer iteration costs O(C N³).
+    """Nested EP for the multinomial-probit multi-class GP (Riihimäki, Jylänki & Vehtari 2013): a
+    `NestedEPPosterior`, in O(C N³) an outer iteration.
 
     **Arguments:**
 
