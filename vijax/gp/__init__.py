@@ -6,8 +6,7 @@
     f_mean, f_var = vj.gp.predict(post, X_test)        # latent predictive at test inputs (the model records k, X)
 
 Multi-class classification: `vj.gp.multiclass` and `vj.gp.softmax`. Sparse GPs with inducing inputs:
-`collapsed_elbo` and `optimal_inducing_posterior` (Titsias), `svgp_elbo` (any likelihood, minibatches)
-and `svgp_natural_step`, `predict_sparse`.
+`collapsed_elbo`, `optimal_inducing_posterior`, `svgp_elbo`, `svgp_natural_step`, `predict_sparse`.
 """
 
 from . import kernels, multiclass, softmax

@@ -112,10 +112,9 @@ def fit_hyperparameters(kernel: AbstractKernel, X: ArrayLike, likelihood: Abstra
             raise ValueError(f"{owner}: `seed` must be an int, None or a numpy.random.Generator, got "
                              f"{seed!r}.") from error
         starts += [_draw(params, limits, rng) for _ in range(num_restarts)]
-    runs = []
-    for r, start in enumerate(starts):
-        prefix = f"{owner}: run {r}," if num_restarts else f"{owner}:"
-        runs.append(_run(start, data, method, optimizer, limits, max_iter, tol, progress and prefix))
+    prefixes = [f"{owner}: run {r}," if num_restarts else f"{owner}:" for r in range(len(starts))]
+    runs = [_run(start, data, method, optimizer, limits, max_iter, tol, progress and prefix)
+            for start, prefix in zip(starts, prefixes)]
     finals = [run[3][-1] for run in runs]
     best = int(np.argmax(np.where(np.isfinite(finals), finals, -np.inf)))  # the first on ties
     params, post, grad, trace, evals, converged, stalled, change = runs[best]

@@ -132,7 +132,8 @@ class _Stationary(AbstractKernel):
     def _matrix(self, X1, X2, same):
         ell = self.lengthscale
         if ell.ndim == 1 and ell.shape[0] != X1.shape[1]:
-            raise ValueError(f"{type(self).__name__}: {ell.shape[0]} lengthscales for inputs with {X1.shape[1]} columns.")
+            raise ValueError(f"{type(self).__name__}: {ell.shape[0]} lengthscales for inputs with "
+                             f"{X1.shape[1]} columns.")
         A, B = X1 / ell, X2 / ell
         r2 = jnp.sum(A**2, 1)[:, None] + jnp.sum(B**2, 1)[None, :] - 2 * A @ B.T
         r2 = jnp.maximum(r2, 0.0)

@@ -148,11 +148,8 @@ def conditional_marginals(post, chol, cross, prior_diag, columns=None):
 
 
 def predict(post: Posterior | Mixture, X_test: ArrayLike) -> tuple[jax.Array, jax.Array]:
-    """Latent predictive mean and variance of f at ``X_test``: two arrays of shape ``(T,)``.
-
-    ``post`` is a fit of ``vj.gp.model(kernel, X, …)`` by any method, or a `vj.posterior.Mixture` over
-    hyperparameters (`vj.hyper.integrate`): the mixture's mean and variance.
-    """
+    """Latent predictive mean and variance of f at ``X_test``, each ``(T,)``, for a fit of `vj.gp.model` by any
+    method, or a `vj.posterior.Mixture` over hyperparameters (`vj.hyper.integrate`): the mixture's moments."""
     if isinstance(post, Mixture):
         return post.mix(predict, X_test, combine="moments")
     return _latent(post, X_test, "vj.gp.predict")[:2]

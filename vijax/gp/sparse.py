@@ -84,8 +84,7 @@ def collapsed_elbo(kernel: AbstractKernel, X: ArrayLike, y: ArrayLike, noise_var
     - \frac{1}{2\sigma^2} \operatorname{tr}(K_{XX} - Q_{XX}),
     $$
 
-    exact when ``inducing = X`` (up to jitter); evaluated with :math:`A = \sigma^{-1} L^{-1} K_{ZX}` and
-    :math:`I + A A^\top = L_B L_B^\top`.
+    exact when ``inducing = X`` (up to jitter).
     """
     X, Z, y, noise_variance = _inputs("collapsed_elbo", X, inducing, y, noise_variance)
     _, _, AAT, LB, c = _titsias_terms(kernel, X, y, noise_variance, Z, jitter)
@@ -102,10 +101,9 @@ def optimal_inducing_posterior(kernel: AbstractKernel, X: ArrayLike, y: ArrayLik
 
     $$
     q(u) = \mathcal N\big(\sigma^{-2} K_{ZZ} \Lambda^{-1} K_{ZX} y,\; K_{ZZ} \Lambda^{-1} K_{ZZ}\big),
-    \qquad \Lambda = K_{ZZ} + \sigma^{-2} K_{ZX} K_{XZ} = L B L^\top,
+    \qquad \Lambda = K_{ZZ} + \sigma^{-2} K_{ZX} K_{XZ}.
     $$
-
-    so with :math:`W = L L_B^{-\top}`, mean :math:`= W c` and covariance :math:`= W W^\top`."""
+    """
     X, Z, y, noise_variance = _inputs("optimal_inducing_posterior", X, inducing, y, noise_variance)
     L, _, _, LB, c = _titsias_terms(kernel, X, y, noise_variance, Z, jitter)
     W = solve_triangular(LB, L.T, lower=True).T  # W = L L_B^{-T}
@@ -168,14 +166,13 @@ def svgp_elbo(mean_u: ArrayLike, chol_u: ArrayLike, kernel: AbstractKernel, indu
     classification likelihoods with the batch's ``labels``); ``num_data`` defaults to the batch size."""
     X, Z, mean_u, R, signs, L, scale = _svgp_inputs("svgp_elbo", mean_u, chol_u, kernel, inducing, X, likelihood,
                                                      num_data, jitter, labels)
-    M = Z.shape[0]
     f_mean, f_var = _marginals(kernel, Z, L, mean_u, R, X, is_chol=True)
     expected = _expected_log_lik(likelihood, signs, f_mean, f_var)
 
     LinvR = solve_triangular(L, R, lower=True)
     Linvm = solve_triangular(L, mean_u, lower=True)
     logdet = lambda T: 2 * jnp.sum(jnp.log(jnp.abs(jnp.diag(T))))
-    return scale * expected + neg_kl(jnp.sum(LinvR**2), jnp.dot(Linvm, Linvm), logdet(R), logdet(L), M)
+    return scale * expected + neg_kl(jnp.sum(LinvR**2), jnp.dot(Linvm, Linvm), logdet(R), logdet(L), Z.shape[0])
 
 
 def svgp_natural_step(mean_u, chol_u, kernel, inducing, X, likelihood, num_data=None, learning_rate=1.0,
@@ -196,8 +193,7 @@ def svgp_natural_step(mean_u, chol_u, kernel, inducing, X, likelihood, num_data=
     positive definite (after 30 halvings q is kept). Returns the new ``(mean_u, chol_u)``, ``chol_u`` lower."""
     X, Z, mean_u, R, signs, L, scale = _svgp_inputs("svgp_natural_step", mean_u, chol_u, kernel, inducing, X,
                                                      likelihood, num_data, jitter, labels)
-    M = Z.shape[0]
-    eye = jnp.eye(M, dtype=L.dtype)
+    eye = jnp.eye(Z.shape[0], dtype=L.dtype)
     cond = conditional(L, kernel(Z, X), kernel.diagonal(X))
     A, prior_var = cond.whitened, cond.variances                       # columns ã_n
     m_w = solve_triangular(L, mean_u, lower=True)
@@ -213,7 +209,6 @@ def svgp_natural_step(mean_u, chol_u, kernel, inducing, X, likelihood, num_data=
     def factor(rho):
         return jnp.linalg.cholesky((1 - rho) * precision + rho * (eye + curvature))
 
-    # ρ is halved until S̃⁻¹ stays positive definite (it is for ρ small enough); failing that, q is left as it is.
     rho, P, proper, _ = backtrack(factor, lambda _, P: jnp.all(jnp.isfinite(P)), jnp.asarray(learning_rate, L.dtype),
                                   _MAX_HALVINGS)
     rho = jnp.where(proper, rho, 0.0)

@@ -5,13 +5,13 @@ f_c ~ GP(0, K_c) for C classes over N inputs (f class-major) and p(y_i = c | f_i
 factors of z_ij = u_i + f_{i,y_i} − f_ij, with sites exp(−½ τ_ij z² + ν_ij z) and u_i integrated out, gives
 the outer site exp(−½ f_iᵀT̃_i f_i + h_iᵀf_i), T̃_i = diag(π_i) − π_iπ_iᵀ/S_i, π_i = τ_i + e_{y_i}, S_i = 1ᵀπ_i,
 h_i = e_{y_i}1ᵀa_i − a_i, a_i = ν_i − τ_i(1ᵀν_i)/S_i. With D_c = diag(π_c), E_c = D_c½(I + D_c½K_cD_c½)⁻¹D_c½
-and M = Σ_c E_c (R&W Alg. 3.3), Σ = K − KEK + KER M⁻¹RᵀEK in O(C N³). Each outer iteration updates every
-(τ_ij, ν_ij) once, damped and in parallel; `log_z` is the EP energy of the augmented model (Jylänki eqs.
-2.42/2.45), stationary in the sites, so its ``jax.grad`` in the kernels is the total derivative.
+and M = Σ_c E_c (R&W Alg. 3.3), Σ = K − KEK + KER M⁻¹RᵀEK in O(C N³). `log_z` is the EP energy of the
+augmented model (Jylänki eqs. 2.42/2.45); the sites are updated in parallel, damped.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import equinox as eqx
@@ -65,10 +65,8 @@ def _site_precision(pi, S):
 def _z_marginals(m, V, tau, nu, onehot):
     """Means and variances of z_j = u + f_y − f_j under q(f) = N(m, V) and u | f ~ N((s − τᵀd)/S, 1/S),
     d_j = f_y − f_j (entry y is u itself, in no factor)."""
-    C = m.shape[-1]
-    eye = jnp.eye(C, dtype=m.dtype)
     S = 1.0 + jnp.sum(tau)
-    D = onehot[None, :] - eye  # d = D f
+    D = onehot[None, :] - jnp.eye(m.shape[-1], dtype=m.dtype)  # d = D f
     A = D - jnp.outer(jnp.ones_like(tau), (tau / S) @ D)
     mean = jnp.sum(nu) / S + A @ m
     var = jnp.einsum("jk,kl,jl->j", A, V, A) + 1.0 / S
@@ -347,8 +345,7 @@ class NestedEP(MulticlassMethod):
 
     def is_state(self, model, state) -> bool:
         shape = (model.num_inputs, model.num_classes)
-        return (isinstance(state, NestedEPState) and jnp.shape(state.tau) == shape
-                and jnp.shape(state.nu) == shape)
+        return isinstance(state, NestedEPState) and jnp.shape(state.tau) == shape and jnp.shape(state.nu) == shape
 
     def solve(self, model: MulticlassModel, state: NestedEPState) -> NestedEPPosterior:
         """Nested EP on stop_gradient(K), then the energy with the live K at the frozen final sites."""
@@ -405,8 +402,10 @@ def _predict(post, X_test, owner):
     return mean, _blocks(factor.m_factor, cross, factor.E @ cross, diag)
 
 
-def _gauss_hermite_proba(mean, cov, quadrature):
-    """p(y = c) = P(g_c ≥ g_j ∀j), g = f + ε, by a 1-D rule in g_c with each f_j | g_c Gaussian."""
+@eqx.filter_jit
+@functools.partial(jax.vmap, in_axes=(0, 0, None))
+def _log_proba_quadrature(mean, cov, quadrature):
+    """log p(y = c) = log P(g_c ≥ g_j ∀j), g = f + ε, by a 1-D rule in g_c with each f_j | g_c Gaussian."""
     C = mean.shape[0]
     var = jnp.diag(cov)
 
@@ -446,12 +445,6 @@ def predict_proba(post: NestedEPPosterior, X_test, rule="ep", quadrature=GaussHe
 def _log_proba_ep(mean, cov):
     classes = jnp.arange(mean.shape[1])
     return jax.vmap(lambda m, V: jax.vmap(lambda c: tilted_moments(m, V, c)[0])(classes))(mean, cov)
-
-
-@eqx.filter_jit
-def _log_proba_quadrature(mean, cov, quadrature):
-    return jax.vmap(lambda m, V: _gauss_hermite_proba(m, V, quadrature))(mean, cov)
-
 
 def __dir__():
     return list(__all__)

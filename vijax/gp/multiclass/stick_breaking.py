@@ -130,9 +130,8 @@ def _predict(post, X_test, owner):
     if not isinstance(model, StickBreakingModel):
         raise ValueError(f"{owner}: `post` must be a fit of vj.gp.multiclass.stick_breaking_model (its model records "
                          f"the layout), got {'a fit of ' + type(model).__name__ if model is not None else type(post).__name__}.")
-    kernel, X, layout = model.kernel, model.X, model.layout
+    kernel, X, layout, prior = model.kernel, model.X, model.layout, model.prior
     X_test = _checks.as_inputs(X_test, owner)
-    prior = model.prior
     if not isinstance(prior, DenseGaussian) or prior.dim != layout.point.size:
         raise ValueError(f"{owner}: `post` is not a fit of stick_breaking_model with these labels "
                          f"({layout.point.size} latent values expected).")
