@@ -76,7 +76,7 @@ def test_restart_and_bound_arguments_are_validated():
     kernel = K_.SquaredExponential(1.0, 1.0)
     with pytest.raises(ValueError, match="within `bounds`"):
         _fit(kernel, num_restarts=2)
-    with pytest.raises(ValueError, match="`num_restarts` must be an integer"):
+    with pytest.raises(ValueError, match="`num_restarts` must be a non-negative integer"):
         _fit(kernel, num_restarts=-1, bounds=(0.1, 10.0))
     for bad in ((1.0, 0.5), (0.0, 1.0), (1.0, np.inf), 3.0, (1.0, 2.0, 3.0)):
         with pytest.raises(ValueError, match=r"pair \(low, high\)"):

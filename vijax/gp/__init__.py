@@ -6,8 +6,7 @@
     f_mean, f_var = vj.gp.predict(post, X_test)        # latent predictive at test inputs (the model records k, X)
 
 Multi-class classification: `vj.gp.multiclass` and `vj.gp.softmax`. Sparse GPs with inducing inputs:
-`collapsed_elbo` and `optimal_inducing_posterior` (Titsias), `svgp_elbo` (any likelihood, minibatches)
-and `svgp_natural_step`, `predict_sparse`.
+`collapsed_elbo`, `optimal_inducing_posterior`, `svgp_elbo`, `svgp_natural_step`, `predict_sparse`.
 """
 
 from . import kernels, multiclass, softmax
@@ -15,23 +14,9 @@ from .hyper import HyperparameterFit, fit_hyperparameters
 from .models import GPModel, log_predictive, model, predict, predict_proba
 from .sparse import collapsed_elbo, optimal_inducing_posterior, predict_sparse, svgp_elbo, svgp_natural_step
 
-__all__ = [
-    "kernels",
-    "multiclass",
-    "softmax",
-    "model",
-    "GPModel",
-    "predict",
-    "predict_proba",
-    "log_predictive",
-    "fit_hyperparameters",
-    "HyperparameterFit",
-    "collapsed_elbo",
-    "optimal_inducing_posterior",
-    "predict_sparse",
-    "svgp_elbo",
-    "svgp_natural_step",
-]
+__all__ = ["kernels", "multiclass", "softmax", "model", "GPModel", "predict", "predict_proba", "log_predictive",
+           "fit_hyperparameters", "HyperparameterFit", "collapsed_elbo", "optimal_inducing_posterior", "predict_sparse",
+           "svgp_elbo", "svgp_natural_step"]
 
 
 def __dir__():

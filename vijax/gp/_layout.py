@@ -1,6 +1,5 @@
-"""The multi-class GP model (f_c ~ GP(0, K_c) for C classes) that `vj.gp.multiclass.NestedEP` and
-`vj.gp.softmax.SoftmaxBound` fit, and the label and kernel checks the stick-breaking model shares.
-"""
+"""The multi-class GP model that `vj.gp.multiclass.NestedEP` and `vj.gp.softmax.SoftmaxBound` fit, and the
+label and kernel checks the stick-breaking model shares."""
 
 from __future__ import annotations
 
@@ -10,16 +9,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _checks
+from ..methods import AbstractMethod
 from .kernels import AbstractKernel
 from .models import DEFAULT_JITTER
 
-__all__ = ["MulticlassModel", "model", "class_labels", "class_kernels", "class_prior_covariances"]
+__all__ = ["MulticlassModel", "MulticlassMethod", "model", "class_labels"]
 
 
 def class_labels(labels, n, num_classes, owner):
     """Integer labels in {0, …, C − 1}, one per input, as a NumPy array of shape ``(n,)`` (checked)."""
-    if not (isinstance(num_classes, (int, np.integer)) and not isinstance(num_classes, bool) and num_classes >= 2):
-        raise ValueError(f"{owner}: `num_classes` must be an integer ≥ 2, got {num_classes!r}.")
+    _checks.integer("num_classes", num_classes, owner, minimum=2)
     y = np.asarray(labels)
     if y.ndim != 1 or y.shape[0] != n:
         raise ValueError(f"{owner}: `labels` must have shape ({n},), one per row of X, got {y.shape}.")
@@ -32,28 +31,12 @@ def class_labels(labels, n, num_classes, owner):
     return y
 
 
-def class_kernels(kernel, num_classes, owner):
-    """One kernel per class, a tuple of length C: a single kernel is shared by every class."""
-    kernels = (kernel,) * num_classes if isinstance(kernel, AbstractKernel) else tuple(kernel)
-    if len(kernels) != num_classes or not all(isinstance(k, AbstractKernel) for k in kernels):
-        raise ValueError(f"{owner}: `kernel` must be a vj.gp.kernels kernel or a sequence of {num_classes} "
-                         "of them (one per class).")
-    return kernels
-
-
-def class_prior_covariances(kernels, X, jitter):
-    """K_c(X) + jitter·I stacked over the classes: shape ``(C, N, N)`` for X of shape ``(N, d)``."""
-    eye = jnp.eye(X.shape[0], dtype=X.dtype)
-    return jnp.stack([k(X) + jitter * eye for k in kernels])
-
-
 class MulticlassModel(eqx.Module):
-    """A multi-class GP classifier: C latent functions f_c ~ GP(0, K_c) over N inputs, built by
-    `vj.gp.multiclass.model`. The latent f = (f_1(x_1), …, f_1(x_N), …, f_C(x_N)) is class-major, of
-    dimension ``dim`` = C·N.
+    """A multi-class GP classifier (`vj.gp.multiclass.model`): C latent functions f_c ~ GP(0, K_c) over N inputs,
+    f = (f_1(x_1), …, f_1(x_N), …, f_C(x_N)) class-major, ``dim`` = C·N.
 
-    **Fields:** `kernels` (one per class; leaves, so ``jax.grad`` of a fit's ``log_z`` differentiates
-    through them), `X` ``(N, d)``, `labels` ``(N,)`` integers, `jitter` and the static `num_classes` C.
+    **Fields:** `kernels` (one per class; leaves, so ``jax.grad`` of a fit's ``log_z`` reaches them),
+    `X` ``(N, d)``, `labels` ``(N,)`` integers, `jitter` and the static `num_classes` C.
     """
 
     kernels: tuple[AbstractKernel, ...]
@@ -78,7 +61,8 @@ class MulticlassModel(eqx.Module):
 
     def prior_covariances(self):
         """K_c(X) + jitter·I for every class: ``(C, N, N)``."""
-        return class_prior_covariances(self.kernels, self.X, self.jitter)
+        eye = jnp.eye(self.X.shape[0], dtype=self.X.dtype)
+        return jnp.stack([k(self.X) + self.jitter * eye for k in self.kernels])
 
     def onehot(self):
         """The labels one-hot, ``(N, C)`` in the working dtype."""
@@ -90,34 +74,46 @@ def model(kernel, X, labels, num_classes: int, jitter: float = DEFAULT_JITTER) -
 
     **Arguments:**
 
-    - `kernel`: a `vj.gp.kernels` kernel shared by every class, or a sequence of ``num_classes``
-      kernels (one per class).
+    - `kernel`: a `vj.gp.kernels` kernel shared by every class, or a sequence of ``num_classes`` kernels.
     - `X`: inputs ``(N, d)`` or ``(N,)``; `labels`: integer classes in 0 … C − 1, shape ``(N,)``.
     - `num_classes`: C ≥ 2 (classes without training points are allowed).
     - `jitter`: added to the diagonal of each K_c.
 
-    Returns a `MulticlassModel`; fit it with ``vj.infer(model, vj.gp.multiclass.NestedEP())`` or
-    ``vj.infer(model, vj.gp.softmax.SoftmaxBound("log"))``.
+    Returns a `MulticlassModel`, fitted by `vj.gp.multiclass.NestedEP` or `vj.gp.softmax.SoftmaxBound`.
     """
     owner = "vj.gp.multiclass.model"
     X = _checks.as_inputs(X, owner)
     y = class_labels(labels, X.shape[0], num_classes, owner)
-    kernels = tuple(_checks.cast_floating(k, X.dtype) for k in class_kernels(kernel, num_classes, owner))
-    jitter = _checks.as_float_array("jitter", jitter, owner)
-    if jitter.ndim != 0:
-        raise ValueError(f"{owner}: `jitter` must be a scalar, got shape {jitter.shape}.")
+    kernels = (kernel,) * int(num_classes) if isinstance(kernel, AbstractKernel) else tuple(kernel)
+    if len(kernels) != num_classes or not all(isinstance(k, AbstractKernel) for k in kernels):
+        raise ValueError(f"{owner}: `kernel` must be a vj.gp.kernels kernel or a sequence of {num_classes} "
+                         "of them (one per class).")
+    kernels = tuple(_checks.cast_floating(k, X.dtype) for k in kernels)
+    jitter = _checks.as_float_array("jitter", jitter, owner, ndim=0)
     if _checks.is_concrete(jitter) and not (np.isfinite(float(jitter)) and float(jitter) >= 0):
         raise ValueError(f"{owner}: `jitter` must be a finite number ≥ 0, got {float(jitter)!r}.")
     return MulticlassModel(kernels, X, jnp.asarray(y), jitter.astype(X.dtype), int(num_classes))
 
 
-def check_model(method_name, model):
-    """Raise a `ValueError` unless ``model`` is a `MulticlassModel` (what ``method_name`` fits)."""
-    if isinstance(model, MulticlassModel):
-        return
-    hint = ""
-    if hasattr(model, "layout") and hasattr(model, "ordering"):
-        hint = (" A stick-breaking model is a vj.LatentLinearModel: fit it with vj.GKL(), vj.EP() or any "
-                "method of vj.infer.")
-    raise ValueError(f"infer: vj.{method_name} fits a multi-class GP model, built by "
-                     f"vj.gp.multiclass.model(kernel, X, labels, num_classes); got {type(model).__name__}.{hint}")
+class MulticlassMethod(AbstractMethod):
+    """A method that fits the `MulticlassModel` (which has no sites, so no start from a point w)."""
+
+    def check_model(self, model) -> None:
+        if isinstance(model, MulticlassModel):
+            return
+        hint = ""
+        if hasattr(model, "layout") and hasattr(model, "ordering"):
+            hint = (" A stick-breaking model is a vj.LatentLinearModel: fit it with vj.GKL(), vj.EP() or any "
+                    "method of vj.infer.")
+        raise ValueError(f"infer: {type(self).__name__} fits a multi-class GP model, built by "
+                         f"vj.gp.multiclass.model(kernel, X, labels, num_classes); got {type(model).__name__}.{hint}")
+
+    def from_expansion(self, model, expansion):
+        raise ValueError(f"{type(self).__name__}: a start from a point w does not apply to the multi-class GP model; "
+                         "start from None, a posterior of this model or its post.state.")
+
+    def to_state(self, model, init):
+        """``init`` as a State: a State of this method, or a posterior of a model of the same shapes."""
+        if isinstance(init, (jax.Array, np.ndarray)):  # refused before the base class expands (absent) sites
+            self.from_expansion(model, None)
+        return super().to_state(model, init)

@@ -2,10 +2,8 @@
 
     θ* = argmax_θ  log Ẑ(θ),    log Ẑ = vj.infer(vj.gp.model(kernel_θ, X, likelihood_θ), method).log_z
 
-The gradient is that of ``post.log_z`` (envelope theorem: each method evaluates its objective once more
-at its stopped-gradient optimum, so the inner fit is not differentiated through), and each outer step
-warm-starts the inner fit from the previous one. Every parameter is optimised as a logarithm, so it
-stays positive.
+The gradient is that of ``post.log_z`` (envelope theorem: the inner fit is not differentiated through);
+each outer step warm-starts the inner fit from the previous one. Parameters are optimised as logarithms.
 """
 
 from __future__ import annotations
@@ -32,15 +30,11 @@ __all__ = ["fit_hyperparameters", "HyperparameterFit"]
 class HyperparameterFit(eqx.Module):
     """The result of `fit_hyperparameters`.
 
-    - `kernel`, `likelihood`: at the optimum.
-    - `posterior`: the method's fit there; its model records the fitted kernel and likelihood, so
-      ``vj.gp.predict(fit.posterior, X_test)`` predicts under them.
-    - `log_z`: ``posterior.log_z``.
-    - `diagnostics`: a `vj.Diagnostics` of the returned run's outer loop: ``objective_trace`` log Ẑ at
-      the start and after each step, ``converged`` whether the change of log Ẑ fell below ``tol``
-      (a non-finite log Ẑ, or a line search that finds no rise, stops the run unconverged at the last
-      point), ``stationarity`` that last relative change, ``grad_norm`` max |∂ log Ẑ/∂θ| at the
-      returned point (θ the log-parameters), ``num_value_evals`` the fits, line-search trials included.
+    - `kernel`, `likelihood`: at the optimum; `posterior`: the method's fit there (its model records them,
+      so ``vj.gp.predict(fit.posterior, X_test)`` predicts under them); `log_z`: ``posterior.log_z``.
+    - `diagnostics`: the returned run's outer loop: ``objective_trace`` log Ẑ at the start and after each
+      step, ``stationarity`` the last relative change, ``grad_norm`` max |∂ log Ẑ/∂θ| (θ the
+      log-parameters), ``num_value_evals`` the fits, line-search trials included.
     - `run_log_z`: every run's final log Ẑ, ``(num_restarts + 1,)``, the run from the given start first.
     """
 
@@ -69,31 +63,21 @@ def fit_hyperparameters(kernel: AbstractKernel, X: ArrayLike, likelihood: Abstra
     **Arguments:**
 
     - `kernel`, `X`, `likelihood`, `labels`, `mean`, `jitter`: as for `vj.gp.model`.
-    - `num_classes`: C for a multi-class GP, ``vj.gp.multiclass.model(kernel, X, labels, num_classes,
-      jitter)``: one `kernel` shared by the C latent functions, `likelihood` None (the method's own),
-      `labels` the classes 0 … C − 1 and `mean` 0.
-    - `method`: any vijax method; with `num_classes`, `vj.gp.multiclass.NestedEP()` or
-      `vj.gp.softmax.SoftmaxBound()`.
-    - `train_likelihood`: names of positive likelihood parameters to learn; default ``("scale",)``
-      when the likelihood has a scale, else none. ``()`` keeps the likelihood fixed.
-    - `optimizer`: None (default) for L-BFGS (``optax.scale_by_lbfgs`` directions, backtracking from a
-      full step until log Ẑ rises by the Armijo fraction 10⁻⁴ of the predicted gain; each trial is one
-      warm-started fit), or an optax transformation minimising −log Ẑ whose updates are all taken (it
-      receives ``value``, ``grad`` and ``value_fn``, so optax's line searches work too).
+    - `num_classes`: C for a multi-class GP (one `kernel` shared by the classes; `likelihood` None, `mean` 0),
+      fitted by `method` `vj.gp.multiclass.NestedEP()` or `vj.gp.softmax.SoftmaxBound()`.
+    - `method`: any vijax method.
+    - `train_likelihood`: positive likelihood parameters to learn; default ``("scale",)`` if it has a scale.
+    - `optimizer`: None (default) for L-BFGS (``optax.scale_by_lbfgs`` directions, backtracking until log Ẑ
+      rises by the Armijo fraction 10⁻⁴ of the predicted gain), or an optax transformation minimising
+      −log Ẑ, every update taken (it receives ``value``, ``grad`` and ``value_fn``).
     - `max_iter`, `tol`: at most ``max_iter`` outer steps; stop when log Ẑ changes by less than
       ``tol·(1 + |log Ẑ|)``.
-    - `bounds`: None (default: unbounded), a pair ``(low, high)`` for every parameter, or a dict from
-      parameter names to pairs, e.g. ``{"lengthscale": (1e-2, 1e2), "scale": (1e-3, 1.0)}``, in the
-      natural scale (0 < low < high < ∞), like scikit-learn's kernel ``*_bounds``. The names are the
-      kernel's parameters without their ``log_`` prefix (one name bounds that parameter in every term
-      of a sum or product kernel) and those in `train_likelihood`; unnamed parameters are unbounded.
-      The start and every step are clipped into the box (L-BFGS drops the components that leave it at
-      an active bound and backtracks on the projected step).
-    - `num_restarts`: further runs (default 0; needs `bounds`), each from log-parameters drawn
-      uniformly in [log low, log high] for every bounded parameter, as scikit-learn's
-      ``n_restarts_optimizer``. The run with the highest final log Ẑ is returned (the first wins ties);
-      the runs reuse the first run's compiled programs.
-    - `seed`: the restarts' draws, ``numpy.random.default_rng(seed)`` (an int, None or a Generator).
+    - `bounds`: None (unbounded), one ``(low, high)`` for every parameter, or a dict from names (kernel
+      parameters without ``log_``, and `train_likelihood`'s) to pairs, e.g. ``{"lengthscale": (1e-2, 1e2)}``,
+      in the natural scale; the start and every step are clipped into the box.
+    - `num_restarts`: further runs from log-parameters drawn uniformly within `bounds` (as scikit-learn's
+      ``n_restarts_optimizer``); the best final log Ẑ is returned.
+    - `seed`: the restarts' draws, ``numpy.random.default_rng(seed)``.
     - `progress`: print log Ẑ after every step.
     """
     owner = "vj.gp.fit_hyperparameters"
@@ -111,11 +95,8 @@ def fit_hyperparameters(kernel: AbstractKernel, X: ArrayLike, likelihood: Abstra
         data = _multiclass_data(kernel, X, likelihood, labels, num_classes, mean, jitter, train_likelihood, owner)
         train_likelihood = ()
     _checks.integer("max_iter", max_iter, owner)
-    if not (isinstance(num_restarts, (int, np.integer)) and not isinstance(num_restarts, bool) and num_restarts >= 0):
-        raise ValueError(f"{owner}: `num_restarts` must be an integer ≥ 0, got {num_restarts!r}.")
-    # Everything the jitted functions need travels as arguments (arrays traced, the rest static), so
-    # a second call with data of the same shapes reuses the compiled start, evaluation and direction. The
-    # inner fit is carried as the method's State: each fit starts from the last accepted one.
+    _checks.integer("num_restarts", num_restarts, owner, minimum=0)
+    # The jitted functions take everything as arguments, so data of the same shapes reuses their programs.
     params = _checks.strongly_typed(
         (kernel, {name: jnp.log(jnp.asarray(getattr(likelihood, name))) for name in train_likelihood}))
     limits = None if bounds is None else _limits(bounds, params, owner)
@@ -131,13 +112,11 @@ def fit_hyperparameters(kernel: AbstractKernel, X: ArrayLike, likelihood: Abstra
             raise ValueError(f"{owner}: `seed` must be an int, None or a numpy.random.Generator, got "
                              f"{seed!r}.") from error
         starts += [_draw(params, limits, rng) for _ in range(num_restarts)]
-    runs = []
-    for r, start in enumerate(starts):
-        prefix = f"{owner}: run {r}," if num_restarts else f"{owner}:"
-        runs.append(_run(start, data, method, optimizer, limits, max_iter, tol, progress and prefix))
+    prefixes = [f"{owner}: run {r}," if num_restarts else f"{owner}:" for r in range(len(starts))]
+    runs = [_run(start, data, method, optimizer, limits, max_iter, tol, progress and prefix)
+            for start, prefix in zip(starts, prefixes)]
     finals = [run[3][-1] for run in runs]
-    best = max(range(len(runs)), key=lambda r: (np.isfinite(finals[r]), finals[r] if np.isfinite(finals[r])
-                                                else -np.inf, -r))
+    best = int(np.argmax(np.where(np.isfinite(finals), finals, -np.inf)))  # the first on ties
     params, post, grad, trace, evals, converged, stalled, change = runs[best]
     if limits is not None:  # at an active bound, only the components that stay in the box
         grad = _free_gradient(grad, params, limits)
@@ -155,18 +134,16 @@ def fit_hyperparameters(kernel: AbstractKernel, X: ArrayLike, likelihood: Abstra
 
 
 def _host_array(values, dtype):
-    """Python floats as a device array (`jax.device_put` of a NumPy array compiles nothing)."""
+    """Python floats as a device array (`jax.device_put` compiles nothing)."""
     return jax.device_put(np.asarray(values, dtype=dtype))
 
 
 def _run(params, data, method, optimizer, limits, max_iter, tol, progress):
-    """One ML-II run from ``params``: ``(params, fit, gradient, trace, evaluations, converged, stalled,
-    last relative change)``, the trace of log Ẑ as Python floats."""
+    """One ML-II run: ``(params, fit, gradient, trace of log Ẑ, evaluations, converged, stalled, change)``."""
     transform = _LBFGS if optimizer is None else optimizer
     if limits is not None:
         params = _project(params, limits)
-    # Optimizer states hold weakly typed scalars, which their updates return strongly typed: made strong
-    # here, so that the direction (or update) compiles once rather than once more at its second call.
+    # Updates return the states' weakly typed scalars strongly typed: made strong here, so they compile once.
     opt_state = _checks.strongly_typed(transform.init(params))
     (value, post), grad = _value_and_grad(params, data, method, _start(params, data, method))
     trace, evals, converged, stalled, change = [-float(value)], 1, False, False, np.inf
@@ -176,7 +153,7 @@ def _run(params, data, method, optimizer, limits, max_iter, tol, progress):
         if optimizer is None:
             direction, new_state, predicted = _lbfgs_direction(grad, opt_state, params, limits)
             predicted = float(predicted)  # −log Ẑ falls by about α·predicted along −direction
-            alpha, accepted = 1.0, False
+            alpha = 1.0
             for _ in range(_MAX_HALVINGS):
                 trial, fall = _along(params, direction, jnp.asarray(alpha), limits, grad)
                 fall = alpha * predicted if fall is None else float(fall)
@@ -184,10 +161,9 @@ def _run(params, data, method, optimizer, limits, max_iter, tol, progress):
                 evals += 1
                 limit = float(value) - _ARMIJO * fall + _RISE_TOLERANCE * (1 + abs(float(value)))
                 if np.isfinite(float(t_value)) and float(t_value) <= limit:
-                    accepted = True
                     break
                 alpha *= 0.5
-            if not accepted:  # no step raises log Ẑ: stop at the last point
+            else:  # no step raises log Ẑ: stop at the last point
                 stalled = True
                 break
         else:
@@ -211,7 +187,7 @@ def _run(params, data, method, optimizer, limits, max_iter, tol, progress):
 
 
 def _multiclass_data(kernel, X, likelihood, labels, num_classes, mean, jitter, train_likelihood, owner):
-    """The validated data of a multi-class GP (`vj.gp.multiclass.model`), as ``_build`` takes it."""
+    """The validated data of a multi-class GP, as ``_build`` takes it."""
     if likelihood is not None:
         raise ValueError(f"{owner}: with `num_classes` the model is vj.gp.multiclass.model and its likelihood is the "
                          f"method's (NestedEP: multinomial probit, SoftmaxBound: softmax); pass likelihood=None, got "
@@ -229,8 +205,7 @@ def _multiclass_data(kernel, X, likelihood, labels, num_classes, mean, jitter, t
 
 
 def _names(params):
-    """The name of every leaf of ``params``: a kernel parameter's without ``log_`` (``lengthscale``), a
-    likelihood parameter's as given."""
+    """The name of every leaf of ``params`` (a kernel parameter's without ``log_``)."""
     keys = [path[-1] for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
     return [k.key if isinstance(k, jax.tree_util.DictKey) else getattr(k, "name", str(k)).removeprefix("log_")
             for k in keys]
@@ -285,8 +260,7 @@ def _draw(params, limits, rng):
 _LBFGS = optax.scale_by_lbfgs()  # one instance, so the default hashes equal across calls
 _ARMIJO = 1e-4
 _MAX_HALVINGS = 30
-# A trial may lower log Ẑ by this much relative to |log Ẑ|: the inner fits' rounding, which decides
-# nothing once the gain is that small (the change test then stops the run).
+# A trial may lower log Ẑ by this much relative to |log Ẑ|: the inner fits' rounding.
 _RISE_TOLERANCE = 1e-12
 
 
@@ -301,27 +275,24 @@ def _build(params, data):
     X, _, labels, mean, jitter, num_classes = data
     if num_classes is not None:  # validated by `_multiclass_data`; one kernel shared by every class
         kernel = jax.tree_util.tree_map(lambda p: p.astype(X.dtype), params[0])
-        return MulticlassModel((kernel,) * num_classes, X, labels, jitter, num_classes), None
-    lik = _likelihood(params, data)
-    return model(params[0], X, lik, labels=labels, mean=mean, jitter=jitter), lik
+        return MulticlassModel((kernel,) * num_classes, X, labels, jitter, num_classes)
+    return model(params[0], X, _likelihood(params, data), labels=labels, mean=mean, jitter=jitter)
 
 
 @eqx.filter_jit
 def _start(params, data, method):
-    """The inner method's start at ``params``, the model built inside the program (its kernel matrix and
-    Cholesky factor are not computed op by op)."""
-    return method.start(_build(params, data)[0])
+    """The inner method's start at ``params``, the model built inside the program."""
+    return method.start(_build(params, data))
 
 
 def _negative_log_z(params, data, method, state):
-    post = method.fit(_build(params, data)[0], state)
+    post = method.fit(_build(params, data), state)
     return -post.log_z, post
 
 
 @eqx.filter_jit
 def _value_and_grad(params, data, method, state):
-    """``((−log Ẑ, the fit), ∂(−log Ẑ)/∂params)`` at ``params``, the fit warm-started from ``state``:
-    the one program that holds the inner fit."""
+    """``((−log Ẑ, the fit), ∂(−log Ẑ)/∂params)``, the fit warm-started from ``state``."""
     return eqx.filter_value_and_grad(_negative_log_z, has_aux=True)(params, data, method, state)
 
 
@@ -331,35 +302,27 @@ def _project(params, limits):
     return jax.tree_util.tree_map(jnp.clip, params, *limits)
 
 
-def _leaving(params, step, limits):
-    """Where a move by −``step`` leaves the box at an active bound (lower bound and step > 0, or upper
-    bound and step < 0)."""
-    low, high = limits
-    return jax.tree_util.tree_map(lambda p, s, lo, hi: ((p <= lo) & (s > 0)) | ((p >= hi) & (s < 0)),
-                                  params, step, low, high)
+def _free(step, params, limits):
+    """``step`` with 0 where a move by −step leaves the box at an active bound."""
+    def free(s, p, lo, hi):
+        return jnp.where(((p <= lo) & (s > 0)) | ((p >= hi) & (s < 0)), jnp.zeros_like(s), s)
+
+    return jax.tree_util.tree_map(free, step, params, *limits)
 
 
-def _zero(tree, mask):
-    return jax.tree_util.tree_map(lambda x, m: jnp.where(m, jnp.zeros_like(x), x), tree, mask)
-
-
-@eqx.filter_jit
-def _free_gradient(grad, params, limits):
-    """The gradient with the components that leave the box at an active bound set to 0."""
-    return _zero(grad, _leaving(params, grad, limits))
+_free_gradient = eqx.filter_jit(_free)
 
 
 @eqx.filter_jit
 def _lbfgs_direction(grad, opt_state, params, limits):
-    """L-BFGS's direction d = H·∇ at ``params`` (its memory updated with this point), the new state and
-    ∇ᵀd, the first-order fall of −log Ẑ along −d. Within bounds, the components of ∇ and d that leave the
-    box at an active bound are dropped, and d is the projected gradient where it is no descent direction."""
+    """L-BFGS's direction d, its new state and ∇ᵀd (the first-order fall of −log Ẑ along −d); within bounds,
+    on the free components, and the projected gradient where d is no descent direction."""
     if limits is None:
         direction, opt_state = _LBFGS.update(grad, opt_state, params)
         return direction, opt_state, optax.tree.vdot(grad, direction)
-    free = _zero(grad, _leaving(params, grad, limits))
+    free = _free(grad, params, limits)
     direction, opt_state = _LBFGS.update(free, opt_state, params)
-    direction = _zero(direction, _leaving(params, direction, limits))
+    direction = _free(direction, params, limits)
     predicted = optax.tree.vdot(free, direction)
     descent = predicted > 0
     direction = jax.tree_util.tree_map(lambda d, g: jnp.where(descent, d, g), direction, free)
@@ -368,8 +331,7 @@ def _lbfgs_direction(grad, opt_state, params, limits):
 
 @eqx.filter_jit
 def _along(params, direction, alpha, limits, grad):
-    """params − α·direction; within bounds, clipped into the box, with ∇ᵀ(params − trial), the first-order
-    fall of −log Ẑ along the clipped step (None without bounds)."""
+    """params − α·direction, clipped into the box, and ∇ᵀ(params − trial) (None without bounds)."""
     trial = jax.tree_util.tree_map(lambda p, d: p - alpha.astype(p.dtype) * d, params, direction)
     if limits is None:
         return trial, None

@@ -1,36 +1,18 @@
 """Covariance functions k(x, x') as equinox modules.
 
-A kernel is called on inputs of shape ``(N, d)`` (a 1-D array is read as ``(N, 1)``):
-
-    kernel(X1, X2)   # (N1, N2) cross-covariance
-    kernel(X)        # (N, N) covariance of X with itself (white noise included)
-    kernel.diagonal(X)   # (N,) = diag(kernel(X))
-
-Constructors take positive values, stored as logarithms (``log_variance``, …) so that any gradient
-step keeps them positive; the properties ``variance``, ``lengthscale``, … give the values. The
-logarithms are strongly typed arrays of the dtype of the arrays passed, else ``jnp.result_type(float)``,
-so an optax update never changes their type (a jitted step compiles once).
-
-Stationary kernels use the scaled distance r² = Σ_j (x_j − x'_j)² / ℓ_j² (one ℓ per input
-dimension for ARD, or a scalar):
-
-| kernel | k(x, x') |
-|---|---|
-| `SquaredExponential` | v exp(−r²/2) |
-| `Matern12` | v exp(−r) |
-| `Matern32` | v (1 + √3 r) exp(−√3 r) |
-| `Matern52` | v (1 + √5 r + 5r²/3) exp(−√5 r) |
-| `Periodic` | v exp(−2 Σ_j sin²(π \\|x_j − x'_j\\| / p) / ℓ_j²) |
-| `Linear` | Σ_j v_j x_j x'_j |
-| `White` | v δ(x, x') — only in `kernel(X)`; cross-covariances are zero |
-
-Kernels add and multiply: ``k1 + k2`` and ``k1 * k2``.
+``kernel(X1, X2)`` is the ``(N1, N2)`` cross-covariance, ``kernel(X)`` the ``(N, N)`` covariance (white noise
+included) and ``kernel.diagonal(X)`` its diagonal, for inputs ``(N, d)`` (a 1-D array is ``(N, 1)``).
+Positive parameters are stored as logarithms (``log_variance``, …; strongly typed arrays, so an optax step
+keeps them positive and compiles once); the properties ``variance``, … give the values. Stationary
+kernels use r² = Σ_j (x_j − x'_j)² / ℓ_j² (one ℓ per input dimension for ARD, or a scalar). Kernels add
+and multiply: ``k1 + k2``, ``k1 * k2``.
 """
 
 from __future__ import annotations
 
 import abc
 import dataclasses
+import operator
 
 import jax
 import jax.numpy as jnp
@@ -41,30 +23,19 @@ import equinox as eqx
 from .. import _checks
 from ..quadrature import safe_sqrt
 
-__all__ = [
-    "AbstractKernel",
-    "SquaredExponential",
-    "Matern12",
-    "Matern32",
-    "Matern52",
-    "Periodic",
-    "Linear",
-    "White",
-    "Sum",
-    "Product",
-]
+__all__ = ["AbstractKernel", "SquaredExponential", "Matern12", "Matern32", "Matern52", "Periodic", "Linear", "White",
+           "Sum", "Product"]
 
 
 def _format(value):
-    """A parameter's value for `repr`: numbers for concrete arrays (ARD lengthscales too), dtype and
-    shape for traced ones (`vijax._checks.format_param`)."""
+    """A parameter's value for `repr`: numbers for concrete arrays, dtype and shape for traced ones."""
     if isinstance(value, jax.core.Tracer) or np.ndim(value) == 0:
         return _checks.format_param(value)
     return np.array2string(np.asarray(value), precision=6, separator=", ")
 
 
 def _log_positive(name, value, owner, dtype):
-    """log of a positive parameter, a strongly typed array of ``dtype`` (`vijax._checks.as_param`)."""
+    """log of a positive parameter, a strongly typed array of ``dtype``."""
     value = _checks.as_param(name, value, owner, dtype)
     _checks.check_positive(name, value, owner)
     return jnp.log(value)
@@ -115,36 +86,30 @@ class AbstractKernel(eqx.Module):
         return Product(self, other)
 
 
-class Sum(AbstractKernel):
+class _Combination(AbstractKernel):
+    first: AbstractKernel
+    second: AbstractKernel
+
+    def __repr__(self):
+        return f"({self.first!r} {self._symbol} {self.second!r})"
+
+    def _matrix(self, X1, X2, same):
+        return self._op(self.first._matrix(X1, X2, same), self.second._matrix(X1, X2, same))
+
+    def _diagonal(self, X):
+        return self._op(self.first._diagonal(X), self.second._diagonal(X))
+
+
+class Sum(_Combination):
     """k₁ + k₂."""
 
-    first: AbstractKernel
-    second: AbstractKernel
-
-    def __repr__(self):
-        return f"({self.first!r} + {self.second!r})"
-
-    def _matrix(self, X1, X2, same):
-        return self.first._matrix(X1, X2, same) + self.second._matrix(X1, X2, same)
-
-    def _diagonal(self, X):
-        return self.first._diagonal(X) + self.second._diagonal(X)
+    _op, _symbol = operator.add, "+"
 
 
-class Product(AbstractKernel):
+class Product(_Combination):
     """k₁ · k₂ (elementwise)."""
 
-    first: AbstractKernel
-    second: AbstractKernel
-
-    def __repr__(self):
-        return f"({self.first!r} * {self.second!r})"
-
-    def _matrix(self, X1, X2, same):
-        return self.first._matrix(X1, X2, same) * self.second._matrix(X1, X2, same)
-
-    def _diagonal(self, X):
-        return self.first._diagonal(X) * self.second._diagonal(X)
+    _op, _symbol = operator.mul, "*"
 
 
 class _Stationary(AbstractKernel):
@@ -164,22 +129,17 @@ class _Stationary(AbstractKernel):
     lengthscale = _exp("lengthscale")
     variance = _exp("variance")
 
-    def _scaled(self, X):
+    def _matrix(self, X1, X2, same):
         ell = self.lengthscale
-        if ell.ndim == 1 and ell.shape[0] != X.shape[1]:
-            raise ValueError(f"{type(self).__name__}: {ell.shape[0]} lengthscales for inputs with {X.shape[1]} columns.")
-        return X / ell
-
-    def _squared_distance(self, X1, X2, same):
-        A, B = self._scaled(X1), self._scaled(X2)
+        if ell.ndim == 1 and ell.shape[0] != X1.shape[1]:
+            raise ValueError(f"{type(self).__name__}: {ell.shape[0]} lengthscales for inputs with "
+                             f"{X1.shape[1]} columns.")
+        A, B = X1 / ell, X2 / ell
         r2 = jnp.sum(A**2, 1)[:, None] + jnp.sum(B**2, 1)[None, :] - 2 * A @ B.T
         r2 = jnp.maximum(r2, 0.0)
         if same:  # the expansion leaves rounding error where the distance is exactly zero
             r2 = r2 * (1 - jnp.eye(r2.shape[0], dtype=r2.dtype))
-        return r2
-
-    def _matrix(self, X1, X2, same):
-        return self.variance * self._profile(self._squared_distance(X1, X2, same))
+        return self.variance * self._profile(r2)
 
     def _diagonal(self, X):
         return jnp.full(X.shape[0], self.variance * self._profile(jnp.zeros((), X.dtype)), X.dtype)
@@ -245,15 +205,17 @@ class Periodic(AbstractKernel):
         return jnp.full(X.shape[0], self.variance, X.dtype)
 
 
-class Linear(AbstractKernel):
-    """Σ_j v_j x_j x'_j (``variance`` a scalar or one value per input dimension)."""
-
+class _VarianceOnly(AbstractKernel):
     log_variance: jnp.ndarray
 
     def __init__(self, variance=1.0):
-        self.log_variance = _log_positive("variance", variance, "Linear", _checks.float_dtype(variance))
+        self.log_variance = _log_positive("variance", variance, type(self).__name__, _checks.float_dtype(variance))
 
     variance = _exp("variance")
+
+
+class Linear(_VarianceOnly):
+    """Σ_j v_j x_j x'_j (``variance`` a scalar or one value per input dimension)."""
 
     def _matrix(self, X1, X2, same):
         return (X1 * self.variance) @ X2.T
@@ -262,15 +224,8 @@ class Linear(AbstractKernel):
         return jnp.sum(X**2 * self.variance, axis=1)
 
 
-class White(AbstractKernel):
+class White(_VarianceOnly):
     """v δ(x, x'): v I in ``kernel(X)``, zero between different input sets (independent noise)."""
-
-    log_variance: jnp.ndarray
-
-    def __init__(self, variance=1.0):
-        self.log_variance = _log_positive("variance", variance, "White", _checks.float_dtype(variance))
-
-    variance = _exp("variance")
 
     def _matrix(self, X1, X2, same):
         if same:

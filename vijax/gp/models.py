@@ -4,12 +4,10 @@ A GP model over N inputs is the latent linear model with w = f = (f(x_1), …, f
 
     p(f | y) ∝ N(f | μ1, K + εI) · ∏_n φ_n(f_n),      K_nm = k(x_n, x_m),
 
-so H = I (for binary classification H = diag(±1), the labels folded in) and every method of `vj.infer`
-applies. At test inputs X_*, with B = (K + εI)⁻¹ K(X, X_*) and q(f) = N(m, S) the fit,
+so H = I (diag(±1) for binary classification) and every method of `vj.infer` applies. At test inputs X_*,
+with B = (K + εI)⁻¹ K(X, X_*) and q(f) = N(m, S) the fit,
 
-    q(f_*) = N(μ + Bᵀ(m − μ1),  diag k(X_*, X_*) − diag(K(X_*, X) B) + diag(Bᵀ S B)),
-
-the last term by ``post.marginals(Bᵀ)``, so any covariance family and any method works.
+    q(f_*) = N(μ + Bᵀ(m − μ1),  diag k(X_*, X_*) − diag(K(X_*, X) B) + diag(Bᵀ S B)).
 """
 
 from __future__ import annotations
@@ -33,9 +31,8 @@ DEFAULT_JITTER = 1e-6
 
 
 class GPModel(LatentLinearModel):
-    """A `LatentLinearModel` that also records the ``kernel`` (leaves, so ``jax.grad`` of a fit's
-    ``log_z`` differentiates through it) and the inputs ``X`` ``(N, d)``, for prediction. Its prior is
-    f ~ N(mean·1, K(X) + jitter·I). Build one with `vj.gp.model`.
+    """A `LatentLinearModel` with prior f ~ N(mean·1, K(X) + jitter·I) that also records the ``kernel``
+    (leaves, so ``jax.grad`` of a fit's ``log_z`` reaches it) and the inputs ``X`` ``(N, d)``; see `vj.gp.model`.
     """
 
     kernel: AbstractKernel
@@ -63,18 +60,14 @@ def model(kernel: AbstractKernel, X: ArrayLike, likelihood: AbstractPotential, l
 
     **Arguments:**
 
-    - `kernel`: a `vj.gp.kernels` kernel.
-    - `X`: inputs, shape ``(N, d)`` or ``(N,)``.
-    - `likelihood`: a potential carrying the observations, e.g.
-      ``vj.potentials.StudentT(df=3.0, loc=y, scale=0.1)`` (``loc`` one value per row of X); for
-      binary classification ``vj.potentials.Probit()`` or ``Logistic()`` together with ``labels``.
-    - `labels`: class labels in {0, 1} or {−1, +1}, required by (and only by) classification
-      likelihoods; they are folded into H = diag(±1).
+    - `kernel`: a `vj.gp.kernels` kernel; `X`: inputs, shape ``(N, d)`` or ``(N,)``.
+    - `likelihood`: a potential carrying the observations, e.g. ``vj.potentials.StudentT(df=3.0, loc=y,
+      scale=0.1)``; for binary classification ``vj.potentials.Probit()`` or ``Logistic()`` with ``labels``.
+    - `labels`: class labels in {0, 1} or {−1, +1}, for (and only for) classification likelihoods.
     - `mean`: a constant prior mean (scalar).
-    - `jitter`: added to the diagonal of K before factorising (reported on the prior as ``.jitter``).
+    - `jitter`: added to the diagonal of K before factorising.
 
-    Returns a `GPModel`, of X's floating dtype (a float32 X gives a float32 model even with x64
-    enabled): the kernel's and likelihood's parameters and the mean are cast to it.
+    Returns a `GPModel` of X's floating dtype (the kernel's and likelihood's parameters and the mean are cast).
     """
     owner = "vj.gp.model"
     if not isinstance(kernel, AbstractKernel):
@@ -125,16 +118,11 @@ def label_signs(likelihood, labels, n, owner):
     return signed_labels(labels, owner).astype(labels.dtype)
 
 
-def _gp_prior(post, owner):
+def _latent(post, X_test, owner):
+    """The latent predictive means and variances at ``X_test`` under the posterior's `GPModel`, and its likelihood."""
     prior = post.model.prior
     if not isinstance(prior, DenseGaussian) or len(post.model.sites) != 1:
         raise ValueError(f"{owner}: expects the posterior of a `vj.gp.model` (a dense Gaussian prior and one site group).")
-    return prior
-
-
-def _latent(post, X_test, owner):
-    """The latent predictive marginals at ``X_test`` under the kernel and inputs the posterior's `GPModel` records."""
-    prior = _gp_prior(post, owner)
     if not isinstance(post.model, GPModel):
         raise ValueError(f"{owner}: the posterior's model is a {type(post.model).__name__}, which does not record "
                          "a kernel and inputs; build it with vj.gp.model(kernel, X, likelihood).")
@@ -145,13 +133,13 @@ def _latent(post, X_test, owner):
     if X_test.shape[1] != X.shape[1]:
         raise ValueError(f"{owner}: X_test has {X_test.shape[1]} columns but the training inputs have {X.shape[1]}.")
     centred, var = conditional_marginals(post, prior.chol, kernel(X, X_test), kernel.diagonal(X_test))
-    return prior.mean[0] + centred, var
+    return prior.mean[0] + centred, var, post.model.sites[0].potential
 
 
 def conditional_marginals(post, chol, cross, prior_diag, columns=None):
-    """Centred means Bᵀ(m − μ) and variances k** − ‖L⁻¹k*‖² + diag(BᵀSB), each ``(T,)``, of f at T test
-    inputs under q = ``post`` = N(m, S), given the latent values ``columns`` (all if None): B = K⁻¹K*, K = LLᵀ
-    (``chol`` L) their prior covariance, K* = ``cross`` ``(n, T)``, k** = ``prior_diag`` ``(T,)``."""
+    """Centred means Bᵀ(m − μ) and variances k** − ‖L⁻¹k*‖² + diag(BᵀSB), each ``(T,)``, at T test inputs under
+    q = ``post`` = N(m, S) from the latent values ``columns`` (all if None) with prior covariance LLᵀ (``chol``):
+    B = K⁻¹K*, K* = ``cross`` ``(n, T)``, k** = ``prior_diag`` ``(T,)``."""
     cond = conditional(chol, cross, prior_diag)
     B = cond.weights
     H = B.T if columns is None else jnp.zeros((B.shape[1], post.mean.shape[0]), B.dtype).at[:, columns].set(B.T)
@@ -160,15 +148,11 @@ def conditional_marginals(post, chol, cross, prior_diag, columns=None):
 
 
 def predict(post: Posterior | Mixture, X_test: ArrayLike) -> tuple[jax.Array, jax.Array]:
-    """Latent predictive mean and variance of f at ``X_test``: two arrays of shape ``(T,)``.
-
-    ``post`` is a fit of ``vj.gp.model(kernel, X, …)`` by any method (its model records kernel and X), or a
-    `vj.posterior.Mixture` over hyperparameters (`vj.hyper.integrate`): the mixture's mean and variance.
-    """
-    owner = "vj.gp.predict"
+    """Latent predictive mean and variance of f at ``X_test``, each ``(T,)``, for a fit of `vj.gp.model` by any
+    method, or a `vj.posterior.Mixture` over hyperparameters (`vj.hyper.integrate`): the mixture's moments."""
     if isinstance(post, Mixture):
         return post.mix(predict, X_test, combine="moments")
-    return _latent(post, X_test, owner)
+    return _latent(post, X_test, "vj.gp.predict")[:2]
 
 
 def predict_proba(post: Posterior | Mixture, X_test: ArrayLike,
@@ -179,11 +163,9 @@ def predict_proba(post: Posterior | Mixture, X_test: ArrayLike,
     owner = "vj.gp.predict_proba"
     if isinstance(post, Mixture):
         return post.mix(predict_proba, X_test, quadrature)
-    _gp_prior(post, owner)
-    potential = post.model.sites[0].potential
+    mean, var, potential = _latent(post, X_test, owner)
     if not potential.labels_in_projection:
         raise ValueError(f"{owner}: needs a classification posterior, got a {type(potential).__name__} likelihood.")
-    mean, var = _latent(post, X_test, owner)
     return jnp.exp(potential.log_expected_phi(mean, safe_sqrt(var), quadrature))
 
 
@@ -191,16 +173,13 @@ def log_predictive(post: Posterior | Mixture, X_test: ArrayLike, y_test: ArrayLi
                    quadrature: GaussHermite = GaussHermite()) -> jax.Array:
     """log p(y_* | x_*, data) ≈ log ⟨p(y_* | f_*)⟩ under q(f_*) for each test point: shape ``(T,)``.
 
-    ``y_test`` holds labels for classification and observations otherwise (the likelihood's
-    other parameters, e.g. its scale, are those of the fitted model). For a `vj.posterior.Mixture` over
-    hyperparameters, log Σ_k w_k p(y_* | x_*, θ_k).
+    ``y_test`` holds labels for classification and observations otherwise (the likelihood's other
+    parameters are the fitted model's). For a `vj.posterior.Mixture`, log Σ_k w_k p(y_* | x_*, θ_k).
     """
     owner = "vj.gp.log_predictive"
     if isinstance(post, Mixture):
         return post.mix(log_predictive, X_test, y_test, quadrature, combine="log")
-    _gp_prior(post, owner)
-    potential = post.model.sites[0].potential
-    mean, var = _latent(post, X_test, owner)
+    mean, var, potential = _latent(post, X_test, owner)
     y_test = _checks.as_float_array("y_test", y_test, owner, ndim=1)
     if y_test.shape[0] != mean.shape[0]:
         raise ValueError(f"{owner}: X_test has {mean.shape[0]} rows but `y_test` has {y_test.shape[0]} entries.")

@@ -1,18 +1,12 @@
-"""Multi-class GP classification with the softmax (multinomial-logit) likelihood and its local bounds.
+"""Multi-class GP classification with the softmax likelihood and its local bounds (Khan thesis ch. 5).
 
-C classes, f_c ~ GP(0, K_c) independently, p(y_i = c | f_i) = softmax(f_i)_c: the model of
-`vj.gp.multiclass.model`, fitted by `SoftmaxBound` through `vj.infer`:
-
-    post = vj.infer(vj.gp.multiclass.model(kernel, X, labels, C), vj.gp.softmax.SoftmaxBound("log"))
-    p = vj.gp.softmax.predict_proba(post, X_test, key=key)          # (T, C), Monte Carlo
-
-Only η_ik = f_ik − f_i0 enter the likelihood (`vj.factor.Multinomial`), so in the whitened values f̃,
-f_c = L_c f̃_c (K_c + εI = L_c L_cᵀ), the model is a one-point factor model with prior N(0, I), fitted by
-the factor model's E-step (Newton steps in the mean), which ascends
+The model of `vj.gp.multiclass.model`, p(y_i = c | f_i) = softmax(f_i)_c, fitted by `SoftmaxBound`. Only
+η_ik = f_ik − f_i0 enter the likelihood, so in the whitened values f̃_c = L_c⁻¹f_c (K_c + εI = L_cL_cᵀ) it is a
+one-point factor model with prior N(0, I), whose E-step (Newton steps in the mean) ascends
 
     log Z ≥ −KL(q(f̃) ‖ N(0, I)) + Σ_i f̲(y_i, m̃_i, Ṽ_i)
 
-with the Böhning, log, tilted or product-of-sigmoids bound f̲ on ⟨log softmax⟩ (Khan thesis ch. 5).
+with the Böhning, log, tilted or product-of-sigmoids bound f̲ on ⟨log softmax⟩.
 """
 
 from __future__ import annotations
@@ -20,7 +14,6 @@ from __future__ import annotations
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.scipy.linalg import block_diag, cho_solve, solve_triangular
 
 from .. import _checks
@@ -28,10 +21,9 @@ from .._factorisation import conditional
 from ..covariance import CholeskyFactor
 from ..factor import Block, FactorModel, Multinomial, elbo_point
 from ..factor.em import Posteriors, e_step_run
-from ..methods import AbstractMethod
 from ..posterior import Diagnostics, Posterior
 from ..solvers import Status
-from ._layout import MulticlassModel, check_model as _check_model
+from ._layout import MulticlassMethod, MulticlassModel
 
 __all__ = ["SoftmaxBound", "SoftmaxState", "BOUNDS", "predict", "predict_proba"]
 
@@ -39,51 +31,42 @@ BOUNDS = ("bohning", "log", "tilted", "pos")
 
 
 class SoftmaxState(eqx.Module):
-    """The State of `SoftmaxBound`: q(f̃) = N(mean, cov) over the whitened latents f̃ (class-major, C·N),
-    with ``precision`` = cov⁻¹. The cold start is the prior, N(0, I)."""
+    """The State of `SoftmaxBound`: q(f̃) = N(mean, cov) over the whitened latents (class-major, C·N),
+    ``precision`` = cov⁻¹; the cold start is the prior, N(0, I)."""
 
     mean: jax.Array
     cov: jax.Array
     precision: jax.Array
 
 
-def _loadings(chol, num_classes):
-    """W̃ (N, C−1, C·N): row (i, k) is e_{k,i}ᵀ L − e_{0,i}ᵀ L, the map from f̃ to η_ik = f_ik − f_i0."""
-    c, n = num_classes, chol.shape[-1]
-    blocks = jnp.zeros((n, c - 1, c, n), chol.dtype)
-    blocks = blocks.at[:, :, 0, :].set(-chol[0][:, None, :])
-    idx = jnp.arange(1, c)
-    blocks = blocks.at[:, idx - 1, idx, :].set(jnp.transpose(chol[1:], (1, 0, 2)))
-    return blocks.reshape(n, c - 1, c * n)
-
-
 def _factor_model(chol, likelihood):
-    """The one-point factor model over the whitened latents: prior N(0, I), one column per input."""
-    num_classes, n = chol.shape[0], chol.shape[1]
-    latent = num_classes * n
-    block = Block(tuple(range(n)), likelihood, _loadings(chol, num_classes),
-                  jnp.zeros((n, num_classes - 1), chol.dtype))
-    return FactorModel(jnp.zeros(latent, chol.dtype), jnp.eye(latent, dtype=chol.dtype), (block,),
+    """The one-point factor model over the whitened latents f̃, one column per input; its loadings
+    (N, C−1, C·N) have row (i, k) e_{k,i}ᵀL − e_{0,i}ᵀL, the map from f̃ to η_ik = f_ik − f_i0."""
+    c, n = chol.shape[0], chol.shape[1]
+    loadings = jnp.zeros((n, c - 1, c, n), chol.dtype).at[:, :, 0, :].set(-chol[0][:, None, :])
+    idx = jnp.arange(1, c)
+    loadings = loadings.at[:, idx - 1, idx, :].set(jnp.transpose(chol[1:], (1, 0, 2))).reshape(n, c - 1, c * n)
+    block = Block(tuple(range(n)), likelihood, loadings, jnp.zeros((n, c - 1), chol.dtype))
+    return FactorModel(jnp.zeros(c * n, chol.dtype), jnp.eye(c * n, dtype=chol.dtype), (block,),
                        learn_prior=False, learn_loadings=False)
 
 
-class SoftmaxBound(AbstractMethod):
+class SoftmaxBound(MulticlassMethod):
     """The softmax multi-class GP by a local bound on ⟨log softmax⟩ (Khan thesis ch. 5).
 
-    Fits a `vj.gp.multiclass.model` to a `vj.Posterior` over the class-major latent f (``(C·N,)``, a full
-    `vj.covariance.CholeskyFactor`) whose ``log_z``, the bound at its optimum, is a lower bound on
-    log p(y | X), differentiable in the kernels (envelope theorem). ``post.state`` is a `SoftmaxState`;
-    another method's posterior of the same model (e.g. `vj.gp.multiclass.NestedEP`'s) converts.
+    Fits a `vj.gp.multiclass.model` to a `vj.Posterior` over the class-major f (``(C·N,)``, a full
+    `vj.covariance.CholeskyFactor`); ``log_z``, the bound at its optimum, is a lower bound on log p(y | X),
+    differentiable in the kernels (envelope theorem). Another method's posterior of the model converts.
 
     **Arguments:**
 
-    - `bound`: ``"bohning"``, ``"log"`` (default), ``"tilted"`` (full-covariance tilted) or ``"pos"``
-      (product of sigmoids); static.
-    - `tol`: q within ``tol`` of its optimum, in units of its marginal standard deviations (traced).
+    - `bound`: ``"bohning"``, ``"log"``, ``"tilted"`` (full-covariance tilted) or ``"pos"`` (product of
+      sigmoids); static.
+    - `tol`: q within ``tol`` of its optimum, in units of its marginal standard deviations.
     - `max_iter`: most E-step iterations (static).
 
     **Diagnostics:** `stationarity` is the extrapolated distance of q from the optimum, `grad_norm`
-    max |∂bound/∂m̃| at the end, solver ``"E-step (Newton)"``.
+    max |∂bound/∂m̃| at the end.
     """
 
     bound: str = eqx.field(static=True, default="log")
@@ -96,9 +79,6 @@ class SoftmaxBound(AbstractMethod):
         if _checks.is_concrete(self.tol) and not self.tol >= 0:
             raise ValueError(f"SoftmaxBound: `tol` must be a non-negative number, got {self.tol!r}.")
         _checks.integer("max_iter", self.max_iter, "SoftmaxBound")
-
-    def check_model(self, model) -> None:
-        _check_model("gp.softmax.SoftmaxBound", model)
 
     def init_state(self, model: MulticlassModel) -> SoftmaxState:
         eye = jnp.eye(model.dim, dtype=model.dtype)
@@ -115,22 +95,10 @@ class SoftmaxBound(AbstractMethod):
         precision = cho_solve((jnp.linalg.cholesky(cov), True), jnp.eye(cov.shape[0], dtype=cov.dtype))
         return SoftmaxState(mean_w, cov, 0.5 * (precision + precision.T))
 
-    def from_expansion(self, model, expansion):
-        raise ValueError("SoftmaxBound: a start from a point w does not apply (the multi-class GP model has no site "
-                         "expansion); start from None, a posterior of this model (any method) or a SoftmaxState.")
-
     def is_state(self, model, state) -> bool:
         d = model.dim
         return (isinstance(state, SoftmaxState) and jnp.shape(state.mean) == (d,) and jnp.shape(state.cov) == (d, d)
                 and jnp.shape(state.precision) == (d, d))
-
-    def to_state(self, model, init):
-        """``init`` as a State: a `SoftmaxState`, a `SoftmaxBound` posterior (its state), or another method's
-        posterior of a model of the same shapes (converted from its mean and covariance, `from_gaussian`)."""
-        if isinstance(init, (jax.Array, np.ndarray)):
-            raise ValueError("SoftmaxBound: an array `init` (a point w) does not apply to the multi-class GP model; "
-                             "start from None, a posterior of this model (any method) or a SoftmaxState.")
-        return super().to_state(model, init)
 
     def solve(self, model: MulticlassModel, state: SoftmaxState) -> Posterior:
         num_classes, n = model.num_classes, model.num_inputs
@@ -163,8 +131,7 @@ class SoftmaxBound(AbstractMethod):
 
 
 def predict(post: Posterior, X_test):
-    """Predictive latent means (T, C) and covariances (T, C, C) at ``X_test`` (T, d), under the kernels and
-    inputs of ``post.model``."""
+    """Predictive latent means (T, C) and covariances (T, C, C) at ``X_test`` (T, d)."""
     return _predict(post, X_test, "vj.gp.softmax.predict")
 
 
@@ -175,24 +142,20 @@ def _predict(post, X_test, owner):
                          f"vj.gp.softmax.SoftmaxBound(...)), got {type(post).__name__}"
                          f"{' of ' + type(post.model).__name__ if isinstance(post, Posterior) else ''}.")
     X_test = _checks.as_inputs(X_test, owner)
-    model, state = post.model, post.state
-    kernels, X = model.kernels, model.X
-    num_classes, n = model.num_classes, model.num_inputs
+    model, shape = post.model, (post.model.num_classes, post.model.num_inputs)
     chol = jnp.linalg.cholesky(model.prior_covariances())
     # A_c = K_*c L_c⁻ᵀ maps the whitened f̃_c to the conditional mean of f_*c.
-    conds = [conditional(chol[c], k(X, X_test), k.diagonal(X_test)) for c, k in enumerate(kernels)]
+    conds = [conditional(chol[c], k(model.X, X_test), k.diagonal(X_test)) for c, k in enumerate(model.kernels)]
     A = jnp.stack([cond.whitened.T for cond in conds])
-    m = state.mean.reshape(num_classes, n)
-    V = state.cov.reshape(num_classes, n, num_classes, n)
-    mean = jnp.einsum("cmn,cn->mc", A, m)
-    cov = jnp.einsum("cmn,cndo,dmo->mcd", A, V, A)
+    mean = jnp.einsum("cmn,cn->mc", A, post.state.mean.reshape(shape))
+    cov = jnp.einsum("cmn,cndo,dmo->mcd", A, post.state.cov.reshape(shape + shape), A)
     prior_var = jnp.stack([cond.variances for cond in conds], -1)
     return mean, cov + jax.vmap(jnp.diag)(prior_var)
 
 
 def predict_proba(post: Posterior, X_test, *, key, num_samples: int = 4000):
-    """Class probabilities (T, C), a JAX array: ⟨softmax(f_*)⟩ under the predictive Gaussian, by Monte
-    Carlo with ``num_samples`` draws from ``key`` (a `jax.random` key; required)."""
+    """Class probabilities (T, C): ⟨softmax(f_*)⟩ under the predictive Gaussian, by Monte Carlo with
+    ``num_samples`` draws from ``key`` (a `jax.random` key; required)."""
     owner = "vj.gp.softmax.predict_proba"
     if key is None:
         raise ValueError(f"{owner}: pass `key=jax.random.PRNGKey(...)`: the probabilities are a Monte Carlo estimate.")

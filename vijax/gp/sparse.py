@@ -1,9 +1,8 @@
 r"""Sparse variational GPs with inducing points (Titsias 2009; Hensman et al. 2013).
 
-Notation: inputs ``X`` (N, d), targets ``y`` (N,), inducing inputs ``Z`` (M, d), noise variance :math:`\sigma^2`,
-:math:`K_{ZZ} = k(Z, Z) + \text{jitter}\, I = L L^\top` (jittered everywhere, so all functions describe one model,
-:math:`p(u) = \mathcal N(0, K_{ZZ})`), :math:`K_{ZX} = k(Z, X)`, :math:`Q_{XX} = K_{XZ} K_{ZZ}^{-1} K_{ZX}`.
-Everything costs :math:`O(N M^2)`: no N x N matrix and no explicit inverse is formed.
+Inputs ``X`` (N, d), targets ``y`` (N,), inducing inputs ``Z`` (M, d), noise variance :math:`\sigma^2`,
+:math:`p(u) = \mathcal N(0, K_{ZZ})` with :math:`K_{ZZ} = k(Z, Z) + \text{jitter}\, I = L L^\top`,
+:math:`K_{ZX} = k(Z, X)`, :math:`Q_{XX} = K_{XZ} K_{ZZ}^{-1} K_{ZX}`. Everything costs :math:`O(N M^2)`.
 """
 
 from __future__ import annotations
@@ -27,6 +26,7 @@ __all__ = ["collapsed_elbo", "optimal_inducing_posterior", "predict_sparse", "sv
 
 
 def _inputs(owner, X, inducing, y=None, noise_variance=None):
+    """X, Z, y and the noise variance, checked."""
     X = _checks.as_float_array("X", X, owner, ndim=2)
     Z = _checks.as_float_array("inducing", inducing, owner, ndim=2)
     if X.shape[1] != Z.shape[1]:
@@ -84,13 +84,11 @@ def collapsed_elbo(kernel: AbstractKernel, X: ArrayLike, y: ArrayLike, noise_var
     - \frac{1}{2\sigma^2} \operatorname{tr}(K_{XX} - Q_{XX}),
     $$
 
-    exact when ``inducing = X`` (up to jitter), below otherwise; evaluated by the determinant lemma and
-    Woodbury with :math:`A = \sigma^{-1} L^{-1} K_{ZX}` and :math:`I + A A^\top = L_B L_B^\top`.
+    exact when ``inducing = X`` (up to jitter).
     """
     X, Z, y, noise_variance = _inputs("collapsed_elbo", X, inducing, y, noise_variance)
-    N = X.shape[0]
     _, _, AAT, LB, c = _titsias_terms(kernel, X, y, noise_variance, Z, jitter)
-    log_marginal = (-0.5 * N * (_LOG_2PI + jnp.log(noise_variance))
+    log_marginal = (-0.5 * X.shape[0] * (_LOG_2PI + jnp.log(noise_variance))
                     - jnp.sum(jnp.log(jnp.diag(LB)))
                     - 0.5 * jnp.dot(y, y) / noise_variance + 0.5 * jnp.dot(c, c))
     trace = jnp.sum(kernel.diagonal(X)) / noise_variance - jnp.trace(AAT)
@@ -103,10 +101,9 @@ def optimal_inducing_posterior(kernel: AbstractKernel, X: ArrayLike, y: ArrayLik
 
     $$
     q(u) = \mathcal N\big(\sigma^{-2} K_{ZZ} \Lambda^{-1} K_{ZX} y,\; K_{ZZ} \Lambda^{-1} K_{ZZ}\big),
-    \qquad \Lambda = K_{ZZ} + \sigma^{-2} K_{ZX} K_{XZ} = L B L^\top,
+    \qquad \Lambda = K_{ZZ} + \sigma^{-2} K_{ZX} K_{XZ}.
     $$
-
-    so with :math:`W = L L_B^{-\top}`, mean :math:`= W c` and covariance :math:`= W W^\top`."""
+    """
     X, Z, y, noise_variance = _inputs("optimal_inducing_posterior", X, inducing, y, noise_variance)
     L, _, _, LB, c = _titsias_terms(kernel, X, y, noise_variance, Z, jitter)
     W = solve_triangular(LB, L.T, lower=True).T  # W = L L_B^{-T}
@@ -130,16 +127,24 @@ def predict_sparse(kernel: AbstractKernel, inducing: ArrayLike, mean_u: ArrayLik
     r"""Predictive marginals of the latent function under :math:`q(u) = \mathcal N(\mu, S)`: ``(mean, var)``, each (T,).
 
     $$
-    q(f_*) = \mathcal N\big(K_{*Z} K_{ZZ}^{-1}\mu,\;
-    k_{**} - \operatorname{diag}(K_{*Z} K_{ZZ}^{-1} K_{Z*})
-    + \operatorname{diag}(K_{*Z} K_{ZZ}^{-1} S K_{ZZ}^{-1} K_{Z*})\big);
+    q(f_*) = \mathcal N\big(K_{*Z} K_{ZZ}^{-1}\mu,\; k_{**} - \operatorname{diag}(K_{*Z} K_{ZZ}^{-1} K_{Z*})
+    + \operatorname{diag}(K_{*Z} K_{ZZ}^{-1} S K_{ZZ}^{-1} K_{Z*})\big)
     $$
 
-    add the noise variance to ``var`` for noisy observations."""
+    (add the noise variance to ``var`` for noisy observations)."""
     X_test, Z, _, _ = _inputs("predict_sparse", X_test, inducing)
     mean_u, cov_u = _q_u("predict_sparse", mean_u, "cov_u", cov_u, Z.shape[0])
     L = _chol_kzz(kernel, Z, jitter)
     return _marginals(kernel, Z, L, mean_u, cov_u, X_test, is_chol=False)
+
+
+def _svgp_inputs(owner, mean_u, chol_u, kernel, inducing, X, likelihood, num_data, jitter, labels):
+    """X, Z, μ, R = tril(chol_u), the labels' signs, L and the minibatch scale num_data / N, checked."""
+    X, Z, _, _ = _inputs(owner, X, inducing)
+    mean_u, R = _q_u(owner, mean_u, "chol_u", chol_u, Z.shape[0])
+    signs = label_signs(likelihood, labels, X.shape[0], owner)
+    scale = 1.0 if num_data is None else num_data / X.shape[0]
+    return X, Z, mean_u, jnp.tril(R), signs, _chol_kzz(kernel, Z, jitter), scale
 
 
 def svgp_elbo(mean_u: ArrayLike, chol_u: ArrayLike, kernel: AbstractKernel, inducing: ArrayLike, X: ArrayLike,
@@ -157,32 +162,25 @@ def svgp_elbo(mean_u: ArrayLike, chol_u: ArrayLike, kernel: AbstractKernel, indu
     :math:`q(f_n) = \mathcal N(a_n^\top \mu,\; k_{nn} - a_n^\top K_{ZZ} a_n + a_n^\top S a_n)` and
     :math:`2\,\mathrm{KL} = \|L^{-1} R\|_F^2 + \|L^{-1}\mu\|^2 - M + 2\sum_m \log L_{mm} - 2\sum_m \log |R_{mm}|`.
 
-    ``likelihood``: a vijax potential over the batch (e.g. ``vijax.potentials.Gaussian(loc=y, scale=sigma)``);
-    ``num_data`` defaults to the batch size. Classification likelihoods need the batch's ``labels``, as in
-    `vj.gp.model`. For a Gaussian likelihood the maximum over :math:`q(u)` is `collapsed_elbo`."""
-    X, Z, _, _ = _inputs("svgp_elbo", X, inducing)
-    M, N = Z.shape[0], X.shape[0]
-    mean_u, R = _q_u("svgp_elbo", mean_u, "chol_u", chol_u, M)
-    signs = label_signs(likelihood, labels, N, "svgp_elbo")
-    R = jnp.tril(R)
-    L = _chol_kzz(kernel, Z, jitter)
+    ``likelihood``: a potential over the batch (e.g. ``vijax.potentials.Gaussian(loc=y, scale=sigma)``;
+    classification likelihoods with the batch's ``labels``); ``num_data`` defaults to the batch size."""
+    X, Z, mean_u, R, signs, L, scale = _svgp_inputs("svgp_elbo", mean_u, chol_u, kernel, inducing, X, likelihood,
+                                                     num_data, jitter, labels)
     f_mean, f_var = _marginals(kernel, Z, L, mean_u, R, X, is_chol=True)
     expected = _expected_log_lik(likelihood, signs, f_mean, f_var)
-    scale = 1.0 if num_data is None else num_data / N
 
     LinvR = solve_triangular(L, R, lower=True)
     Linvm = solve_triangular(L, mean_u, lower=True)
     logdet = lambda T: 2 * jnp.sum(jnp.log(jnp.abs(jnp.diag(T))))
-    return scale * expected + neg_kl(jnp.sum(LinvR**2), jnp.dot(Linvm, Linvm), logdet(R), logdet(L), M)
+    return scale * expected + neg_kl(jnp.sum(LinvR**2), jnp.dot(Linvm, Linvm), logdet(R), logdet(L), Z.shape[0])
 
 
 def svgp_natural_step(mean_u, chol_u, kernel, inducing, X, likelihood, num_data=None, learning_rate=1.0,
                       jitter=1e-6, labels=None):
     r"""One natural-gradient step on q(u) for `svgp_elbo` (Hensman et al. 2013; Salimbeni et al. 2018).
 
-    In whitened coordinates v = L⁻¹u (prior N(0, I)), q(v) = N(m̃, S̃) has natural parameters θ = (S̃⁻¹m̃, S̃⁻¹); the
-    natural gradient is the gradient in the expectation parameters, so with g_m, g_v the derivatives of the scaled
-    expected log-likelihood in each marginal's mean and variance, and ã_n = L⁻¹k_Zn,
+    In whitened coordinates v = L⁻¹u, q(v) = N(m̃, S̃); with g_m, g_v the derivatives of the scaled expected
+    log-likelihood in each marginal's mean and variance, and ã_n = L⁻¹k_Zn,
 
     $$
     S̃^{-1} \leftarrow (1-\rho) S̃^{-1} + \rho \big(I - 2 \tilde A \operatorname{diag}(g_v) \tilde A^\top\big),
@@ -190,33 +188,27 @@ def svgp_natural_step(mean_u, chol_u, kernel, inducing, X, likelihood, num_data=
     S̃^{-1}m̃ \leftarrow (1-\rho) S̃^{-1}m̃ + \rho \big(\tilde A g_m - 2 \tilde A \operatorname{diag}(g_v) \tilde A^\top m̃\big).
     $$
 
-    With ρ = ``learning_rate`` = 1 (default) and a Gaussian likelihood on the full data, one step lands on
-    `optimal_inducing_posterior`; minibatches pass ``num_data`` (and ``labels``) as in `svgp_elbo`, with ρ < 1.
-    Where S̃⁻¹ would turn indefinite (e.g. Student-t), ρ is halved until it is positive definite (after 30
-    failed halvings q is kept). Returns the new ``(mean_u, chol_u)``, ``chol_u`` lower-triangular."""
-    X, Z, _, _ = _inputs("svgp_natural_step", X, inducing)
-    M, N = Z.shape[0], X.shape[0]
-    mean_u, R = _q_u("svgp_natural_step", mean_u, "chol_u", chol_u, M)
-    signs = label_signs(likelihood, labels, N, "svgp_natural_step")
-    L = _chol_kzz(kernel, Z, jitter)
-    eye = jnp.eye(M, dtype=L.dtype)
+    With ρ = ``learning_rate`` = 1 and a Gaussian likelihood on the full data, one step lands on
+    `optimal_inducing_posterior`. Where S̃⁻¹ would turn indefinite (e.g. Student-t), ρ is halved until it is
+    positive definite (after 30 halvings q is kept). Returns the new ``(mean_u, chol_u)``, ``chol_u`` lower."""
+    X, Z, mean_u, R, signs, L, scale = _svgp_inputs("svgp_natural_step", mean_u, chol_u, kernel, inducing, X,
+                                                     likelihood, num_data, jitter, labels)
+    eye = jnp.eye(Z.shape[0], dtype=L.dtype)
     cond = conditional(L, kernel(Z, X), kernel.diagonal(X))
     A, prior_var = cond.whitened, cond.variances                       # columns ã_n
     m_w = solve_triangular(L, mean_u, lower=True)
-    R_w = solve_triangular(L, jnp.tril(R), lower=True)                 # S̃ = R̃ R̃ᵀ
+    R_w = solve_triangular(L, R, lower=True)                 # S̃ = R̃ R̃ᵀ
     R_w_inv = solve_triangular(R_w, eye, lower=True)
     precision = R_w_inv.T @ R_w_inv
 
     f_mean = A.T @ m_w
     f_var = prior_var + jnp.sum((R_w.T @ A) ** 2, axis=0)
-    scale = 1.0 if num_data is None else num_data / N
     g_m, g_v = (scale * g for g in jax.grad(_expected_log_lik, argnums=(2, 3))(likelihood, signs, f_mean, f_var))
     curvature = -2 * (A * g_v) @ A.T
 
     def factor(rho):
         return jnp.linalg.cholesky((1 - rho) * precision + rho * (eye + curvature))
 
-    # ρ is halved until S̃⁻¹ stays positive definite (it is for ρ small enough); failing that, q is left as it is.
     rho, P, proper, _ = backtrack(factor, lambda _, P: jnp.all(jnp.isfinite(P)), jnp.asarray(learning_rate, L.dtype),
                                   _MAX_HALVINGS)
     rho = jnp.where(proper, rho, 0.0)

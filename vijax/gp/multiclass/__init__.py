@@ -1,9 +1,7 @@
 """Multi-class GP classification: C classes over N inputs, integer labels 0 … C − 1.
 
-- `model(kernel, X, labels, num_classes)` → `MulticlassModel`, fitted through `vj.infer` by `NestedEP()`
-  (multinomial probit; `predict`, `predict_proba`) or `vj.gp.softmax.SoftmaxBound(bound)` (softmax).
-- `stick_breaking_model(kernel, X, labels, num_classes)` → `StickBreakingModel`, a `vj.LatentLinearModel`
-  for every method; `stick_breaking_predict`, `stick_breaking_proba`.
+`model(kernel, X, labels, num_classes)` is fitted by `NestedEP()` (multinomial probit) or
+`vj.gp.softmax.SoftmaxBound(bound)` (softmax); `stick_breaking_model(...)` is a `vj.LatentLinearModel`.
 
     post = vj.infer(vj.gp.multiclass.model(kernel, X, labels, num_classes), vj.gp.multiclass.NestedEP())
     p = vj.gp.multiclass.predict_proba(post, X_test)                  # (T, C)

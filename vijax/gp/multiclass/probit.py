@@ -1,41 +1,17 @@
 """Multi-class GP classification with the multinomial-probit likelihood, by nested EP.
 
-C classes, N inputs, f_c ~ GP(0, K_c) independently; f is class-major and f_i ∈ R^C holds the values at
-input i. The likelihood (Riihimäki, Jylänki & Vehtari, JMLR 2013; Jylänki thesis §3.2) is
-
-$$
-p(y_i = c \\mid f_i) = \\int \\mathcal N(u \\mid 0, 1) \\prod_{j \\ne c} \\Phi(u + f_{ic} - f_{ij})\\, du .
-$$
-
-An inner EP over its C − 1 probit factors Φ(z_ij), z_ij = u_i + f_{i,y_i} − f_ij, with sites
-exp(−½ τ_ij z² + ν_ij z) (the maths of `vj.EP`), gives, u_i integrated out, the outer site
-exp(−½ f_iᵀ T̃_i f_i + h_iᵀ f_i) with
-
-$$
-\\tilde T_i = \\operatorname{diag}(\\pi_i) - \\pi_i \\pi_i^\\top / S_i, \\qquad
-\\pi_i = \\tau_i + e_{y_i},\\ S_i = 1^\\top \\pi_i, \\qquad
-h_i = e_{y_i} 1^\\top a_i - a_i,\\ a_i = \\nu_i - \\tau_i (1^\\top \\nu_i)/S_i
-$$
-
-(τ_{i,y_i} = ν_{i,y_i} = 0). T̃_i 1 = 0 as in R&W's softmax Laplace, so with D_c = diag(π_c),
-E_c = D_c½ (I + D_c½ K_c D_c½)⁻¹ D_c½ and M = Σ_c E_c (R&W Alg. 3.3) the posterior costs O(C N³):
-
-$$
-\\Sigma = K - K E K + K E R M^{-1} R^\\top E K .
-$$
-
-Each outer iteration updates every (τ_ij, ν_ij) once, damped and in parallel, from the z_ij marginals
-of the current q (the paper's incremental scheme; its fixed points are nested EP's). `log_z` is the EP
-energy of the augmented model (Jylänki eqs. 2.42/2.45), stationary in the sites, so its ``jax.grad`` in
-the kernel hyperparameters is the total derivative (`energy`).
-
-    model = vj.gp.multiclass.model(kernel, X, labels, num_classes)
-    post = vj.infer(model, vj.gp.multiclass.NestedEP())          # a NestedEPPosterior over f
-    p = vj.gp.multiclass.predict_proba(post, X_test)             # (T, C)
+f_c ~ GP(0, K_c) for C classes over N inputs (f class-major) and p(y_i = c | f_i) = ∫ N(u | 0, 1)
+∏_{j≠c} Φ(u + f_ic − f_ij) du (Riihimäki, Jylänki & Vehtari, JMLR 2013). An inner EP over the C − 1 probit
+factors of z_ij = u_i + f_{i,y_i} − f_ij, with sites exp(−½ τ_ij z² + ν_ij z) and u_i integrated out, gives
+the outer site exp(−½ f_iᵀT̃_i f_i + h_iᵀf_i), T̃_i = diag(π_i) − π_iπ_iᵀ/S_i, π_i = τ_i + e_{y_i}, S_i = 1ᵀπ_i,
+h_i = e_{y_i}1ᵀa_i − a_i, a_i = ν_i − τ_i(1ᵀν_i)/S_i. With D_c = diag(π_c), E_c = D_c½(I + D_c½K_cD_c½)⁻¹D_c½
+and M = Σ_c E_c (R&W Alg. 3.3), Σ = K − KEK + KER M⁻¹RᵀEK in O(C N³). `log_z` is the EP energy of the
+augmented model (Jylänki eqs. 2.42/2.45); the sites are updated in parallel, damped.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import equinox as eqx
@@ -46,27 +22,15 @@ from jax.scipy.linalg import block_diag
 from ... import _checks
 from ..._factorisation import Primal, SiteForm
 from ...covariance import AbstractFactor
-from ...methods import AbstractMethod
 from ...methods.ep import cavity, log_normaliser, moment_residual, site_step
 from ...posterior import Diagnostics, Posterior
 from ...potentials import Probit
 from ...quadrature import GaussHermite
 from ...solvers import Status, iterate
-from .._layout import MulticlassModel, check_model as _check_model
+from .._layout import MulticlassMethod, MulticlassModel
 
-__all__ = [
-    "NestedEP",
-    "NestedEPState",
-    "NestedEPPosterior",
-    "NestedEPInfo",
-    "NestedEPFactor",
-    "energy",
-    "tilted_moments",
-    "multinomial_probit_log_likelihood",
-    "predict",
-    "predict_proba",
-    "RULES",
-]
+__all__ = ["NestedEP", "NestedEPState", "NestedEPPosterior", "NestedEPInfo", "NestedEPFactor", "energy",
+           "tilted_moments", "multinomial_probit_log_likelihood", "predict", "predict_proba", "RULES"]
 
 RULES = ("ep", "quadrature")  # `predict_proba`'s integration rules
 _PROBIT = Probit()
@@ -75,8 +39,7 @@ _PROBIT = Probit()
 def multinomial_probit_log_likelihood(f, label, quadrature=GaussHermite(64)):
     """log p(y = label | f) = log ∫ N(u | 0, 1) ∏_{j≠label} Φ(u + f_label − f_j) du, by Gauss–Hermite in u.
 
-    ``f``: ``(C,)`` (vmap for more); ``label``: an int. 64 nodes: near machine precision for
-    |f_c − f_j| up to about 10."""
+    ``f``: ``(C,)``; ``label``: an int. 64 nodes: near machine precision for |f_c − f_j| up to about 10."""
     f = jnp.asarray(f)
     onehot = jax.nn.one_hot(label, f.shape[-1], dtype=f.dtype)
     gap = f @ onehot - f  # f_label − f_j, 0 at j = label where Φ is replaced by 1
@@ -85,7 +48,7 @@ def multinomial_probit_log_likelihood(f, label, quadrature=GaussHermite(64)):
 
 
 def _site_terms(tau, nu, onehot):
-    """π = τ + e_y, S = 1ᵀπ, s = 1ᵀν and the outer site location h (see the module docstring)."""
+    """π = τ + e_y, S = 1ᵀπ, s = 1ᵀν and the outer site location h."""
     pi = tau + onehot
     S = jnp.sum(pi, -1)
     s = jnp.sum(nu, -1)
@@ -101,11 +64,9 @@ def _site_precision(pi, S):
 
 def _z_marginals(m, V, tau, nu, onehot):
     """Means and variances of z_j = u + f_y − f_j under q(f) = N(m, V) and u | f ~ N((s − τᵀd)/S, 1/S),
-    d_j = f_y − f_j. Entry y is u itself, in no factor (the callers mask it)."""
-    C = m.shape[-1]
-    eye = jnp.eye(C, dtype=m.dtype)
+    d_j = f_y − f_j (entry y is u itself, in no factor)."""
     S = 1.0 + jnp.sum(tau)
-    D = onehot[None, :] - eye  # d = D f
+    D = onehot[None, :] - jnp.eye(m.shape[-1], dtype=m.dtype)  # d = D f
     A = D - jnp.outer(jnp.ones_like(tau), (tau / S) @ D)
     mean = jnp.sum(nu) / S + A @ m
     var = jnp.einsum("jk,kl,jl->j", A, V, A) + 1.0 / S
@@ -121,10 +82,10 @@ class _ScalarUpdate(NamedTuple):
 
 
 def _scalar_update(mz, vz, tau, nu, active):
-    """The EP update (`vj.EP`, power 1) of every probit factor Φ(z) from its marginal N(mz, vz) under q.
+    """The EP update (power 1) of every probit factor Φ(z) from its marginal N(mz, vz) under q.
 
-    A factor with an improper cavity or a non-finite new site is left alone; a proper cavity gives
-    τ_new > 0 (the probit is log-concave), so every π stays ≥ 0 and each B_c positive definite."""
+    A factor with an improper cavity or a non-finite new site is left alone; a proper cavity gives τ_new > 0
+    (the probit is log-concave), so every π stays ≥ 0."""
     mc, vc, proper = cavity(mz, vz, tau, nu)
     proper = active & proper
     log_zhat, m_hat, v_hat = _PROBIT.tilted_moments(jnp.where(proper, mc, 0.0), vc)
@@ -147,9 +108,8 @@ def _combine(m0, V0, tau, nu, onehot):
 
 def _inner_energy(m0, V0, tau, nu, onehot, m, V):
     """log Ẑ ≈ log ∫ N(f | m0, V0) p(y | f) df from the inner sites (Jylänki eqs. 2.42/2.45)."""
-    active = onehot == 0
     mz, vz = _z_marginals(m, V, tau, nu, onehot)
-    factors = jnp.sum(_scalar_update(mz, vz, tau, nu, active).log_terms)
+    factors = jnp.sum(_scalar_update(mz, vz, tau, nu, onehot == 0).log_terms)
     pi, S, s, h = _site_terms(tau, nu, onehot)
     T = _site_precision(pi, S)
     # ∫ N(f | m0, V0) exp(−½fᵀT̃f + hᵀf) df, centred at m0 so that V0 is never inverted
@@ -164,14 +124,12 @@ def tilted_moments(cavity_mean, cavity_cov, label, max_iter=100, tol=1e-10):
 
     **Arguments:**
 
-    - `cavity_mean` ``(C,)``, `cavity_cov` ``(C, C)`` (positive definite): m and V.
-    - `label`: the class y, an int in 0 … C − 1.
-    - `max_iter`, `tol`: at most ``max_iter`` sequential sweeps over the C − 1 probit factors, until
-      every factor's moment-matching residual is ≤ ``tol``.
+    - `cavity_mean` ``(C,)``, `cavity_cov` ``(C, C)`` (positive definite): m and V; `label`: an int y.
+    - `max_iter`, `tol`: at most ``max_iter`` sequential sweeps over the C − 1 probit factors, until every
+      factor's moment-matching residual is ≤ ``tol``.
 
-    **Returns:** ``(log_z, mean, cov, converged)``: EP's estimates of log Ẑ = log ∫ N(f | m, V) p(y | f) df
-    (a (C − 1)-dimensional Gaussian orthant probability, not exact), of the tilted mean ``(C,)`` and
-    covariance ``(C, C)``. O(C⁴) a sweep (meant for C ≲ 20). Pure: ``jax.vmap`` it over sites."""
+    **Returns:** ``(log_z, mean, cov, converged)``: EP's log ∫ N(f | m, V) p(y | f) df (an orthant probability,
+    not exact), tilted mean ``(C,)`` and covariance ``(C, C)``. O(C⁴) a sweep; pure, so ``jax.vmap`` it."""
     m0 = jnp.asarray(cavity_mean)
     V0 = jnp.asarray(cavity_cov, m0.dtype)
     C = m0.shape[0]
@@ -211,9 +169,8 @@ def _side_by_side(P):
 
 
 def _blocks(m_factor, cross, b, diag):
-    """The C × C blocks of Σ (or of the predictive covariance) at T points, ``(T, C, C)``:
-    diag_c(k_c** − k_c*ᵀ E_c k_c*) + (E k_*)ᵀ M⁻¹ (E k_*), from ``cross`` k_c* and ``b`` = E_c k_c*, both
-    ``(C, N, T)``, and ``diag`` k_c** ``(C, T)``."""
+    """The C × C blocks diag_c(k_c** − k_c*ᵀE_c k_c*) + (E k_*)ᵀM⁻¹(E k_*) of Σ (or the predictive) at T points,
+    ``(T, C, C)``, from ``cross`` k_c* and ``b`` = E_c k_c*, both ``(C, N, T)``, and ``diag`` k_c** ``(C, T)``."""
     C, n, t = cross.shape
     g = m_factor.half_solve(_side_by_side(b)).reshape(n, C, t)
     own = diag - jnp.sum(cross * b, axis=1)
@@ -221,8 +178,7 @@ def _blocks(m_factor, cross, b, diag):
 
 
 def _class_factors(Kc, pic):
-    """One class's log det B, B = I + D½KD½ (the `SiteForm` of K⁻¹ + D), E = D½B⁻¹D½ = (K + D⁻¹)⁻¹
-    and E K."""
+    """One class's log det(I + D½KD½), E = (K + D⁻¹)⁻¹ and E K."""
     sites = SiteForm.of(Kc, pic)
     E = sites.sites_solve(jnp.eye(Kc.shape[0], dtype=Kc.dtype))
     E = 0.5 * (E + E.T)
@@ -255,10 +211,8 @@ def _evaluate(K, tau, nu, onehot):
 
 
 class NestedEPState(eqx.Module):
-    """The State of `NestedEP`: the inner sites exp(−½ τ_ij z² + ν_ij z) of every probit factor.
-
-    ``tau``, ``nu``: ``(N, C)``, 0 at each input's own class (u itself, in no factor). Zero sites are the
-    cold start (q = the prior); ``init=post`` starts a model of the same shapes from a fit's sites."""
+    """The State of `NestedEP`: the inner sites exp(−½ τ_ij z² + ν_ij z), ``tau`` and ``nu`` ``(N, C)``, 0 at
+    each input's own class. Zero sites are the cold start (q = the prior)."""
 
     tau: jax.Array
     nu: jax.Array
@@ -278,10 +232,10 @@ class NestedEPInfo(eqx.Module):
 
 
 class NestedEPFactor(AbstractFactor):
-    """Nested EP's covariance Σ = K − KEK + KER M⁻¹ RᵀEK (module docstring), C·N × C·N, never stored.
+    """Nested EP's covariance Σ = K − KEK + KER M⁻¹ RᵀEK, C·N × C·N, never stored.
 
     Fields: ``prior_cov`` K_c and ``E``, ``(C, N, N)``; ``m_factor``, M as a `Primal` ``(N, N)``.
-    ``variances()`` costs O(C N²); the other methods form Σ (small N·C only)."""
+    ``variances()`` costs O(C N²); the other methods form Σ."""
 
     prior_cov: jax.Array
     E: jax.Array
@@ -296,12 +250,8 @@ class NestedEPFactor(AbstractFactor):
         return self.m_factor.half_solve(_side_by_side(self.E @ self.prior_cov))
 
     def dense(self):
-        C = self.E.shape[0]
-        K = self.prior_cov
-        KEK = K @ self.E @ K
-        own = block_diag(*[K[c] - KEK[c] for c in range(C)])
-        G = self._cross()
-        return own + G.T @ G
+        K, G = self.prior_cov, self._cross()
+        return block_diag(*(K - K @ self.E @ K)) + G.T @ G
 
     def variances(self):
         K = self.prior_cov
@@ -322,11 +272,9 @@ class NestedEPFactor(AbstractFactor):
 
 
 class NestedEPPosterior(Posterior):
-    """A `vj.Posterior` of nested EP: q(f) = N(mean, Σ) over the class-major latent f, ``(C·N,)``.
-
-    ``factor`` is a `NestedEPFactor`, ``log_z`` the EP energy (an approximation of log p(y | X), not a
-    bound), ``state`` the `NestedEPState`. Also `site_cov` ``(N, C, C)``, the C × C block of Σ at each
-    input, and `alpha` ``(C, N)``, K⁻¹ mean (for the predictive means, R&W Alg. 3.4)."""
+    """A `vj.Posterior` of nested EP: q(f) = N(mean, Σ) over the class-major f, ``(C·N,)``, ``factor`` a
+    `NestedEPFactor`, ``log_z`` the EP energy (not a bound). Also `site_cov` ``(N, C, C)``, the C × C block of
+    Σ at each input, and `alpha` ``(C, N)`` = K⁻¹ mean (for the predictive means, R&W Alg. 3.4)."""
 
     site_cov: jax.Array
     alpha: jax.Array
@@ -354,29 +302,26 @@ _MIN_DAMPING = 0.05  # δ is halved when the residual rises, down to this (or th
 
 
 def energy(state: NestedEPState, model: MulticlassModel):
-    """The EP energy at the sites ``state`` (`NestedEP`'s ``log_z`` at its final sites), differentiable in
-    the model: stationary in the sites at a fixed point, so with a converged ``post.state`` held fixed its
-    ``jax.grad`` in the kernels is d log Z_EP / dθ."""
+    """The EP energy at the sites ``state`` (`NestedEP`'s ``log_z``); stationary in the sites at a fixed point,
+    so with a converged ``post.state`` its ``jax.grad`` in the model's kernels is d log Z_EP / dθ."""
     onehot = model.onehot()
     return _evaluate(model.prior_covariances(), state.tau * (1 - onehot), state.nu * (1 - onehot), onehot)[2]
 
 
-class NestedEP(AbstractMethod):
-    """Nested EP for the multinomial-probit multi-class GP (Riihimäki, Jylänki & Vehtari 2013).
-
-    Returns a `NestedEPPosterior`; the cold start is zero sites. An outer iteration costs O(C N³).
+class NestedEP(MulticlassMethod):
+    """Nested EP for the multinomial-probit multi-class GP (Riihimäki, Jylänki & Vehtari 2013): a
+    `NestedEPPosterior`, in O(C N³) an outer iteration.
 
     **Arguments:**
 
-    - `damping`: the initial δ ∈ (0, 1] of the parallel site updates (default 0.7); halved, down to
-      0.05 (or δ if smaller), whenever the largest moment-matching residual rises.
-    - `tol`: converged when max_ij |m̂_ij − m_ij|/√v_ij + |log(v̂_ij/v_ij)| ≤ ``tol`` (default 1e-8; the
-      energy's error is of order tol²). Traced, as is ``damping``.
-    - `max_iter`: most outer iterations (static: it sizes the objective trace; default 500).
+    - `damping`: the initial δ ∈ (0, 1] of the parallel site updates; halved, down to min(0.05, δ), whenever
+      the largest moment-matching residual rises.
+    - `tol`: converged when max_ij |m̂_ij − m_ij|/√v_ij + |log(v̂_ij/v_ij)| ≤ ``tol`` (the energy's error is
+      of order tol²).
+    - `max_iter`: most outer iterations (static: it sizes the objective trace).
 
-    **Diagnostics:** `stationarity` is the largest residual at the returned sites, `grad_norm`
-    max |∂ log_z / ∂(τ, ν)| there (0 at a fixed point), `objective_trace` the energy at the start of each
-    iteration and at the end, solver ``"parallel"``, `info` a `NestedEPInfo`.
+    **Diagnostics:** `stationarity` the largest residual, `grad_norm` max |∂ log_z / ∂(τ, ν)| (0 at a fixed
+    point), `objective_trace` the energy at each iteration, `info` a `NestedEPInfo`.
     """
 
     damping: float = 0.7
@@ -390,9 +335,6 @@ class NestedEP(AbstractMethod):
             raise ValueError(f"NestedEP: `tol` must be positive, got {self.tol!r}.")
         _checks.integer("max_iter", self.max_iter, "NestedEP")
 
-    def check_model(self, model) -> None:
-        _check_model("gp.multiclass.NestedEP", model)
-
     def init_state(self, model: MulticlassModel) -> NestedEPState:
         zeros = jnp.zeros((model.num_inputs, model.num_classes), model.dtype)
         return NestedEPState(zeros, zeros)
@@ -401,28 +343,12 @@ class NestedEP(AbstractMethod):
         raise ValueError("NestedEP: its sites are not a function of another method's Gaussian; start from None "
                          "(zero sites), a NestedEP posterior of a model of the same shapes, or its post.state.")
 
-    def from_expansion(self, model, expansion):
-        raise ValueError("NestedEP: a start from a point w does not apply (the multi-class GP model has no site "
-                         "expansion); start from None, a NestedEP posterior or its post.state.")
-
     def is_state(self, model, state) -> bool:
         shape = (model.num_inputs, model.num_classes)
-        return (isinstance(state, NestedEPState) and jnp.shape(state.tau) == shape
-                and jnp.shape(state.nu) == shape)
-
-    def to_state(self, model, init):
-        """``init`` as a State: a `NestedEPState` of these shapes, or a `NestedEPPosterior` (its state)."""
-        candidate = init.state if isinstance(init, Posterior) else init
-        if self.is_state(model, candidate):
-            return candidate
-        shape = (model.num_inputs, model.num_classes)
-        raise ValueError(f"NestedEP: `init` must be None, a NestedEP posterior of a model with N = {shape[0]} inputs "
-                         f"and C = {shape[1]} classes, or its post.state (a NestedEPState of shape {shape}); got "
-                         f"{type(init).__name__}.")
+        return isinstance(state, NestedEPState) and jnp.shape(state.tau) == shape and jnp.shape(state.nu) == shape
 
     def solve(self, model: MulticlassModel, state: NestedEPState) -> NestedEPPosterior:
-        """Parallel incremental nested EP on stop_gradient(K), then the energy with the live K at the frozen
-        final sites: its gradient is the total derivative."""
+        """Nested EP on stop_gradient(K), then the energy with the live K at the frozen final sites."""
         K = model.prior_covariances()
         frozen = jax.lax.stop_gradient(K)
         onehot = jax.lax.stop_gradient(model.onehot())
@@ -459,10 +385,8 @@ class NestedEP(AbstractMethod):
 
 
 def predict(post: NestedEPPosterior, X_test):
-    """Predictive latent means ``(T, C)`` and covariances ``(T, C, C)`` at ``X_test`` ``(T, d)`` (R&W Alg. 3.4).
-
-    μ_*c = k_c*ᵀ α_c and Σ_* = diag_c(k_c** − k_c*ᵀ E_c k_c*) + (E k_*)ᵀ M⁻¹ (E k_*), with the kernels
-    and X of ``post.model``."""
+    """Predictive latent means ``(T, C)`` and covariances ``(T, C, C)`` at ``X_test`` ``(T, d)`` (R&W Alg. 3.4):
+    μ_*c = k_c*ᵀ α_c and Σ_* = diag_c(k_c** − k_c*ᵀ E_c k_c*) + (E k_*)ᵀ M⁻¹ (E k_*)."""
     return _predict(post, X_test, "vj.gp.multiclass.predict")
 
 
@@ -478,10 +402,10 @@ def _predict(post, X_test, owner):
     return mean, _blocks(factor.m_factor, cross, factor.E @ cross, diag)
 
 
-def _gauss_hermite_proba(mean, cov, quadrature):
-    """p(y = c) = P(g_c ≥ g_j ∀j), g = f + ε, by a 1-D rule in g_c with each f_j | g_c Gaussian.
-
-    Exact (up to the rule) for a diagonal cov; otherwise the f_j's correlation given g_c is dropped."""
+@eqx.filter_jit
+@functools.partial(jax.vmap, in_axes=(0, 0, None))
+def _log_proba_quadrature(mean, cov, quadrature):
+    """log p(y = c) = log P(g_c ≥ g_j ∀j), g = f + ε, by a 1-D rule in g_c with each f_j | g_c Gaussian."""
     C = mean.shape[0]
     var = jnp.diag(cov)
 
@@ -504,12 +428,9 @@ def _gauss_hermite_proba(mean, cov, quadrature):
 def predict_proba(post: NestedEPPosterior, X_test, rule="ep", quadrature=GaussHermite(64)):
     """Class probabilities p(y_* = c | x_*, data) at ``X_test`` ``(T, d)``: ``(T, C)``, rows summing to one.
 
-    The predictive N(μ_*, Σ_*) (`predict`) against the likelihood, renormalised, by ``rule``:
-
-    - ``"ep"`` (default): the inner-EP estimate of log ∫ N(f | μ_*, Σ_*) p(c | f) df (`tilted_moments`),
-      keeping every between-class correlation of Σ_*;
-    - ``"quadrature"``: with g = f_* + ε, p(c) = P(g_c ≥ g_j ∀j) by ``quadrature`` in g_c, each f_j
-      replaced by its Gaussian conditional given g_c (exact for a class-diagonal Σ_*).
+    The predictive N(μ_*, Σ_*) (`predict`) against the likelihood, renormalised, by ``rule``: ``"ep"``, the
+    inner-EP estimate (`tilted_moments`, every between-class correlation kept), or ``"quadrature"``, with
+    g = f_* + ε, P(g_c ≥ g_j ∀j) by ``quadrature`` in g_c, each f_j | g_c Gaussian (exact for diagonal Σ_*).
     """
     owner = "vj.gp.multiclass.predict_proba"
     if rule not in RULES:
@@ -524,12 +445,6 @@ def predict_proba(post: NestedEPPosterior, X_test, rule="ep", quadrature=GaussHe
 def _log_proba_ep(mean, cov):
     classes = jnp.arange(mean.shape[1])
     return jax.vmap(lambda m, V: jax.vmap(lambda c: tilted_moments(m, V, c)[0])(classes))(mean, cov)
-
-
-@eqx.filter_jit
-def _log_proba_quadrature(mean, cov, quadrature):
-    return jax.vmap(lambda m, V: _gauss_hermite_proba(m, V, quadrature))(mean, cov)
-
 
 def __dir__():
     return list(__all__)

@@ -8,9 +8,8 @@ p(y = k \\mid \\eta) = \\sigma(\\eta_k) \\prod_{j < k} (1 - \\sigma(\\eta_j)),\\
 p(y = K \\mid \\eta) = \\prod_{j < K} (1 - \\sigma(\\eta_j)),
 $$
 
-so log p(y = k | η) = Σ_{j ≤ k} log σ(±η_j): binary logistic sites, one per (stick j, input n) with
-j ≤ rank(y_n). The sticks' values at inputs in no site are integrated out of the prior, which leaves
-H = diag(±1) and a block-diagonal prior: a `LatentLinearModel` (`StickBreakingModel`) for every method.
+so log p(y = k | η) = Σ_{j ≤ k} log σ(±η_j): one binary logistic site per (stick j, input n) with
+j ≤ rank(y_n); the other stick values are integrated out, leaving a `LatentLinearModel` with H = diag(±1).
 """
 
 from __future__ import annotations
@@ -31,14 +30,8 @@ from ... import _checks
 from ..kernels import AbstractKernel
 from ..models import DEFAULT_JITTER, conditional_marginals
 
-__all__ = [
-    "StickBreakingModel",
-    "StickLayout",
-    "stick_breaking_model",
-    "stick_breaking_probabilities",
-    "stick_breaking_predict",
-    "stick_breaking_proba",
-]
+__all__ = ["StickBreakingModel", "StickLayout", "stick_breaking_model", "stick_breaking_probabilities",
+           "stick_breaking_predict", "stick_breaking_proba"]
 
 
 class StickLayout(NamedTuple):
@@ -58,35 +51,25 @@ def _layout(labels, n, num_classes, ordering, owner) -> StickLayout:
         raise ValueError(f"{owner}: `ordering` must be a permutation of 0 … {num_classes - 1} (the class "
                          f"broken off by each stick in turn), got {ordering!r}.")
     rank = np.argsort(order)[y]
-    stick, point = [], []
-    for j in range(num_classes - 1):
-        members = np.flatnonzero(rank >= j)  # inputs that reach stick j
-        stick.append(np.full(members.size, j))
-        point.append(members)
-    stick, point = np.concatenate(stick), np.concatenate(point)
+    stick, point = np.nonzero(rank >= np.arange(num_classes - 1)[:, None])  # stick by stick, the inputs reaching it
     sign = np.where(rank[point] == stick, 1.0, -1.0)
     return StickLayout(rank, order, stick, point, sign)
 
 
 class StickBreakingModel(LatentLinearModel):
-    """The stick-breaking logistic GP classifier: a `vj.LatentLinearModel` that records its layout.
-
-    C − 1 independent GPs η_j ~ GP(0, k), one shared ``kernel``; the latent w (D values) holds, stick
-    by stick, η_j at the inputs whose class is at position ≥ j of ``ordering``, with prior
-    N(0, blkdiag(K_j + jitter·I)) and sites log σ(±η_j(x_n)) (+ where x_n's class is at position j).
+    """The stick-breaking logistic GP classifier: a `vj.LatentLinearModel` whose latent w (D values) holds,
+    stick by stick, η_j at the inputs whose class is at position ≥ j of ``ordering``: prior
+    N(0, blkdiag(K_j + jitter·I)), sites log σ(±η_j(x_n)).
 
     **Arguments:**
 
-    - `kernel`, `X` ``(N, d)``, `labels` (integers 0 … C − 1, shape ``(N,)``), `num_classes` C ≥ 2.
-    - `pieces`: R for `vj.potentials.PiecewiseLogistic(R)` sites (the thesis's Stick-PW: with
-      `vj.GKL` the ``log_z`` is a lower bound on the stick model's log Z), or None for exact
-      `Logistic` sites (for `vj.EP`, `vj.Laplace`, or the G-KL bound with quadrature).
-    - `ordering`: the class broken off by each stick in turn (a permutation of 0 … C − 1);
-      default 0, 1, …, C − 1.
+    - `kernel` (shared by the sticks), `X` ``(N, d)``, `labels` (0 … C − 1, ``(N,)``), `num_classes` C ≥ 2.
+    - `pieces`: R for `vj.potentials.PiecewiseLogistic(R)` sites (with `vj.GKL`, ``log_z`` a lower bound),
+      or None for exact `Logistic` sites.
+    - `ordering`: the class broken off by each stick in turn (a permutation of 0 … C − 1; default in order).
     - `jitter`: added to the diagonal of each block.
 
-    **Fields** besides `prior` and `sites`: `kernel` and `X` (differentiable) and the static `labels`,
-    `num_classes` and `ordering`; the property `layout` places each latent coordinate.
+    **Fields** besides `prior` and `sites`: `kernel`, `X` and the static `labels`, `num_classes`, `ordering`.
     """
 
     kernel: AbstractKernel
@@ -127,8 +110,7 @@ def stick_breaking_model(kernel, X, labels, num_classes, pieces=20, ordering=Non
 
 
 def stick_breaking_probabilities(eta):
-    """p(y = c | η) for stick values ``eta`` ``(..., C − 1)``: shape ``(..., C)`` in stick order, summing to
-    one (to rounding: σ(−η) is used for the breaks)."""
+    """p(y = c | η) for stick values ``eta`` ``(..., C − 1)``: shape ``(..., C)`` in stick order."""
     eta = jnp.asarray(eta)
     log_keep = jnp.cumsum(jax.nn.log_sigmoid(-eta), axis=-1)  # log ∏_{j≤k} (1 − σ(η_j))
     before = jnp.concatenate([jnp.zeros_like(eta[..., :1]), log_keep[..., :-1]], axis=-1)
@@ -138,9 +120,7 @@ def stick_breaking_probabilities(eta):
 def stick_breaking_predict(post, X_test):
     """Predictive means and variances of the stick functions at ``X_test`` ``(T, d)``: two arrays ``(T, C − 1)``.
 
-    ``post`` is any fit of a `stick_breaking_model`, whose kernel, X and layout it uses; per stick j,
-    B_j = (K_j + εI)⁻¹ K(X_j, X_*) and q(η_j*) = N(B_jᵀ m_j, k_** − diag(K_*j B_j) + diag(B_jᵀ S B_j)).
-    """
+    ``post`` is any fit of a `stick_breaking_model`; per stick, as `vj.gp.predict`."""
     return _predict(post, X_test, "vj.gp.multiclass.stick_breaking_predict")[:2]
 
 
@@ -150,9 +130,8 @@ def _predict(post, X_test, owner):
     if not isinstance(model, StickBreakingModel):
         raise ValueError(f"{owner}: `post` must be a fit of vj.gp.multiclass.stick_breaking_model (its model records "
                          f"the layout), got {'a fit of ' + type(model).__name__ if model is not None else type(post).__name__}.")
-    kernel, X, layout = model.kernel, model.X, model.layout
+    kernel, X, layout, prior = model.kernel, model.X, model.layout, model.prior
     X_test = _checks.as_inputs(X_test, owner)
-    prior = model.prior
     if not isinstance(prior, DenseGaussian) or prior.dim != layout.point.size:
         raise ValueError(f"{owner}: `post` is not a fit of stick_breaking_model with these labels "
                          f"({layout.point.size} latent values expected).")
@@ -170,10 +149,8 @@ def _predict(post, X_test, owner):
 def stick_breaking_proba(post, X_test, quadrature=GaussHermite(64)):
     """Class probabilities ``(T, C)`` (columns in class order, rows summing to one) at ``X_test`` ``(T, d)``.
 
-    p(y_* = k) = ⟨σ(η_k)⟩ ∏_{j<k} ⟨1 − σ(η_j)⟩, each ⟨·⟩ a 1-D ``quadrature`` expectation under the
-    stick's predictive marginal (`stick_breaking_predict`): the sticks taken independent a posteriori,
-    as they are for the exact posterior and for EP, Laplace and full-covariance G-KL at their optimum.
-    """
+    p(y_* = k) = ⟨σ(η_k)⟩ ∏_{j<k} ⟨1 − σ(η_j)⟩, each ⟨·⟩ by ``quadrature`` under the stick's predictive marginal
+    (the sticks independent a posteriori, as for the exact posterior)."""
     owner = "vj.gp.multiclass.stick_breaking_proba"
     mean, var, layout = _predict(post, X_test, owner)
     a = quadrature.expect(jax.nn.sigmoid, mean, safe_sqrt(var))  # ⟨σ(η_j)⟩, (T, K)
