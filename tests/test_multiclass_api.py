@@ -57,6 +57,8 @@ def test_methods_refuse_other_models(nested):
         vj.infer(mc.stick_breaking_model(KERNEL, X, y, 3), mc.NestedEP())
     with pytest.raises(ValueError, match="NestedEP"):
         vj.infer(model, mc.NestedEP(), init=jnp.zeros(72))
+    with pytest.raises(ValueError, match="must be None, a posterior of this model"):
+        vj.infer(model, vj.gp.softmax.SoftmaxBound(), init={"not": "a state"})
     with pytest.raises(ValueError, match="its sites are not a function"):
         mc.NestedEP().from_gaussian(model, post.mean, post.factor)
 

@@ -10,6 +10,7 @@ import numpy as np
 
 from .. import _checks
 from ..methods import AbstractMethod
+from ..posterior import Posterior
 from .kernels import AbstractKernel
 from .models import DEFAULT_JITTER
 
@@ -116,4 +117,7 @@ class MulticlassMethod(AbstractMethod):
         """``init`` as a State: a State of this method, or a posterior of a model of the same shapes."""
         if isinstance(init, (jax.Array, np.ndarray)):  # refused before the base class expands (absent) sites
             self.from_expansion(model, None)
-        return super().to_state(model, init)
+        if isinstance(init, Posterior) or self.is_state(model, init):
+            return super().to_state(model, init)
+        raise ValueError(f"{type(self).__name__}: `init` must be None, a posterior of this model (of any method) or "
+                         f"its post.state; got {type(init).__name__}.")
