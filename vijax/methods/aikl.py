@@ -646,11 +646,6 @@ class AIKL(AbstractMethod):
         status = jnp.where((status == Status.CONVERGED) & ~settled(trace, i), Status.MAX_ITER, status)
         return Solution(x, trace[i], grad_norm, iters, status, trace, zero, grads, zero, decrement)
 
-    def _pair(self, opt, start, frozen, k):
-        """The bound at the optimum and at the start on the lattice of K = ``k``, shape ``(2,)``."""
-        pair = jax.tree_util.tree_map(lambda a, b: jnp.stack([a, b]), opt, start)
-        return jax.vmap(lambda p: self._bound(p, frozen, k))(pair)
-
     def _lattices(self):
         return [self.lattice_points * 2**j for j in range(self.max_doublings + 1)]
 
@@ -677,7 +672,8 @@ class AIKL(AbstractMethod):
         gaussian = bound_at(mean, C.T @ C, frozen)
         sol, opt = self._optimise(frozen, start, probe)
         ks = self._lattices()
-        pairs = jnp.stack([self._pair(opt, start, frozen, k) for k in ks])  # (len(ks), 2)
+        pair = jax.tree_util.tree_map(lambda a, b: jnp.stack([a, b]), opt, start)
+        pairs = jnp.stack([jax.vmap(lambda p, k=k: self._bound(p, frozen, k))(pair) for k in ks])  # (K's, 2)
         pairs = pairs.at[0, 0].set(sol.value)
         changes = jnp.abs(jnp.diff(pairs[:, 0]))
         if self.max_doublings:

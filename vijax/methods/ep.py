@@ -160,7 +160,6 @@ class EP(AbstractMethod):
     unit_power: bool = eqx.field(static=True, init=False, repr=False)
 
     def __post_init__(self):
-        # Standard EP (η = 1) uses the potentials' closed-form tilted moments: a program of its own.
         self.unit_power = isinstance(self.power, (int, float)) and float(self.power) == 1.0
 
     def __check_init__(self):
@@ -255,8 +254,7 @@ class EP(AbstractMethod):
             halve = ~ok & (run.halvings < _MAX_HALVINGS)
             damping = run.damping
             if self.damping is None:
-                # Adaptive damping: the first full step that raises the residual (a sign of oscillation) is
-                # undone, and δ = ½ from then on (damped EP's residual need not fall monotonically).
+                # The first full step that raises the residual (a sign of oscillation) is undone; δ = ½ from then on.
                 rose = _residual(ev) > run.residual
                 accepted = ok & ~(rose & (run.damping > _SAFE_DAMPING))
                 damping = jnp.where(ok & rose, jnp.minimum(run.damping, _SAFE_DAMPING), run.damping)
@@ -445,7 +443,7 @@ class EP(AbstractMethod):
         body = self._iteration(frozen, work)
         run, _ = iterate(lambda _, run: body(run), run, (self.max_iter + len(self._chain) + 1) * (_MAX_HALVINGS + 2),
                          lambda _, run: run.started & ~self._running(run))
-        return self._finish(model, run)
+        return self._finish(model, frozen, work, run)
 
     @property
     def _chain(self):
@@ -455,9 +453,7 @@ class EP(AbstractMethod):
     def _schedules(self):
         return {"parallel": self._parallel_step, "sequential": self._sequential_step, "double_loop": self._double_loop}
 
-    def _finish(self, model, run: _Run) -> Posterior:
-        frozen = jax.lax.stop_gradient(model)
-        work = working_model(frozen)
+    def _finish(self, model, frozen, work, run: _Run) -> Posterior:
         # An unconverged run ends at its best sites (an oscillating run's last can be far from a fixed point).
         converged = run.residual <= run.tol
         use_best = ~converged & (run.best < run.residual)
@@ -471,9 +467,9 @@ class EP(AbstractMethod):
         # the last schedule stopped for want of progress (oscillating or diverging), or its step vanished
         stalled = run.stuck | (run.since_best >= self.patience)
         diagnostics = Diagnostics(
-            iterations=run.k, status=Status.of(converged, value=ev.value, stalled=stalled), stationarity=residual, grad_norm=grad_norm,
-            objective_trace=run.trace, num_value_evals=run.evals, num_grad_evals=1, num_hvp_evals=0, method="EP",
-            solver=self.schedule, info=info)
+            iterations=run.k, status=Status.of(converged, value=ev.value, stalled=stalled), stationarity=residual,
+            grad_norm=grad_norm, objective_trace=run.trace, num_value_evals=run.evals, num_grad_evals=1,
+            num_hvp_evals=0, method="EP", solver=self.schedule, info=info)
         factor = CholeskyFactor.from_matrix(C).canonical()
         return Posterior(mean, factor, log_z, diagnostics, model, bound_claim=False, state=sites)
 

@@ -241,8 +241,7 @@ class HierarchicalEP(AbstractMethod):
         state = jax.lax.stop_gradient(state)
         work = working_model(frozen.model)
         evaluate = lambda s, h: self.evaluate(frozen, s, h, work)
-        # The first iteration evaluates the start (a zero step), so `evaluate` is traced once; until then
-        # ``ev`` is a NaN placeholder.
+        # The first iteration evaluates the start (a zero step), so `evaluate` is traced once.
         shape = jax.eval_shape(evaluate, state.sites, state.hyper_sites)
         ev = jax.tree_util.tree_map(lambda a: jnp.full(a.shape, jnp.nan if a.dtype != bool else False, a.dtype), shape)
         dtype = shape.w.value.dtype
@@ -255,15 +254,14 @@ class HierarchicalEP(AbstractMethod):
             sites, hyper_sites, ev, trace, shrunk, _, started, evals, skipped, change = loop
             direction = (_direction(ev.w, self.power), _direction(ev.hyper, self.power))
             dw, dh = jax.tree_util.tree_map(lambda d: jnp.where(started, self.damping * d, 0.0), direction)
-            alpha, new, ok, halvings = backtrack(
-                lambda a: evaluate(sites + dw.scale(a), hyper_sites + dh.scale(a)),
-                lambda a, new: new.w.proper, jnp.ones((), dtype), _MAX_HALVINGS, placeholder=ev)
-            step_w, step_h = dw.scale(jnp.where(ok, alpha, 0.0)), dh.scale(jnp.where(ok, alpha, 0.0))
-            change = jnp.where(started, jnp.maximum(_change(step_w, ev.w), _change(step_h, ev.hyper)), change)
+            move = lambda a: (sites + dw.scale(a), hyper_sites + dh.scale(a))
+            alpha, new, ok, halvings = backtrack(lambda a: evaluate(*move(a)), lambda a, new: new.w.proper,
+                                                 jnp.ones((), dtype), _MAX_HALVINGS, placeholder=ev)
+            taken = jnp.where(ok, alpha, 0.0)
+            change = jnp.where(started, jnp.maximum(_change(dw.scale(taken), ev.w), _change(dh.scale(taken), ev.hyper)),
+                               change)
             skipped = skipped + jnp.where(started, _num_invalid(ev.w), 0)
-            sites = select(ok, sites + dw.scale(alpha), sites)
-            hyper_sites = select(ok, hyper_sites + dh.scale(alpha), hyper_sites)
-            ev = select(ok, new, ev)
+            (sites, hyper_sites), ev = select(ok, (move(alpha), new), ((sites, hyper_sites), ev))
             return (sites, hyper_sites, ev, trace.at[k].set(ev.w.value), shrunk + (started & (halvings > 0)), ~ok,
                     started | ok, evals + halvings + 1, skipped, change)
 
@@ -279,9 +277,8 @@ class HierarchicalEP(AbstractMethod):
                          self, final, model)
         info = EPInfo(max_change=change, skipped=skipped, shrunk=shrunk, fallback=jnp.array(False))
         diagnostics = Diagnostics(iterations=k, status=Status.of(residual <= self.tol, value=ev.w.value),
-                                  stationarity=residual,
-                                  objective_trace=trace, method="HierarchicalEP", solver="parallel",
-                                  num_value_evals=evals, info=info)
+                                  stationarity=residual, objective_trace=trace, method="HierarchicalEP",
+                                  solver="parallel", num_value_evals=evals, info=info)
         q_mean, q_var = ev.q_hyper
         return HierarchicalPosterior(mean, CholeskyFactor.from_matrix(C).canonical(), log_z, diagnostics, model,
                                      final, q_mean, q_var)
