@@ -590,32 +590,26 @@ class AIKL(AbstractMethod):
         strict = jnp.tril(jnp.ones((dim, dim), bool), -1)
         upper_mask = jnp.triu(jnp.ones((dim, dim), bool))
 
-        def as_params(z):
-            X, U, c, theta = z
+        def as_params(z):  # (X, U, c), and θ's free coordinates where learned
+            X, U, c, *free = z
             return AIKLParams(start.loc + L0 @ c, L0 + L0 @ jnp.where(strict, X, 0.0), jnp.where(upper_mask, U, 0.0),
-                              base.from_free(theta) if base.learn else start.theta)
+                              base.from_free(free[0]) if base.learn else start.theta)
 
-        theta0 = start.theta
-        if base.learn and base.probes():
-            theta0 = jax.lax.cond(probe, lambda: self._probe(start, frozen), lambda: start.theta)
-        z0 = (jnp.zeros((dim, dim), L0.dtype), jnp.triu(start.upper), jnp.zeros((dim,), L0.dtype),
-              base.to_free(theta0))
-        free0 = tuple(z0) if base.learn else tuple(z0[:3])
-        x0, unravel = ravel_pytree(free0)
-
-        def objective(x):
-            z = unravel(x)
-            z = z if base.learn else (*z, None)
-            return self._bound(as_params(z), frozen)
-
+        z0 = (jnp.zeros((dim, dim), L0.dtype), jnp.triu(start.upper), jnp.zeros((dim,), L0.dtype))
+        if base.learn:
+            theta0 = start.theta
+            if base.probes():
+                theta0 = jax.lax.cond(probe, lambda: self._probe(start, frozen), lambda: start.theta)
+            z0 = z0 + (base.to_free(theta0),)
+        x0, unravel = ravel_pytree(z0)
+        objective = lambda x: self._bound(as_params(unravel(x)), frozen)
         if self.scheme == "blockwise":
             # 1 where a coordinate of x belongs to the (L, b, θ) block, 0 where it is one of U's.
             in_lower = (jnp.ones((dim, dim)), jnp.zeros((dim, dim)), jnp.ones((dim,)), jnp.ones((dim,)))
-            sol = self._blockwise(objective, x0, ravel_pytree(in_lower[:len(free0)])[0] > 0.5)
+            sol = self._blockwise(objective, x0, ravel_pytree(in_lower[:len(z0)])[0] > 0.5)
         else:
             sol = self._solver().maximise(objective, x0)
-        z = unravel(sol.x)
-        return sol, jax.lax.stop_gradient(as_params(z if base.learn else (*z, None)))
+        return sol, jax.lax.stop_gradient(as_params(unravel(sol.x)))
 
     def _blockwise(self, objective, x0, in_lower):
         """The blockwise scheme: one loop of sweeps, the frozen block behind `stop_gradient`."""
