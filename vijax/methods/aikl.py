@@ -30,7 +30,7 @@ from .. import _checks
 from .._linalg import LOG_2PI, gaussian_entropy
 from ..covariance import CholeskyFactor, Full
 from ..model import LatentLinearModel
-from ..posterior import Diagnostics, Posterior, _Info
+from ..posterior import Diagnostics, Posterior
 from ..projections import as_projection
 from ..solvers import LBFGS, AbstractSolver, Solution, Status, iterate
 from ._base import AbstractMethod, same_shapes
@@ -430,7 +430,7 @@ def lattice_densities(params: AIKLParams, base: AbstractBase, H, offset=0.0, lat
     return atoms, rho / (atoms[:, 1:2] - atoms[:, 0:1])
 
 
-class AIKLInfo(_Info):
+class AIKLInfo(eqx.Module):
     """What `vj.AIKL` reports beyond the common `Diagnostics` (``post.diagnostics.info``).
 
     `lattice_points`: the K of ``log_z``; `lattice_change`: |B(K) − B(K/2)| there; `gaussian_log_z`: the
@@ -440,6 +440,12 @@ class AIKLInfo(_Info):
     lattice_change: jax.Array
     gaussian_log_z: jax.Array
     start_log_z: jax.Array
+
+    def __repr__(self):
+        if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(self)):
+            return super().__repr__()
+        return (f"AIKLInfo(lattice_points={int(self.lattice_points)}, lattice_change={float(self.lattice_change):.3g}, "
+                f"gaussian_log_z={float(self.gaussian_log_z):.6g}, start_log_z={float(self.start_log_z):.6g})")
 
 
 class AIKLState(eqx.Module):
