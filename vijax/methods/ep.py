@@ -302,8 +302,7 @@ class EP(AbstractMethod):
 
             tau, nu = sites.precision[k], sites.shift[k]
             S, mean, tau, nu, skipped = jax.lax.fori_loop(0, num, site, (S, mean, tau, nu, skipped))
-            sites = SiteParams(sites.precision[:k] + (tau,) + sites.precision[k + 1:],
-                               sites.shift[:k] + (nu,) + sites.shift[k + 1:])
+            sites = eqx.tree_at(lambda s: (s.precision[k], s.shift[k]), sites, (tau, nu))
             return S, mean, sites, skipped
 
         def propose(run: _Run):
