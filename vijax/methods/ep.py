@@ -126,17 +126,13 @@ class _Run(NamedTuple):
 
 
 class EP(AbstractMethod):
-    """Expectation propagation with damping, power EP and fallbacks to more robust schedules.
-
-    Schedules: ``"parallel"`` (all sites from one q; steps halved until q and every cavity are proper),
-    ``"sequential"`` (rank-one updates of q, one site at a time; improper cavities skipped) and
-    ``"double_loop"`` (Opper & Winther 2005: cavities anchored at q's marginals, the convex inner objective
-    minimised by Newton EP steps with Armijo backtracking; convergent but slow). A run starts at the Laplace
-    sites; without progress for `patience` iterations it continues from its best sites by the next schedule.
+    """Expectation propagation with damping, power EP and fallbacks to more robust schedules, from the Laplace sites.
 
     **Arguments:**
 
-    - `schedule`: ``"parallel"`` (default), ``"sequential"`` or ``"double_loop"``.
+    - `schedule`: ``"parallel"`` (default; all sites from one q, steps halved until q and every cavity are
+      proper), ``"sequential"`` (rank-one updates of q, site by site) or ``"double_loop"`` (Opper & Winther
+      2005: cavities anchored at q's marginals, a convex inner problem; convergent but slow).
     - `damping`: δ ∈ (0, 1], the fraction of each step taken. None (default): δ = 1, but the parallel
       schedule undoes the first step that raises the residual and takes δ = ½ after it.
     - `power`: η ∈ (0, 1] (default 1); power EP (η < 1) is more stable on non-log-concave sites.
