@@ -5,14 +5,9 @@ p(w, φ) \\propto \\prod_g \\prod_n \\mathcal N\\big(h_{gn}^\\top w + b_{gn} \\m
 \\prod_{l=1}^L \\mathcal N(φ_l \\mid μ_{0,l}, σ^2_{0,l})
 $$
 
-Every site is Gaussian in x = hᵀw + b given its log variance φ_l, so the model is conjugate given φ;
-a site group may instead be a Student-t St(y_{gn} | h_{gn}ᵀw + b_{gn}, ν, e^{φ_l}). E.g. a sparse linear
-model with an uncertain noise variance and prior sites N(w_j | 0, e^{φ_{l_j}}), one φ_l per group of
-inputs or per input (ARD) (Jylänki 2013, Publication IV; `vj.glm.hierarchical_linear`).
-
-``model`` is the plug-in `LatentLinearModel` (every scale e^{μ_0/2}), ``hyper_index`` the l_{gn} (one int
-array per group), ``hyper_mean`` and ``hyper_var`` the hyperprior, ``(L,)``. ``vj.infer(model,
-vj.HierarchicalEP())`` fits it; ``vj.infer(model.model, vj.EP())`` is EP with every φ at its prior mean.
+A site group may instead be Student-t, St(y_{gn} | h_{gn}ᵀw + b_{gn}, ν, e^{φ_l}). E.g. a sparse linear model
+with an uncertain noise variance and ARD prior sites N(w_j | 0, e^{φ_{l_j}}) (`vj.glm.hierarchical_linear`).
+``vj.infer(model, vj.HierarchicalEP())`` fits it; ``vj.infer(model.model, vj.EP())`` is EP at φ = μ_0.
 """
 
 from __future__ import annotations
@@ -32,13 +27,14 @@ _SCALE_SITES = (potentials.Gaussian, potentials.StudentT)
 
 
 class HierarchicalModel(eqx.Module):
-    """Gaussian sites with uncertain log variances φ and a Gaussian hyperprior on φ (module docstring).
+    """Gaussian sites with uncertain log variances φ and a Gaussian hyperprior on φ.
+
+    ``model`` is the plug-in `LatentLinearModel`, every scale e^{μ_0/2}.
 
     **Arguments:**
 
-    - `sites`: a `Sites` group or a tuple of them, each with a `vj.potentials.Gaussian` or
-      `vj.potentials.StudentT` potential (its ``loc`` are the y_gn, a Student-t keeps its ``df``; its
-      ``scale`` is ignored and replaced by the plug-in e^{μ_0/2}).
+    - `sites`: a `Sites` group or a tuple of them with `vj.potentials.Gaussian` or `StudentT` potentials
+      (``loc`` the y_gn; ``scale`` ignored).
     - `hyper_index`: per group, an int array of shape ``(N_g,)`` (or a scalar) of indices in 0..L−1.
     - `hyper_mean`, `hyper_var`: the hyperprior N(φ_l | μ_{0,l}, σ²_{0,l}), shapes ``(L,)``.
     - `names`: optional names of the L hyperparameters (for summaries).

@@ -29,8 +29,7 @@ class Sites(eqx.Module):
     - `potential`: an `AbstractPotential` whose per-site parameters broadcast to ``(N,)``.
     - `offset`: b, a scalar or shape ``(N,)`` (default 0).
 
-    The potential's parameters and the offset take the floating dtype of ``H`` (strongly typed; with
-    `Identity`, which has none, the potential's own dtype).
+    The potential's parameters and the offset take the floating dtype of ``H`` (with `Identity`, the potential's).
     """
 
     projection: AbstractProjection
@@ -83,11 +82,9 @@ class LatentLinearModel(eqx.Module):
     **Arguments:**
 
     - `prior`: a `GaussianFactor`, or None for a target with no Gaussian term.
-    - `sites`: a `Sites` group or a tuple of them (e.g. likelihood sites and
-      Laplace-prior sites with H = I).
+    - `sites`: a `Sites` group or a tuple of them (e.g. likelihood sites and Laplace-prior sites with H = I).
 
-    The model has one floating dtype, ``dtype`` (that of its projections, else of its prior): the
-    Gaussian factor's and the site groups' parameters are stored in it.
+    All parameters are stored in one floating ``dtype``: that of the projections, else of the prior.
     """
 
     prior: GaussianFactor | None
@@ -115,8 +112,7 @@ class LatentLinearModel(eqx.Module):
 
     def replace(self, *, prior=_KEEP, sites=_KEEP) -> "LatentLinearModel":
         """This model, of its own type (a GP model keeps its kernel and inputs), with another ``prior``
-        and/or ``sites`` (a `Sites` group or a tuple of them); the parts not given are the same objects.
-        For transformations of a model: `vj.pad_sites`, `vj.shard_sites`, `bound_logistic_sites`."""
+        and/or ``sites``; the parts not given are the same objects."""
         prior = self.prior if prior is _KEEP else prior
         sites = self.sites if sites is _KEEP else sites
         checked = LatentLinearModel(prior, sites)  # the same checks as a new model's

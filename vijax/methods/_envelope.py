@@ -1,7 +1,6 @@
 """A fit's log Z as it computed it, differentiable as the function of the model it equals.
 
-At a fit's optimum log Z is a function of the model with the fitted parameters frozen (envelope
-theorem); `computed` returns the value the fit computed and evaluates the function only when differentiated.
+At an optimum log Z's derivative is that with the fitted parameters frozen (envelope theorem).
 """
 
 from __future__ import annotations

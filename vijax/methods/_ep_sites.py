@@ -1,6 +1,4 @@
-"""EP's site parameters and per-site maths, shared by `vj.EP` and `vj.HierarchicalEP` (nested and network EP use
-`cavity`, `site_step` and `moment_residual` too): the sites, q's evaluation at them, the undamped step, the moment
-residual and the change of a step, each elementwise over the sites of every group."""
+"""EP's site parameters and per-site maths (cavity, undamped step, moment residual), shared by the EP methods."""
 
 from __future__ import annotations
 
@@ -15,8 +13,8 @@ from ..model import LatentLinearModel
 
 
 class SiteParams(eqx.Module):
-    """EP site approximations t̃_n(x) = exp(ν_n x − ½ τ_n x²), one pair of arrays per site group:
-    ``precision`` the τ (``(N_g,)`` each; negative values allowed), ``shift`` the ν."""
+    """EP sites t̃_n(x) = exp(ν_n x − ½ τ_n x²): ``precision`` the τ (``(N_g,)`` per group; may be negative),
+    ``shift`` the ν."""
 
     precision: tuple[jax.Array, ...]
     shift: tuple[jax.Array, ...]
@@ -35,7 +33,6 @@ class SiteParams(eqx.Module):
         return jax.tree_util.tree_map(lambda a: alpha * a, self)
 
 
-
 class _Evaluation(NamedTuple):
     """q at a set of sites, and each site's cavity and tilted moments (tuples: one entry per group)."""
 
@@ -47,7 +44,6 @@ class _Evaluation(NamedTuple):
     valid: tuple  # cavity proper and tilted moments finite
     proper: jax.Array  # q proper and every cavity proper
     magnitude: jax.Array  # |log Z_q| + Σ|log normaliser of each anchor|/η: the size of value's terms
-
 
 
 def _quadratics(sites: SiteParams):
@@ -75,13 +71,10 @@ def _residual(ev: _Evaluation):
     return jnp.where(ev.proper, worst, jnp.inf)
 
 
-# Per-site EP maths (elementwise), shared by `EP`, `vj.HierarchicalEP`, nested EP and network EP.
-
-
 def cavity(mean, var, tau, nu, power=1.0):
-    """The cavity N(m₋, V₋) ∝ N(x | mean, var) · t̃(x)^{−η} of a site t̃(x) = exp(νx − ½τx²):
-    1/V₋ = 1/var − ητ, m₋/V₋ = mean/var − ην. Returns ``(m₋, V₋, proper)`` (inputs broadcast);
-    where 1/V₋ ≤ 0, V₋ = 1 and ``proper`` is False."""
+    """The cavity N(m₋, V₋) ∝ N(x | mean, var) · t̃(x)^{−η} of a site t̃(x) = exp(νx − ½τx²).
+
+    Returns ``(m₋, V₋, proper)`` (inputs broadcast); where 1/V₋ = 1/var − ητ ≤ 0, V₋ = 1 and ``proper`` is False."""
     precision = 1.0 / var - power * tau
     proper = precision > 0
     cavity_var = 1.0 / jnp.where(proper, precision, 1.0)

@@ -1,8 +1,7 @@
 """Affine-independent KL (AI-KL): non-Gaussian approximations with a lower bound on log Z.
 
-q(w) is the density of w = A v + b, A = L U (L lower-, U upper-triangular), with independent,
-possibly non-Gaussian coordinates v_d ~ q_v(· | θ_d) (thesis ch. 6; Challis & Barber, NIPS 2012).
-For p(w) ∝ f(w) ∏_n φ_n(h_nᵀw + c_n) (thesis eq. 6.3.1),
+q(w) is the density of w = A v + b, A = L U, with independent coordinates v_d ~ q_v(· | θ_d)
+(Challis & Barber, NIPS 2012). For p(w) ∝ f(w) ∏_n φ_n(h_nᵀw + c_n),
 
 $$
 \\log Z \\ge \\mathcal B = \\log|\\det A| + \\sum_d H[q_v(\\cdot\\mid\\theta_d)]
@@ -10,18 +9,9 @@ $$
 \\qquad y_n = \\alpha_n^\\top v + \\beta_n,\\ \\alpha_n = A^\\top h_n,\\ \\beta_n = h_n^\\top b + c_n.
 $$
 
-⟨log f⟩ needs only q's mean and covariance (G-KL's closed form). Each u_d = α_d v_d goes on a K-point
-lattice of spacing Δ over ±span·σ_y around its mean, and the lattices are convolved by a zero-padded FFT
-(thesis eq. 6.3.4):
-
-$$
-\\rho = \\mathrm{ifft}\\Big[\\prod_d \\mathrm{fft}[\\pi_d, 0, \\dots, 0]\\Big],
-\\qquad \\langle \\log\\varphi(y)\\rangle \\approx \\sum_j \\rho_j \\log\\varphi(\\beta + l_j).
-$$
-
-Narrow components enter by their cumulants (`_site_lattice`) and kinks of log φ get their
-Euler–Maclaurin term back (`_expect`), so the optimiser cannot exploit the lattice. ``padding="full"``
-transforms all D(K − 1) + 1 atoms, ``"window"`` (default) the ≥ 2K nearest y's mean (≥ ±12 σ_y).
+Each ⟨log φ_n⟩ is a sum over a K-point lattice (±span·σ_y) of the density of y_n, the FFT convolution of
+the components' lattice densities; narrow components enter by their cumulants and kinks of log φ get an
+Euler–Maclaurin correction, so the optimiser cannot exploit the lattice.
 """
 
 from __future__ import annotations
@@ -140,12 +130,9 @@ def _skew_constants(nu):
 
 
 class SkewNormal(AbstractBase):
-    """Standardised skew-normal coordinates, θ_d = ν_d the skewness parameter (learned).
+    """Standardised skew-normal coordinates v = (z − μ_ν)/σ_ν, z ~ 2 N(z) Φ(νz), θ_d = ν_d.
 
-    z ~ SN(0, 1, ν) has density 2 N(z) Φ(νz), mean μ_ν = δ√(2/π) with δ = ν/√(1 + ν²), variance
-    σ_ν² = 1 − μ_ν², v = (z − μ_ν)/σ_ν; H[q_v] = ½ log(2πe) − log 2 − ⟨log Φ(νz)⟩_{SN} − log σ_ν (a
-    121-point trapezoid rule, accurate to 10⁻¹¹). The bound is stationary at ν = 0 (skewness ∝ ν³), so
-    the fit first tries ν_d = ±`probe` per coordinate (`AbstractBase.probes`).
+    The bound is stationary at ν = 0 (skewness ∝ ν³), so the fit first tries ν_d = ±`probe` per coordinate.
 
     **Arguments:** `probe` (default 2.0; 0 disables the probes), `learn` (default True), `max_nu`
     (default 16, the largest |ν| reached: sharper skew-normals are finer than a K = 64 lattice resolves)."""
@@ -205,8 +192,8 @@ class SkewNormal(AbstractBase):
 class GeneralisedNormal(AbstractBase):
     """Standardised generalised-normal coordinates with shape η > 1 (η = 2: normal; η → 1: Laplace).
 
-    GN(r | η) = η / (2 s Γ(1/η)) exp(−|r/s|^η), s² = Γ(1/η)/Γ(3/η) (var = 1);
-    H = 1/η − log(η / (2 s Γ(1/η))); η ≤ 1 makes the bound non-differentiable (thesis §6.5).
+    GN(r | η) = η / (2 s Γ(1/η)) exp(−|r/s|^η), s² = Γ(1/η)/Γ(3/η) (var = 1); η ≤ 1 makes the bound
+    non-differentiable.
 
     **Arguments:** `eta` (starting or fixed η > 1; default 1.5), `learn` (one η per coordinate,
     θ_d = log(η_d − 1); default False)."""
@@ -248,10 +235,10 @@ class GeneralisedNormal(AbstractBase):
 
 
 class AIKLParams(eqx.Module):
-    """Parameters of q: w = A v + b, A = ``lower @ upper``, log|det A| = Σ_d log|L_dd| + log|U_dd|.
+    """Parameters of q: w = A v + b, A = ``lower @ upper``.
 
     `loc`: b, ``(D,)``; `theta`: the bases' shape parameters, ``(D,)``; `lower`: L and `upper`: U,
-    ``(D, D)`` (entries across the diagonal ignored; diagonals of either sign)."""
+    ``(D, D)`` (entries across the diagonal ignored)."""
 
     loc: jax.Array
     lower: jax.Array
@@ -290,8 +277,7 @@ def _smoothstep(x):
 
 
 def _wide_count(dim: int, lattice_points: int, span: float) -> int:
-    """At most how many of D components are wider than `_NARROW` spacings: as Σ_d r_d² = ((K − 1)/(2 span))²
-    (r_d = |α_d| sd(v_d)/Δ), ⌊((K − 1)/(2 span _NARROW))²⌋ (27 at K = 64, span 6)."""
+    """At most how many of D components are wider than `_NARROW` spacings (Σ_d r_d² = ((K − 1)/(2 span))²)."""
     return min(dim, int(math.floor(((lattice_points - 1) / (2.0 * span * _NARROW)) ** 2)))
 
 
@@ -337,14 +323,11 @@ def _spectrum(parts, base, lattice_points, size, omega, count):
     return spectrum
 
 
-def _site_lattice(alpha, beta, params, base, lattice_points, padding, span=_SPAN):
-    """The lattice densities of y_n = α_nᵀv + β_n for a block of sites.
+def _site_lattice(alpha, beta, params, base, lattice_points, padding, span):
+    """Atoms and weights ρ (summing to one), each ``(N, P)``, of y_n = α_nᵀv + β_n (``alpha`` ``(N, D)``).
 
-    ``alpha``: ``(N, D)``; ``beta``: ``(N,)``. Returns atoms ``(N, P)`` (increasing, spacing Δ_n) and
-    weights ρ ``(N, P)`` (summing to one), P the FFT length. u_d = α_d v_d, r_d = |α_d| sd(v_d)/Δ spacings
-    wide, enters by the DFT of its density at the points where r_d ≥ 2 (error e^{−2π² r²}), by its cumulant
-    transform exp(−iωκ₁ − ½ω²κ₂ + iω³κ₃/6) where r_d ≤ 1 (exact mean, variance and skewness), and by a
-    smooth-step mix in between."""
+    u_d = α_d v_d, r_d spacings wide, enters by the DFT of its lattice density where r_d ≥ 2, by its
+    cumulant transform where r_d ≤ 1 (exact mean, variance and skewness), and by a smooth mix between."""
     num, dim = alpha.shape
     K = lattice_points
     theta = params.theta
@@ -380,25 +363,15 @@ def _site_lattice(alpha, beta, params, base, lattice_points, padding, span=_SPAN
     return atoms, rho
 
 
-def _project_columns(projection, A):
-    """H A, shape ``(N, D)``, for any projection."""
-    return jax.vmap(projection.mv, in_axes=1, out_axes=1)(A)
-
-
 def _kink_jumps(potential, centre, width):
-    """The jump f'(c⁺) − f'(c⁻) of f = log φ at c = ``centre`` (0 where φ is smooth there), by autodiff
-    at c ± 10⁻⁶ ``width``."""
+    """The jump f'(c⁺) − f'(c⁻) of f = log φ at c = ``centre``, by autodiff at c ± 10⁻⁶ ``width``."""
     step = 1e-6 * width
     slope = lambda x: jax.jvp(potential.log_phi, (x,), (jnp.ones_like(x),))[1]
     return slope(centre + step) - slope(centre - step)
 
 
 def _expect(potential, atoms, rho):
-    """⟨log φ_n(y_n)⟩ on the lattice, shape ``(N,)``: Σ_j ρ_nj log φ_n(atom_nj), corrected at kinks.
-
-    At a kink c of log φ (``potential._peaks()``) the rule errs by −J q_y(c) Δ² B₂(θ)/2 (Euler–Maclaurin;
-    J the jump of (log φ)' at c, θ c's offset from an atom in spacings, B₂(θ) = θ² − θ + 1/6), which is
-    added back. Atoms of FFT round-off are left out."""
+    """Σ_j ρ_nj log φ_n(atom_nj), ``(N,)``, plus J q_y(c) Δ² B₂(θ)/2 at each kink c of log φ (Euler–Maclaurin)."""
     values = jax.vmap(potential.log_phi, in_axes=1, out_axes=1)(atoms)
     floor = 64 * jnp.finfo(rho.dtype).eps * jnp.max(rho, axis=-1, keepdims=True)
     keep = rho > floor
@@ -422,23 +395,21 @@ def _expect(potential, atoms, rho):
 
 def site_expectations(params: AIKLParams, model: LatentLinearModel, base: AbstractBase, lattice_points: int = 256,
                       padding: str = "window", span: float = _SPAN):
-    """⟨log φ_n(h_nᵀw + c_n)⟩ under q for every site: a tuple with one ``(N_g,)`` array per site group.
-    ``span``: lattice end points at ±span σ_y (default 6, the thesis's; it leaves out the mass beyond,
-    e.g. 2·10⁻⁶ for a skew-normal with ν = 2.5)."""
+    """⟨log φ_n(h_nᵀw + c_n)⟩ under q for every site: one ``(N_g,)`` array per site group (lattice as `bound`)."""
     A = params.A
     out = []
     for group in model.sites:
-        alpha = _project_columns(group.projection, A)
-        beta = group.project(params.loc)
-        atoms, rho = _site_lattice(alpha, beta, params, base, lattice_points, padding, span)
+        alpha = jax.vmap(group.projection.mv, in_axes=1, out_axes=1)(A)  # H A, (N, D)
+        atoms, rho = _site_lattice(alpha, group.project(params.loc), params, base, lattice_points, padding, span)
         out.append(_expect(group.potential, atoms, rho))
     return tuple(out)
 
 
 def bound(params: AIKLParams, model: LatentLinearModel, base: AbstractBase, lattice_points: int = 256,
           padding: str = "window", span: float = _SPAN):
-    """The AI-KL bound on log Z at ``params`` (a pure, differentiable scalar; see the module docstring).
-    ``lattice_points`` (K), ``padding`` and ``span`` set the site terms' lattice; the rest is exact."""
+    """The AI-KL bound on log Z at ``params`` (differentiable). The site terms use a K = ``lattice_points``
+    lattice over ±``span`` σ_y (``padding``: ``"window"`` transforms the ≥ 2K atoms nearest y's mean,
+    ``"full"`` all D(K − 1) + 1); the rest is exact."""
     value = params.logdet() + jnp.sum(base.entropy(params.theta))
     if model.prior is not None:
         mean, C = _moments(params, base)
@@ -450,11 +421,10 @@ def bound(params: AIKLParams, model: LatentLinearModel, base: AbstractBase, latt
 
 def lattice_densities(params: AIKLParams, base: AbstractBase, H, offset=0.0, lattice_points: int = 256,
                       padding: str = "window", span: float = _SPAN):
-    """The densities of y = H w + offset under q on their lattices, ``(points, density)``.
-    Each ``(N, P)``: increasing points of spacing Δ_n and ρ / Δ_n there (integrating to one by the
-    rectangle rule). ``H``: ``(N, D)`` array, BCOO or projection."""
+    """The lattice densities of y = H w + offset under q, ``(points, density)``, each ``(N, P)``.
+    ``H``: ``(N, D)`` array, BCOO or projection."""
     projection = as_projection(H)
-    alpha = _project_columns(projection, params.A)
+    alpha = jax.vmap(projection.mv, in_axes=1, out_axes=1)(params.A)
     beta = projection.mv(params.loc) + offset
     atoms, rho = _site_lattice(alpha, beta, params, base, lattice_points, padding, span)
     return atoms, rho / (atoms[:, 1:2] - atoms[:, 0:1])
@@ -463,10 +433,8 @@ def lattice_densities(params: AIKLParams, base: AbstractBase, H, offset=0.0, lat
 class AIKLInfo(eqx.Module):
     """What `vj.AIKL` reports beyond the common `Diagnostics` (``post.diagnostics.info``).
 
-    - `lattice_points`: the K of ``log_z``: the first of K₀, 2K₀, … within ``tol_k`` of the next
-      coarser one's bound, else the finest tried; `lattice_change`: |B(K) − B(K/2)| there.
-    - `gaussian_log_z`: the G-KL bound at the starting Gaussian (NaN with a warm start);
-      `start_log_z`: the AI-KL bound at the start, on ``log_z``'s lattice."""
+    `lattice_points`: the K of ``log_z``; `lattice_change`: |B(K) − B(K/2)| there; `gaussian_log_z`: the
+    G-KL bound at the starting Gaussian; `start_log_z`: the AI-KL bound at the start, on ``log_z``'s lattice."""
 
     lattice_points: jax.Array
     lattice_change: jax.Array
@@ -481,8 +449,7 @@ class AIKLInfo(eqx.Module):
 
 
 class AIKLState(eqx.Module):
-    """The State of `vj.AIKL` (``post.state``): (b, L, U, θ), whether to probe θ first (True from a
-    Gaussian, False for a restart) and the base's class name (a state restarts only fits of that base)."""
+    """The State of `vj.AIKL`: (b, L, U, θ), whether to probe θ first and the base's class name."""
 
     params: AIKLParams
     probe: jax.Array
@@ -490,9 +457,8 @@ class AIKLState(eqx.Module):
 
 
 class AIKLPosterior(Posterior):
-    """A `Posterior` for AI-KL: q(w) is the density of A v + b, not a Gaussian.
-    ``mean``, ``covariance``, ``marginals(H)``: q's exact moments; ``sample``: draws; ``base``: the family;
-    ``marginal_densities(H)``: lattice densities; ``params`` (also in ``state``): (b, L, U, θ)."""
+    """A `Posterior` for AI-KL, q(w) the density of A v + b: ``mean``, ``covariance``, ``marginals(H)`` are
+    q's exact moments; ``params`` (also in ``state``): (b, L, U, θ)."""
 
     params: AIKLParams
     base: AbstractBase
@@ -519,8 +485,7 @@ class AIKLPosterior(Posterior):
         return self.params.loc + v @ self.params.A.T
 
     def marginal_densities(self, H, offset=0.0, lattice_points: int | None = None):
-        """The lattice densities of H w + offset under q, ``(points, density)``, each ``(N, P)``
-        (`lattice_densities`); ``lattice_points`` defaults to the K of ``log_z``."""
+        """`lattice_densities` of H w + offset; ``lattice_points`` defaults to the K of ``log_z``."""
         K = self.lattice_points if lattice_points is None else int(lattice_points)
         return lattice_densities(self.params, self.base, H, offset, K, self.padding, self.span)
 
@@ -532,20 +497,15 @@ class AIKL(AbstractMethod):
 
     - `base`: `SkewNormal()` (default; learned skewness per coordinate), `Normal()` (q Gaussian:
       G-KL), `GeneralisedNormal(eta)`, or any `AbstractBase`.
-    - `lattice_points`: K during the fit (default 64: error below 10⁻³ on ``benchmarks/aikl.py``'s
-      problems, at a quarter of K = 256's cost).
-    - `solver`: default `LBFGS(tol=1e-6, max_iter=1000, gain_tol=tol_k)` (the K-point optimum is only as
-      good as its lattice error).
-    - `padding`: ``"window"`` (default) or ``"full"``; `span`: end points at ±span σ_y (default 6).
-    - `tol_k`: the final bound is re-evaluated at 2K, 4K, … until it changes by less than this (default
-      1e-3), at most `max_doublings` times (default 4); if it is then below the start's, the start is
-      returned, with status `vj.Status.FELL_BACK` and a warning if below by more than `tol_k`.
-    - `scheme`: ``"joint"`` (default, the faster) or ``"blockwise"`` (the thesis's): (L, b, θ), then
-      (U, b, θ), each concave for log-concave sites and fixed θ, until a cycle gains less than
-      ``tol_k / 100``, after 20 cycles, or at the solver's `max_iter`.
+    - `lattice_points`: K during the fit (default 64: lattice error below 10⁻³ at a quarter of K = 256's cost).
+    - `solver`: default `LBFGS(tol=1e-6, max_iter=1000, gain_tol=tol_k)`.
+    - `padding`: ``"window"`` (default) or ``"full"`` (`bound`); `span`: end points at ±span σ_y (default 6).
+    - `tol_k`: the final bound is re-evaluated at 2K, 4K, … (at most `max_doublings` times, default 4) until
+      it changes by less than this (default 1e-3); below the start's, the start is returned (`FELL_BACK`).
+    - `scheme`: ``"joint"`` (default, faster) or ``"blockwise"``: (L, b, θ), then (U, b, θ), until a cycle
+      gains less than ``tol_k / 100``, after 20 cycles, or at the solver's `max_iter`.
 
-    ``vj.infer(model, vj.AIKL())`` returns an `AIKLPosterior`; ``log_z`` is the bound, at least G-KL's for a
-    family with the Gaussian (the cold start is the `vj.GKL` optimum). The State is an `AIKLState`."""
+    Returns an `AIKLPosterior`; ``log_z`` is at least G-KL's for a family with the Gaussian (the cold start)."""
 
     base: AbstractBase = SkewNormal()
     lattice_points: int = eqx.field(static=True, default=64)
@@ -562,10 +522,9 @@ class AIKL(AbstractMethod):
                              f"{type(self.base).__name__}.")
         _checks.integer("lattice_points", self.lattice_points, "AIKL", 8)
         _checks.integer("max_doublings", self.max_doublings, "AIKL", 0)
-        if self.scheme not in _SCHEMES:
-            raise ValueError(f"AIKL: `scheme` must be one of {_SCHEMES}, got {self.scheme!r}.")
-        if self.padding not in _PADDINGS:
-            raise ValueError(f"AIKL: `padding` must be one of {_PADDINGS}, got {self.padding!r}.")
+        for name, allowed in (("scheme", _SCHEMES), ("padding", _PADDINGS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"AIKL: `{name}` must be one of {allowed}, got {getattr(self, name)!r}.")
         if self.solver is not None and not isinstance(self.solver, AbstractSolver):
             raise ValueError(f"AIKL: `solver` must be a vj.solvers solver such as vj.solvers.LBFGS(), got "
                              f"{type(self.solver).__name__}.")
@@ -583,8 +542,7 @@ class AIKL(AbstractMethod):
         return self.from_gaussian(model, post.mean, post.factor)
 
     def from_gaussian(self, model, mean, factor) -> "AIKLState":
-        """The bases at their Gaussian member (`AbstractBase.init_theta`), standardised so that q has the
-        Gaussian's moments: A = chol(S) diag(1/s), b = m − A v̄ (⟨v⟩ = v̄, var v = s²); θ is probed first."""
+        """The bases at their Gaussian member, q with the Gaussian's moments: A = chol(S) diag(1/sd v), b = m − A⟨v⟩."""
         dim, dtype = model.dim, model.dtype
         theta = self.base.init_theta(dim, dtype)
         S = factor.dense()
@@ -605,11 +563,14 @@ class AIKL(AbstractMethod):
         template = AIKLParams(*(jax.ShapeDtypeStruct(s, model.dtype) for s in (d, d * 2, d * 2)), theta)
         return same_shapes(state.params, template)
 
+    def _bound(self, params, model, lattice_points=None):
+        K = self.lattice_points if lattice_points is None else lattice_points
+        return bound(params, model, self.base, K, self.padding, self.span)
+
     def _probe(self, start, model):
         """θ after trying each of the base's probe values in each coordinate in turn, keeping improvements."""
         probes = jnp.asarray(self.base.probes(), start.theta.dtype)
-        value = lambda theta: bound(eqx.tree_at(lambda p: p.theta, start, theta), model, self.base,
-                                    self.lattice_points, self.padding, self.span)
+        value = lambda theta: self._bound(eqx.tree_at(lambda p: p.theta, start, theta), model)
 
         # One scan over (coordinate, value) trials, the first the start itself, so the bound is traced once.
         dim, count = model.dim, probes.shape[0]
@@ -629,43 +590,35 @@ class AIKL(AbstractMethod):
 
     def _optimise(self, frozen, start, probe):
         """Maximise the bound at K from ``start``: the solver's solution and the optimum's parameters."""
-        K, padding, base, span = self.lattice_points, self.padding, self.base, self.span
-        dim = frozen.dim
+        base, dim = self.base, frozen.dim
         # Coordinates relative to the start: lower = L₀(I + strict(X)), loc = b₀ + L₀c, upper = U, θ.
         L0 = jnp.tril(start.lower)
         strict = jnp.tril(jnp.ones((dim, dim), bool), -1)
         upper_mask = jnp.triu(jnp.ones((dim, dim), bool))
 
-        def as_params(z):
-            X, U, c, theta = z
+        def as_params(z):  # (X, U, c), and θ's free coordinates where learned
+            X, U, c, *free = z
             return AIKLParams(start.loc + L0 @ c, L0 + L0 @ jnp.where(strict, X, 0.0), jnp.where(upper_mask, U, 0.0),
-                              base.from_free(theta) if base.learn else start.theta)
+                              base.from_free(free[0]) if base.learn else start.theta)
 
-        theta0 = start.theta
-        if base.learn and base.probes():
-            theta0 = jax.lax.cond(probe, lambda: self._probe(start, frozen), lambda: start.theta)
-        z0 = (jnp.zeros((dim, dim), L0.dtype), jnp.triu(start.upper), jnp.zeros((dim,), L0.dtype),
-              base.to_free(theta0))
-        free0 = tuple(z0) if base.learn else tuple(z0[:3])
-        x0, unravel = ravel_pytree(free0)
-
-        def objective(x):
-            z = unravel(x)
-            z = z if base.learn else (*z, None)
-            return bound(as_params(z), frozen, base, K, padding, span)
-
+        z0 = (jnp.zeros((dim, dim), L0.dtype), jnp.triu(start.upper), jnp.zeros((dim,), L0.dtype))
+        if base.learn:
+            theta0 = start.theta
+            if base.probes():
+                theta0 = jax.lax.cond(probe, lambda: self._probe(start, frozen), lambda: start.theta)
+            z0 = z0 + (base.to_free(theta0),)
+        x0, unravel = ravel_pytree(z0)
+        objective = lambda x: self._bound(as_params(unravel(x)), frozen)
         if self.scheme == "blockwise":
             # 1 where a coordinate of x belongs to the (L, b, θ) block, 0 where it is one of U's.
             in_lower = (jnp.ones((dim, dim)), jnp.zeros((dim, dim)), jnp.ones((dim,)), jnp.ones((dim,)))
-            sol = self._blockwise(objective, x0, ravel_pytree(in_lower[:len(free0)])[0] > 0.5)
+            sol = self._blockwise(objective, x0, ravel_pytree(in_lower[:len(z0)])[0] > 0.5)
         else:
             sol = self._solver().maximise(objective, x0)
-        z = unravel(sol.x)
-        return sol, jax.lax.stop_gradient(as_params(z if base.learn else (*z, None)))
+        return sol, jax.lax.stop_gradient(as_params(unravel(sol.x)))
 
     def _blockwise(self, objective, x0, in_lower):
-        """The blockwise scheme (thesis §6.4): one loop of sweeps, the frozen block behind `stop_gradient`.
-        ``trace`` holds the bound after each sweep (``trace[0]`` NaN)."""
+        """The blockwise scheme: one loop of sweeps, the frozen block behind `stop_gradient`."""
         solver = self._solver()
         tol = self.tol_k / 100.0
         max_sweeps = 2 * _MAX_CYCLES
@@ -693,31 +646,24 @@ class AIKL(AbstractMethod):
         status = jnp.where((status == Status.CONVERGED) & ~settled(trace, i), Status.MAX_ITER, status)
         return Solution(x, trace[i], grad_norm, iters, status, trace, zero, grads, zero, decrement)
 
-    def _pair(self, opt, start, frozen, k):
-        """The bound at the optimum and at the start on the lattice of K = ``k``, shape ``(2,)``."""
-        pair = jax.tree_util.tree_map(lambda a, b: jnp.stack([a, b]), opt, start)
-        return jax.vmap(lambda p: bound(p, frozen, self.base, k, self.padding, self.span))(pair)
-
     def _lattices(self):
         return [self.lattice_points * 2**j for j in range(self.max_doublings + 1)]
 
     def _result(self, model, start, opt, sol, gaussian, index, pairs, change):
-        """The posterior from the optimum's and the start's bounds ``pairs`` on the chosen lattice: the start
-        if the optimum's is lower; status `FELL_BACK` if lower by more than ``tol_k``."""
+        """The posterior at the optimum, or at the start if its bound ``pairs[1]`` is higher."""
         ks = self._lattices()
-        base, padding, span = self.base, self.padding, self.span
         value, start_value = pairs[0], pairs[1]
         keep_start = start_value > value
         fell_back = start_value > value + self.tol_k
         opt = jax.tree_util.tree_map(lambda a, b: jnp.where(keep_start, a, b), start, opt)
         value = jnp.maximum(start_value, value)
-        branches = [lambda p, m, k=k: bound(p, m, base, k, padding, span) for k in ks]
+        branches = [lambda p, m, k=k: self._bound(p, m, k) for k in ks]
         log_z = computed(value, lambda p, m, i: jax.lax.switch(i, branches, p, m), opt, model, index)
         info = AIKLInfo(lattice_points=jnp.asarray(ks)[index], lattice_change=change, gaussian_log_z=gaussian,
                         start_log_z=start_value)
         sol = sol._replace(status=jnp.where(fell_back, Status.FELL_BACK, sol.status).astype(jnp.int32))
         diagnostics = Diagnostics.from_solution(sol, method="AIKL", solver=type(self._solver()).__name__, info=info)
-        return AIKLPosterior(opt, base, ks[-1], padding, span, log_z, diagnostics, model)
+        return AIKLPosterior(opt, self.base, ks[-1], self.padding, self.span, log_z, diagnostics, model)
 
     def solve(self, model: LatentLinearModel, state: "AIKLState") -> AIKLPosterior:
         frozen = jax.lax.stop_gradient(model)
@@ -726,7 +672,8 @@ class AIKL(AbstractMethod):
         gaussian = bound_at(mean, C.T @ C, frozen)
         sol, opt = self._optimise(frozen, start, probe)
         ks = self._lattices()
-        pairs = jnp.stack([self._pair(opt, start, frozen, k) for k in ks])  # (len(ks), 2)
+        pair = jax.tree_util.tree_map(lambda a, b: jnp.stack([a, b]), opt, start)
+        pairs = jnp.stack([jax.vmap(lambda p, k=k: self._bound(p, frozen, k))(pair) for k in ks])  # (K's, 2)
         pairs = pairs.at[0, 0].set(sol.value)
         changes = jnp.abs(jnp.diff(pairs[:, 0]))
         if self.max_doublings:

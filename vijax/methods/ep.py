@@ -1,44 +1,17 @@
 """Expectation propagation (EP): Gaussian site approximations refined by moment matching.
 
-Every site φ_n(x_n), x_n = h_nᵀw + b_n, is replaced by t̃_n(x) = exp(ν_n x − ½ τ_n x²) (τ_n may be
-negative) and the Gaussian factor f kept exact:
-
-$$
-q(w) \\propto f(w) \\prod_n \\tilde t_n(h_n^\\top w + b_n) = \\mathcal N(w \\mid m, S).
-$$
-
-With q's marginal N(m_n, V_n) of x_n and a power η ∈ (0, 1], the cavity q_{−n} ∝ N(m_n, V_n) t̃_n^{−η}
-has precision V_n⁻¹ − ητ_n and shift m_n/V_n − ην_n; the tilted p̂_n ∝ φ_n^η q_{−n} has normaliser Ẑ_n
-and moments (m̂_n, V̂_n), and a damped update (δ ∈ (0, 1]) moves the site (Jylänki 2013, eqs. 2.36–2.37):
-
-$$
-\\tau_n \\leftarrow \\tau_n + \\tfrac{\\delta}{\\eta}(\\hat V_n^{-1} - V_n^{-1}), \\qquad
-\\nu_n \\leftarrow \\nu_n + \\tfrac{\\delta}{\\eta}(\\hat m_n/\\hat V_n - m_n/V_n).
-$$
-
-log Z_EP (eqs. 2.42, 2.45, misprints corrected; `energy`) is stationary in the sites at a fixed point,
-so its derivative with the sites frozen is total:
+Each site φ_n(x_n), x_n = h_nᵀw + b_n, becomes t̃_n(x) = exp(ν_n x − ½ τ_n x²), q(w) ∝ f(w) ∏_n t̃_n.
+With the cavity q_{−n} ∝ N(m_n, V_n) t̃_n^{−η} and the tilted p̂_n ∝ φ_n^η q_{−n} (normaliser Ẑ_n, moments
+m̂_n, V̂_n), a damped step moves τ_n by (δ/η)(V̂_n⁻¹ − V_n⁻¹) and ν_n by (δ/η)(m̂_n/V̂_n − m_n/V_n). The energy
 
 $$
 \\log Z_{\\rm EP} = \\log\\!\\int f(w) \\prod_n \\tilde t_n\\, dw
 + \\frac1\\eta \\sum_n \\big[\\log \\hat Z_n + \\log Z(m_{-n}, V_{-n}) - \\log Z(m_n, V_n)\\big],
-\\qquad \\log Z(m, V) = \\tfrac12 \\log 2\\pi V + \\tfrac{m^2}{2V}.
+\\qquad \\log Z(m, V) = \\tfrac12 \\log 2\\pi V + \\tfrac{m^2}{2V},
 $$
 
-Schedules (`EP.schedule`):
-
-- ``"parallel"``: all sites from one q, then q (a Cholesky); steps halved until q and every cavity are
-  proper (``diagnostics.info.shrunk``).
-- ``"sequential"``: one site at a time by a rank-one update of q, q recomputed after each sweep; a site
-  with an improper cavity is skipped (``diagnostics.info.skipped``).
-- ``"double_loop"`` (Jylänki §2.3.7; Opper & Winther 2005): the outer loop anchors each cavity at q's
-  marginal, the inner loop minimises the convex G(τ, ν) = log ∫ f ∏ t̃ + (1/η) Σ_n log ∫ φ_n^η
-  exp(anchor_n − η·site_n) by diagonal-Newton EP steps with Armijo backtracking. Convergent but slow.
-
-EP starts at the Laplace approximation (`vijax.start.expand_at_mode`), where q and the cavities are
-proper. A run without progress for ``patience`` iterations or at ``max_iter`` continues from its best
-sites by the next schedule (parallel → sequential → double loop; ``diagnostics.info.fallback``). An
-unconverged run returns its best sites (smallest residual) with a `vj.ConvergenceWarning`.
+is stationary in the sites at a fixed point (Jylänki 2013, eqs. 2.36–2.45), so its derivative with the sites
+frozen is total.
 """
 
 from __future__ import annotations
@@ -80,8 +53,7 @@ def log_normaliser(mean, var):
 
 
 def _evaluate(sites: SiteParams, model, power, work, anchor=None) -> _Evaluation:
-    """q, its marginals, the cavities (anchored at ``anchor`` = (means, variances), else at q's
-    marginals) and the tilted moments; ``value`` is the energy (inner objective when anchored)."""
+    """q's marginals, the cavities (at ``anchor`` = (means, variances) if given) and the tilted moments."""
     log_zq, means, variances = marginals(model, _quadratics(sites), work)
     value, proper = log_zq, jnp.isfinite(log_zq)
     magnitude = jnp.abs(log_zq)
@@ -108,10 +80,8 @@ def energy(sites: SiteParams, model: LatentLinearModel, power: float = 1.0):
 
 
 def _energy_gradient(ev: _Evaluation, model, C, power) -> SiteParams:
-    """∂ log Z_EP / ∂sites at ``ev``, given q's covariance S = CᵀC (C upper-triangular).
-
-    With δ_n = (m̂ − m, −½(V̂ + m̂² − V − m²)), (g₁, g₂) = δ/η, a = g₁/V, b = −(g₁m + g₂)/V² and
-    Σ = HSHᵀ = GGᵀ (G = HCᵀ, never forming Σ): ∂/∂ν = Σa − δ₁, ∂/∂τ = −m ∘ Σa − (Σ ∘ Σ)b − δ₂."""
+    """∂ log Z_EP / ∂sites at ``ev``, S = CᵀC: with δ_n = (m̂ − m, −½(V̂ + m̂² − V − m²)), a = δ₁/ηV,
+    b = −(δ₁m + δ₂)/ηV², Σ = HSHᵀ: ∂/∂ν = Σa − δ₁, ∂/∂τ = −m ∘ Σa − (Σ ∘ Σ)b − δ₂."""
     gaps, a, b = [], [], []
     for m, V, m_hat, V_hat, ok in zip(ev.marginal_mean, ev.marginal_var, ev.tilted_mean, ev.tilted_var, ev.valid):
         d1, d2 = jnp.where(ok, m_hat - m, 0.0), jnp.where(ok, -0.5 * (V_hat + m_hat**2 - V - m**2), 0.0)
@@ -155,36 +125,25 @@ class _Run(NamedTuple):
     phase: jax.Array  # the index of the running schedule in `EP._chain` (> 0: a fallback took over)
 
 
-def _largest_proper_fraction(conditions):
-    """Largest α in {1, ½, ¼, …} with every ``a + α·b > 0`` for the (a, b) pairs given; 0 if none."""
-    def proper(alpha):
-        return jnp.all(jnp.stack([a + alpha * b > 0 for a, b in conditions]))
-
-    alpha, _, ok, _ = backtrack(proper, lambda alpha, proper: proper, jnp.ones_like(conditions[0][0]), _MAX_HALVINGS)
-    return jnp.where(ok, alpha, 0.0)
-
-
 class EP(AbstractMethod):
-    """Expectation propagation with damping, power EP and fallbacks to more robust schedules.
+    """Expectation propagation with damping, power EP and fallbacks to more robust schedules, from the Laplace sites.
 
     **Arguments:**
 
-    - `schedule`: ``"parallel"`` (default), ``"sequential"`` or ``"double_loop"`` (module docstring).
+    - `schedule`: ``"parallel"`` (default; all sites from one q, steps halved until q and every cavity are
+      proper), ``"sequential"`` (rank-one updates of q, site by site) or ``"double_loop"`` (Opper & Winther
+      2005: cavities anchored at q's marginals, a convex inner problem; convergent but slow).
     - `damping`: δ ∈ (0, 1], the fraction of each step taken. None (default): δ = 1, but the parallel
-      schedule undoes the first step that raises the moment-matching residual and takes δ = ½ after it.
-    - `power`: η ∈ (0, 1] (default 1); η < 1, power EP, is more stable on non-log-concave sites.
-    - `max_iter`: the most iterations (sweeps), the schedule's and its fallbacks' together (default 200).
-    - `tol`: converged when max_n |m̂_n − m_n|/√V_n + |log(V̂_n/V_n)| ≤ ``tol`` (default 1e-8; the
-      energy's error is O(tol²)), or ≤ 1000ε if larger (the moments' rounding); the double loop stops
-      at max(tol, √(4ε|G|)), what its line search on G can resolve.
-    - `fallback` (default True): continue an unconverged run with a more robust schedule; `patience`
-      (default 20): iterations without a 1% better residual before a run is handed over;
-      `inner_max_iter` (default 50): the double loop's inner steps per outer iteration.
+      schedule undoes the first step that raises the residual and takes δ = ½ after it.
+    - `power`: η ∈ (0, 1] (default 1); power EP (η < 1) is more stable on non-log-concave sites.
+    - `max_iter`: the most iterations, the schedule's and its fallbacks' together (default 200).
+    - `tol`: converged when max_n |m̂_n − m_n|/√V_n + |log(V̂_n/V_n)| ≤ max(tol, 1000ε) (default 1e-8: the
+      energy's error is O(tol²)).
+    - `fallback` (default True): hand an unconverged run to the next schedule; `patience` (default 20):
+      iterations without a 1% better residual before that; `inner_max_iter` (default 50): the double loop's.
 
-    ``vj.infer(model, vj.EP())`` returns a `Posterior` with q = N(mean, S) and ``log_z`` = `energy` at the
-    frozen sites (an approximation, not a bound); the State is the `SiteParams`. `damping`, `power`, `tol`
-    are traced, so changing them reuses the compiled fit (η = 1 is its own program, with closed-form
-    tilted moments). GP models use the site form B = I + T½KT½ (R&W §3.6)."""
+    Returns a `Posterior` with ``log_z`` = `energy` at the frozen sites (not a bound); the State is the
+    `SiteParams`. `damping`, `power`, `tol` are traced (η = 1 is its own program, closed-form moments)."""
 
     schedule: str = eqx.field(static=True, default="parallel")
     damping: float | None = None
@@ -197,7 +156,6 @@ class EP(AbstractMethod):
     unit_power: bool = eqx.field(static=True, init=False, repr=False)
 
     def __post_init__(self):
-        # Standard EP (η = 1) uses the potentials' closed-form tilted moments: a program of its own.
         self.unit_power = isinstance(self.power, (int, float)) and float(self.power) == 1.0
 
     def __check_init__(self):
@@ -214,9 +172,6 @@ class EP(AbstractMethod):
     def _eta(self):
         """η for the site maths: the Python 1.0 of standard EP (closed-form tilted moments), else `power`."""
         return 1.0 if self.unit_power else self.power
-
-    # One loop runs the schedule and its fallbacks: each iteration proposes sites by the running schedule,
-    # evaluates them and lets the schedule accept or reject, so `_evaluate` is traced once.
 
     def _start(self, sites, ev, run: _Run) -> _Run:
         residual = _residual(ev)
@@ -237,8 +192,8 @@ class EP(AbstractMethod):
                             change=change, stuck=stuck, best_sites=best_sites, best_ev=best_ev)
 
     def _prepared(self, run: _Run) -> _Run:
-        """``run`` ready for its schedule: its stopping residual and the double loop's outer state. The double
-        loop stops at max(tol, √(4ε|G|)): as G − G* = O(r²), rounding hides G's decrease below that."""
+        """``run`` ready for its schedule. The double loop stops at max(tol, √(4ε|G|)): as G − G* = O(r²),
+        rounding hides G's decrease below that."""
         anchor = (run.ev.marginal_mean, run.ev.marginal_var)
         dtype = run.ev.value.dtype
         tol = jnp.maximum(jnp.asarray(self.tol, dtype), _MOMENT_ROUNDING * jnp.finfo(dtype).eps)
@@ -251,17 +206,6 @@ class EP(AbstractMethod):
     def _running(self, run: _Run):
         """Whether the running schedule goes on: not converged, not out of iterations or patience, not stuck."""
         return (run.k < self.max_iter) & (run.residual > run.tol) & (run.since_best < self.patience) & ~run.stuck
-
-    def _hands_over(self, run: _Run):
-        """Whether the next schedule takes over: the running one stopped unconverged with iterations left."""
-        return ~self._running(run) & (run.phase < len(self._chain) - 1) & (run.residual > run.tol) & (
-            run.k < self.max_iter)
-
-    def _hand_over(self, run: _Run) -> _Run:
-        """The next schedule, from the best sites so far, with a fresh patience budget."""
-        fresh = run._replace(sites=run.best_sites, ev=run.best_ev, residual=_residual(run.best_ev),
-                             since_best=jnp.array(0), stuck=jnp.array(False), phase=run.phase + 1)
-        return self._prepared(fresh)
 
     def _iteration(self, model, work):
         """The loop body: propose, evaluate, accept; then hand over if the running schedule has stopped."""
@@ -279,7 +223,13 @@ class EP(AbstractMethod):
             run = jax.lax.cond(run.started, lambda run: by_phase(acceptances, run, proposed, sites, ev),
                                lambda run: self._prepared(self._start(sites, ev, run)), run)
             if len(self._chain) > 1:
-                run = jax.lax.cond(self._hands_over(run), lambda run: self._hand_over(run), lambda run: run, run)
+                # An unconverged run with iterations left goes on by the next schedule from its best sites.
+                hand_over = ~self._running(run) & (run.phase < len(self._chain) - 1) & (run.residual > run.tol) & (
+                    run.k < self.max_iter)
+                fresh = lambda run: self._prepared(run._replace(
+                    sites=run.best_sites, ev=run.best_ev, residual=_residual(run.best_ev), since_best=jnp.array(0),
+                    stuck=jnp.array(False), phase=run.phase + 1))
+                run = jax.lax.cond(hand_over, fresh, lambda run: run, run)
             return run
 
         return body
@@ -300,8 +250,7 @@ class EP(AbstractMethod):
             halve = ~ok & (run.halvings < _MAX_HALVINGS)
             damping = run.damping
             if self.damping is None:
-                # Adaptive damping: the first full step that raises the residual (a sign of oscillation) is
-                # undone, and δ = ½ from then on (damped EP's residual need not fall monotonically).
+                # The first full step that raises the residual (a sign of oscillation) is undone; δ = ½ from then on.
                 rose = _residual(ev) > run.residual
                 accepted = ok & ~(rose & (run.damping > _SAFE_DAMPING))
                 damping = jnp.where(ok & rose, jnp.minimum(run.damping, _SAFE_DAMPING), run.damping)
@@ -337,8 +286,10 @@ class EP(AbstractMethod):
                 V_hat = jnp.where(ok, V_hat, 1.0)
                 dtau = jnp.where(ok, delta / power * (1.0 / V_hat - 1.0 / V), 0.0)
                 dnu = jnp.where(ok, delta / power * (m_hat / V_hat - m / V), 0.0)
-                # Keep q proper (1/V + Δτ > 0) and this site's next cavity proper.
-                alpha = _largest_proper_fraction([(1.0 / V, dtau), (cavity_precision, (1 - power) * dtau)])
+                # The largest α in {1, ½, ¼, …} that keeps q proper (1/V + Δτ > 0) and this site's next cavity.
+                proper = lambda a: (1.0 / V + a * dtau > 0) & (cavity_precision + a * ((1 - power) * dtau) > 0)
+                alpha, _, fits, _ = backtrack(proper, lambda a, proper: proper, jnp.ones_like(V), _MAX_HALVINGS)
+                alpha = jnp.where(fits, alpha, 0.0)
                 dtau, dnu = alpha * dtau, alpha * dnu
                 gain = 1.0 / (1.0 + dtau * V)
                 S = S - (dtau * gain) * jnp.outer(s, s)
@@ -347,8 +298,7 @@ class EP(AbstractMethod):
 
             tau, nu = sites.precision[k], sites.shift[k]
             S, mean, tau, nu, skipped = jax.lax.fori_loop(0, num, site, (S, mean, tau, nu, skipped))
-            sites = SiteParams(sites.precision[:k] + (tau,) + sites.precision[k + 1:],
-                               sites.shift[:k] + (nu,) + sites.shift[k + 1:])
+            sites = eqx.tree_at(lambda s: (s.precision[k], s.shift[k]), sites, (tau, nu))
             return S, mean, sites, skipped
 
         def propose(run: _Run):
@@ -375,8 +325,7 @@ class EP(AbstractMethod):
         newton_fraction = power / (1.0 + power)
 
         def inner(sites, anchor, target):
-            """Minimise G(sites; anchor), convex, along diagonal-Newton EP steps with Armijo backtracking,
-            until the anchored residual is below ``target``."""
+            """Minimise the convex G(sites; anchor) until the anchored residual is below ``target``."""
             ev = _evaluate(sites, model, power, work, anchor)
 
             def finished(_, state):
@@ -452,8 +401,6 @@ class EP(AbstractMethod):
 
         return propose, accept
 
-    # The State is the `SiteParams`; the cold start each site's expansion at the mode (Laplace).
-
     def shares_start(self, model):
         return True
 
@@ -491,7 +438,7 @@ class EP(AbstractMethod):
         body = self._iteration(frozen, work)
         run, _ = iterate(lambda _, run: body(run), run, (self.max_iter + len(self._chain) + 1) * (_MAX_HALVINGS + 2),
                          lambda _, run: run.started & ~self._running(run))
-        return self._finish(model, run)
+        return self._finish(model, frozen, work, run)
 
     @property
     def _chain(self):
@@ -501,9 +448,7 @@ class EP(AbstractMethod):
     def _schedules(self):
         return {"parallel": self._parallel_step, "sequential": self._sequential_step, "double_loop": self._double_loop}
 
-    def _finish(self, model, run: _Run) -> Posterior:
-        frozen = jax.lax.stop_gradient(model)
-        work = working_model(frozen)
+    def _finish(self, model, frozen, work, run: _Run) -> Posterior:
         # An unconverged run ends at its best sites (an oscillating run's last can be far from a fixed point).
         converged = run.residual <= run.tol
         use_best = ~converged & (run.best < run.residual)
@@ -517,9 +462,9 @@ class EP(AbstractMethod):
         # the last schedule stopped for want of progress (oscillating or diverging), or its step vanished
         stalled = run.stuck | (run.since_best >= self.patience)
         diagnostics = Diagnostics(
-            iterations=run.k, status=Status.of(converged, value=ev.value, stalled=stalled), stationarity=residual, grad_norm=grad_norm,
-            objective_trace=run.trace, num_value_evals=run.evals, num_grad_evals=1, num_hvp_evals=0, method="EP",
-            solver=self.schedule, info=info)
+            iterations=run.k, status=Status.of(converged, value=ev.value, stalled=stalled), stationarity=residual,
+            grad_norm=grad_norm, objective_trace=run.trace, num_value_evals=run.evals, num_grad_evals=1,
+            num_hvp_evals=0, method="EP", solver=self.schedule, info=info)
         factor = CholeskyFactor.from_matrix(C).canonical()
         return Posterior(mean, factor, log_z, diagnostics, model, bound_claim=False, state=sites)
 

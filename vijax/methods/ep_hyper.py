@@ -1,31 +1,11 @@
 """EP over hyperparameters: Gaussian sites with uncertain log variances (Jylänki 2013, §2.3, Publication IV).
 
-For a `vj.hierarchical.HierarchicalModel`, each site t_n(x_n, φ_l) = N(x_n | y_n, e^{φ_l}) touches one
-latent projection x_n = h_nᵀw + b_n and one hyperparameter φ_l = φ_{l_n}. EP approximates
-
-$$
-p(w, φ) \\approx q(w)\\,q(φ), \\qquad q(w) \\propto \\prod_n e^{ν_n x_n - τ_n x_n^2/2}, \\qquad
-q(φ) = \\prod_l \\mathcal N(φ_l \\mid μ_l, s_l^2) \\propto p(φ) \\prod_n e^{ν^φ_n φ_{l_n} - τ^φ_n φ_{l_n}^2/2}
-$$
-
-(eq. 2.9; the φ-sites conjugate to the Gaussian hyperprior). With the cavities N(m₋, V₋) of x and
-N(μ₋, s₋²) of φ_l, the tilted distribution
-
-$$
-\\hat p_n(x, φ) \\propto \\mathcal N(x \\mid y_n, e^{φ})^η\\, \\mathcal N(x \\mid m_-, V_-)\\, \\mathcal N(φ \\mid μ_-, s_-^2)
-$$
-
+For a `vj.hierarchical.HierarchicalModel`, site t_n(x_n, φ_l) = N(x_n | y_n, e^{φ_l}) touches x_n = h_nᵀw + b_n
+and φ_l = φ_{l_n}. EP approximates p(w, φ) ≈ q(w) q(φ), both Gaussian, q(φ) = ∏_l N(φ_l | μ_l, s_l²) ∝
+p(φ) ∏_n e^{ν^φ_n φ_{l_n} − τ^φ_n φ_{l_n}²/2}. The tilted p̂_n(x, φ) ∝ N(x | y_n, e^φ)^η q_{−n}(x) q_{−n}(φ)
 is Gaussian in x given φ, so a Gauss–Hermite rule over φ gives Ẑ_n and the moments of x and φ
-(`scale_tilted_moments`; a Student-t site takes its x-integral from its ``tilted_moments``). All sites
-move in parallel by the damped EP step (eqs. 2.36–2.38), halved until q and every cavity are proper.
-The energy is eq. 2.42/2.45 with the φ terms added:
-
-$$
-\\log Z_{\\rm EP} = \\log\\!\\int\\!\\prod_n \\tilde t_n\\,dw + \\log\\!\\int\\! p(φ)\\prod_n \\tilde t^φ_n\\,dφ
-+ \\frac1η\\sum_n\\big[\\log\\hat Z_n + \\log Z(q_{-n}(x)) - \\log Z(q(x_n)) + \\log Z(q_{-n}(φ)) - \\log Z(q(φ_{l_n}))\\big].
-$$
-
-As the hyperprior variances go to 0, EP is exact: the conjugate posterior at φ = μ_0.
+(`scale_tilted_moments`). All sites move by the damped parallel EP step, halved until q and every cavity are
+proper; log Z_EP is `vj.ep.energy`'s with the φ terms added. As the hyperprior variances go to 0, EP is exact.
 """
 
 from __future__ import annotations
@@ -48,7 +28,8 @@ from ..start import expand_at
 from ._base import AbstractMethod, compiled, same_shapes
 from ._envelope import computed
 from ._gaussian import integrate, marginals, working_model
-from ._ep_sites import SiteParams, _change, _check_settings, _direction, _quadratics, _residual, cavity
+from ._ep_sites import (SiteParams, _change, _check_settings, _direction, _Evaluation, _num_invalid, _quadratics,
+                        _residual, cavity)
 
 __all__ = ["HierarchicalEP", "HierarchicalPosterior", "HierarchicalState", "log_variance_tilted_moments",
            "scale_tilted_moments"]
@@ -68,17 +49,12 @@ def log_variance_tilted_moments(loc, mean, var, hyper_mean, hyper_var, power=1.0
 
 
 def scale_tilted_moments(potential, mean, var, hyper_mean, hyper_var, power=1.0, quadrature=GaussHermite()):
-    """Normaliser and moments of p̂(x, φ) ∝ t(x; e^{φ/2})^η N(x | mean, var) N(φ | hyper_mean, hyper_var),
+    """Normaliser and moments of p̂(x, φ) ∝ t(x; e^{φ/2})^η N(x | mean, var) N(φ | hyper_mean, hyper_var).
 
-    t(x; s) being ``potential`` (`vj.potentials.Gaussian` or `StudentT`) with ``scale`` s (its own is
-    ignored). At the Gauss–Hermite nodes φ_q the x-integral is the potential's ``tilted_moments``; with
-    p_q ∝ w_q Z(φ_q),
-
-        Ẑ = Σ_q w_q Z(φ_q),  E x = Σ_q p_q E[x | φ_q],  Var x = Σ_q p_q (Var[x | φ_q] + (E[x | φ_q] − E x)²),
-
-    and E φ, Var φ from the same weights. Per-site ``loc``, ``df`` and the other arguments broadcast
-    elementwise; returns ``(log Ẑ, E x, Var x, E φ, Var φ)`` of that shape.
-    """
+    t(x; s) is ``potential`` (`vj.potentials.Gaussian` or `StudentT`; its own ``scale`` ignored). At the
+    Gauss–Hermite nodes φ_q the x-integral is the potential's ``tilted_moments``, so Ẑ = Σ_q w_q Z(φ_q) and the
+    moments are mixtures with weights p_q ∝ w_q Z(φ_q). Per-site ``loc``, ``df`` and the other arguments
+    broadcast elementwise; returns ``(log Ẑ, E x, Var x, E φ, Var φ)`` of that shape."""
     potential = eqx.tree_at(lambda t: t.scale, potential, 1.0)  # ignored: set at the φ nodes below
     leaves = [a for a in jax.tree_util.tree_leaves(potential) if eqx.is_array(a)]
     dtype = jnp.result_type(mean, var, hyper_mean, hyper_var, *leaves, float)
@@ -114,12 +90,8 @@ class HierarchicalState(eqx.Module):
 
 
 class HierarchicalPosterior(Posterior):
-    """q(w) q(φ) from `HierarchicalEP`: a `vj.Posterior` of q(w) with q(φ) beside it.
-
-    - `mean`, `factor`: q(w); ``log_z``: log Z_EP over w and φ (an approximation, not a bound);
-      ``state``: a `HierarchicalState`.
-    - `hyper_mean`, `hyper_var` ``(L,)``: q(φ_l) = N(hyper_mean_l, hyper_var_l).
-    - `weights` (property): q(w) as a `vj.Posterior` of the plug-in model, for the GLM predictive functions."""
+    """q(w) q(φ) from `HierarchicalEP`: a `vj.Posterior` of q(w) (``log_z``: log Z_EP over w and φ, not a
+    bound) with q(φ_l) = N(`hyper_mean`_l, `hyper_var`_l), shapes ``(L,)``."""
 
     hyper_mean: jax.Array
     hyper_var: jax.Array
@@ -141,17 +113,10 @@ class HierarchicalPosterior(Posterior):
 
 
 class _Eval(NamedTuple):
-    value: jax.Array  # log Z_EP
-    marginal_mean: tuple  # of x_n under q(w), per group
-    marginal_var: tuple
-    tilted_mean: tuple
-    tilted_var: tuple
-    hyper_marginal_mean: tuple  # of φ_{l_n} under q(φ), per group
-    hyper_marginal_var: tuple
-    hyper_tilted_mean: tuple
-    hyper_tilted_var: tuple
-    valid: tuple
-    proper: jax.Array
+    """The moments of x (``w``) and of φ_{l_n} (``hyper``) at every site, sharing log Z_EP, and q(φ)."""
+
+    w: _Evaluation
+    hyper: _Evaluation
     q_hyper: tuple  # (mean, var) of q(φ), shape (L,) each
 
 
@@ -177,12 +142,6 @@ def _cavity_log_ratio(m, V, tau, nu, power, m_c, V_c):
     return 0.5 * (-jnp.log1p(-power * tau * V) + power * V_c * (tau * m - nu) * shift - power * nu * m)
 
 
-def _hyper_view(ev: _Eval) -> _Eval:
-    """``ev`` with φ's moments in x's places, for `vj.ep`'s helpers."""
-    return ev._replace(marginal_mean=ev.hyper_marginal_mean, marginal_var=ev.hyper_marginal_var,
-                       tilted_mean=ev.hyper_tilted_mean, tilted_var=ev.hyper_tilted_var)
-
-
 class HierarchicalEP(AbstractMethod):
     """Parallel EP for `vj.hierarchical.HierarchicalModel`: q(w) Gaussian, q(φ) factorised Gaussian.
 
@@ -191,12 +150,11 @@ class HierarchicalEP(AbstractMethod):
     - `damping`: δ ∈ (0, 1], the fraction of each EP step taken (default 0.5: many sites share one φ,
       and their undamped parallel steps on it add up and overshoot).
     - `power`: η ∈ (0, 1] (power EP; default 1, standard EP).
-    - `max_iter`, `tol`: at most ``max_iter`` parallel iterations (default 500); converged when the
-      moment residual, max over sites of |m̂ − m|/√V + |log V̂/V| for x and φ, is ≤ ``tol`` (1e-6).
+    - `max_iter`: at most this many parallel iterations (default 500).
+    - `tol`: converged when `vj.ep.moment_residual` for x and φ is ≤ ``tol`` at every site (default 1e-6).
     - `quadrature`: the Gauss–Hermite rule over φ (default 32 nodes).
 
-    Returns a `HierarchicalPosterior`. ``init`` may also be another method's `vj.Posterior` of q(w) or a
-    ``(D,)`` point w. ``damping``, ``power``, ``tol`` are traced."""
+    Returns a `HierarchicalPosterior`; ``init`` may also be a `vj.Posterior` of q(w) or a ``(D,)`` point w."""
 
     damping: float = 0.5
     power: float = 1.0
@@ -213,16 +171,12 @@ class HierarchicalEP(AbstractMethod):
                              f"vj.glm.hierarchical_linear), got {type(model).__name__}.")
 
     def init_state(self, model: HierarchicalModel) -> HierarchicalState:
-        """The cold start: the exact Gaussian sites at φ = μ_0 (q(w) the conjugate posterior there; a
-        Student-t group's at its plug-in scale), zero φ-sites (q(φ) the hyperprior)."""
-        dtype = model.dtype
-        prec, shift = [], []
-        for group in model.model.sites:
-            s2 = jnp.broadcast_to(group.potential.scale**2, (group.num_sites,)).astype(dtype)
-            loc = jnp.broadcast_to(group.potential.loc, (group.num_sites,)).astype(dtype)
-            prec.append(1.0 / s2)
-            shift.append(loc / s2)
-        return HierarchicalState(SiteParams(tuple(prec), tuple(shift)), SiteParams.zeros(model.model))
+        """The exact Gaussian sites at φ = μ_0 (a Student-t group's at its plug-in scale), zero φ-sites."""
+        full = lambda a, g: jnp.broadcast_to(a, (g.num_sites,)).astype(model.dtype)
+        s2 = [full(g.potential.scale**2, g) for g in model.model.sites]
+        loc = [full(g.potential.loc, g) for g in model.model.sites]
+        sites = SiteParams(tuple(1.0 / v for v in s2), tuple(m / v for m, v in zip(loc, s2)))
+        return HierarchicalState(sites, SiteParams.zeros(model.model))
 
     def from_expansion(self, model: HierarchicalModel, expansion) -> HierarchicalState:
         """The w-sites from the expansion of the plug-in model's sites (``model.model``); zero φ-sites."""
@@ -254,7 +208,7 @@ class HierarchicalEP(AbstractMethod):
         q_mean, q_var, proper, log_zphi = _q_hyper(model, hyper_sites)
         value = log_zw + log_zphi
         proper = proper & jnp.isfinite(log_zw)
-        out = tuple([] for _ in range(9))
+        out = tuple([] for _ in range(9))  # x's m, V, m̂, V̂, φ's m, V, m̂, V̂, valid
         for group, index, tau, nu, htau, hnu, m, V in zip(model.model.sites, model.hyper_index, sites.precision,
                                                           sites.shift, hyper_sites.precision, hyper_sites.shift,
                                                           means, variances):
@@ -272,23 +226,25 @@ class HierarchicalEP(AbstractMethod):
             for store, item in zip(out, (m, V, m_hat, V_hat, pm, pv, p_hat, pv_hat, ok)):
                 store.append(item)
         value = jnp.where(proper, value, jnp.nan)
-        return _Eval(value, *map(tuple, out[:8]), tuple(out[8]), proper, (q_mean, q_var))
+        valid = tuple(out[8])
+        x, phi = (_Evaluation(value, *map(tuple, part), valid, proper, jnp.zeros_like(value))
+                  for part in (out[:4], out[4:8]))
+        return _Eval(x, phi, (q_mean, q_var))
 
     @staticmethod
     def residual(ev: _Eval):
         """max over valid sites of the x and φ moment residuals (`vj.ep.moment_residual`); inf if improper."""
-        return jnp.maximum(_residual(ev), _residual(_hyper_view(ev)))
+        return jnp.maximum(_residual(ev.w), _residual(ev.hyper))
 
     def solve(self, model: HierarchicalModel, state: HierarchicalState) -> HierarchicalPosterior:
         frozen = jax.lax.stop_gradient(model)
         state = jax.lax.stop_gradient(state)
         work = working_model(frozen.model)
         evaluate = lambda s, h: self.evaluate(frozen, s, h, work)
-        # The first iteration evaluates the start (a zero step), so `evaluate` is traced once; until then
-        # ``ev`` is a NaN placeholder.
+        # The first iteration evaluates the start (a zero step), so `evaluate` is traced once.
         shape = jax.eval_shape(evaluate, state.sites, state.hyper_sites)
         ev = jax.tree_util.tree_map(lambda a: jnp.full(a.shape, jnp.nan if a.dtype != bool else False, a.dtype), shape)
-        dtype = shape.value.dtype
+        dtype = shape.w.value.dtype
         trace = jnp.full((self.max_iter + 1,), jnp.nan, dtype)
         zero, no = jnp.array(0), jnp.array(False)
         # (sites, φ-sites, evaluation, trace, shrunk, stuck, started, evaluations, skipped, change)
@@ -296,18 +252,17 @@ class HierarchicalEP(AbstractMethod):
 
         def step(k, loop):
             sites, hyper_sites, ev, trace, shrunk, _, started, evals, skipped, change = loop
-            direction = (_direction(ev, self.power), _direction(_hyper_view(ev), self.power))
+            direction = (_direction(ev.w, self.power), _direction(ev.hyper, self.power))
             dw, dh = jax.tree_util.tree_map(lambda d: jnp.where(started, self.damping * d, 0.0), direction)
-            alpha, new, ok, halvings = backtrack(
-                lambda a: evaluate(sites + dw.scale(a), hyper_sites + dh.scale(a)),
-                lambda a, new: new.proper, jnp.ones((), dtype), _MAX_HALVINGS, placeholder=ev)
-            step_w, step_h = dw.scale(jnp.where(ok, alpha, 0.0)), dh.scale(jnp.where(ok, alpha, 0.0))
-            change = jnp.where(started, jnp.maximum(_change(step_w, ev), _change(step_h, _hyper_view(ev))), change)
-            skipped = skipped + jnp.where(started, sum(jnp.sum(~valid) for valid in ev.valid), 0)
-            sites = select(ok, sites + dw.scale(alpha), sites)
-            hyper_sites = select(ok, hyper_sites + dh.scale(alpha), hyper_sites)
-            ev = select(ok, new, ev)
-            return (sites, hyper_sites, ev, trace.at[k].set(ev.value), shrunk + (started & (halvings > 0)), ~ok,
+            move = lambda a: (sites + dw.scale(a), hyper_sites + dh.scale(a))
+            alpha, new, ok, halvings = backtrack(lambda a: evaluate(*move(a)), lambda a, new: new.w.proper,
+                                                 jnp.ones((), dtype), _MAX_HALVINGS, placeholder=ev)
+            taken = jnp.where(ok, alpha, 0.0)
+            change = jnp.where(started, jnp.maximum(_change(dw.scale(taken), ev.w), _change(dh.scale(taken), ev.hyper)),
+                               change)
+            skipped = skipped + jnp.where(started, _num_invalid(ev.w), 0)
+            (sites, hyper_sites), ev = select(ok, (move(alpha), new), ((sites, hyper_sites), ev))
+            return (sites, hyper_sites, ev, trace.at[k].set(ev.w.value), shrunk + (started & (halvings > 0)), ~ok,
                     started | ok, evals + halvings + 1, skipped, change)
 
         done = lambda k, loop: loop[6] & (self.residual(loop[2]) <= self.tol) | loop[5]
@@ -318,13 +273,12 @@ class HierarchicalEP(AbstractMethod):
         _, mean, C = integrate(frozen.model, _quadratics(sites), *work)
         final = HierarchicalState(sites, hyper_sites)
         # log Z_EP as evaluated, differentiable in the model at the frozen sites (stationary at a fixed point).
-        log_z = computed(ev.value, lambda method, s, m: method.evaluate(m, s.sites, s.hyper_sites).value,
+        log_z = computed(ev.w.value, lambda method, s, m: method.evaluate(m, s.sites, s.hyper_sites).w.value,
                          self, final, model)
         info = EPInfo(max_change=change, skipped=skipped, shrunk=shrunk, fallback=jnp.array(False))
-        diagnostics = Diagnostics(iterations=k, status=Status.of(residual <= self.tol, value=ev.value),
-                                  stationarity=residual,
-                                  objective_trace=trace, method="HierarchicalEP", solver="parallel",
-                                  num_value_evals=evals, info=info)
+        diagnostics = Diagnostics(iterations=k, status=Status.of(residual <= self.tol, value=ev.w.value),
+                                  stationarity=residual, objective_trace=trace, method="HierarchicalEP",
+                                  solver="parallel", num_value_evals=evals, info=info)
         q_mean, q_var = ev.q_hyper
         return HierarchicalPosterior(mean, CholeskyFactor.from_matrix(C).canonical(), log_z, diagnostics, model,
                                      final, q_mean, q_var)

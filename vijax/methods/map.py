@@ -4,8 +4,7 @@ $$
 w^* = \\arg\\max_w \\; \\ell(w) = \\log f(w) + \\sum_n \\log \\varphi_n(h_n^\\top w + b_n).
 $$
 
-The mode search, the curvature at the mode and its fallback are those of `vj.Laplace`
-(see `vijax.methods.laplace`); MAP differs only in what it reports as ``log_z``.
+The mode search and the curvature at the mode are `vj.Laplace`'s; MAP differs only in its ``log_z``.
 """
 
 from __future__ import annotations
@@ -26,11 +25,10 @@ class MAP(AbstractModeMethod):
     **Arguments:**
 
     - `solver`: a `vj.solvers` solver for the mode (default `None`: `GaussNewton()` where every
-      site is log-concave, else `NewtonCG()`; see `vijax.methods.laplace.mode_solver`).
+      site is log-concave, else `NewtonCG()`).
 
-    ``vj.infer(model, vj.MAP())`` returns a `Posterior` with mean w* and covariance (−∇²ℓ(w*))⁻¹ (as
-    `vj.Laplace`). Its ``log_z`` is ℓ(w*), **not an evidence estimate**; its ``jax.grad`` is ∂_θ ℓ(w*)
-    (envelope theorem)."""
+    Returns a `Posterior` with mean w* and covariance (−∇²ℓ(w*))⁻¹; its ``log_z`` is ℓ(w*), **not an
+    evidence estimate** (its ``jax.grad`` is ∂_θ ℓ(w*))."""
 
     solver: AbstractSolver | None = None
 
