@@ -1,6 +1,4 @@
-"""Bayesian two-layer networks with hierarchical input-weight priors, by EP (Jylänki 2013, Publication IV).
-
-Model (thesis eq. 3.8, with the choices the thesis leaves open stated):
+"""Bayesian two-layer networks with hierarchical input-weight priors, fitted by EP (Jylänki 2013, Publication IV).
 
 $$
 f(x) = \\sum_{k=1}^K v_k\\, g(w_k^\\top \\tilde x) + v_0, \\qquad y_i \\sim \\mathcal N(f(x_i), e^{φ_0}),
@@ -10,23 +8,12 @@ w_{kj} \\mid φ \\sim \\mathcal N(0, e^{φ_{l_j}}), \\quad φ_l \\sim \\mathcal 
 \\quad v_0 \\sim \\mathcal N(0, σ_v^2).
 $$
 
-x̃ = [x, 1] (the input bias has its own scale group); ``groups="ard"``: one φ_l per input, shared by
-the hidden units (Neal 1996's ARD), ``"common"``: one for all. Half-Gaussian output weights (the
-thesis: a left-truncated Student-t) remove the sign symmetry of the odd g(a) = erf(a/√2) = 2Φ(a) − 1;
-E_{N(a|m,s²)} g = erf(m/√(2(1+s²))) in closed form, E g² (an Owen-T integral) by Gauss–Hermite.
-
-**Approximation** (thesis §3.3): q(v) ∏_k q(w_k) q(φ), all Gaussian, q(φ) factorised. Sites: per point
-a rank-one site on v, exp(−τ_i(u_iᵀv)²/2 + ν_i u_iᵀv) (u_i = ḡ_i at the fixed point), one on each
-activation h_ik = w_kᵀx̃_i and one on φ_0; per weight `HierarchicalEP`'s prior site N(w_kj | 0, e^{φ_{l_j}});
-truncated-Gaussian positivity sites on v_k. Under the cavity f_i = vᵀg̃_i, g̃ = [g(h_i1), …, g(h_iK), 1], is
-taken as Gaussian, so N(y_i | f, e^{φ_0}) is analytic in f and Gauss–Hermite in φ_0
-(`vj.methods.ep_hyper.log_variance_tilted_moments`); v moves by a linear-filter step (rank-one site
-−β ḡḡᵀ, Sherman–Morrison, O(K²) a point); each h_ik by Gauss–Hermite, f_i | h_ik = h being Gaussian with
-mean E f + μ_k(g(h) − ḡ_k), variance Σ_kk g(h)² + 2g(h)Cov(v_k, r) + Var r (r the rest of the sum).
-All sites move together from a MAP start (`map_estimate`), damped, the step halved until q and every
-cavity are proper. The predictive intervals err wide: at the fixed point E σ² ≈ the mean of
-E_q(y_i − f_i)², and the factorised q fits the data less closely than the posterior; a tight
-``noise_prior`` holds a known σ².
+x̃ = [x, 1], g(a) = erf(a/√2); the half-Gaussian output weights remove g's sign symmetry. q(v) ∏_k q(w_k) q(φ)
+is Gaussian and factorised (thesis §3.3), with a rank-one site on v per point (a linear-filter step), sites on
+each activation h_ik = w_kᵀx̃_i (Gauss–Hermite) and on φ_0, `HierarchicalEP`'s prior sites per weight and
+truncated-Gaussian positivity sites on v_k, all moved together, damped, from a MAP start (`map_estimate`).
+Predictive intervals err wide (the factorised q fits the data less closely); a tight ``noise_prior`` holds a
+known σ².
 """
 
 from __future__ import annotations
@@ -58,7 +45,6 @@ _SQRT2 = float(np.sqrt(2.0))
 _MAX_HALVINGS = 30
 _MOMENTUM_AFTER = 200  # plain damped iterations before the momentum starts (`NetworkEP`, "momentum")
 _PRIOR_DAMPING_AFTER = 1000  # iterations before the prior and scale sites take `prior_damping`
-_MAP_ITERATIONS = 500  # L-BFGS iterations of the MAP start
 
 
 def activation(a):
@@ -76,12 +62,12 @@ class TwoLayerNetwork(eqx.Module):
 
     **Arguments:**
 
-    - `X`: ``(n, d)`` inputs (a bias column is appended); `y`: ``(n,)`` targets. Standardise both:
-      the default priors are on the unit scale.
-    - `num_hidden`: K. `groups`: ``"ard"`` (one scale per input, default), ``"common"``, or an int
-      array ``(d,)`` of group labels 0..G−1; the input bias has its own group (the last).
-    - `scale_prior`, `noise_prior`: (mean, variance) of each log input-weight variance φ_l, and of
-      φ_0 = log σ². `output_variance`: σ_v², the prior variance of the output weights and bias.
+    - `X`: ``(n, d)`` inputs (a bias column is appended); `y`: ``(n,)`` targets; standardise both (the
+      default priors are on the unit scale).
+    - `num_hidden`: K. `groups`: ``"ard"`` (one scale per input), ``"common"``, or int labels ``(d,)``
+      0..G−1; the input bias has its own group (the last).
+    - `scale_prior`, `noise_prior`: (mean, variance) of each φ_l and of φ_0 = log σ².
+    - `output_variance`: σ_v², the prior variance of the output weights and bias.
     """
 
     X: jax.Array  # (n, d + 1), with the bias column
@@ -101,8 +87,7 @@ class TwoLayerNetwork(eqx.Module):
         _checks.check_finite("y", y, owner)
         if y.shape[0] != X.shape[0]:
             raise ValueError(f"{owner}: X has {X.shape[0]} rows but y has {y.shape[0]} entries.")
-        if not (isinstance(num_hidden, (int, np.integer)) and num_hidden >= 1):
-            raise ValueError(f"{owner}: `num_hidden` must be a positive int, got {num_hidden!r}.")
+        num_hidden = _checks.integer("num_hidden", num_hidden, owner)
         d = X.shape[1]
         if isinstance(groups, str):
             if groups not in ("ard", "common"):
@@ -125,7 +110,7 @@ class TwoLayerNetwork(eqx.Module):
         self.hyper_var = jnp.concatenate([jnp.asarray([noise_prior[1]], dtype), s_var, s_var[:1]])
         _checks.check_positive("hyper_var", self.hyper_var, owner)
         self.output_variance = jnp.asarray(output_variance, dtype)
-        self.num_hidden = int(num_hidden)
+        self.num_hidden = num_hidden
 
     @property
     def num_inputs(self) -> int:
@@ -180,8 +165,7 @@ def _segment(values, labels, L, offset):
 
 
 def _per_unit(fn, *xs):
-    """``fn`` mapped over the hidden units (the leading axis) by `jax.lax.map`: a `vmap` can deadlock two
-    batched LAPACK calls on CPU's XLA thread pool (this beside the per-point v cavities). K is small."""
+    """``fn`` over the hidden units by `jax.lax.map`: a `vmap` can deadlock two batched LAPACK calls on CPU."""
     return jax.lax.map(lambda args: fn(*args), xs)
 
 
@@ -195,7 +179,6 @@ def _q(net: TwoLayerNetwork, s: NetworkSites) -> _Q:
     w_mean = _per_unit(lambda f, r_: f.solve(r_), factors, r)
     # q(v): the prior N(0, σ_v² I), the likelihood sites, the positivity sites.
     pos = jnp.concatenate([s.pos_tau, jnp.zeros(1, s.pos_tau.dtype)])
-    # Σ_i τ_i u_i u_iᵀ: one (K+1) × n × (K+1) product.
     v_prec = jnp.eye(K + 1, dtype=X.dtype) / net.output_variance + (s.v_dir * s.v_tau[:, None]).T @ s.v_dir \
         + jnp.diag(pos)
     v_shift = s.v_nu @ s.v_dir + jnp.concatenate([s.pos_nu, jnp.zeros(1, s.pos_nu.dtype)])
@@ -218,7 +201,7 @@ def _q(net: TwoLayerNetwork, s: NetworkSites) -> _Q:
 def _activation_marginals(q: _Q, X):
     """Means and variances (n, K) of h_ik = w_kᵀx̃_i under q, and the variances (K, d+1) of w_kj."""
     means = X @ q.w_mean.T
-    # Var = x̃_iᵀ P_k⁻¹ x̃_i and var w_kj = e_jᵀ P_k⁻¹ e_j, each ‖`half_solve`‖²: one triangular solve for both.
+    # x̃_iᵀ P_k⁻¹ x̃_i and e_jᵀ P_k⁻¹ e_j, each a ‖`half_solve`‖²: one triangular solve for both.
     rhs = jnp.concatenate([X.T, jnp.eye(X.shape[1], dtype=X.dtype)], axis=1)  # (d+1, n + d+1)
     Z = _per_unit(lambda f: f.half_solve(rhs), q.w_precision)  # (K, d+1, n+d+1)
     squares = jnp.sum(Z**2, 1)
@@ -231,9 +214,10 @@ def _ones(shape, dtype):
 
 
 def map_estimate(net: TwoLayerNetwork, w0, iterations: int = 500):
-    """Input weights ``(K, d+1)`` and output weights ``(K+1,)`` maximising the log joint with every φ at
-    its prior mean, by `iterations` of L-BFGS from input weights `w0` and output weights 1/2; v_1..v_K =
-    softplus(u) ≥ 0. φ_0 is not learnt: the MAP network would interpolate the data and EP there stall."""
+    """Input weights ``(K, d+1)`` and output weights ``(K+1,)`` maximising the log joint at φ = its prior mean.
+
+    By `iterations` of L-BFGS from input weights `w0` and output weights 1/2 (v_1..v_K = softplus(u) ≥ 0). φ_0
+    is not learnt: the MAP network would interpolate the data and EP there stall."""
     K, D = w0.shape
     dtype = net.X.dtype
     w_var = jnp.exp(net.hyper_mean[1 + net.labels])
@@ -253,21 +237,19 @@ def map_estimate(net: TwoLayerNetwork, w0, iterations: int = 500):
 
 
 class NetworkState(eqx.Module):
-    """The State of `NetworkEP`: the sites (`NetworkSites`) and the iterations run before (``iteration``),
-    so a refit from ``post.state`` continues the momentum and prior-damping schedule."""
+    """The State of `NetworkEP`: the sites and the iterations run (a refit continues the damping schedule)."""
 
     sites: NetworkSites
     iteration: jax.Array
 
 
 class NetworkInfo(eqx.Module):
-    """What `NetworkEP` reports beyond the common `vj.Diagnostics` (``post.diagnostics.info``).
+    """What `NetworkEP` reports in ``post.diagnostics.info``.
 
-    - `residuals` ``(6,)``: the final moment residual of the activation, noise (φ_0), input-weight prior,
-      scale, positivity and output-weight sites.
-    - `residual_trace` ``(max_iter + 1,)``: the residual after each iteration, NaN-padded (there is no
-      objective: ``diagnostics.objective_trace`` is NaN).
-    - `shrunk`: iterations whose step was halved to keep q proper; scalar int.
+    - `residuals` ``(6,)``: the final moment residual of the activation, noise, input-weight prior, scale,
+      positivity and output-weight sites.
+    - `residual_trace` ``(max_iter + 1,)``: the residual after each iteration, NaN-padded.
+    - `shrunk`: iterations whose step was halved to keep q proper.
     """
 
     residuals: jax.Array
@@ -278,15 +260,11 @@ class NetworkInfo(eqx.Module):
 class NetworkPosterior(Posterior):
     """q(v) ∏ q(w_k) q(φ) of a `TwoLayerNetwork` fitted by `NetworkEP`: a `vj.Posterior` of the weights.
 
-    - `w_mean` ``(K, d+1)``, `w_cov` ``(K, d+1, d+1)``: q(w_k) (the last input is the bias); `v_mean`
-      ``(K+1,)``, `v_cov`: q(v) (the last entry is v_0); `hyper_mean`, `hyper_var` ``(L,)``: q(φ),
-      index 0 log σ², then the input groups, then the bias.
-    - `mean`, `factor`: q(θ), θ = [w_1; …; w_K; v] ``(K(d+1) + K + 1,)``, a block-diagonal covariance
-      held as a dense `CholeskyFactor`.
-    - `log_z`: NaN (``defines_log_z`` is False): the tilted moments are not derivatives of one tilted
-      normaliser, so the EP energy (Jylänki eqs. 2.42, 2.45) estimates no log p(y).
-    - `diagnostics` (``stationarity`` the moment residual, ``info`` a `NetworkInfo`), `model`, and
-      `state`, the `NetworkState` (warm starts, e.g. ``init=post``).
+    - `w_mean` ``(K, d+1)``, `w_cov` ``(K, d+1, d+1)``: q(w_k), the bias last; `v_mean` ``(K+1,)``, `v_cov`:
+      q(v), v_0 last; `hyper_mean`, `hyper_var` ``(L,)``: q(φ), log σ² first, then the groups, then the bias.
+    - `mean`, `factor`: q(θ), θ = [w_1; …; w_K; v], block-diagonal covariance as a dense `CholeskyFactor`.
+    - `log_z`: NaN (``defines_log_z`` False: the tilted moments derive from no tilted normaliser).
+    - `diagnostics` (``info`` a `NetworkInfo`), `model`, `state` (a `NetworkState`, for ``init=post``).
     """
 
     w_mean: jax.Array
@@ -314,13 +292,11 @@ class NetworkPosterior(Posterior):
         return jnp.exp(self.hyper_mean[0] + 0.5 * self.hyper_var[0])
 
     def relevances(self):
-        """E_q[e^{φ_l}] for the input groups, ``(G,)``: each group's posterior mean prior weight variance
-        (small for irrelevant inputs)."""
+        """E_q[e^{φ_l}] for the input groups, ``(G,)`` (small for irrelevant inputs)."""
         return jnp.exp(self.hyper_mean[1:-1] + 0.5 * self.hyper_var[1:-1])
 
     def predict(self, X_test):
-        """Predictive ``(mean, variance)`` of y_*, ``(N,)`` each: the exact moments of f_* = vᵀg̃_* under
-        q(v)∏q(w_k), plus E[σ²]."""
+        """Predictive ``(mean, variance)`` of y_*, ``(N,)`` each: f_*'s exact moments under q, plus E[σ²]."""
         mean, var_f = self._f(X_test)
         return mean, var_f + self.noise_variance()
 
@@ -355,31 +331,25 @@ class NetworkEP(AbstractMethod):
 
     **Arguments:**
 
-    - `damping`: δ ∈ (0, 1], the fraction of each EP step taken (default 0.3: parallel updates need
-      more damping than sequential ones, as the thesis notes).
-    - `prior_damping`: the input-weight prior and scale sites' damping from iteration 1000 on (default
-      0.6; None: ``damping``): a rescue for slow runs, where units still die and revive. Not from the
-      start: the early iterations choose which units live.
-    - `momentum`: β ∈ [0, 1): each move is δ·(EP step) + β·(previous move), restarted from zero when the
-      moment residual rises (default 0.7; 0: plain EP): late on q drifts slowly along a ridge, which the
-      momentum carries. Off for the first 200 iterations, whose moves decide which units live.
-    - `max_iter`, `tol`: converged when the moment residual, max over sites of |m̂ − m|/√V + |log V̂/V|, is
-      ≤ ``tol`` (defaults 2000 and 1e-3: the residual falls slowly).
+    - `damping`: δ ∈ (0, 1], the fraction of each EP step taken (default 0.3: parallel updates need more
+      damping than sequential ones).
+    - `prior_damping`: the prior and scale sites' damping from iteration 1000 on (default 0.6; None:
+      ``damping``), a rescue for slow runs; not earlier, while the iterations choose which units live.
+    - `momentum`: β ∈ [0, 1): each move is δ·(EP step) + β·(previous move), restarted when the residual
+      rises, from iteration 200 on (default 0.7; 0: plain EP): it carries q along a slow ridge.
+    - `max_iter`, `tol`: converged when the moment residual, max over sites of |m̂ − m|/√V + |log V̂/V|,
+      is ≤ ``tol`` (defaults 2000 and 1e-3).
     - `activation_nodes`, `noise_nodes`: Gauss–Hermite nodes over each activation and over φ_0.
-    - `init`: ``"map"`` (default): activation sites centred on `map_estimate`'s input weights (500 L-BFGS
-      iterations from random weights N(0, 1/d) drawn with `key`), weak sites on v at its output weights.
-      ``"random"``: activation sites at the random weights, q(v) the prior (parallel EP then kills most
-      units: the positivity sites pin about half the output weights at 0, and such units never revive).
-    - `init_precision`: the starting activation sites' precision. `init_output_precision`: the starting
-      v sites' total precision (``"map"``).
-    - `nonnegative_activation_sites`: cap each activation's tilted variance at its cavity's, so no
-      activation site has negative precision (default True: otherwise a unit's n rank-one sites on w_k
-      oscillate under parallel updates).
+    - `init`: ``"map"`` (default): activation sites at `map_estimate`'s input weights (from N(0, 1/d)
+      weights drawn with `key`), weak v sites at its output weights; ``"random"``: at the random weights,
+      q(v) the prior (parallel EP then kills most units).
+    - `init_precision`: the starting activation sites' precision; `init_output_precision`: the starting v
+      sites' total precision (``"map"``).
+    - `nonnegative_activation_sites`: cap each activation's tilted variance at its cavity's (default True:
+      otherwise a unit's sites on w_k oscillate under parallel updates).
     - `key`: the `jax.random` key of the random start weights (None: ``jax.random.PRNGKey(0)``).
 
-    Returns a `NetworkPosterior`; ``init`` may be one, or a `NetworkState`, of this network's shapes.
-    ``damping``, ``prior_damping``, ``momentum``, ``tol``, the starting precisions and ``key`` are traced:
-    new values reuse the compiled programs.
+    The float settings and ``key`` are traced: new values reuse the compiled programs.
     """
 
     damping: float = 0.3
@@ -405,8 +375,7 @@ class NetworkEP(AbstractMethod):
             raise ValueError(f"NetworkEP: `momentum` must lie in [0, 1), got {self.momentum}.")
         if _checks.is_concrete(self.tol) and not self.tol >= 0:
             raise ValueError(f"NetworkEP: `tol` must be non-negative, got {self.tol!r}.")
-        if not (isinstance(self.max_iter, int) and self.max_iter >= 1):
-            raise ValueError(f"NetworkEP: `max_iter` must be a positive int, got {self.max_iter!r}.")
+        _checks.integer("max_iter", self.max_iter, "NetworkEP")
         if self.init not in ("map", "random"):
             raise ValueError(f"NetworkEP: `init` must be 'map' or 'random', got {self.init!r}.")
         if self.key is not None and not isinstance(self.key, (jax.Array, np.ndarray)):
@@ -420,7 +389,7 @@ class NetworkEP(AbstractMethod):
             raise ValueError(f"NetworkEP: the model must be a vj.nn.TwoLayerNetwork, got {type(net).__name__}.")
 
     def init_state(self, net: TwoLayerNetwork) -> NetworkState:
-        """The start (`init`): activation sites at random or MAP input weights, and so on (class docstring)."""
+        """The start (`init`, class docstring)."""
         n, D = net.X.shape
         K, dtype = net.num_hidden, net.X.dtype
         key = jax.random.PRNGKey(0) if self.key is None else self.key
@@ -431,7 +400,7 @@ class NetworkEP(AbstractMethod):
         w_tau = jnp.broadcast_to(jnp.exp(-net.hyper_mean[1 + net.labels]), (K, D)).astype(dtype)
         v_tau, v_nu = z(n), z(n)
         if self.init == "map":
-            w0, v0 = map_estimate(net, w0, _MAP_ITERATIONS)
+            w0, v0 = map_estimate(net, w0)
         # Site directions: the activations at the starting weights, ḡ_i = [g(w0ᵀx̃_i), 1].
         u = activation(net.X @ w0.T)
         u = jnp.concatenate([u, _ones(u.shape, dtype)], -1)
@@ -468,8 +437,7 @@ class NetworkEP(AbstractMethod):
                          f"shapes (e.g. post.state of a NetworkEP fit); got {type(init).__name__}.")
 
     def fit(self, net: TwoLayerNetwork, state) -> NetworkPosterior:
-        """The EP loop from ``state`` (`start`, `to_state` or ``post.state``); ``vj.infer(net, method)`` does
-        both. The key only seeds the start: every key (None too) shares the loop's program."""
+        """The EP loop from ``state``; every ``key`` (None too) shares its program: the key only seeds the start."""
         return AbstractMethod.fit(dataclasses.replace(self, key=None), net, state)
 
     # ------------------------------------------------------------------------------ EP
@@ -501,7 +469,7 @@ class NetworkEP(AbstractMethod):
         g_var = jnp.maximum(jnp.sum(wz * g_nodes**2, -1) - g_mean**2, 0.0)
         gm = jnp.concatenate([g_mean, _ones(g_mean.shape, dtype)], -1)
         gv = jnp.concatenate([g_var, jnp.zeros_like(g_var[:, :1])], -1)
-        # E f, Var f and a = Σ₋ḡ (module docstring), each O(K) per point given Σḡ_i and b_iᵀḡ_i.
+        # E f, Var f and a = Σ₋ḡ, each O(K) per point given Σḡ_i and b_iᵀḡ_i.
         bg = jnp.sum(B * gm, -1)
         a = gm @ q.v_cov + (c * bg)[:, None] * B
         f_m = jnp.sum(mc * gm, -1)
@@ -518,7 +486,8 @@ class NetworkEP(AbstractMethod):
         v_site_nu = gamma * (1.0 - beta * f_Vv) - beta * f_m
         v_mh = mc + a * gamma[:, None]
         v_Vh_diag = Sc_diag + alpha[:, None] * a**2
-        # Activations tilted, one at a time: f | h_ik = h Gaussian (module docstring).
+        # Activations tilted one at a time: f | h_ik = h is Gaussian, mean E f + μ_k(g(h) − ḡ_k), variance
+        # Σ_kk g(h)² + 2g(h)Cov(v_k, r) + Var r (r the rest of the sum).
         mu_k, S_kk = mc[:, :K], Sc_diag[:, :K]
         c_k = a[:, :K] - S_kk * g_mean
         g_sq = g_var + g_mean**2
@@ -606,9 +575,7 @@ class NetworkEP(AbstractMethod):
 
         def step(k, loop):
             sites, ev, _, started, previous, trace, shrunk = loop
-            # The damped EP step plus `momentum` times the previous move (heavy ball), restarted from
-            # zero whenever the residual rises (class docstring). The first pass (k = 0) only
-            # evaluates the start; iteration k of this fit is iteration offset + k of the schedule.
+            # The first pass (k = 0) only evaluates the start; iteration k is offset + k of the schedule.
             beta = jnp.where(offset + k > _MOMENTUM_AFTER, self.momentum, 0.0)
             rates = jax.tree_util.tree_map(lambda a, b: jnp.where(offset + k > _PRIOR_DAMPING_AFTER, a, b), late, early)
             move = jax.tree_util.tree_map(lambda d, p, delta: jnp.where(started, delta * d + beta * p, 0.0),
