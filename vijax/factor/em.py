@@ -207,10 +207,6 @@ def e_step_run(model: FactorModel, Y, mask, q: Posteriors, max_iter, tol, comple
     return Posteriors(mean, cov, precision, bound, its, done), extras
 
 
-# ----------------------------------------------------------------------------------------------
-# M-step
-
-
 def _graphical_lasso(sample_cov, penalty, precision0, iterations: int = 500, rho: float = 1.0):
     """argmax_Θ log|Θ| − tr(SΘ) − λ Σ_{i≠j} |Θ_ij| by ADMM (Boyd et al. 2011, §6.5), from Θ₀."""
     eye = jnp.eye(sample_cov.shape[0], dtype=sample_cov.dtype)
@@ -328,10 +324,6 @@ def m_step(model: FactorModel, Y, mask, q: Posteriors, weights=None) -> FactorMo
             block = _update_loadings(block, Y, mask, weights, q)
         blocks.append(_update_likelihood(block, Y, mask, weights, q))
     return eqx.tree_at(lambda m: m.blocks, model, tuple(blocks))
-
-
-# ----------------------------------------------------------------------------------------------
-# The methods: variational EM, and the E-step alone
 
 
 class EMState(eqx.Module):

@@ -21,12 +21,8 @@ __all__ = ["Block", "FactorModel", "ObservedModel", "factor_analysis", "graphica
 
 
 class Block(eqx.Module):
-    """Columns ``columns`` of the data, all with one likelihood type.
-
-    - `columns`: the data columns (static tuple of ints);
-    - `likelihood`: an `AbstractLikelihood` with per-column parameters of leading length D_b;
-    - `loadings`: W, shape ``(D_b, K, L)``; `offsets`: w_0, shape ``(D_b, K)``.
-    """
+    """Data columns ``columns`` (a static tuple) with one `AbstractLikelihood` (per-column parameters of
+    leading length D_b), loadings W ``(D_b, K, L)`` and offsets w_0 ``(D_b, K)``."""
 
     columns: tuple = eqx.field(static=True)
     likelihood: AbstractLikelihood
@@ -96,8 +92,7 @@ def factor_analysis(likelihoods, latent_dim: int, key, num_columns: int | None =
     stationary point of EM), offsets at 0.
     """
     owner = "factor_analysis"
-    if not (isinstance(latent_dim, (int, np.integer)) and latent_dim >= 1):
-        raise ValueError(f"{owner}: `latent_dim` must be a positive integer, got {latent_dim!r}.")
+    _checks.integer("latent_dim", latent_dim, owner)
     dtype = dtype or jnp.result_type(float)
     blocks = []
     for i, (cols, lik) in enumerate(_as_blocks(likelihoods, num_columns, owner)):
@@ -218,12 +213,8 @@ def check_weights(weights, num_points: int, dtype, owner: str):
 
 
 class ObservedModel(eqx.Module):
-    """A factor model with its data: what `vj.factor.EM` and `vj.factor.EStep` fit through `vj.infer`.
-
-    Build it with `observe` (which says what `Y`, `mask` and `weights` hold; unobserved entries of `Y` are
-    0 here); `model` is the `FactorModel`, the static `complete` says no entry is missing (the E-step may
-    then share one covariance between the points).
-    """
+    """A `FactorModel` with its data (built by `observe`; unobserved entries of `Y` are 0 here): what
+    `vj.factor.EM` and `vj.factor.EStep` fit. The static `complete` says no entry is missing."""
 
     model: FactorModel
     Y: jax.Array
@@ -247,12 +238,9 @@ class ObservedModel(eqx.Module):
 def observe(model: FactorModel, Y, mask=None, weights=None) -> ObservedModel:
     """The factor model ``model`` with its observations, ready for ``vj.infer(..., vj.factor.EM())``.
 
-    ``Y`` is ``(N, D)`` with the columns the model's blocks name (classes and levels as integers
-    0 … C−1); ``mask`` ``(N, D)`` booleans mark the observed entries (default: all, and then ``Y`` must
-    be finite); ``weights`` ``(N,)`` are non-negative row weights w_n, e.g. the counts of distinct
-    rows: the bound is Σ_n w_n L_n, so a row of weight 2 counts as that row twice (default: 1 each).
-    Invalid data (wrong shape, values a column's likelihood does not take, a mask that is not boolean,
-    negative weights) raise a `ValueError`.
+    ``Y``: ``(N, D)``, classes and levels as integers 0 … C−1. ``mask``: ``(N, D)`` booleans, True where
+    observed (default: all, and ``Y`` must be finite). ``weights``: ``(N,)`` non-negative row weights w_n
+    (default 1), e.g. counts of distinct rows: the bound is Σ_n w_n L_n. Invalid data raise a `ValueError`.
     """
     owner = "vj.factor.observe"
     if not isinstance(model, FactorModel):

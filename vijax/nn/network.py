@@ -154,7 +154,6 @@ class _Eval(NamedTuple):
     q: _Q
     step: NetworkSites  # the undamped EP step of every site
     residual: jax.Array
-    log_evidence_terms: jax.Array  # Σ log Ẑ_i (diagnostic)
     proper: jax.Array
     residuals: jax.Array  # per kind of site: activations, noise, weights, scales, positivity, outputs
 
@@ -382,8 +381,6 @@ class NetworkEP(AbstractMethod):
             raise ValueError(f"NetworkEP: `key` must be None or a jax.random key such as jax.random.PRNGKey(1), "
                              f"got {type(self.key).__name__}: {self.key!r}.")
 
-    # ------------------------------------------------------------------------------ the state contract
-
     def check_model(self, net) -> None:
         if not isinstance(net, TwoLayerNetwork):
             raise ValueError(f"NetworkEP: the model must be a vj.nn.TwoLayerNetwork, got {type(net).__name__}.")
@@ -439,8 +436,6 @@ class NetworkEP(AbstractMethod):
     def fit(self, net: TwoLayerNetwork, state) -> NetworkPosterior:
         """The EP loop from ``state``; every ``key`` (None too) shares its program: the key only seeds the start."""
         return AbstractMethod.fit(dataclasses.replace(self, key=None), net, state)
-
-    # ------------------------------------------------------------------------------ EP
 
     def evaluate(self, net: TwoLayerNetwork, s: NetworkSites) -> _Eval:
         """q, and every site's cavity, tilted moments and undamped EP step."""
@@ -551,7 +546,7 @@ class NetworkEP(AbstractMethod):
         # Only q must be proper: a site whose cavity is improper (e.g. a prior site on the weights of a
         # hidden unit the data ignore, whose cavity precision is a rounding of 0) is skipped this time.
         proper = q.proper & jnp.isfinite(residual)
-        return _Eval(q, step, jnp.where(proper, residual, jnp.inf), jnp.sum(log_z), proper, residuals)
+        return _Eval(q, step, jnp.where(proper, residual, jnp.inf), proper, residuals)
 
     def solve(self, net: TwoLayerNetwork, state: NetworkState) -> NetworkPosterior:
         """Parallel EP from ``state``: damped steps with momentum, halved until q is proper (class docstring)."""
@@ -565,9 +560,6 @@ class NetworkEP(AbstractMethod):
         trace = jnp.full((self.max_iter + 1,), jnp.nan, dtype)
 
         prior = self.damping if self.prior_damping is None else self.prior_damping
-        early = NetworkSites(*(self.damping for _ in NetworkSites._fields))
-        late = NetworkSites(*(prior if name in ("w_tau", "w_nu", "scale_tau", "scale_nu") else self.damping
-                              for name in NetworkSites._fields))
 
         def done(k, loop):
             _, ev, stuck, started, *_ = loop
@@ -577,7 +569,9 @@ class NetworkEP(AbstractMethod):
             sites, ev, _, started, previous, trace, shrunk = loop
             # The first pass (k = 0) only evaluates the start; iteration k is offset + k of the schedule.
             beta = jnp.where(offset + k > _MOMENTUM_AFTER, self.momentum, 0.0)
-            rates = jax.tree_util.tree_map(lambda a, b: jnp.where(offset + k > _PRIOR_DAMPING_AFTER, a, b), late, early)
+            late = jnp.where(offset + k > _PRIOR_DAMPING_AFTER, prior, self.damping)
+            rates = NetworkSites(*(late if name in ("w_tau", "w_nu", "scale_tau", "scale_nu") else self.damping
+                                   for name in NetworkSites._fields))
             move = jax.tree_util.tree_map(lambda d, p, delta: jnp.where(started, delta * d + beta * p, 0.0),
                                           ev.step, previous, rates)
             # Traced once: the first trial is the halving loop's first iteration.
