@@ -5,9 +5,8 @@ g = ∂f̲/∂m̃ and G = ∂f̲/∂Ṽ summed over the point's observed columns
 
     P* = Σ⁻¹ − 2 Σ_d W_dᵀ G_d W_d,        P ← (1 − ρ) P + ρ P*,        m ← m + ρ P⁻¹ (−Σ⁻¹(m − μ) + Σ_d W_dᵀ g_d)
 
-At ρ = 1 this is Newton's method in m (Price's theorem) and the closed-form E-step of quadratic bounds. A
-step that would lower L_n is rejected and ρ halved; an accepted one doubles ρ (up to 1). With
-constant-curvature likelihoods and no missing entry all points share V (thesis Alg. 5).
+At ρ = 1 this is Newton's method in m (Price's theorem); a step that would lower L_n is rejected and ρ
+halved, an accepted one doubles ρ (up to 1).
 
 **M-step.** μ and Σ in closed form (eq. 3.37; the graphical lasso when penalised); each column's (W_d, w_0d)
 by a curvature step (Λ = −2G), backtracked so the bound never falls; then each likelihood's `update`.
@@ -459,18 +458,14 @@ class EM(_FactorMethod):
     """Variational EM: alternate E-steps (every q(z_n), warm-started) and M-steps until the bound's
     relative change |B_k − B_{k−1}| / (1 + |B_k|) is below ``tol``, or ``max_iter``.
 
-        model = vj.factor.factor_analysis(vj.factor.Bernoulli(), latent_dim=2, key=key, num_columns=D)
-        post = vj.infer(vj.factor.observe(model, Y, mask), vj.factor.EM(max_iter=100))
-
     **Arguments:**
 
     - `max_iter`: EM iterations at most (static: it sizes the trace); default 100.
     - `tol`: the bound's relative change at convergence (default 1e-6).
     - `e_step_max_iter`, `e_step_tol`: each E-step's cap (static) and tolerance (see `e_step`).
 
-    Returns a `FactorPosterior` (``init=post`` continues the fit). ``objective_trace``: entry k the bound
-    after E-step k, never falling (entry 0 the start's, NaN for a cold start). After an unconverged stop,
-    ``fitted`` is one M-step ahead of ``posteriors``.
+    Returns a `FactorPosterior`; ``objective_trace`` entry k is the bound after E-step k (never falling). After
+    an unconverged stop, ``fitted`` is one M-step ahead of ``posteriors``.
     """
 
     max_iter: int = eqx.field(static=True, default=100)
@@ -493,9 +488,8 @@ class EM(_FactorMethod):
                        jnp.asarray(-jnp.inf, model.dtype))
 
     def solve(self, model: ObservedModel, state: EMState) -> FactorPosterior:
-        data = jax.lax.stop_gradient(model)
+        data, state = jax.lax.stop_gradient((model, state))
         Y, mask, weights = data.Y, data.mask, data.weights
-        state = jax.lax.stop_gradient(state)
         dtype = model.dtype
         total = jnp.sum(weights)
         start = jnp.where(jnp.isfinite(state.bound), state.bound, jnp.nan)
@@ -514,17 +508,14 @@ class EM(_FactorMethod):
         out, iterations = iterate(step, init, self.max_iter, lambda _, s: s.converged)
         diagnostics = Diagnostics(
             iterations=iterations, status=Status.of(out.converged, value=out.value), stationarity=out.change,
-            objective_trace=out.trace,
-            num_value_evals=iterations, method="EM", solver="E-step (natural gradient) / M-step",
-            info=_factor_info(out.q))
+            objective_trace=out.trace, num_value_evals=iterations, method="EM",
+            solver="E-step (natural gradient) / M-step", info=_factor_info(out.q))
         return FactorPosterior(out.model, out.q, out.value, diagnostics, model, EMState(out.model, out.q, out.value))
 
 
 class EStep(_FactorMethod):
-    """The E-step alone: every q(z_n) under the factor model as given (no M-step), e.g. for new rows.
-
-        test = vj.infer(vj.factor.observe(post.fitted, Y_test, observed), vj.factor.EStep())
-        log_p = vj.factor.log_predictive(test, Y_test, key=key)
+    """The E-step alone: every q(z_n) under the model as given, e.g. for new rows,
+    ``vj.infer(vj.factor.observe(post.fitted, Y_test, mask_test), vj.factor.EStep())``.
 
     **Arguments:** `max_iter` (static; default 1000), `tol` (default 1e-9), `newton` (static): as for `e_step`.
 
@@ -547,20 +538,19 @@ class EStep(_FactorMethod):
         return initial_posteriors(model.model, model.num_points)
 
     def solve(self, model: ObservedModel, state: Posteriors) -> FactorPosterior:
-        data = jax.lax.stop_gradient(model)
+        data, state = jax.lax.stop_gradient((model, state))
         fm = data.model
-        state = jax.lax.stop_gradient(state)
         q, extras = e_step_run(fm, data.Y, data.mask, state, self.max_iter, self.tol, data.complete, self.newton,
                                record=True)
         q = _cast_like(q, state)  # the State keeps its types, so a warm start reuses the program
-        value = data.weights @ q.bound - penalty_term(fm, jnp.sum(data.weights))
-        trace = _total_trace(extras.trace, q.bound, q.iterations, data.weights) - penalty_term(fm, jnp.sum(data.weights))
-        iterations = jnp.max(q.iterations)
+        penalty = penalty_term(fm, jnp.sum(data.weights))
+        value = data.weights @ q.bound - penalty
+        trace = _total_trace(extras.trace, q.bound, q.iterations, data.weights) - penalty
+        evals = jnp.sum(q.iterations) + q.mean.shape[0]
         diagnostics = Diagnostics(
-            iterations=iterations, status=Status.of(jnp.all(q.converged), value=value),
-            stationarity=jnp.max(extras.distance),
-            grad_norm=jnp.max(extras.grad_norm), objective_trace=trace, num_value_evals=jnp.sum(q.iterations) + q.mean.shape[0],
-            num_grad_evals=jnp.sum(q.iterations) + q.mean.shape[0], method="EStep",
+            iterations=jnp.max(q.iterations), status=Status.of(jnp.all(q.converged), value=value),
+            stationarity=jnp.max(extras.distance), grad_norm=jnp.max(extras.grad_norm), objective_trace=trace,
+            num_value_evals=evals, num_grad_evals=evals, method="EStep",
             solver="natural gradient (Newton)" if self.newton else "natural gradient", info=_factor_info(q))
         return FactorPosterior(fm, q, value, diagnostics, model, q)
 

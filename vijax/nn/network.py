@@ -8,12 +8,9 @@ w_{kj} \\mid φ \\sim \\mathcal N(0, e^{φ_{l_j}}), \\quad φ_l \\sim \\mathcal 
 \\quad v_0 \\sim \\mathcal N(0, σ_v^2).
 $$
 
-x̃ = [x, 1], g(a) = erf(a/√2); the half-Gaussian output weights remove g's sign symmetry. q(v) ∏_k q(w_k) q(φ)
-is Gaussian and factorised (thesis §3.3), with a rank-one site on v per point (a linear-filter step), sites on
-each activation h_ik = w_kᵀx̃_i (Gauss–Hermite) and on φ_0, `HierarchicalEP`'s prior sites per weight and
-truncated-Gaussian positivity sites on v_k, all moved together, damped, from a MAP start (`map_estimate`).
-Predictive intervals err wide (the factorised q fits the data less closely); a tight ``noise_prior`` holds a
-known σ².
+x̃ = [x, 1], g(a) = erf(a/√2). q(v) ∏_k q(w_k) q(φ) is Gaussian and factorised (thesis §3.3), with a rank-one
+site on v per point, sites on each activation h_ik = w_kᵀx̃_i and on φ_0, `HierarchicalEP`'s prior sites per
+weight and positivity sites on v_k. Predictive intervals err wide (the factorised q fits the data less closely).
 """
 
 from __future__ import annotations
@@ -62,11 +59,10 @@ class TwoLayerNetwork(eqx.Module):
 
     **Arguments:**
 
-    - `X`: ``(n, d)`` inputs (a bias column is appended); `y`: ``(n,)`` targets; standardise both (the
-      default priors are on the unit scale).
+    - `X` ``(n, d)``, `y` ``(n,)``: standardised data (the default priors are on the unit scale).
     - `num_hidden`: K. `groups`: ``"ard"`` (one scale per input), ``"common"``, or int labels ``(d,)``
       0..G−1; the input bias has its own group (the last).
-    - `scale_prior`, `noise_prior`: (mean, variance) of each φ_l and of φ_0 = log σ².
+    - `scale_prior`, `noise_prior`: (mean, variance) of each φ_l and of φ_0 = log σ² (a tight one holds a known σ²).
     - `output_variance`: σ_v², the prior variance of the output weights and bias.
     """
 
@@ -243,13 +239,9 @@ class NetworkState(eqx.Module):
 
 
 class NetworkInfo(eqx.Module):
-    """What `NetworkEP` reports in ``post.diagnostics.info``.
-
-    - `residuals` ``(6,)``: the final moment residual of the activation, noise, input-weight prior, scale,
-      positivity and output-weight sites.
-    - `residual_trace` ``(max_iter + 1,)``: the residual after each iteration, NaN-padded.
-    - `shrunk`: iterations whose step was halved to keep q proper.
-    """
+    """What `NetworkEP` reports in ``post.diagnostics.info``: the final moment residuals ``(6,)`` of the
+    activation, noise, weight prior, scale, positivity and output sites; the residual after each iteration
+    (`residual_trace`, NaN-padded); the iterations whose step was halved to keep q proper (`shrunk`)."""
 
     residuals: jax.Array
     residual_trace: jax.Array
@@ -261,9 +253,8 @@ class NetworkPosterior(Posterior):
 
     - `w_mean` ``(K, d+1)``, `w_cov` ``(K, d+1, d+1)``: q(w_k), the bias last; `v_mean` ``(K+1,)``, `v_cov`:
       q(v), v_0 last; `hyper_mean`, `hyper_var` ``(L,)``: q(φ), log σ² first, then the groups, then the bias.
-    - `mean`, `factor`: q(θ), θ = [w_1; …; w_K; v], block-diagonal covariance as a dense `CholeskyFactor`.
-    - `log_z`: NaN (``defines_log_z`` False: the tilted moments derive from no tilted normaliser).
-    - `diagnostics` (``info`` a `NetworkInfo`), `model`, `state` (a `NetworkState`, for ``init=post``).
+    - `mean`, `factor`: q(θ), θ = [w_1; …; w_K; v] (a dense block-diagonal factor); `log_z`: NaN (the tilted
+      moments derive from no tilted normaliser); `diagnostics` with a `NetworkInfo`; `state` a `NetworkState`.
     """
 
     w_mean: jax.Array
@@ -326,29 +317,26 @@ class NetworkPosterior(Posterior):
 
 
 class NetworkEP(AbstractMethod):
-    """Parallel EP for `TwoLayerNetwork` (module docstring).
+    """Parallel EP for `TwoLayerNetwork`: all sites move together, damped, the step halved until q and every
+    cavity are proper.
 
     **Arguments:**
 
-    - `damping`: δ ∈ (0, 1], the fraction of each EP step taken (default 0.3: parallel updates need more
-      damping than sequential ones).
+    - `damping`: δ ∈ (0, 1], the fraction of each EP step taken (default 0.3: parallel updates need more).
     - `prior_damping`: the prior and scale sites' damping from iteration 1000 on (default 0.6; None:
-      ``damping``), a rescue for slow runs; not earlier, while the iterations choose which units live.
-    - `momentum`: β ∈ [0, 1): each move is δ·(EP step) + β·(previous move), restarted when the residual
-      rises, from iteration 200 on (default 0.7; 0: plain EP): it carries q along a slow ridge.
+      ``damping``), a rescue for slow runs after the early iterations have chosen which units live.
+    - `momentum`: β ∈ [0, 1): each move is δ·(EP step) + β·(previous move) from iteration 200 on, restarted
+      when the residual rises (default 0.7; 0: plain EP): it carries q along a slow ridge.
     - `max_iter`, `tol`: converged when the moment residual, max over sites of |m̂ − m|/√V + |log V̂/V|,
       is ≤ ``tol`` (defaults 2000 and 1e-3).
     - `activation_nodes`, `noise_nodes`: Gauss–Hermite nodes over each activation and over φ_0.
-    - `init`: ``"map"`` (default): activation sites at `map_estimate`'s input weights (from N(0, 1/d)
-      weights drawn with `key`), weak v sites at its output weights; ``"random"``: at the random weights,
-      q(v) the prior (parallel EP then kills most units).
-    - `init_precision`: the starting activation sites' precision; `init_output_precision`: the starting v
+    - `init`: ``"map"`` (default): sites at `map_estimate`'s weights from N(0, 1/d) ones drawn with `key`;
+      ``"random"``: at the random weights, q(v) the prior (parallel EP then kills most units).
+    - `init_precision`, `init_output_precision`: the starting activation sites' precision and the starting v
       sites' total precision (``"map"``).
     - `nonnegative_activation_sites`: cap each activation's tilted variance at its cavity's (default True:
-      otherwise a unit's sites on w_k oscillate under parallel updates).
-    - `key`: the `jax.random` key of the random start weights (None: ``jax.random.PRNGKey(0)``).
-
-    The float settings and ``key`` are traced: new values reuse the compiled programs.
+      otherwise a unit's sites on w_k oscillate).
+    - `key`: the key of the random start weights (None: ``jax.random.PRNGKey(0)``).
     """
 
     damping: float = 0.3
