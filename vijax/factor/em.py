@@ -37,9 +37,7 @@ _ROUNDING = 10  # a step that lowers L_n by less than this many ulps is rounding
 
 
 class Posteriors(NamedTuple):
-    """The per-point Gaussians q(z_n) = N(mean[n], cov[n]) and their bounds L_n.
-
-    ``precision`` = cov⁻¹; ``iterations`` and ``converged`` report the last E-step per point."""
+    """The per-point Gaussians q(z_n) = N(mean[n], cov[n]), cov⁻¹, the bounds L_n and the last E-step's report."""
 
     mean: jax.Array        # (N, L)
     cov: jax.Array         # (N, L, L)
@@ -51,8 +49,7 @@ class Posteriors(NamedTuple):
 
 def initial_posteriors(model: FactorModel, num_points: int) -> Posteriors:
     """q(z_n) = prior for every point."""
-    n = num_points
-    prior = Prior.of(model)
+    n, prior = num_points, Prior.of(model)
     tile = lambda a: jnp.broadcast_to(a, (n,) + a.shape)
     return Posteriors(tile(model.mean), tile(model.cov), tile(prior.precision), jnp.full(n, -jnp.inf, model.mean.dtype),
                       jnp.zeros(n, jnp.int32), jnp.zeros(n, bool))
@@ -256,12 +253,6 @@ def _column_sums(block, Y, mask, weights, mean, cov):
     return weights @ jax.vmap(point)(Y, mask, mean, cov)
 
 
-def _block_values(block, Y, mask, weights, q, loadings, offsets):
-    """Per-column Σ_n w_n mask f̲ of one block at loadings W, offsets w_0, shape (D_b,)."""
-    blk = eqx.tree_at(lambda b: (b.loadings, b.offsets), block, (loadings, offsets))
-    return _column_sums(blk, Y, mask, weights, *jax.vmap(blk.predictors)(q.mean, q.cov))
-
-
 def _update_loadings(block, Y, mask, weights, q: Posteriors):
     """One backtracked curvature step on each column's (W_d, w_0d); never lowers a column's bound."""
     d, k, l = block.loadings.shape
@@ -293,8 +284,9 @@ def _update_loadings(block, Y, mask, weights, q: Posteriors):
     step = step * jnp.minimum(1.0, radius / jnp.maximum(size, jnp.finfo(size.dtype).tiny))[:, None, None]
 
     def trial(t):
-        return _block_values(block, Y, mask, weights, q, w + t[:, None, None] * step[..., :l],
-                             w0 + t[:, None] * step[..., l])
+        blk = eqx.tree_at(lambda b: (b.loadings, b.offsets), block, (w + t[:, None, None] * step[..., :l],
+                                                                     w0 + t[:, None] * step[..., l]))
+        return _column_sums(blk, Y, mask, weights, *jax.vmap(blk.predictors)(q.mean, q.cov))
 
     t, _, ok, _ = backtrack(trial, lambda t, f: f >= f0, jnp.ones(d, f0.dtype), _HALVINGS)
     w = jnp.where(ok[:, None, None], w + t[:, None, None] * step[..., :l], w)

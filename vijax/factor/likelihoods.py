@@ -41,9 +41,8 @@ _HALVINGS = 20  # Newton steps on threshold parameters shortened at most 2⁻²�
 class AbstractLikelihood(eqx.Module):
     """A column likelihood p(y | η), η ∈ R^K, and its bound f̲ on ⟨log p(y | η)⟩ under N(m̃, Ṽ).
 
-    Class flags: ``constant_curvature`` (−2 ∂f̲/∂Ṽ independent of y and q, so all points share one
-    posterior covariance: Gaussian, Böhning), ``intercept`` (whether the column has an offset w_0d;
-    ordinal thresholds absorb it), ``num_outcomes`` (number of discrete values; None if continuous)."""
+    ``constant_curvature``: −2 ∂f̲/∂Ṽ is independent of y and q (all points share one covariance);
+    ``intercept``: the column has an offset w_0d; ``num_outcomes``: discrete values (None if continuous)."""
 
     constant_curvature: ClassVar[bool] = False
     intercept: ClassVar[bool] = True

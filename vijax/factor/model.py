@@ -37,9 +37,8 @@ class Block(eqx.Module):
 
 
 class FactorModel(eqx.Module):
-    """Prior N(μ, Σ) over L latents and the likelihood blocks; ``learn_prior`` / ``learn_loadings``
-    say which parameters the M-step updates, ``penalty`` is the ℓ1 weight on the off-diagonal of
-    Σ⁻¹ (sparse latent Gaussian graphical model; 0 for none)."""
+    """Prior N(μ, Σ) over L latents and the likelihood blocks; the M-step learns μ, Σ if ``learn_prior``, the
+    loadings if ``learn_loadings``, with ℓ1 weight ``penalty`` on Σ⁻¹'s off-diagonal (0: none)."""
 
     mean: jax.Array
     cov: jax.Array
@@ -85,11 +84,10 @@ def _as_blocks(likelihoods, num_columns, owner):
 
 def factor_analysis(likelihoods, latent_dim: int, key, num_columns: int | None = None, scale: float = 0.1,
                     dtype=None) -> FactorModel:
-    """A factor model with prior N(0, I) over ``latent_dim`` factors (fixed) and learned loadings.
+    """A factor model with a fixed prior N(0, I) over ``latent_dim`` factors and learned loadings.
 
-    ``likelihoods`` is one likelihood for all ``num_columns`` columns, or a sequence of
-    ``(columns, likelihood)`` pairs for mixed data. Loadings start at ``scale`` × N(0, 1) (W = 0 is a
-    stationary point of EM), offsets at 0.
+    ``likelihoods``: one likelihood for all ``num_columns`` columns, or ``(columns, likelihood)`` pairs for
+    mixed data. Loadings start at ``scale`` × N(0, 1) (W = 0 is a stationary point of EM), offsets at 0.
     """
     owner = "factor_analysis"
     _checks.integer("latent_dim", latent_dim, owner)
@@ -105,11 +103,8 @@ def factor_analysis(likelihoods, latent_dim: int, key, num_columns: int | None =
 
 
 def graphical_model(likelihoods, num_columns: int | None = None, penalty: float = 0.0, dtype=None) -> FactorModel:
-    """A latent Gaussian graphical model: one latent per predictor (W = I, w_0 = 0), learned μ and Σ.
-
-    With ``penalty`` λ > 0 the M-step maximises the bound minus (N/2) λ Σ_{i≠j} |Σ⁻¹_ij| (graphical
-    lasso), giving a sparse precision.
-    """
+    """A latent Gaussian graphical model: one latent per predictor (W = I, w_0 = 0), learned μ and Σ; with
+    ``penalty`` λ > 0 the M-step maximises the bound minus (N/2) λ Σ_{i≠j} |Σ⁻¹_ij| (graphical lasso)."""
     owner = "graphical_model"
     if not (penalty >= 0 and math.isfinite(penalty)):
         raise ValueError(f"{owner}: `penalty` must be a finite non-negative number, got {penalty!r}.")
@@ -195,8 +190,7 @@ def check_data(model: FactorModel, Y, mask, owner: str):
     for block in model.blocks:
         cols = list(block.columns)
         block.likelihood.check(Y[:, cols][mask[:, cols]], owner)
-    dtype = model.mean.dtype
-    return jnp.asarray(np.where(mask, Y, 0.0), dtype), jnp.asarray(mask)
+    return jnp.asarray(np.where(mask, Y, 0.0), model.mean.dtype), jnp.asarray(mask)
 
 
 def check_weights(weights, num_points: int, dtype, owner: str):

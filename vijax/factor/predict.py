@@ -26,10 +26,6 @@ __all__ = ["log_predictive", "probabilities", "impute"]
 _QUADRATURE = GaussHermite(32)
 
 
-def _block_predictors(block, q: Posteriors):
-    return jax.vmap(block.predictors)(q.mean, q.cov)  # (N, D_b, K), (N, D_b, K, K)
-
-
 def _log_expected_prob(lik, y, mean, cov, key, num_samples):
     """log⟨p(y | η)⟩ for one point's block: ``y`` (D_b,), ``mean`` (D_b, K), ``cov`` (D_b, K, K)."""
     if isinstance(lik, GaussianColumn):  # exact: y ~ N(m̃, ṽ + ψ)
@@ -77,7 +73,7 @@ def _log_predictive(model: FactorModel, q: Posteriors, Y, key, num_samples: int)
     Y = jnp.asarray(Y, model.mean.dtype)
     out = jnp.zeros(Y.shape, Y.dtype)
     for i, block in enumerate(model.blocks):
-        mean, cov = _block_predictors(block, q)
+        mean, cov = jax.vmap(block.predictors)(q.mean, q.cov)
         idx = np.asarray(block.columns)
         keys = jax.random.split(jax.random.fold_in(key, i), Y.shape[0])
         vals = jax.vmap(lambda y, m, v, k: _log_expected_prob(block.likelihood, y, m, v, k, num_samples))(
@@ -103,7 +99,7 @@ def probabilities(post: FactorPosterior, block: int = 0, *, key: jax.Array | Non
 def _probabilities(model: FactorModel, q: Posteriors, block: int, key, num_samples: int):
     blk = model.blocks[block]
     c = blk.likelihood.num_outcomes
-    mean, cov = _block_predictors(blk, q)
+    mean, cov = jax.vmap(blk.predictors)(q.mean, q.cov)
     keys = jax.random.split(key, mean.shape[0])
 
     def point(m, v, k):
@@ -126,7 +122,7 @@ def impute(post: FactorPosterior, Y: ArrayLike, mask: ArrayLike, *, key: jax.Arr
     for i, block in enumerate(model.blocks):
         idx = np.asarray(block.columns)
         if block.likelihood.num_outcomes is None:
-            mean, cov = _block_predictors(block, q)
+            mean, cov = jax.vmap(block.predictors)(q.mean, q.cov)
             fill = np.asarray(jax.vmap(block.likelihood.predictive_mean)(mean, cov))
         else:
             fill = np.argmax(np.asarray(_probabilities(model, q, i, key, num_samples)),

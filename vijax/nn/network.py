@@ -1,11 +1,10 @@
 """Bayesian two-layer networks with hierarchical input-weight priors, fitted by EP (Jylänki 2013, Publication IV).
 
 $$
-f(x) = \\sum_{k=1}^K v_k\\, g(w_k^\\top \\tilde x) + v_0, \\qquad y_i \\sim \\mathcal N(f(x_i), e^{φ_0}),
-
+f(x) = \\sum_{k=1}^K v_k\\, g(w_k^\\top \\tilde x) + v_0, \\quad y_i \\sim \\mathcal N(f(x_i), e^{φ_0}), \\quad
 w_{kj} \\mid φ \\sim \\mathcal N(0, e^{φ_{l_j}}), \\quad φ_l \\sim \\mathcal N(μ_{0,l}, σ^2_{0,l}), \\quad
-φ_0 \\sim \\mathcal N(\\text{noise prior}), \\quad v_k \\sim \\mathcal N(0, σ_v^2)\\,[v_k \\ge 0]\\ (k \\ge 1),
-\\quad v_0 \\sim \\mathcal N(0, σ_v^2).
+v_k \\sim \\mathcal N(0, σ_v^2)\\,[v_k \\ge 0]\\ (k \\ge 1), \\quad v_0 \\sim \\mathcal N(0, σ_v^2), \\quad
+φ_0 \\sim \\mathcal N(\\text{noise prior}).
 $$
 
 x̃ = [x, 1], g(a) = erf(a/√2). q(v) ∏_k q(w_k) q(φ) is Gaussian and factorised (thesis §3.3), with a rank-one
@@ -154,11 +153,6 @@ class _Eval(NamedTuple):
     residuals: jax.Array  # per kind of site: activations, noise, weights, scales, positivity, outputs
 
 
-def _segment(values, labels, L, offset):
-    """Sum (K, d+1) site values into the hyperparameters φ_{offset + l_j}."""
-    return jax.ops.segment_sum(jnp.sum(values, 0), labels + offset, L)
-
-
 def _per_unit(fn, *xs):
     """``fn`` over the hidden units by `jax.lax.map`: a `vmap` can deadlock two batched LAPACK calls on CPU."""
     return jax.lax.map(lambda args: fn(*args), xs)
@@ -183,8 +177,8 @@ def _q(net: TwoLayerNetwork, s: NetworkSites) -> _Q:
     v_mean = v_cov @ v_shift
     # q(φ): noise (index 0) and the input groups.
     Lh = net.hyper_mean.shape[0]
-    tau = jnp.zeros(Lh, X.dtype).at[0].add(jnp.sum(s.noise_tau)) + _segment(s.scale_tau, net.labels, Lh, 1)
-    nu = jnp.zeros(Lh, X.dtype).at[0].add(jnp.sum(s.noise_nu)) + _segment(s.scale_nu, net.labels, Lh, 1)
+    tau = jnp.zeros(Lh, X.dtype).at[0].add(jnp.sum(s.noise_tau)) + jax.ops.segment_sum(jnp.sum(s.scale_tau, 0), net.labels + 1, Lh)
+    nu = jnp.zeros(Lh, X.dtype).at[0].add(jnp.sum(s.noise_nu)) + jax.ops.segment_sum(jnp.sum(s.scale_nu, 0), net.labels + 1, Lh)
     precision = 1.0 / net.hyper_var + tau
     phi_ok = jnp.all(precision > 0)
     phi_var = 1.0 / jnp.where(precision > 0, precision, 1.0)
@@ -204,10 +198,6 @@ def _activation_marginals(q: _Q, X):
     return means, variances, w_var
 
 
-def _ones(shape, dtype):
-    return jnp.ones(shape[:-1] + (1,), dtype)
-
-
 def map_estimate(net: TwoLayerNetwork, w0, iterations: int = 500):
     """Input weights ``(K, d+1)`` and output weights ``(K+1,)`` maximising the log joint at φ = its prior mean.
 
@@ -217,7 +207,6 @@ def map_estimate(net: TwoLayerNetwork, w0, iterations: int = 500):
     dtype = net.X.dtype
     w_var = jnp.exp(net.hyper_mean[1 + net.labels])
     to_v = lambda u: jnp.concatenate([jax.nn.softplus(u[:K]), u[K:]])
-
     noise = jnp.exp(net.hyper_mean[0])
 
     def log_joint(x):
@@ -267,15 +256,13 @@ class NetworkPosterior(Posterior):
     defines_log_z: ClassVar[bool] = False
 
     def __init__(self, w_mean, w_cov, v_mean, v_cov, hyper_mean, hyper_var, diagnostics, model, state):
-        K = w_mean.shape[0]
         blocks = _per_unit(lambda S: jnp.linalg.cholesky(S).T, w_cov)  # upper C_k with S_k = C_kᵀC_k
-        C = jax.scipy.linalg.block_diag(*(blocks[k] for k in range(K)), jnp.linalg.cholesky(v_cov).T)
+        C = jax.scipy.linalg.block_diag(*blocks, jnp.linalg.cholesky(v_cov).T)
         mean = jnp.concatenate([w_mean.reshape(-1), v_mean])
         super().__init__(mean, CholeskyFactor.from_matrix(C), jnp.full((), jnp.nan, mean.dtype), diagnostics, model,
                          bound_claim=False, state=state)
         self.w_mean, self.w_cov, self.v_mean, self.v_cov = w_mean, w_cov, v_mean, v_cov
         self.hyper_mean, self.hyper_var = hyper_mean, hyper_var
-        self.quadrature = GaussHermite(32)
 
     def noise_variance(self):
         """E_q[σ²] = exp(μ_0 + s_0²/2)."""
@@ -294,7 +281,6 @@ class NetworkPosterior(Posterior):
         """log p(y_* | data) ≈ log ∫ N(y_* | E f_*, Var f_* + e^{φ_0}) q(φ_0) dφ_0 (f_* taken Gaussian)."""
         mean, var_f = self._f(X_test)
         y_test = jnp.asarray(y_test, mean.dtype)
-
         log_density = lambda phi: normal_log_density(y_test, mean, var_f + jnp.exp(phi))
         ones = jnp.ones_like(mean)
         return self.quadrature.log_expect_exp(log_density, self.hyper_mean[0] * ones,
@@ -308,7 +294,7 @@ class NetworkPosterior(Posterior):
         g_mean = expected_activation(m, V)
         g_sq = self.quadrature.expect(lambda a: activation(a) ** 2, m, jnp.sqrt(V))
         g_var = jnp.maximum(g_sq - g_mean**2, 0.0)
-        g_mean = jnp.concatenate([g_mean, _ones(g_mean.shape, g_mean.dtype)], -1)
+        g_mean = jnp.concatenate([g_mean, jnp.ones_like(g_mean[:, :1])], -1)
         g_var = jnp.concatenate([g_var, jnp.zeros_like(g_var[:, :1])], -1)
         # f = vᵀg̃, v independent of g̃ (independent coordinates): Var f = ḡᵀΣḡ + Σ_k (Σ_kk + m_k²) Var g̃_k.
         a = jnp.einsum("ij,nj->ni", self.v_cov, g_mean)
@@ -388,7 +374,7 @@ class NetworkEP(AbstractMethod):
             w0, v0 = map_estimate(net, w0)
         # Site directions: the activations at the starting weights, ḡ_i = [g(w0ᵀx̃_i), 1].
         u = activation(net.X @ w0.T)
-        u = jnp.concatenate([u, _ones(u.shape, dtype)], -1)
+        u = jnp.concatenate([u, jnp.ones_like(u[:, :1])], -1)
         if self.init == "map":
             # Pseudo-observations u_iᵀv = u_iᵀv0, of total precision about init_output_precision on
             # every direction the activations span: weak sites centred on the MAP output weights.
@@ -442,7 +428,6 @@ class NetworkEP(AbstractMethod):
         # m₋ = Σ₋(r − ν_i u_i) = m − ν_i b_i + c_i b_i (u_iᵀm − ν_i u_iᵀΣu_i).
         mc = q.v_mean - s.v_nu[:, None] * B + (c * (s.v_dir @ q.v_mean - s.v_nu * uSu))[:, None] * B
         Sc_diag = jnp.diagonal(q.v_cov)[None, :] + c[:, None] * B**2
-        # φ_0 cavities.
         p_mc, p_Vc, ok_p = cavity(q.phi_mean[0], q.phi_var[0], s.noise_tau, s.noise_nu)
         # Activations under the cavity: Gauss–Hermite nodes (n, K, Q).
         z, wz = GaussHermite(self.activation_nodes).rule(dtype)
@@ -450,7 +435,7 @@ class NetworkEP(AbstractMethod):
         g_nodes = activation(h_nodes)
         g_mean = jnp.sum(wz * g_nodes, -1)
         g_var = jnp.maximum(jnp.sum(wz * g_nodes**2, -1) - g_mean**2, 0.0)
-        gm = jnp.concatenate([g_mean, _ones(g_mean.shape, dtype)], -1)
+        gm = jnp.concatenate([g_mean, jnp.ones_like(g_mean[:, :1])], -1)
         gv = jnp.concatenate([g_var, jnp.zeros_like(g_var[:, :1])], -1)
         # E f, Var f and a = Σ₋ḡ, each O(K) per point given Σḡ_i and b_iᵀḡ_i.
         bg = jnp.sum(B * gm, -1)
@@ -524,7 +509,6 @@ class NetworkEP(AbstractMethod):
         dv_t = jnp.where(ok_vi, v_site_tau - s.v_tau, 0.0)
         dv_n = jnp.where(ok_vi, v_site_nu - s.v_nu, 0.0)
         dv_u = jnp.where(ok_vi[:, None], gm - s.v_dir, 0.0)
-        # v residual: tilted mean and variances against q's.
         v_sd = jnp.sqrt(jnp.diagonal(q.v_cov))
         r_v = jnp.where(ok_vi[:, None], jnp.abs(v_mh - q.v_mean) / v_sd
                         + jnp.abs(jnp.log(v_Vh_diag / v_sd**2)), 0.0)
