@@ -66,12 +66,9 @@ def _psd(h):
 def _mean_curvatures(model, y, mask, preds):
     """Each block's −∂²f̲/∂m̃² per column (D_b, K, K) at fixed Ṽ, by K forward-over-reverse products."""
     out = []
-    for i in range(len(model.blocks)):
-        sites = lambda m, i=i: site_terms(model, y, mask, preds[:i] + ((m, preds[i][1]),) + preds[i + 1:])
-        grad_m = jax.grad(sites)
-        m = preds[i][0]
-        k = m.shape[-1]
-        units = jnp.broadcast_to(jnp.eye(k, dtype=m.dtype)[:, None, :], (k,) + m.shape)
+    for i, (m, v) in enumerate(preds):
+        grad_m = jax.grad(lambda m: site_terms(model, y, mask, preds[:i] + ((m, v),) + preds[i + 1:]))
+        units = jnp.broadcast_to(jnp.eye(m.shape[-1], dtype=m.dtype)[:, None, :], m.shape[-1:] + m.shape)
         cols = jax.vmap(lambda t: jax.jvp(grad_m, (m,), (t,))[1])(units)   # (K, D_b, K): [k, d, j] = H_d[j, k]
         out.append(_psd(-jnp.transpose(cols, (1, 2, 0))))
     return out

@@ -120,8 +120,7 @@ class GaussianColumn(AbstractLikelihood):
 
     def __init__(self, noise=1.0, learn_noise: bool = True):
         noise = _checks.as_param("noise", noise, type(self).__name__)
-        if _checks.is_concrete(noise) and not bool(jnp.all(noise > 0)):
-            raise ValueError(f"{type(self).__name__}: `noise` (a variance) must be positive; got {noise}.")
+        _checks.check_positive("noise", noise, type(self).__name__)
         self.noise, self.learn_noise = noise, bool(learn_noise)
 
     def for_columns(self, num_columns):
