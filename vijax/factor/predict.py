@@ -125,9 +125,6 @@ def impute(post: FactorPosterior, Y: ArrayLike, mask: ArrayLike, *, key: jax.Arr
             mean, cov = jax.vmap(block.predictors)(q.mean, q.cov)
             fill = np.asarray(jax.vmap(block.likelihood.predictive_mean)(mean, cov))
         else:
-            fill = np.argmax(np.asarray(_probabilities(model, q, i, key, num_samples)),
-                             -1).astype(float)
-        sub = Y[:, idx]
-        sub[~mask[:, idx]] = fill[~mask[:, idx]]
-        Y[:, idx] = sub
+            fill = np.argmax(np.asarray(_probabilities(model, q, i, key, num_samples)), -1).astype(float)
+        Y[:, idx] = np.where(mask[:, idx], Y[:, idx], fill)
     return jnp.asarray(Y, model.mean.dtype)
