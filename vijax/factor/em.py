@@ -1,25 +1,15 @@
-"""Variational EM for latent Gaussian factor models: vmapped E-steps, M-steps, the EM driver.
+"""Variational EM for latent Gaussian factor models: vmapped E-steps, M-steps and the EM driver.
 
-**E-step.** Each q(z_n) = N(m_n, V_n) maximises L_n (thesis eq. 3.21). With g = ∂f̲/∂m̃ and
-G = ∂f̲/∂Ṽ summed over the point's observed columns, a natural-gradient step in q's natural parameters is
+**E-step.** Each q(z_n) = N(m_n, V_n) maximises L_n (thesis eq. 3.21) by natural-gradient steps, with
+g = ∂f̲/∂m̃ and G = ∂f̲/∂Ṽ summed over the point's observed columns:
 
     P* = Σ⁻¹ − 2 Σ_d W_dᵀ G_d W_d,        P ← (1 − ρ) P + ρ P*,        m ← m + ρ P⁻¹ (−Σ⁻¹(m − μ) + Σ_d W_dᵀ g_d)
 
-At ρ = 1 this is Newton's method in m with V at its fixed point (for a Gaussian expectation of a fixed
-function the Hessian in m̃ is 2G, Price's theorem), and the closed-form E-step for quadratic bounds
-(Algs. 2, 4, 5). A step that would lower L_n is rejected and ρ halved; an accepted one doubles ρ (up to
-1), so L_n never falls. A point stops after ``max_iter`` steps, or once q is within ``tol`` of its fixed
-point in its marginal standard deviations: Δ_k = max_i(|Δm_i|/√V_ii, |ΔV_ii|/V_ii), distance left
-Δ_k r/(1 − r), r = Δ_k/Δ_{k−1} (`vj.solvers.extrapolated_distance`; a test on the stationary L_n would
-stop √tol away); or, converged, once an accepted step neither shrank nor changed L_n beyond rounding
-(the piecewise bounds' derivatives carry noise of about 10⁻⁸). Points are `jax.vmap`ped in one
-`jax.jit`; with constant-curvature likelihoods (Gaussian, Böhning) and no missing entry V is computed
-once and only the means iterate (thesis Alg. 5).
+At ρ = 1 this is Newton's method in m (Price's theorem); a step that would lower L_n is rejected and ρ
+halved, an accepted one doubles ρ (up to 1).
 
-**M-step.** μ and Σ in closed form (eq. 3.37; the graphical lasso when penalised); each column's
-(W_d, w_0d) by steps with the curvature Σ_n Λ_dn ⊗ ⟨x̃x̃ᵀ⟩, x̃ = (z_n, 1), Λ = −2G (for quadratic bounds
-the closed forms 3.42–3.43, 4.14–4.15, 4.30–4.31, 5.28–5.29), backtracked per column so the bound never
-falls; then each likelihood's own parameters (`update`).
+**M-step.** μ and Σ in closed form (eq. 3.37; the graphical lasso when penalised); each column's (W_d, w_0d)
+by a curvature step (Λ = −2G), backtracked so the bound never falls; then each likelihood's `update`.
 """
 
 from __future__ import annotations
@@ -37,7 +27,7 @@ from ..covariance import CholeskyFactor
 from ..methods import AbstractMethod
 from ..posterior import Diagnostics, Posterior
 from ..solvers import Status, extrapolated_distance, iterate
-from .model import FactorModel, ObservedModel, Prior, block_data, neg_kl, site_terms
+from .model import FactorModel, ObservedModel, Prior, block_data, inverse_logdet, neg_kl, site_terms
 
 __all__ = ["EM", "EStep", "EMState", "FactorPosterior", "FactorInfo", "Posteriors", "e_step", "m_step", "initial_posteriors",
            "penalty_term"]
@@ -47,9 +37,7 @@ _ROUNDING = 10  # a step that lowers L_n by less than this many ulps is rounding
 
 
 class Posteriors(NamedTuple):
-    """The per-point Gaussians q(z_n) = N(mean[n], cov[n]) and their bounds L_n.
-
-    ``precision`` = cov⁻¹; ``iterations`` and ``converged`` report the last E-step per point."""
+    """The per-point Gaussians q(z_n) = N(mean[n], cov[n]), cov⁻¹, the bounds L_n and the last E-step's report."""
 
     mean: jax.Array        # (N, L)
     cov: jax.Array         # (N, L, L)
@@ -61,20 +49,14 @@ class Posteriors(NamedTuple):
 
 def initial_posteriors(model: FactorModel, num_points: int) -> Posteriors:
     """q(z_n) = prior for every point."""
-    n = num_points
-    prior = Prior.of(model)
+    n, prior = num_points, Prior.of(model)
     tile = lambda a: jnp.broadcast_to(a, (n,) + a.shape)
     return Posteriors(tile(model.mean), tile(model.cov), tile(prior.precision), jnp.full(n, -jnp.inf, model.mean.dtype),
                       jnp.zeros(n, jnp.int32), jnp.zeros(n, bool))
 
 
-def _logdet_from_precision(chol):
-    return -2 * jnp.sum(jnp.log(jnp.diagonal(chol)))
-
-
 def _psd(h):
-    """Per-column curvatures (D_b, K, K) clipped to positive semi-definite, so round-off (or a bound not
-    concave in m̃) never gives an indefinite step matrix."""
+    """Per-column curvatures (D_b, K, K) clipped to positive semi-definite (round-off, or a non-concave bound)."""
     if h.shape[-1] == 1:
         return jnp.maximum(h, 0.0)
     w, q = jnp.linalg.eigh(0.5 * (h + jnp.swapaxes(h, -1, -2)))
@@ -82,23 +64,18 @@ def _psd(h):
 
 
 def _mean_curvatures(model, y, mask, preds):
-    """Each block's −∂²f̲/∂m̃² per column (D_b, K, K) at fixed Ṽ. Columns are independent, so K
-    forward-over-reverse products with the k-th unit vector in every column give all columns at once."""
+    """Each block's −∂²f̲/∂m̃² per column (D_b, K, K) at fixed Ṽ, by K forward-over-reverse products."""
     out = []
-    for i in range(len(model.blocks)):
-        sites = lambda m, i=i: site_terms(model, y, mask, preds[:i] + ((m, preds[i][1]),) + preds[i + 1:])
-        grad_m = jax.grad(sites)
-        m = preds[i][0]
-        k = m.shape[-1]
-        units = jnp.broadcast_to(jnp.eye(k, dtype=m.dtype)[:, None, :], (k,) + m.shape)
+    for i, (m, v) in enumerate(preds):
+        grad_m = jax.grad(lambda m: site_terms(model, y, mask, preds[:i] + ((m, v),) + preds[i + 1:]))
+        units = jnp.broadcast_to(jnp.eye(m.shape[-1], dtype=m.dtype)[:, None, :], m.shape[-1:] + m.shape)
         cols = jax.vmap(lambda t: jax.jvp(grad_m, (m,), (t,))[1])(units)   # (K, D_b, K): [k, d, j] = H_d[j, k]
         out.append(_psd(-jnp.transpose(cols, (1, 2, 0))))
     return out
 
 
-def _point_step_parts(model, prior, y, mask, mean, cov, logdet, newton):
-    """(L_n, P*, gradient in m, Newton matrix or None) at q = N(mean, cov) for one point: one
-    value-and-gradient of the sites (and, with ``newton``, their curvature in m̃)."""
+def _point_step_parts(model, prior, y, mask, mean, cov, logdet_precision, newton):
+    """(L_n, P*, gradient in m, Newton matrix or None) at q = N(mean, cov) for one point."""
     preds = tuple(b.predictors(mean, cov) for b in model.blocks)
     sites, grads = jax.value_and_grad(lambda p: site_terms(model, y, mask, p))(preds)
     p_star, grad = prior.precision, -prior.precision @ (mean - prior.mean)
@@ -114,14 +91,14 @@ def _point_step_parts(model, prior, y, mask, mean, cov, logdet, newton):
         for block, h in zip(model.blocks, _mean_curvatures(model, y, mask, preds)):
             hessian = hessian + jnp.einsum("dkl,dkj,djm->lm", block.loadings, h, block.loadings)
         hessian = 0.5 * (hessian + hessian.T)
-    return neg_kl(prior, mean, cov, logdet) + sites, 0.5 * (p_star + p_star.T), grad, hessian
+    return neg_kl(prior, mean, cov, -logdet_precision) + sites, 0.5 * (p_star + p_star.T), grad, hessian
 
 
 class _PointState(NamedTuple):
     mean: jax.Array
     cov: jax.Array
     precision: jax.Array
-    logdet: jax.Array
+    logdet: jax.Array  # log det precision
     bound: jax.Array
     target: jax.Array  # P* at (mean, cov)
     grad: jax.Array    # ∂L_n/∂m at (mean, cov)
@@ -135,16 +112,12 @@ class _PointState(NamedTuple):
 
 
 def _point_e_step(model, prior, y, mask, mean, cov, precision, shared, max_iter, tol, newton, record=False):
-    """Monotone natural-gradient ascent of L_n for one point (``shared``: a fixed (V, P, log|V|) or None).
-
-    One site evaluation (with gradient) an iteration, at the proposed q, which drives the next step if
-    accepted. Returns (mean, cov, precision, bound, iterations, converged) and a `_PointExtras`."""
-    eye = jnp.eye(model.latent_dim, dtype=mean.dtype)
+    """Monotone natural-gradient ascent of L_n for one point (``shared``: a fixed (P, V, log|P|) or None)."""
     floor = 1e3 * float(jnp.finfo(mean.dtype).eps)  # steps lost in rounding (float32's resolution in float32)
     if shared is None:
-        logdet0 = _logdet_from_precision(jnp.linalg.cholesky(precision))
+        logdet0 = inverse_logdet(precision)[1]  # (the unused inverse is dead code under jit)
     else:
-        cov, precision, logdet0 = shared
+        precision, cov, logdet0 = shared
     parts = lambda m, v, ld: _point_step_parts(model, prior, y, mask, m, v, ld, newton)
     inf = jnp.asarray(jnp.inf, mean.dtype)
     first = parts(mean, cov, logdet0)
@@ -155,9 +128,7 @@ def _point_e_step(model, prior, y, mask, mean, cov, precision, shared, max_iter,
     def body(k, s: _PointState) -> _PointState:
         if shared is None:
             p_new = (1 - s.rho) * s.precision + s.rho * s.target
-            chol = jnp.linalg.cholesky(p_new)
-            v_new = jax.scipy.linalg.cho_solve((chol, True), eye)
-            v_new, logdet = 0.5 * (v_new + v_new.T), _logdet_from_precision(chol)
+            v_new, logdet = inverse_logdet(p_new)
         else:
             p_new, v_new, logdet = s.precision, s.cov, s.logdet
         if newton:
@@ -197,42 +168,36 @@ class _PointExtras(NamedTuple):
 
 
 def _shared_covariance(model: FactorModel, prior: Prior):
-    """V, P and log|V| for constant-curvature likelihoods: P = Σ⁻¹ + Σ_d W_dᵀ Λ_d W_d (thesis 4.28, 5.26)."""
+    """P, V = P⁻¹ and log|P| for constant-curvature likelihoods: P = Σ⁻¹ + Σ_d W_dᵀ Λ_d W_d (thesis 4.28, 5.26)."""
     p = prior.precision
     for block in model.blocks:
         lam = block.likelihood.curvature(len(block.columns), p.dtype)
         p = p + jnp.einsum("dkl,dkj,djm->lm", block.loadings, lam, block.loadings)
     p = 0.5 * (p + p.T)
-    chol = jnp.linalg.cholesky(p)
-    v = jax.scipy.linalg.cho_solve((chol, True), jnp.eye(p.shape[0], dtype=p.dtype))
-    return 0.5 * (v + v.T), p, _logdet_from_precision(chol)
+    return (p, *inverse_logdet(p))
 
 
 @eqx.filter_jit
 def e_step(model: FactorModel, Y, mask, q: Posteriors, max_iter: int = 500, tol: float = 1e-9,
            complete: bool = False, newton: bool = False) -> Posteriors:
-    """Fit every q(z_n), warm-started at ``q``, by `jax.vmap` of the per-point ascent (for `EM`, `EStep`).
+    """Fit every q(z_n), warm-started at ``q``, by `jax.vmap` of the per-point ascent (module docstring).
 
-    ``complete`` (static): no entry is missing, allowing the shared-covariance shortcut. ``newton``
-    (static): step the means with the bound's own curvature −∂²f̲/∂m̃², not −2∂f̲/∂Ṽ (they differ for
-    optimised local parameters: Böhning, Jaakkola, log, tilted): quadratic, not linear, convergence for
-    one more L × L factorisation a step, which pays for large latent spaces with few points."""
+    A point stops after ``max_iter`` steps, once q is within ``tol`` of its fixed point in its marginal
+    standard deviations (`vj.solvers.extrapolated_distance`), or once a step changes L_n only by rounding.
+    ``complete`` (static): no entry is missing (the shared-covariance shortcut applies). ``newton`` (static):
+    step the means with the bound's own curvature −∂²f̲/∂m̃², not −2∂f̲/∂Ṽ (they differ for optimised local
+    parameters): quadratic convergence for one more L × L factorisation a step."""
     return e_step_run(model, Y, mask, q, max_iter, tol, complete, newton)[0]
 
 
 def e_step_run(model: FactorModel, Y, mask, q: Posteriors, max_iter, tol, complete: bool = False,
                newton: bool = False, record: bool = False):
-    """`e_step` with what the methods report: ``(Posteriors, extras)``, extras a `_PointExtras` of arrays
-    over the points (``record``: each point's L_n after each of its iterations, ``(N, max_iter + 1)``)."""
+    """`e_step` with a `_PointExtras` over the points (``record``: each point's L_n trace)."""
     prior = Prior.of(model)
     shared = _shared_covariance(model, prior) if (complete and model.shared_covariance and not newton) else None
     step = lambda y, mk, m, v, p: _point_e_step(model, prior, y, mk, m, v, p, shared, max_iter, tol, newton, record)
     mean, cov, precision, bound, its, done, extras = jax.vmap(step)(Y, mask, q.mean, q.cov, q.precision)
     return Posteriors(mean, cov, precision, bound, its, done), extras
-
-
-# ----------------------------------------------------------------------------------------------
-# M-step
 
 
 def _graphical_lasso(sample_cov, penalty, precision0, iterations: int = 500, rho: float = 1.0):
@@ -271,9 +236,7 @@ def _update_prior(model: FactorModel, q: Posteriors, weights) -> FactorModel:
     s = 0.5 * (s + s.T)
     if model.penalty > 0:
         precision, _ = _graphical_lasso(s, model.penalty, Prior.of(model).precision)
-        chol = jnp.linalg.cholesky(0.5 * (precision + precision.T))
-        s = jax.scipy.linalg.cho_solve((chol, True), jnp.eye(s.shape[0], dtype=s.dtype))
-        s = 0.5 * (s + s.T)
+        s = inverse_logdet(0.5 * (precision + precision.T))[0]
     return eqx.tree_at(lambda m: (m.mean, m.cov), model, (mu, s))
 
 
@@ -287,54 +250,44 @@ def _column_sums(block, Y, mask, weights, mean, cov):
     return weights @ jax.vmap(point)(Y, mask, mean, cov)
 
 
-def _block_values(block, Y, mask, weights, q, loadings, offsets):
-    """Per-column Σ_n w_n mask f̲ of one block at loadings W, offsets w_0, shape (D_b,)."""
-    blk = eqx.tree_at(lambda b: (b.loadings, b.offsets), block, (loadings, offsets))
-    return _column_sums(blk, Y, mask, weights, *jax.vmap(blk.predictors)(q.mean, q.cov))
-
-
 def _update_loadings(block, Y, mask, weights, q: Posteriors):
     """One backtracked curvature step on each column's (W_d, w_0d); never lowers a column's bound."""
     d, k, l = block.loadings.shape
     moments = jnp.concatenate([jnp.concatenate([q.cov + q.mean[:, :, None] * q.mean[:, None, :], q.mean[:, :, None]], 2),
                                jnp.concatenate([q.mean[:, None, :], jnp.ones_like(q.mean[:, :1, None])], 2)], 1)
     free = jnp.ones(l + 1, bool).at[l].set(block.likelihood.intercept)
+    w, w0 = block.loadings, block.offsets
+    # One pass over the sites: the column values and ∂/∂(m̃, Ṽ), which give both the gradient in
+    # (W_d, w_0d) — ∂m̃/∂W_d = m, ∂Ṽ/∂W_d through W_d V W_dᵀ — and the curvature Λ = −2 sym ∂/∂Ṽ.
+    f0, vjp = jax.vjp(lambda m, v: _column_sums(block, Y, mask, weights, m, v),
+                      *jax.vmap(block.predictors)(q.mean, q.cov))
+    g_m, g_v = vjp(jnp.ones_like(f0))
+    g_sym = g_v + jnp.swapaxes(g_v, -1, -2)  # Λ = −g_sym
+    grad_w = jnp.einsum("ndk,nl->dkl", g_m, q.mean) + jnp.einsum("ndkj,djl,nlm->dkm", g_sym, w, q.cov)
+    grad = jnp.concatenate([grad_w, jnp.sum(g_m, 0)[..., None]], -1) * free   # (D_b, K, L+1)
+    curv = jnp.einsum("ndkj,nab->dkajb", -g_sym, moments)                       # (D_b, K, L+1, K, L+1)
+    curv = curv * (free[None, None, :, None, None] & free[None, None, None, None, :])
+    fixed = jnp.diag(jnp.tile(~free, k).astype(curv.dtype))
+    n = k * (l + 1)
+    curv = curv.reshape(d, n, n)
+    # A small ridge keeps the step finite where the bound is flat in ṽ (linear piecewise bounds).
+    ridge = 1e-10 * jnp.trace(curv, axis1=1, axis2=2) / n + jnp.finfo(curv.dtype).eps
+    curv = curv + fixed + ridge[:, None, None] * jnp.eye(n, dtype=curv.dtype)
+    step = jnp.linalg.solve(curv, grad.reshape(d, n, 1)).reshape(d, k, l + 1)
+    step = jnp.where(jnp.isfinite(step), step, 0.0)
+    # Trust region ‖step‖ ≤ 1 + ‖θ_d‖: where the curvature vanishes the step is a long gradient step.
+    size = jnp.sqrt(jnp.sum(step**2, (1, 2)))
+    radius = 1.0 + jnp.sqrt(jnp.sum(w**2, (1, 2)) + jnp.sum(w0**2, 1))
+    step = step * jnp.minimum(1.0, radius / jnp.maximum(size, jnp.finfo(size.dtype).tiny))[:, None, None]
 
-    def one_step(w, w0):
-        blk = eqx.tree_at(lambda b: (b.loadings, b.offsets), block, (w, w0))
-        # One pass over the sites: the column values and ∂/∂(m̃, Ṽ), which give both the gradient in
-        # (W_d, w_0d) — ∂m̃/∂W_d = m, ∂Ṽ/∂W_d through W_d V W_dᵀ — and the curvature Λ = −2 sym ∂/∂Ṽ.
-        f0, vjp = jax.vjp(lambda m, v: _column_sums(blk, Y, mask, weights, m, v),
-                          *jax.vmap(blk.predictors)(q.mean, q.cov))
-        g_m, g_v = vjp(jnp.ones_like(f0))
-        g_sym = g_v + jnp.swapaxes(g_v, -1, -2)
-        lam = -g_sym
-        grad_w = jnp.einsum("ndk,nl->dkl", g_m, q.mean) + jnp.einsum("ndkj,djl,nlm->dkm", g_sym, w, q.cov)
-        grad = jnp.concatenate([grad_w, jnp.sum(g_m, 0)[..., None]], -1) * free   # (D_b, K, L+1)
-        curv = jnp.einsum("ndkj,nab->dkajb", lam, moments)                       # (D_b, K, L+1, K, L+1)
-        curv = curv * (free[None, None, :, None, None] & free[None, None, None, None, :])
-        fixed = jnp.diag(jnp.tile(~free, k).astype(curv.dtype))
-        n = k * (l + 1)
-        curv = curv.reshape(d, n, n)
-        # A small ridge keeps the step finite where the bound is flat in ṽ (linear piecewise bounds).
-        ridge = 1e-10 * jnp.trace(curv, axis1=1, axis2=2) / n + jnp.finfo(curv.dtype).eps
-        curv = curv + fixed + ridge[:, None, None] * jnp.eye(n, dtype=curv.dtype)
-        step = jnp.linalg.solve(curv, grad.reshape(d, n, 1)).reshape(d, k, l + 1)
-        step = jnp.where(jnp.isfinite(step), step, 0.0)
-        # Trust region ‖step‖ ≤ 1 + ‖θ_d‖: where the curvature vanishes the step is a long gradient step.
-        size = jnp.sqrt(jnp.sum(step**2, (1, 2)))
-        radius = 1.0 + jnp.sqrt(jnp.sum(w**2, (1, 2)) + jnp.sum(w0**2, 1))
-        step = step * jnp.minimum(1.0, radius / jnp.maximum(size, jnp.finfo(size.dtype).tiny))[:, None, None]
+    def trial(t):
+        blk = eqx.tree_at(lambda b: (b.loadings, b.offsets), block, (w + t[:, None, None] * step[..., :l],
+                                                                     w0 + t[:, None] * step[..., l]))
+        return _column_sums(blk, Y, mask, weights, *jax.vmap(blk.predictors)(q.mean, q.cov))
 
-        def trial(t):
-            return _block_values(block, Y, mask, weights, q, w + t[:, None, None] * step[..., :l],
-                                 w0 + t[:, None] * step[..., l])
-
-        t, _, ok, _ = backtrack(trial, lambda t, f: f >= f0, jnp.ones(d, f0.dtype), _HALVINGS)
-        return (jnp.where(ok[:, None, None], w + t[:, None, None] * step[..., :l], w),
-                jnp.where(ok[:, None], w0 + t[:, None] * step[..., l], w0))
-
-    w, w0 = one_step(block.loadings, block.offsets)
+    t, _, ok, _ = backtrack(trial, lambda t, f: f >= f0, jnp.ones(d, f0.dtype), _HALVINGS)
+    w = jnp.where(ok[:, None, None], w + t[:, None, None] * step[..., :l], w)
+    w0 = jnp.where(ok[:, None], w0 + t[:, None] * step[..., l], w0)
     return eqx.tree_at(lambda b: (b.loadings, b.offsets), block, (w, w0))
 
 
@@ -361,16 +314,9 @@ def m_step(model: FactorModel, Y, mask, q: Posteriors, weights=None) -> FactorMo
     return eqx.tree_at(lambda m: m.blocks, model, tuple(blocks))
 
 
-# ----------------------------------------------------------------------------------------------
-# The methods: variational EM, and the E-step alone
-
-
 class EMState(eqx.Module):
-    """The State of `EM`: where the EM loop stands.
-
-    `model`: the `FactorModel` after the last M-step; `posteriors`: every q(z_n) after the last E-step,
-    where the next one starts; `bound`: that E-step's Σ_n w_n L_n (−inf before the first), from which
-    the next relative change is measured."""
+    """The State of `EM`: the model after the last M-step, the q(z_n) after the last E-step and that
+    E-step's Σ_n w_n L_n (−inf before the first)."""
 
     model: FactorModel
     posteriors: Posteriors
@@ -378,10 +324,8 @@ class EMState(eqx.Module):
 
 
 class FactorInfo(eqx.Module):
-    """What `EM` and `EStep` report beyond the common `Diagnostics` (``post.diagnostics.info``).
-
-    Scalar ints: `e_step_iterations`, the most iterations a point's (last) E-step took;
-    `e_step_unconverged`, points whose (last) E-step hit its cap before reaching its tolerance."""
+    """What `EM` and `EStep` report in ``post.diagnostics.info``: the most iterations a point's last E-step
+    took (`e_step_iterations`) and the points whose last E-step hit its cap (`e_step_unconverged`)."""
 
     e_step_iterations: jax.Array
     e_step_unconverged: jax.Array
@@ -394,16 +338,13 @@ class FactorInfo(eqx.Module):
 
 
 class FactorPosterior(Posterior):
-    """What `EM` and `EStep` return: the per-point posteriors q(z_n), the model they were fitted under,
-    and the bound. N Gaussians, one per row: ``mean`` ``(N, L)``, ``covariance`` ``(N, L, L)``, ``std`` ``(N, L)``,
-    ``marginals(H)`` (H ``(K, L)``: means and variances ``(N, K)``), ``sample(key, S)`` ``(S, N, L)``;
-    ``factor`` a batched `vj.covariance.CholeskyFactor`. Also `log_z`, the last E-step's Σ_n w_n L_n
-    (minus a sparse graphical model's ℓ1 penalty), a lower bound on log p(Y | fitted); `fitted`, the
-    learned `FactorModel` (the given one for `EStep`: predict new rows with
-    ``vj.infer(vj.factor.observe(post.fitted, Y_new, mask_new), vj.factor.EStep())``); `posteriors`,
-    the per-point `Posteriors`; `model`, the `ObservedModel`; `state`, an `EMState` (`EM`) or
-    `Posteriors` (`EStep`); `diagnostics` with a `FactorInfo`. `vj.factor.log_predictive`,
-    `probabilities` and `impute` take it.
+    """What `EM` and `EStep` return: N Gaussians q(z_n), one per row, and the model they were fitted under.
+
+    ``mean`` ``(N, L)``, ``covariance`` ``(N, L, L)``, ``factor`` a batched `vj.covariance.CholeskyFactor`;
+    `log_z` the last E-step's Σ_n w_n L_n (minus any ℓ1 penalty), a lower bound on log p(Y | fitted);
+    `fitted` the learned `FactorModel` (the given one for `EStep`); `posteriors` the `Posteriors`; `model`
+    the `ObservedModel`; `state` an `EMState` (`EM`) or `Posteriors` (`EStep`); `diagnostics` with a
+    `FactorInfo`. `vj.factor.log_predictive`, `probabilities` and `impute` take it.
     """
 
     fitted: FactorModel
@@ -448,14 +389,6 @@ class FactorPosterior(Posterior):
                           f"{n} rows, {latent} latent dimensions, {self.fitted.num_columns} columns"])
 
 
-def _same_shapes(state, template) -> bool:
-    """Whether the pytree ``state`` has the structure of ``template`` and leaves of the same shapes."""
-    if jax.tree_util.tree_structure(state) != jax.tree_util.tree_structure(template):
-        return False
-    return all(np.shape(a) == np.shape(b) for a, b in zip(jax.tree_util.tree_leaves(state),
-                                                          jax.tree_util.tree_leaves(template)))
-
-
 def _cast_like(new, old):
     """``new`` with the dtypes of ``old`` leaf by leaf (a loop's carry keeps its types)."""
     return jax.tree_util.tree_map(lambda a, b: jax.lax.convert_element_type(a, jnp.result_type(b)), new, old)
@@ -487,8 +420,10 @@ class _FactorMethod(AbstractMethod):
                              f"vj.factor.observe(model, Y, mask); got {type(model).__name__}.")
 
     def is_state(self, model, state) -> bool:
+        template = eqx.filter_eval_shape(self.init_state, model)
         return (isinstance(state, self._state_type)
-                and _same_shapes(state, eqx.filter_eval_shape(self.init_state, model)))
+                and jax.tree_util.tree_structure(state) == jax.tree_util.tree_structure(template)
+                and all(np.shape(a) == np.shape(b) for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(template))))
 
     def to_state(self, model, init):
         """``init`` as a State (a State, or a posterior whose ``state`` is one), else a ValueError."""
@@ -509,26 +444,17 @@ class _FactorMethod(AbstractMethod):
 
 
 class EM(_FactorMethod):
-    """Variational EM for latent Gaussian factor models: alternate E-steps (every q(z_n), `jax.vmap`ped,
-    warm-started) and M-steps until the bound's relative change is below ``tol``, or ``max_iter``.
-
-        model = vj.factor.factor_analysis(vj.factor.Bernoulli(), latent_dim=2, key=key, num_columns=D)
-        post = vj.infer(vj.factor.observe(model, Y, mask), vj.factor.EM(max_iter=100))
+    """Variational EM: alternate E-steps (every q(z_n), warm-started) and M-steps until the bound's
+    relative change |B_k − B_{k−1}| / (1 + |B_k|) is below ``tol``, or ``max_iter``.
 
     **Arguments:**
 
     - `max_iter`: EM iterations at most (static: it sizes the trace); default 100.
-    - `tol`: converged when |B_k − B_{k−1}| / (1 + |B_k|) < ``tol``, B_k the bound of the k-th E-step
-      (default 1e-6; traced).
-    - `e_step_max_iter`, `e_step_tol`: each E-step's cap (static) and tolerance (traced: q within
-      ``e_step_tol`` of its fixed point in its marginal standard deviations, see `e_step`).
+    - `tol`: the bound's relative change at convergence (default 1e-6).
+    - `e_step_max_iter`, `e_step_tol`: each E-step's cap (static) and tolerance (see `e_step`).
 
-    Returns a `FactorPosterior` (``state`` an `EMState`: ``init=post`` continues the fit). Diagnostics:
-    `iterations` (E-steps), `converged`, `stationarity` (the last relative change), `objective_trace`
-    (entry 0 the starting bound, NaN for a cold start; entry k the bound after E-step k, never falling;
-    NaN-padded to ``max_iter + 1``), method ``"EM"``, a `FactorInfo`. `vj.infer`'s `ConvergenceWarning`
-    reports an unconverged stop, and ``fitted`` is then one M-step ahead of ``posteriors``. The loop is
-    one compiled `jax.lax.while_loop`.
+    Returns a `FactorPosterior`; ``objective_trace`` entry k is the bound after E-step k (never falling). After
+    an unconverged stop, ``fitted`` is one M-step ahead of ``posteriors``.
     """
 
     max_iter: int = eqx.field(static=True, default=100)
@@ -540,9 +466,7 @@ class EM(_FactorMethod):
 
     def __check_init__(self):
         for name in ("max_iter", "e_step_max_iter"):
-            value = getattr(self, name)
-            if not (isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 1):
-                raise ValueError(f"EM: `{name}` must be a positive integer, got {value!r}.")
+            _checks.integer(name, getattr(self, name), "EM")
         for name in ("tol", "e_step_tol"):
             value = getattr(self, name)
             if _checks.is_concrete(value) and not value >= 0:
@@ -553,9 +477,8 @@ class EM(_FactorMethod):
                        jnp.asarray(-jnp.inf, model.dtype))
 
     def solve(self, model: ObservedModel, state: EMState) -> FactorPosterior:
-        data = jax.lax.stop_gradient(model)
+        data, state = jax.lax.stop_gradient((model, state))
         Y, mask, weights = data.Y, data.mask, data.weights
-        state = jax.lax.stop_gradient(state)
         dtype = model.dtype
         total = jnp.sum(weights)
         start = jnp.where(jnp.isfinite(state.bound), state.bound, jnp.nan)
@@ -574,28 +497,19 @@ class EM(_FactorMethod):
         out, iterations = iterate(step, init, self.max_iter, lambda _, s: s.converged)
         diagnostics = Diagnostics(
             iterations=iterations, status=Status.of(out.converged, value=out.value), stationarity=out.change,
-            objective_trace=out.trace,
-            num_value_evals=iterations, method="EM", solver="E-step (natural gradient) / M-step",
-            info=_factor_info(out.q))
+            objective_trace=out.trace, num_value_evals=iterations, method="EM",
+            solver="E-step (natural gradient) / M-step", info=_factor_info(out.q))
         return FactorPosterior(out.model, out.q, out.value, diagnostics, model, EMState(out.model, out.q, out.value))
 
 
 class EStep(_FactorMethod):
-    """The E-step alone: every q(z_n) under the factor model as given (no M-step), `jax.vmap`ped.
+    """The E-step alone: every q(z_n) under the model as given, e.g. for new rows,
+    ``vj.infer(vj.factor.observe(post.fitted, Y_test, mask_test), vj.factor.EStep())``.
 
-    For rows a model was not fitted on: their posteriors under a fitted model, then predictions,
+    **Arguments:** `max_iter` (static; default 1000), `tol` (default 1e-9), `newton` (static): as for `e_step`.
 
-        test = vj.infer(vj.factor.observe(post.fitted, Y_test, observed), vj.factor.EStep())
-        log_p = vj.factor.log_predictive(test, Y_test, key=key)
-
-    **Arguments:** `max_iter` (static; default 1000), `tol` (traced; default 1e-9): each point stops
-    once q is within ``tol`` of its fixed point in its marginal standard deviations, or after
-    ``max_iter`` steps (see `e_step`); `newton` (static): mean steps with the bound's own curvature.
-
-    Returns a `FactorPosterior` (``state`` the `Posteriors`; ``log_z`` Σ_n w_n L_n minus any ℓ1
-    penalty). Diagnostics: `iterations` (a point's most), `converged` (every point), `stationarity` (the
-    largest extrapolated distance), `grad_norm` (max |∂L_n/∂m|), `objective_trace` (Σ_n w_n L_n after
-    each iteration, stopped points at their final value; entry 0 the start).
+    Returns a `FactorPosterior` (``state`` the `Posteriors`). ``stationarity`` is the largest extrapolated
+    distance; ``objective_trace`` Σ_n w_n L_n after each iteration (stopped points at their final value).
     """
 
     max_iter: int = eqx.field(static=True, default=1000)
@@ -605,9 +519,7 @@ class EStep(_FactorMethod):
     _accepted: ClassVar[str] = "a FactorPosterior (post)"
 
     def __check_init__(self):
-        if not (isinstance(self.max_iter, (int, np.integer)) and not isinstance(self.max_iter, bool)
-                and self.max_iter >= 1):
-            raise ValueError(f"EStep: `max_iter` must be a positive integer, got {self.max_iter!r}.")
+        _checks.integer("max_iter", self.max_iter, "EStep")
         if _checks.is_concrete(self.tol) and not self.tol >= 0:
             raise ValueError(f"EStep: `tol` must be a non-negative number, got {self.tol!r}.")
 
@@ -615,27 +527,25 @@ class EStep(_FactorMethod):
         return initial_posteriors(model.model, model.num_points)
 
     def solve(self, model: ObservedModel, state: Posteriors) -> FactorPosterior:
-        data = jax.lax.stop_gradient(model)
+        data, state = jax.lax.stop_gradient((model, state))
         fm = data.model
-        state = jax.lax.stop_gradient(state)
         q, extras = e_step_run(fm, data.Y, data.mask, state, self.max_iter, self.tol, data.complete, self.newton,
                                record=True)
         q = _cast_like(q, state)  # the State keeps its types, so a warm start reuses the program
-        value = data.weights @ q.bound - penalty_term(fm, jnp.sum(data.weights))
-        trace = _total_trace(extras.trace, q.bound, q.iterations, data.weights) - penalty_term(fm, jnp.sum(data.weights))
-        iterations = jnp.max(q.iterations)
+        penalty = penalty_term(fm, jnp.sum(data.weights))
+        value = data.weights @ q.bound - penalty
+        trace = _total_trace(extras.trace, q.bound, q.iterations, data.weights) - penalty
+        evals = jnp.sum(q.iterations) + q.mean.shape[0]
         diagnostics = Diagnostics(
-            iterations=iterations, status=Status.of(jnp.all(q.converged), value=value),
-            stationarity=jnp.max(extras.distance),
-            grad_norm=jnp.max(extras.grad_norm), objective_trace=trace, num_value_evals=jnp.sum(q.iterations) + q.mean.shape[0],
-            num_grad_evals=jnp.sum(q.iterations) + q.mean.shape[0], method="EStep",
+            iterations=jnp.max(q.iterations), status=Status.of(jnp.all(q.converged), value=value),
+            stationarity=jnp.max(extras.distance), grad_norm=jnp.max(extras.grad_norm), objective_trace=trace,
+            num_value_evals=evals, num_grad_evals=evals, method="EStep",
             solver="natural gradient (Newton)" if self.newton else "natural gradient", info=_factor_info(q))
         return FactorPosterior(fm, q, value, diagnostics, model, q)
 
 
 def _total_trace(traces, bounds, iterations, weights):
-    """Σ_n w_n L_n after each iteration from the per-point traces ``(N, max_iter + 1)``: a point that has
-    stopped counts with its final bound; NaN after the last iteration of every point."""
+    """Σ_n w_n L_n after each iteration from the per-point traces ``(N, max_iter + 1)``, stopped points held."""
     k = jnp.arange(traces.shape[1])
     held = jnp.where(k[None, :] <= iterations[:, None], traces, bounds[:, None])
     return jnp.where(k <= jnp.max(iterations), weights @ held, jnp.nan)

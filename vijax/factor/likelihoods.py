@@ -1,31 +1,15 @@
 """Per-column likelihoods p(y_d | η_d) of a latent Gaussian factor model, with their Gaussian bounds.
 
-Column d has K predictors η_d = W_d z + w_0d ∈ R^K (K = 1 except for categorical data). Under
-q(z) = N(m, V), η_d ~ N(m̃_d, Ṽ_d), m̃_d = W_d m + w_0d, Ṽ_d = W_d V W_dᵀ, and each likelihood gives
+Column d has K predictors η_d = W_d z + w_0d (K = 1 but for categorical data); under q(z) = N(m, V),
+η_d ~ N(m̃_d, Ṽ_d) and each likelihood gives a bound f̲(y, m̃, Ṽ) ≤ ⟨log p(y | η)⟩ (Khan thesis eq. 3.20) with
+its local variational parameters at their optimum, so (envelope theorem) its gradients in (m̃, Ṽ) are those at
+fixed local parameters. Methods act on a block's D_b columns at once: ``y`` ``(D_b,)``, ``mean`` ``(D_b, K)``,
+``cov`` ``(D_b, K, K)``; per-column parameters have a leading axis D_b (`for_columns` broadcasts scalars).
 
-    f̲(y, m̃, Ṽ) ≤ ⟨log p(y | η)⟩_{N(η | m̃, Ṽ)}
-
-(Khan thesis eq. 3.20) with its local variational parameters at their optimum (Jaakkola ξ = √(m̃² + ṽ),
-Böhning ψ = m̃, the tilted bound's a by its fixed point), so by the envelope theorem its gradients in
-(m̃, Ṽ) are those at fixed local parameters: all the E- and M-steps need. Methods act on a block's D_b
-columns at once: ``y`` ``(D_b,)``, ``mean`` ``(D_b, K)``, ``cov`` ``(D_b, K, K)``. Per-column
-parameters (Gaussian noise, ordinal thresholds) have a leading axis D_b (`for_columns` broadcasts
-scalars) and are strongly typed float arrays (`vijax._checks.as_param`), of the model's dtype once a
-builder (`factor_analysis`, `graphical_model`) places them in a block.
-
-Binary, ordinal and stick-breaking likelihoods use the logistic log-partition
-llp(x) = log(1 + eˣ) = −log σ(−x), with ``bound`` a lower bound on ⟨log σ⟩ (so ⟨llp(x)⟩ under
-N(m̃, ṽ) is at most minus it under N(−m̃, ṽ)):
-
-- ``"piecewise"`` (default): the `vijax.potentials.PiecewiseLogistic` site, log φ = −f̄(−x), f̄ the
-  R-piece upper bound of `vijax.piecewise` (error ≤ ε_R, Marlin, Khan & Murphy 2011), chosen by
-  ``pieces`` (3 … 20) and ``kind`` (``"quadratic"`` or ``"linear"``);
-- ``"jaakkola"``: `vijax.lvb.Jaakkola` at its optimal ξ (`AbstractLocalBound.expected`):
-  ⟨llp⟩ ≤ (m̃ − ξ)/2 + llp(ξ), ξ = √(m̃² + ṽ) (thesis eq. 4.43);
-- ``"bohning"``: `vijax.lvb.Bohning` at its optimal ψ: ⟨llp⟩ ≤ llp(m̃) + ṽ/8 (eq. 4.41), curvature ¼
-  fixed, so every data point has the same posterior covariance (`constant_curvature`).
-
-Gaussian and Poisson columns use `vijax.potentials.Gaussian` and `vijax.potentials.Poisson`.
+Binary, ordinal and stick-breaking columns bound the logistic log-partition llp(x) = log(1 + eˣ) by ``bound``:
+``"piecewise"`` (default: `vijax.potentials.PiecewiseLogistic`, ``pieces`` 3 … 20, ``kind`` ``"quadratic"`` or
+``"linear"``), ``"jaakkola"`` (`vijax.lvb.Jaakkola` at ξ = √(m̃² + ṽ), eq. 4.43) or ``"bohning"``
+(`vijax.lvb.Bohning` at ψ = m̃, eq. 4.41: curvature ¼, so every point has the same posterior covariance).
 """
 
 from __future__ import annotations
@@ -57,9 +41,8 @@ _HALVINGS = 20  # Newton steps on threshold parameters shortened at most 2⁻²�
 class AbstractLikelihood(eqx.Module):
     """A column likelihood p(y | η), η ∈ R^K, and its bound f̲ on ⟨log p(y | η)⟩ under N(m̃, Ṽ).
 
-    Class flags: ``constant_curvature`` (−2 ∂f̲/∂Ṽ independent of y and q, so all points share one
-    posterior covariance: Gaussian, Böhning), ``intercept`` (whether the column has an offset w_0d;
-    ordinal thresholds absorb it), ``num_outcomes`` (number of discrete values; None if continuous)."""
+    ``constant_curvature``: −2 ∂f̲/∂Ṽ is independent of y and q (all points share one covariance);
+    ``intercept``: the column has an offset w_0d; ``num_outcomes``: discrete values (None if continuous)."""
 
     constant_curvature: ClassVar[bool] = False
     intercept: ClassVar[bool] = True
@@ -94,10 +77,8 @@ class AbstractLikelihood(eqx.Module):
         return self
 
     def update(self, y, weight, mean, cov) -> "AbstractLikelihood":
-        """M-step for the likelihood's own parameters given q's predictors (``(N, D_b, ...)``).
-
-        ``weight`` (N, D_b): each entry's weight in the bound, the row's weight where observed and 0 where
-        missing (``y`` holds a valid placeholder there)."""
+        """M-step for the likelihood's own parameters given q's predictors (``(N, D_b, ...)``); ``weight``
+        ``(N, D_b)``: the row's weight where observed, 0 where missing (``y`` a valid placeholder there)."""
         return self
 
     def predictive_mean(self, mean, cov):
@@ -110,9 +91,7 @@ def _is_integer_in(y, lo, hi):
 
 
 class _LogPartitionBound(eqx.Module):
-    """An upper bound on ⟨llp(x)⟩ for x ~ N(m, v), llp(x) = log(1 + eˣ) = −log σ(−x): minus the lower
-    bound on ⟨log σ(t)⟩, t = −x ~ N(−m, v), of a `PiecewiseLogistic` site or of an LVB local bound
-    for `Logistic` sites at its optimal parameter (`lvb.local_bound`, `AbstractLocalBound.expected`)."""
+    """An upper bound on ⟨llp(x)⟩, x ~ N(m, v): minus a lower bound on ⟨log σ(−x)⟩ (module docstring)."""
 
     bound: str = eqx.field(static=True)
     pieces: int = eqx.field(static=True, converter=int)
@@ -141,8 +120,7 @@ class GaussianColumn(AbstractLikelihood):
 
     def __init__(self, noise=1.0, learn_noise: bool = True):
         noise = _checks.as_param("noise", noise, type(self).__name__)
-        if _checks.is_concrete(noise) and not bool(jnp.all(noise > 0)):
-            raise ValueError(f"{type(self).__name__}: `noise` (a variance) must be positive; got {noise}.")
+        _checks.check_positive("noise", noise, type(self).__name__)
         self.noise, self.learn_noise = noise, bool(learn_noise)
 
     def for_columns(self, num_columns):
@@ -175,9 +153,8 @@ class GaussianColumn(AbstractLikelihood):
 
 
 class Bernoulli(AbstractLikelihood):
-    """Bernoulli-logit, p(y = 1 | η) = σ(η), y ∈ {0, 1}: f̲ = y m̃ − ⟨llp(η)⟩ bounded by ``bound``
-    (written with the llp bound for both labels, as the piecewise bound is not symmetric:
-    f̄(x) − x ≠ f̄(−x))."""
+    """Bernoulli-logit, p(y = 1 | η) = σ(η), y ∈ {0, 1}: f̲ = y m̃ − ⟨llp(η)⟩, the llp bound for both labels
+    (the piecewise bound is not symmetric: f̄(x) − x ≠ f̄(−x))."""
 
     llp: _LogPartitionBound
 
@@ -227,14 +204,11 @@ class PoissonColumn(AbstractLikelihood):
 class Ordinal(AbstractLikelihood):
     """Cumulative logit (proportional odds), y ∈ {0, …, C−1}: P(y ≤ k | η) = σ(φ_{k+1} − η).
 
-    With thresholds φ_1 < … < φ_{C−1} (φ_0 = −∞, φ_C = ∞), for 0 < k < C−1
+        log p(y = k | η) = η − llp(η − φ_{k+1}) − llp(η − φ_k) + log(e^{−φ_k} − e^{−φ_{k+1}}),   0 < k < C−1
 
-        log p(y = k | η) = η − llp(η − φ_{k+1}) − llp(η − φ_k) + log(e^{−φ_k} − e^{−φ_{k+1}})
-
-    (thesis eq. 6.4, sign corrected), log p(y = 0 | η) = −llp(η − φ_1),
-    log p(y = C−1 | η) = η − φ_{C−1} − llp(η − φ_{C−1}); each ⟨llp⟩ bounded by ``bound``.
-    φ_1 = ``first``, φ_{k+1} = φ_k + exp(``log_gaps``_k), so they stay ordered; the M-step learns them
-    per column by Newton's method on the bound. No intercept (the thresholds absorb it)."""
+    (thesis eq. 6.4, sign corrected), log p(y = 0 | η) = −llp(η − φ_1), log p(y = C−1 | η) = η − φ_{C−1} −
+    llp(η − φ_{C−1}). φ_1 = ``first``, φ_{k+1} = φ_k + exp(``log_gaps``_k) keeps them ordered; the M-step
+    learns them per column by Newton's method. No intercept (the thresholds absorb it)."""
 
     first: jax.Array
     log_gaps: jax.Array
@@ -244,9 +218,8 @@ class Ordinal(AbstractLikelihood):
 
     def __init__(self, num_levels: int, bound: str = "piecewise", pieces: int = 20, kind: str = "quadratic",
                  thresholds=None):
-        if not (isinstance(num_levels, (int, np.integer)) and num_levels >= 2):
-            raise ValueError(f"Ordinal: `num_levels` must be an integer ≥ 2, got {num_levels!r}.")
-        self.num_levels, self.llp = int(num_levels), _LogPartitionBound(bound, pieces, kind)
+        num_levels = _checks.integer("num_levels", num_levels, "Ordinal", minimum=2)
+        self.num_levels, self.llp = num_levels, _LogPartitionBound(bound, pieces, kind)
         if thresholds is None:  # logistic quantiles of equally likely levels
             p = np.arange(1, num_levels) / num_levels
             thresholds = np.log(p / (1 - p))
@@ -325,9 +298,7 @@ class _Categorical(AbstractLikelihood):
     num_classes: int = eqx.field(static=True)
 
     def _set_classes(self, num_classes):
-        if not (isinstance(num_classes, (int, np.integer)) and num_classes >= 2):
-            raise ValueError(f"{type(self).__name__}: `num_classes` must be an integer ≥ 2, got {num_classes!r}.")
-        self.num_classes = int(num_classes)
+        self.num_classes = _checks.integer("num_classes", num_classes, type(self).__name__, minimum=2)
 
     @property
     def num_predictors(self):
@@ -346,12 +317,10 @@ class _Categorical(AbstractLikelihood):
 class StickBreaking(_Categorical):
     """Stick-breaking categorical likelihood (Khan et al. 2012), y ∈ {0, …, C−1}, K = C − 1 sticks:
 
-        p(y = k | η) = σ(η_k) ∏_{j<k} (1 − σ(η_j)),   p(y = C−1 | η) = ∏_{j<C−1} (1 − σ(η_j)),
+        log p(y = k | η) = [k < C−1] η_k − Σ_{j ≤ min(k, C−2)} llp(η_j)   (thesis eq. 5.35),
 
-    so log p(y = k | η) = [k < C−1] η_k − Σ_{j ≤ min(k, C−2)} llp(η_j) (thesis eq. 5.35). Only the
-    sticks' marginals enter, each ⟨llp⟩ bounded by ``bound`` (piecewise by default). The categories
-    are in label order (relabel to try others). The curvature depends on y even with Böhning (sticks
-    after y's do not enter), so no covariance is shared between points."""
+    each ⟨llp⟩ bounded by ``bound``; the categories in label order. The curvature depends on y even with
+    Böhning (the sticks after y's do not enter), so no covariance is shared between points."""
 
     llp: _LogPartitionBound
 
@@ -374,19 +343,17 @@ class StickBreaking(_Categorical):
 
 
 class Multinomial(_Categorical):
-    """Multinomial logit, y ∈ {0, …, C−1}, p(y = k | η) = e^{η_k}/Σ_j e^{η_j}, η_0 = 0, K = C − 1
-    predictors (η_1 … η_{C−1}). ⟨lse⟩ is bounded by ``bound``:
+    """Multinomial logit, y ∈ {0, …, C−1}, p(y = k | η) = e^{η_k}/Σ_j e^{η_j}, η_0 = 0, K = C − 1 predictors.
 
-    - ``"bohning"`` (default; Khan thesis §5.4): f̲ = eᵀm̃ − lse₁(m̃) − ½ tr(AṼ), A = ½(I − 11ᵀ/C), at
-      the optimal ψ = m̃; fixed curvature A, so all data points share one covariance;
+    ⟨lse⟩ is bounded by ``bound``:
+
+    - ``"bohning"`` (default; thesis §5.4): f̲ = eᵀm̃ − lse₁(m̃) − ½ tr(AṼ), A = ½(I − 11ᵀ/C) fixed, so all
+      points share one covariance;
     - ``"log"`` (Blei & Lafferty): f̲ = eᵀm̃ − lse₁(m̃ + ṽ/2);
-    - ``"tilted"``: ⟨lse(η)⟩ ≤ aᵀm̃ + log Σ_k exp(β_kᵀm̃ + ½β_kᵀṼβ_k), β_k = e_k − a, over all C
-      coordinates (η_0 ≡ 0): the full-covariance tilted bound (thesis A.59), valid for every Ṽ (Knowles
-      & Minka's diagonal form is not, see the errata), a at its fixed point a = softmax(β-shifted
-      means), where Ṽ(p − a) = 0. a = 0 is the log bound, so "tilted" ≥ "log";
-    - ``"pos"`` (product of sigmoids, Bouchard 2007): lse(η) ≤ β + Σ_{k=0}^{C−1} llp(η_k − β), each
-      ⟨llp⟩ by the ``pieces``-piece ``kind`` bound (η_0 ≡ 0 exactly), β optimal by Newton's method.
-      Accurate only near the direction of one predictor (thesis §5.3).
+    - ``"tilted"``: ⟨lse(η)⟩ ≤ aᵀm̃ + log Σ_k exp(β_kᵀm̃ + ½β_kᵀṼβ_k), β_k = e_k − a, the full-covariance
+      tilted bound (thesis A.59; Knowles & Minka's diagonal form is not valid), a at its fixed point; ≥ "log";
+    - ``"pos"`` (product of sigmoids, Bouchard 2007): lse(η) ≤ β + Σ_k llp(η_k − β), each ⟨llp⟩ by the
+      ``pieces``-piece ``kind`` bound, β by Newton's method; accurate only near one predictor's direction.
     """
 
     bound: str = eqx.field(static=True)

@@ -21,12 +21,8 @@ __all__ = ["Block", "FactorModel", "ObservedModel", "factor_analysis", "graphica
 
 
 class Block(eqx.Module):
-    """Columns ``columns`` of the data, all with one likelihood type.
-
-    - `columns`: the data columns (static tuple of ints);
-    - `likelihood`: an `AbstractLikelihood` with per-column parameters of leading length D_b;
-    - `loadings`: W, shape ``(D_b, K, L)``; `offsets`: w_0, shape ``(D_b, K)``.
-    """
+    """Data columns ``columns`` (a static tuple) with one `AbstractLikelihood` (per-column parameters of
+    leading length D_b), loadings W ``(D_b, K, L)`` and offsets w_0 ``(D_b, K)``."""
 
     columns: tuple = eqx.field(static=True)
     likelihood: AbstractLikelihood
@@ -41,9 +37,8 @@ class Block(eqx.Module):
 
 
 class FactorModel(eqx.Module):
-    """Prior N(μ, Σ) over L latents and the likelihood blocks; ``learn_prior`` / ``learn_loadings``
-    say which parameters the M-step updates, ``penalty`` is the ℓ1 weight on the off-diagonal of
-    Σ⁻¹ (sparse latent Gaussian graphical model; 0 for none)."""
+    """Prior N(μ, Σ) over L latents and the likelihood blocks; the M-step learns μ, Σ if ``learn_prior``, the
+    loadings if ``learn_loadings``, with ℓ1 weight ``penalty`` on Σ⁻¹'s off-diagonal (0: none)."""
 
     mean: jax.Array
     cov: jax.Array
@@ -89,15 +84,13 @@ def _as_blocks(likelihoods, num_columns, owner):
 
 def factor_analysis(likelihoods, latent_dim: int, key, num_columns: int | None = None, scale: float = 0.1,
                     dtype=None) -> FactorModel:
-    """A factor model with prior N(0, I) over ``latent_dim`` factors (fixed) and learned loadings.
+    """A factor model with a fixed prior N(0, I) over ``latent_dim`` factors and learned loadings.
 
-    ``likelihoods`` is one likelihood for all ``num_columns`` columns, or a sequence of
-    ``(columns, likelihood)`` pairs for mixed data. Loadings start at ``scale`` × N(0, 1) (W = 0 is a
-    stationary point of EM), offsets at 0.
+    ``likelihoods``: one likelihood for all ``num_columns`` columns, or ``(columns, likelihood)`` pairs for
+    mixed data. Loadings start at ``scale`` × N(0, 1) (W = 0 is a stationary point of EM), offsets at 0.
     """
     owner = "factor_analysis"
-    if not (isinstance(latent_dim, (int, np.integer)) and latent_dim >= 1):
-        raise ValueError(f"{owner}: `latent_dim` must be a positive integer, got {latent_dim!r}.")
+    _checks.integer("latent_dim", latent_dim, owner)
     dtype = dtype or jnp.result_type(float)
     blocks = []
     for i, (cols, lik) in enumerate(_as_blocks(likelihoods, num_columns, owner)):
@@ -110,11 +103,8 @@ def factor_analysis(likelihoods, latent_dim: int, key, num_columns: int | None =
 
 
 def graphical_model(likelihoods, num_columns: int | None = None, penalty: float = 0.0, dtype=None) -> FactorModel:
-    """A latent Gaussian graphical model: one latent per predictor (W = I, w_0 = 0), learned μ and Σ.
-
-    With ``penalty`` λ > 0 the M-step maximises the bound minus (N/2) λ Σ_{i≠j} |Σ⁻¹_ij| (graphical
-    lasso), giving a sparse precision.
-    """
+    """A latent Gaussian graphical model: one latent per predictor (W = I, w_0 = 0), learned μ and Σ; with
+    ``penalty`` λ > 0 the M-step maximises the bound minus (N/2) λ Σ_{i≠j} |Σ⁻¹_ij| (graphical lasso)."""
     owner = "graphical_model"
     if not (penalty >= 0 and math.isfinite(penalty)):
         raise ValueError(f"{owner}: `penalty` must be a finite non-negative number, got {penalty!r}.")
@@ -148,6 +138,13 @@ def site_terms(model: FactorModel, y, mask, predictors):
     return total
 
 
+def inverse_logdet(A):
+    """A⁻¹ (symmetrised) and log det A of a symmetric positive-definite ``(L, L)`` A, by one Cholesky factor."""
+    chol = jnp.linalg.cholesky(A)
+    inverse = jax.scipy.linalg.cho_solve((chol, True), jnp.eye(A.shape[0], dtype=chol.dtype))
+    return 0.5 * (inverse + inverse.T), 2 * jnp.sum(jnp.log(jnp.diagonal(chol)))
+
+
 class Prior(eqx.Module):
     """μ, Σ⁻¹ and log det Σ, computed once per step from the model's (μ, Σ)."""
 
@@ -157,10 +154,7 @@ class Prior(eqx.Module):
 
     @staticmethod
     def of(model: FactorModel) -> "Prior":
-        chol = jnp.linalg.cholesky(model.cov)
-        eye = jnp.eye(model.latent_dim, dtype=chol.dtype)
-        precision = jax.scipy.linalg.cho_solve((chol, True), eye)
-        return Prior(model.mean, 0.5 * (precision + precision.T), 2 * jnp.sum(jnp.log(jnp.diagonal(chol))))
+        return Prior(model.mean, *inverse_logdet(model.cov))
 
 
 def neg_kl(prior: Prior, mean, cov, logdet_cov):
@@ -196,8 +190,7 @@ def check_data(model: FactorModel, Y, mask, owner: str):
     for block in model.blocks:
         cols = list(block.columns)
         block.likelihood.check(Y[:, cols][mask[:, cols]], owner)
-    dtype = model.mean.dtype
-    return jnp.asarray(np.where(mask, Y, 0.0), dtype), jnp.asarray(mask)
+    return jnp.asarray(np.where(mask, Y, 0.0), model.mean.dtype), jnp.asarray(mask)
 
 
 def check_weights(weights, num_points: int, dtype, owner: str):
@@ -214,12 +207,8 @@ def check_weights(weights, num_points: int, dtype, owner: str):
 
 
 class ObservedModel(eqx.Module):
-    """A factor model with its data: what `vj.factor.EM` and `vj.factor.EStep` fit through `vj.infer`.
-
-    Build it with `observe` (which says what `Y`, `mask` and `weights` hold; unobserved entries of `Y` are
-    0 here); `model` is the `FactorModel`, the static `complete` says no entry is missing (the E-step may
-    then share one covariance between the points).
-    """
+    """A `FactorModel` with its data (built by `observe`; unobserved entries of `Y` are 0 here): what
+    `vj.factor.EM` and `vj.factor.EStep` fit. The static `complete` says no entry is missing."""
 
     model: FactorModel
     Y: jax.Array
@@ -243,12 +232,9 @@ class ObservedModel(eqx.Module):
 def observe(model: FactorModel, Y, mask=None, weights=None) -> ObservedModel:
     """The factor model ``model`` with its observations, ready for ``vj.infer(..., vj.factor.EM())``.
 
-    ``Y`` is ``(N, D)`` with the columns the model's blocks name (classes and levels as integers
-    0 … C−1); ``mask`` ``(N, D)`` booleans mark the observed entries (default: all, and then ``Y`` must
-    be finite); ``weights`` ``(N,)`` are non-negative row weights w_n, e.g. the counts of distinct
-    rows: the bound is Σ_n w_n L_n, so a row of weight 2 counts as that row twice (default: 1 each).
-    Invalid data (wrong shape, values a column's likelihood does not take, a mask that is not boolean,
-    negative weights) raise a `ValueError`.
+    ``Y``: ``(N, D)``, classes and levels as integers 0 … C−1. ``mask``: ``(N, D)`` booleans, True where
+    observed (default: all, and ``Y`` must be finite). ``weights``: ``(N,)`` non-negative row weights w_n
+    (default 1), e.g. counts of distinct rows: the bound is Σ_n w_n L_n. Invalid data raise a `ValueError`.
     """
     owner = "vj.factor.observe"
     if not isinstance(model, FactorModel):

@@ -1,11 +1,9 @@
 """Predictions from a fitted factor model: predictive densities of entries, class probabilities, imputation.
 
-Each function takes the `FactorPosterior` of `vj.factor.EM` or `vj.factor.EStep` (for new rows, fit
-them first: ``vj.infer(vj.factor.observe(post.fitted, Y_test, mask_test), vj.factor.EStep())``).
-For an entry (n, d), p(y_dn | observed) ≈ ⟨p(y | η)⟩ under q's predictor N(m̃_dn, Ṽ_dn) (thesis eq. 3.26),
-with q(z_n) fitted on the point's observed entries and the posterior's ``fitted`` model. Scalar
-predictors are integrated by Gauss–Hermite quadrature (32 nodes); categorical ones (K > 1) by Monte
-Carlo with ``num_samples`` draws from ``key`` (a `jax.random` key, required only then).
+Each function takes the `FactorPosterior` of `vj.factor.EM` or `vj.factor.EStep` (fit new rows with `EStep`
+first). For an entry (n, d), p(y_dn | observed) ≈ ⟨p(y | η)⟩ under q's predictor N(m̃_dn, Ṽ_dn) (thesis
+eq. 3.26): by 32-node Gauss–Hermite for scalar predictors, by Monte Carlo with ``num_samples`` draws from
+``key`` (required only then) for categorical ones.
 """
 
 from __future__ import annotations
@@ -28,10 +26,6 @@ __all__ = ["log_predictive", "probabilities", "impute"]
 _QUADRATURE = GaussHermite(32)
 
 
-def _block_predictors(block, q: Posteriors):
-    return jax.vmap(block.predictors)(q.mean, q.cov)  # (N, D_b, K), (N, D_b, K, K)
-
-
 def _log_expected_prob(lik, y, mean, cov, key, num_samples):
     """log⟨p(y | η)⟩ for one point's block: ``y`` (D_b,), ``mean`` (D_b, K), ``cov`` (D_b, K, K)."""
     if isinstance(lik, GaussianColumn):  # exact: y ~ N(m̃, ṽ + ψ)
@@ -47,7 +41,6 @@ def _log_expected_prob(lik, y, mean, cov, key, num_samples):
 
 
 def _fitted(owner, post):
-    """(model, q) of a `FactorPosterior`."""
     if not isinstance(post, FactorPosterior):
         raise ValueError(f"{owner}: expects the FactorPosterior of vj.infer(vj.factor.observe(model, Y, mask), "
                          f"vj.factor.EM()) (or vj.factor.EStep()), got {type(post).__name__}.")
@@ -66,12 +59,9 @@ def _monte_carlo_key(key, blocks, owner):
 
 def log_predictive(post: FactorPosterior, Y: ArrayLike, *, key: jax.Array | None = None,
                    num_samples: int = 2000) -> jax.Array:
-    """log p(y_dn | q(z_n)) for every entry of ``Y`` (N, D): score held-out entries with it.
+    """log p(y_dn | q(z_n)) ``(N, D)`` for every entry of ``Y`` ``(N, D)``, e.g. to score held-out entries.
 
-    ``post``: the `FactorPosterior` of the data's rows. Entries of ``Y`` not to be scored may hold any
-    valid value (they are not used by q, which was fitted with its own mask). ``key`` (a `jax.random`
-    key) drives the Monte Carlo estimate for categorical blocks. Returns a JAX array of shape (N, D).
-    """
+    Entries not to be scored may hold any valid value (q was fitted with its own mask)."""
     owner = "vj.factor.log_predictive"
     model, q = _fitted(owner, post)
     key = _monte_carlo_key(key, model.blocks, owner)
@@ -83,7 +73,7 @@ def _log_predictive(model: FactorModel, q: Posteriors, Y, key, num_samples: int)
     Y = jnp.asarray(Y, model.mean.dtype)
     out = jnp.zeros(Y.shape, Y.dtype)
     for i, block in enumerate(model.blocks):
-        mean, cov = _block_predictors(block, q)
+        mean, cov = jax.vmap(block.predictors)(q.mean, q.cov)
         idx = np.asarray(block.columns)
         keys = jax.random.split(jax.random.fold_in(key, i), Y.shape[0])
         vals = jax.vmap(lambda y, m, v, k: _log_expected_prob(block.likelihood, y, m, v, k, num_samples))(
@@ -94,10 +84,7 @@ def _log_predictive(model: FactorModel, q: Posteriors, Y, key, num_samples: int)
 
 def probabilities(post: FactorPosterior, block: int = 0, *, key: jax.Array | None = None,
                   num_samples: int = 2000) -> jax.Array:
-    """Predictive probabilities of every outcome of discrete block ``block``: shape (N, D_b, C).
-
-    ``post``: a `FactorPosterior`. ``key`` (a `jax.random` key) drives the Monte Carlo estimate for a
-    categorical block. Returns a JAX array."""
+    """Predictive probabilities ``(N, D_b, C)`` of every outcome of the discrete block ``block``."""
     owner = "vj.factor.probabilities"
     model, q = _fitted(owner, post)
     blk = model.blocks[block]
@@ -112,7 +99,7 @@ def probabilities(post: FactorPosterior, block: int = 0, *, key: jax.Array | Non
 def _probabilities(model: FactorModel, q: Posteriors, block: int, key, num_samples: int):
     blk = model.blocks[block]
     c = blk.likelihood.num_outcomes
-    mean, cov = _block_predictors(blk, q)
+    mean, cov = jax.vmap(blk.predictors)(q.mean, q.cov)
     keys = jax.random.split(key, mean.shape[0])
 
     def point(m, v, k):
@@ -125,9 +112,8 @@ def _probabilities(model: FactorModel, q: Posteriors, block: int, key, num_sampl
 
 def impute(post: FactorPosterior, Y: ArrayLike, mask: ArrayLike, *, key: jax.Array | None = None,
            num_samples: int = 2000) -> jax.Array:
-    """``Y`` with its unobserved entries (``mask`` False) set to the predictive mode (discrete columns)
-    or mean (Gaussian, Poisson): a JAX array of shape (N, D). ``post``: a `FactorPosterior`; ``key`` as
-    for `probabilities`."""
+    """``Y`` ``(N, D)`` with its unobserved entries (``mask`` False) set to the predictive mode (discrete
+    columns) or mean (Gaussian, Poisson)."""
     owner = "vj.factor.impute"
     model, q = _fitted(owner, post)
     key = _monte_carlo_key(key, [b for b in model.blocks if b.likelihood.num_outcomes is not None], owner)
@@ -136,12 +122,9 @@ def impute(post: FactorPosterior, Y: ArrayLike, mask: ArrayLike, *, key: jax.Arr
     for i, block in enumerate(model.blocks):
         idx = np.asarray(block.columns)
         if block.likelihood.num_outcomes is None:
-            mean, cov = _block_predictors(block, q)
+            mean, cov = jax.vmap(block.predictors)(q.mean, q.cov)
             fill = np.asarray(jax.vmap(block.likelihood.predictive_mean)(mean, cov))
         else:
-            fill = np.argmax(np.asarray(_probabilities(model, q, i, key, num_samples)),
-                             -1).astype(float)
-        sub = Y[:, idx]
-        sub[~mask[:, idx]] = fill[~mask[:, idx]]
-        Y[:, idx] = sub
+            fill = np.argmax(np.asarray(_probabilities(model, q, i, key, num_samples)), -1).astype(float)
+        Y[:, idx] = np.where(mask[:, idx], Y[:, idx], fill)
     return jnp.asarray(Y, model.mean.dtype)

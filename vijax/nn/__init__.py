@@ -1,8 +1,7 @@
 """Bayesian two-layer neural networks with hierarchical (ARD / common-scale) priors, fitted by EP.
 
 ``post = vj.infer(vj.nn.TwoLayerNetwork(X, y, num_hidden=8), vj.nn.NetworkEP())``; then
-``post.predict(X_test)``, ``post.log_predictive(X_test, y_test)``, ``post.relevances()``.
-See `vijax.nn.network` for the model, the approximation and its cost.
+``post.predict(X_test)``, ``post.log_predictive(X_test, y_test)``, ``post.relevances()`` (`vijax.nn.network`).
 """
 
 from .network import (NetworkEP, NetworkInfo, NetworkPosterior, NetworkSites, NetworkState, TwoLayerNetwork, activation,

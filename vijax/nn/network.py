@@ -1,32 +1,15 @@
-"""Bayesian two-layer networks with hierarchical input-weight priors, by EP (Jylänki 2013, Publication IV).
-
-Model (thesis eq. 3.8, with the choices the thesis leaves open stated):
+"""Bayesian two-layer networks with hierarchical input-weight priors, fitted by EP (Jylänki 2013, Publication IV).
 
 $$
-f(x) = \\sum_{k=1}^K v_k\\, g(w_k^\\top \\tilde x) + v_0, \\qquad y_i \\sim \\mathcal N(f(x_i), e^{φ_0}),
-
+f(x) = \\sum_{k=1}^K v_k\\, g(w_k^\\top \\tilde x) + v_0, \\quad y_i \\sim \\mathcal N(f(x_i), e^{φ_0}), \\quad
 w_{kj} \\mid φ \\sim \\mathcal N(0, e^{φ_{l_j}}), \\quad φ_l \\sim \\mathcal N(μ_{0,l}, σ^2_{0,l}), \\quad
-φ_0 \\sim \\mathcal N(\\text{noise prior}), \\quad v_k \\sim \\mathcal N(0, σ_v^2)\\,[v_k \\ge 0]\\ (k \\ge 1),
-\\quad v_0 \\sim \\mathcal N(0, σ_v^2).
+v_k \\sim \\mathcal N(0, σ_v^2)\\,[v_k \\ge 0]\\ (k \\ge 1), \\quad v_0 \\sim \\mathcal N(0, σ_v^2), \\quad
+φ_0 \\sim \\mathcal N(\\text{noise prior}).
 $$
 
-x̃ = [x, 1] (the input bias has its own scale group); ``groups="ard"``: one φ_l per input, shared by
-the hidden units (Neal 1996's ARD), ``"common"``: one for all. Half-Gaussian output weights (the
-thesis: a left-truncated Student-t) remove the sign symmetry of the odd g(a) = erf(a/√2) = 2Φ(a) − 1;
-E_{N(a|m,s²)} g = erf(m/√(2(1+s²))) in closed form, E g² (an Owen-T integral) by Gauss–Hermite.
-
-**Approximation** (thesis §3.3): q(v) ∏_k q(w_k) q(φ), all Gaussian, q(φ) factorised. Sites: per point
-a rank-one site on v, exp(−τ_i(u_iᵀv)²/2 + ν_i u_iᵀv) (u_i = ḡ_i at the fixed point), one on each
-activation h_ik = w_kᵀx̃_i and one on φ_0; per weight `HierarchicalEP`'s prior site N(w_kj | 0, e^{φ_{l_j}});
-truncated-Gaussian positivity sites on v_k. Under the cavity f_i = vᵀg̃_i, g̃ = [g(h_i1), …, g(h_iK), 1], is
-taken as Gaussian, so N(y_i | f, e^{φ_0}) is analytic in f and Gauss–Hermite in φ_0
-(`vj.methods.ep_hyper.log_variance_tilted_moments`); v moves by a linear-filter step (rank-one site
-−β ḡḡᵀ, Sherman–Morrison, O(K²) a point); each h_ik by Gauss–Hermite, f_i | h_ik = h being Gaussian with
-mean E f + μ_k(g(h) − ḡ_k), variance Σ_kk g(h)² + 2g(h)Cov(v_k, r) + Var r (r the rest of the sum).
-All sites move together from a MAP start (`map_estimate`), damped, the step halved until q and every
-cavity are proper. The predictive intervals err wide: at the fixed point E σ² ≈ the mean of
-E_q(y_i − f_i)², and the factorised q fits the data less closely than the posterior; a tight
-``noise_prior`` holds a known σ².
+x̃ = [x, 1], g(a) = erf(a/√2). q(v) ∏_k q(w_k) q(φ) is Gaussian and factorised (thesis §3.3), with a rank-one
+site on v per point, sites on each activation h_ik = w_kᵀx̃_i and on φ_0, `HierarchicalEP`'s prior sites per
+weight and positivity sites on v_k. Predictive intervals err wide (the factorised q fits the data less closely).
 """
 
 from __future__ import annotations
@@ -58,7 +41,6 @@ _SQRT2 = float(np.sqrt(2.0))
 _MAX_HALVINGS = 30
 _MOMENTUM_AFTER = 200  # plain damped iterations before the momentum starts (`NetworkEP`, "momentum")
 _PRIOR_DAMPING_AFTER = 1000  # iterations before the prior and scale sites take `prior_damping`
-_MAP_ITERATIONS = 500  # L-BFGS iterations of the MAP start
 
 
 def activation(a):
@@ -76,12 +58,11 @@ class TwoLayerNetwork(eqx.Module):
 
     **Arguments:**
 
-    - `X`: ``(n, d)`` inputs (a bias column is appended); `y`: ``(n,)`` targets. Standardise both:
-      the default priors are on the unit scale.
-    - `num_hidden`: K. `groups`: ``"ard"`` (one scale per input, default), ``"common"``, or an int
-      array ``(d,)`` of group labels 0..G−1; the input bias has its own group (the last).
-    - `scale_prior`, `noise_prior`: (mean, variance) of each log input-weight variance φ_l, and of
-      φ_0 = log σ². `output_variance`: σ_v², the prior variance of the output weights and bias.
+    - `X` ``(n, d)``, `y` ``(n,)``: standardised data (the default priors are on the unit scale).
+    - `num_hidden`: K. `groups`: ``"ard"`` (one scale per input), ``"common"``, or int labels ``(d,)``
+      0..G−1; the input bias has its own group (the last).
+    - `scale_prior`, `noise_prior`: (mean, variance) of each φ_l and of φ_0 = log σ² (a tight one holds a known σ²).
+    - `output_variance`: σ_v², the prior variance of the output weights and bias.
     """
 
     X: jax.Array  # (n, d + 1), with the bias column
@@ -101,8 +82,7 @@ class TwoLayerNetwork(eqx.Module):
         _checks.check_finite("y", y, owner)
         if y.shape[0] != X.shape[0]:
             raise ValueError(f"{owner}: X has {X.shape[0]} rows but y has {y.shape[0]} entries.")
-        if not (isinstance(num_hidden, (int, np.integer)) and num_hidden >= 1):
-            raise ValueError(f"{owner}: `num_hidden` must be a positive int, got {num_hidden!r}.")
+        num_hidden = _checks.integer("num_hidden", num_hidden, owner)
         d = X.shape[1]
         if isinstance(groups, str):
             if groups not in ("ard", "common"):
@@ -125,7 +105,7 @@ class TwoLayerNetwork(eqx.Module):
         self.hyper_var = jnp.concatenate([jnp.asarray([noise_prior[1]], dtype), s_var, s_var[:1]])
         _checks.check_positive("hyper_var", self.hyper_var, owner)
         self.output_variance = jnp.asarray(output_variance, dtype)
-        self.num_hidden = int(num_hidden)
+        self.num_hidden = num_hidden
 
     @property
     def num_inputs(self) -> int:
@@ -169,19 +149,12 @@ class _Eval(NamedTuple):
     q: _Q
     step: NetworkSites  # the undamped EP step of every site
     residual: jax.Array
-    log_evidence_terms: jax.Array  # Σ log Ẑ_i (diagnostic)
     proper: jax.Array
     residuals: jax.Array  # per kind of site: activations, noise, weights, scales, positivity, outputs
 
 
-def _segment(values, labels, L, offset):
-    """Sum (K, d+1) site values into the hyperparameters φ_{offset + l_j}."""
-    return jax.ops.segment_sum(jnp.sum(values, 0), labels + offset, L)
-
-
 def _per_unit(fn, *xs):
-    """``fn`` mapped over the hidden units (the leading axis) by `jax.lax.map`: a `vmap` can deadlock two
-    batched LAPACK calls on CPU's XLA thread pool (this beside the per-point v cavities). K is small."""
+    """``fn`` over the hidden units by `jax.lax.map`: a `vmap` can deadlock two batched LAPACK calls on CPU."""
     return jax.lax.map(lambda args: fn(*args), xs)
 
 
@@ -195,7 +168,6 @@ def _q(net: TwoLayerNetwork, s: NetworkSites) -> _Q:
     w_mean = _per_unit(lambda f, r_: f.solve(r_), factors, r)
     # q(v): the prior N(0, σ_v² I), the likelihood sites, the positivity sites.
     pos = jnp.concatenate([s.pos_tau, jnp.zeros(1, s.pos_tau.dtype)])
-    # Σ_i τ_i u_i u_iᵀ: one (K+1) × n × (K+1) product.
     v_prec = jnp.eye(K + 1, dtype=X.dtype) / net.output_variance + (s.v_dir * s.v_tau[:, None]).T @ s.v_dir \
         + jnp.diag(pos)
     v_shift = s.v_nu @ s.v_dir + jnp.concatenate([s.pos_nu, jnp.zeros(1, s.pos_nu.dtype)])
@@ -205,8 +177,8 @@ def _q(net: TwoLayerNetwork, s: NetworkSites) -> _Q:
     v_mean = v_cov @ v_shift
     # q(φ): noise (index 0) and the input groups.
     Lh = net.hyper_mean.shape[0]
-    tau = jnp.zeros(Lh, X.dtype).at[0].add(jnp.sum(s.noise_tau)) + _segment(s.scale_tau, net.labels, Lh, 1)
-    nu = jnp.zeros(Lh, X.dtype).at[0].add(jnp.sum(s.noise_nu)) + _segment(s.scale_nu, net.labels, Lh, 1)
+    tau = jnp.zeros(Lh, X.dtype).at[0].add(jnp.sum(s.noise_tau)) + jax.ops.segment_sum(jnp.sum(s.scale_tau, 0), net.labels + 1, Lh)
+    nu = jnp.zeros(Lh, X.dtype).at[0].add(jnp.sum(s.noise_nu)) + jax.ops.segment_sum(jnp.sum(s.scale_nu, 0), net.labels + 1, Lh)
     precision = 1.0 / net.hyper_var + tau
     phi_ok = jnp.all(precision > 0)
     phi_var = 1.0 / jnp.where(precision > 0, precision, 1.0)
@@ -218,7 +190,7 @@ def _q(net: TwoLayerNetwork, s: NetworkSites) -> _Q:
 def _activation_marginals(q: _Q, X):
     """Means and variances (n, K) of h_ik = w_kᵀx̃_i under q, and the variances (K, d+1) of w_kj."""
     means = X @ q.w_mean.T
-    # Var = x̃_iᵀ P_k⁻¹ x̃_i and var w_kj = e_jᵀ P_k⁻¹ e_j, each ‖`half_solve`‖²: one triangular solve for both.
+    # x̃_iᵀ P_k⁻¹ x̃_i and e_jᵀ P_k⁻¹ e_j, each a ‖`half_solve`‖²: one triangular solve for both.
     rhs = jnp.concatenate([X.T, jnp.eye(X.shape[1], dtype=X.dtype)], axis=1)  # (d+1, n + d+1)
     Z = _per_unit(lambda f: f.half_solve(rhs), q.w_precision)  # (K, d+1, n+d+1)
     squares = jnp.sum(Z**2, 1)
@@ -226,19 +198,15 @@ def _activation_marginals(q: _Q, X):
     return means, variances, w_var
 
 
-def _ones(shape, dtype):
-    return jnp.ones(shape[:-1] + (1,), dtype)
-
-
 def map_estimate(net: TwoLayerNetwork, w0, iterations: int = 500):
-    """Input weights ``(K, d+1)`` and output weights ``(K+1,)`` maximising the log joint with every φ at
-    its prior mean, by `iterations` of L-BFGS from input weights `w0` and output weights 1/2; v_1..v_K =
-    softplus(u) ≥ 0. φ_0 is not learnt: the MAP network would interpolate the data and EP there stall."""
+    """Input weights ``(K, d+1)`` and output weights ``(K+1,)`` maximising the log joint at φ = its prior mean.
+
+    By `iterations` of L-BFGS from input weights `w0` and output weights 1/2 (v_1..v_K = softplus(u) ≥ 0). φ_0
+    is not learnt: the MAP network would interpolate the data and EP there stall."""
     K, D = w0.shape
     dtype = net.X.dtype
     w_var = jnp.exp(net.hyper_mean[1 + net.labels])
     to_v = lambda u: jnp.concatenate([jax.nn.softplus(u[:K]), u[K:]])
-
     noise = jnp.exp(net.hyper_mean[0])
 
     def log_joint(x):
@@ -253,22 +221,16 @@ def map_estimate(net: TwoLayerNetwork, w0, iterations: int = 500):
 
 
 class NetworkState(eqx.Module):
-    """The State of `NetworkEP`: the sites (`NetworkSites`) and the iterations run before (``iteration``),
-    so a refit from ``post.state`` continues the momentum and prior-damping schedule."""
+    """The State of `NetworkEP`: the sites and the iterations run (a refit continues the damping schedule)."""
 
     sites: NetworkSites
     iteration: jax.Array
 
 
 class NetworkInfo(eqx.Module):
-    """What `NetworkEP` reports beyond the common `vj.Diagnostics` (``post.diagnostics.info``).
-
-    - `residuals` ``(6,)``: the final moment residual of the activation, noise (φ_0), input-weight prior,
-      scale, positivity and output-weight sites.
-    - `residual_trace` ``(max_iter + 1,)``: the residual after each iteration, NaN-padded (there is no
-      objective: ``diagnostics.objective_trace`` is NaN).
-    - `shrunk`: iterations whose step was halved to keep q proper; scalar int.
-    """
+    """What `NetworkEP` reports in ``post.diagnostics.info``: the final moment residuals ``(6,)`` of the
+    activation, noise, weight prior, scale, positivity and output sites; the residual after each iteration
+    (`residual_trace`, NaN-padded); the iterations whose step was halved to keep q proper (`shrunk`)."""
 
     residuals: jax.Array
     residual_trace: jax.Array
@@ -278,15 +240,10 @@ class NetworkInfo(eqx.Module):
 class NetworkPosterior(Posterior):
     """q(v) ∏ q(w_k) q(φ) of a `TwoLayerNetwork` fitted by `NetworkEP`: a `vj.Posterior` of the weights.
 
-    - `w_mean` ``(K, d+1)``, `w_cov` ``(K, d+1, d+1)``: q(w_k) (the last input is the bias); `v_mean`
-      ``(K+1,)``, `v_cov`: q(v) (the last entry is v_0); `hyper_mean`, `hyper_var` ``(L,)``: q(φ),
-      index 0 log σ², then the input groups, then the bias.
-    - `mean`, `factor`: q(θ), θ = [w_1; …; w_K; v] ``(K(d+1) + K + 1,)``, a block-diagonal covariance
-      held as a dense `CholeskyFactor`.
-    - `log_z`: NaN (``defines_log_z`` is False): the tilted moments are not derivatives of one tilted
-      normaliser, so the EP energy (Jylänki eqs. 2.42, 2.45) estimates no log p(y).
-    - `diagnostics` (``stationarity`` the moment residual, ``info`` a `NetworkInfo`), `model`, and
-      `state`, the `NetworkState` (warm starts, e.g. ``init=post``).
+    - `w_mean` ``(K, d+1)``, `w_cov` ``(K, d+1, d+1)``: q(w_k), the bias last; `v_mean` ``(K+1,)``, `v_cov`:
+      q(v), v_0 last; `hyper_mean`, `hyper_var` ``(L,)``: q(φ), log σ² first, then the groups, then the bias.
+    - `mean`, `factor`: q(θ), θ = [w_1; …; w_K; v] (a dense block-diagonal factor); `log_z`: NaN (the tilted
+      moments derive from no tilted normaliser); `diagnostics` with a `NetworkInfo`; `state` a `NetworkState`.
     """
 
     w_mean: jax.Array
@@ -299,28 +256,24 @@ class NetworkPosterior(Posterior):
     defines_log_z: ClassVar[bool] = False
 
     def __init__(self, w_mean, w_cov, v_mean, v_cov, hyper_mean, hyper_var, diagnostics, model, state):
-        K = w_mean.shape[0]
         blocks = _per_unit(lambda S: jnp.linalg.cholesky(S).T, w_cov)  # upper C_k with S_k = C_kᵀC_k
-        C = jax.scipy.linalg.block_diag(*(blocks[k] for k in range(K)), jnp.linalg.cholesky(v_cov).T)
+        C = jax.scipy.linalg.block_diag(*blocks, jnp.linalg.cholesky(v_cov).T)
         mean = jnp.concatenate([w_mean.reshape(-1), v_mean])
         super().__init__(mean, CholeskyFactor.from_matrix(C), jnp.full((), jnp.nan, mean.dtype), diagnostics, model,
                          bound_claim=False, state=state)
         self.w_mean, self.w_cov, self.v_mean, self.v_cov = w_mean, w_cov, v_mean, v_cov
         self.hyper_mean, self.hyper_var = hyper_mean, hyper_var
-        self.quadrature = GaussHermite(32)
 
     def noise_variance(self):
         """E_q[σ²] = exp(μ_0 + s_0²/2)."""
         return jnp.exp(self.hyper_mean[0] + 0.5 * self.hyper_var[0])
 
     def relevances(self):
-        """E_q[e^{φ_l}] for the input groups, ``(G,)``: each group's posterior mean prior weight variance
-        (small for irrelevant inputs)."""
+        """E_q[e^{φ_l}] for the input groups, ``(G,)`` (small for irrelevant inputs)."""
         return jnp.exp(self.hyper_mean[1:-1] + 0.5 * self.hyper_var[1:-1])
 
     def predict(self, X_test):
-        """Predictive ``(mean, variance)`` of y_*, ``(N,)`` each: the exact moments of f_* = vᵀg̃_* under
-        q(v)∏q(w_k), plus E[σ²]."""
+        """Predictive ``(mean, variance)`` of y_*, ``(N,)`` each: f_*'s exact moments under q, plus E[σ²]."""
         mean, var_f = self._f(X_test)
         return mean, var_f + self.noise_variance()
 
@@ -328,7 +281,6 @@ class NetworkPosterior(Posterior):
         """log p(y_* | data) ≈ log ∫ N(y_* | E f_*, Var f_* + e^{φ_0}) q(φ_0) dφ_0 (f_* taken Gaussian)."""
         mean, var_f = self._f(X_test)
         y_test = jnp.asarray(y_test, mean.dtype)
-
         log_density = lambda phi: normal_log_density(y_test, mean, var_f + jnp.exp(phi))
         ones = jnp.ones_like(mean)
         return self.quadrature.log_expect_exp(log_density, self.hyper_mean[0] * ones,
@@ -342,7 +294,7 @@ class NetworkPosterior(Posterior):
         g_mean = expected_activation(m, V)
         g_sq = self.quadrature.expect(lambda a: activation(a) ** 2, m, jnp.sqrt(V))
         g_var = jnp.maximum(g_sq - g_mean**2, 0.0)
-        g_mean = jnp.concatenate([g_mean, _ones(g_mean.shape, g_mean.dtype)], -1)
+        g_mean = jnp.concatenate([g_mean, jnp.ones_like(g_mean[:, :1])], -1)
         g_var = jnp.concatenate([g_var, jnp.zeros_like(g_var[:, :1])], -1)
         # f = vᵀg̃, v independent of g̃ (independent coordinates): Var f = ḡᵀΣḡ + Σ_k (Σ_kk + m_k²) Var g̃_k.
         a = jnp.einsum("ij,nj->ni", self.v_cov, g_mean)
@@ -351,35 +303,26 @@ class NetworkPosterior(Posterior):
 
 
 class NetworkEP(AbstractMethod):
-    """Parallel EP for `TwoLayerNetwork` (module docstring).
+    """Parallel EP for `TwoLayerNetwork`: all sites move together, damped, the step halved until q and every
+    cavity are proper.
 
     **Arguments:**
 
-    - `damping`: δ ∈ (0, 1], the fraction of each EP step taken (default 0.3: parallel updates need
-      more damping than sequential ones, as the thesis notes).
-    - `prior_damping`: the input-weight prior and scale sites' damping from iteration 1000 on (default
-      0.6; None: ``damping``): a rescue for slow runs, where units still die and revive. Not from the
-      start: the early iterations choose which units live.
-    - `momentum`: β ∈ [0, 1): each move is δ·(EP step) + β·(previous move), restarted from zero when the
-      moment residual rises (default 0.7; 0: plain EP): late on q drifts slowly along a ridge, which the
-      momentum carries. Off for the first 200 iterations, whose moves decide which units live.
-    - `max_iter`, `tol`: converged when the moment residual, max over sites of |m̂ − m|/√V + |log V̂/V|, is
-      ≤ ``tol`` (defaults 2000 and 1e-3: the residual falls slowly).
+    - `damping`: δ ∈ (0, 1], the fraction of each EP step taken (default 0.3: parallel updates need more).
+    - `prior_damping`: the prior and scale sites' damping from iteration 1000 on (default 0.6; None:
+      ``damping``), a rescue for slow runs after the early iterations have chosen which units live.
+    - `momentum`: β ∈ [0, 1): each move is δ·(EP step) + β·(previous move) from iteration 200 on, restarted
+      when the residual rises (default 0.7; 0: plain EP): it carries q along a slow ridge.
+    - `max_iter`, `tol`: converged when the moment residual, max over sites of |m̂ − m|/√V + |log V̂/V|,
+      is ≤ ``tol`` (defaults 2000 and 1e-3).
     - `activation_nodes`, `noise_nodes`: Gauss–Hermite nodes over each activation and over φ_0.
-    - `init`: ``"map"`` (default): activation sites centred on `map_estimate`'s input weights (500 L-BFGS
-      iterations from random weights N(0, 1/d) drawn with `key`), weak sites on v at its output weights.
-      ``"random"``: activation sites at the random weights, q(v) the prior (parallel EP then kills most
-      units: the positivity sites pin about half the output weights at 0, and such units never revive).
-    - `init_precision`: the starting activation sites' precision. `init_output_precision`: the starting
-      v sites' total precision (``"map"``).
-    - `nonnegative_activation_sites`: cap each activation's tilted variance at its cavity's, so no
-      activation site has negative precision (default True: otherwise a unit's n rank-one sites on w_k
-      oscillate under parallel updates).
-    - `key`: the `jax.random` key of the random start weights (None: ``jax.random.PRNGKey(0)``).
-
-    Returns a `NetworkPosterior`; ``init`` may be one, or a `NetworkState`, of this network's shapes.
-    ``damping``, ``prior_damping``, ``momentum``, ``tol``, the starting precisions and ``key`` are traced:
-    new values reuse the compiled programs.
+    - `init`: ``"map"`` (default): sites at `map_estimate`'s weights from N(0, 1/d) ones drawn with `key`;
+      ``"random"``: at the random weights, q(v) the prior (parallel EP then kills most units).
+    - `init_precision`, `init_output_precision`: the starting activation sites' precision and the starting v
+      sites' total precision (``"map"``).
+    - `nonnegative_activation_sites`: cap each activation's tilted variance at its cavity's (default True:
+      otherwise a unit's sites on w_k oscillate).
+    - `key`: the key of the random start weights (None: ``jax.random.PRNGKey(0)``).
     """
 
     damping: float = 0.3
@@ -405,22 +348,19 @@ class NetworkEP(AbstractMethod):
             raise ValueError(f"NetworkEP: `momentum` must lie in [0, 1), got {self.momentum}.")
         if _checks.is_concrete(self.tol) and not self.tol >= 0:
             raise ValueError(f"NetworkEP: `tol` must be non-negative, got {self.tol!r}.")
-        if not (isinstance(self.max_iter, int) and self.max_iter >= 1):
-            raise ValueError(f"NetworkEP: `max_iter` must be a positive int, got {self.max_iter!r}.")
+        _checks.integer("max_iter", self.max_iter, "NetworkEP")
         if self.init not in ("map", "random"):
             raise ValueError(f"NetworkEP: `init` must be 'map' or 'random', got {self.init!r}.")
         if self.key is not None and not isinstance(self.key, (jax.Array, np.ndarray)):
             raise ValueError(f"NetworkEP: `key` must be None or a jax.random key such as jax.random.PRNGKey(1), "
                              f"got {type(self.key).__name__}: {self.key!r}.")
 
-    # ------------------------------------------------------------------------------ the state contract
-
     def check_model(self, net) -> None:
         if not isinstance(net, TwoLayerNetwork):
             raise ValueError(f"NetworkEP: the model must be a vj.nn.TwoLayerNetwork, got {type(net).__name__}.")
 
     def init_state(self, net: TwoLayerNetwork) -> NetworkState:
-        """The start (`init`): activation sites at random or MAP input weights, and so on (class docstring)."""
+        """The start (`init`, class docstring)."""
         n, D = net.X.shape
         K, dtype = net.num_hidden, net.X.dtype
         key = jax.random.PRNGKey(0) if self.key is None else self.key
@@ -431,10 +371,10 @@ class NetworkEP(AbstractMethod):
         w_tau = jnp.broadcast_to(jnp.exp(-net.hyper_mean[1 + net.labels]), (K, D)).astype(dtype)
         v_tau, v_nu = z(n), z(n)
         if self.init == "map":
-            w0, v0 = map_estimate(net, w0, _MAP_ITERATIONS)
+            w0, v0 = map_estimate(net, w0)
         # Site directions: the activations at the starting weights, ḡ_i = [g(w0ᵀx̃_i), 1].
         u = activation(net.X @ w0.T)
-        u = jnp.concatenate([u, _ones(u.shape, dtype)], -1)
+        u = jnp.concatenate([u, jnp.ones_like(u[:, :1])], -1)
         if self.init == "map":
             # Pseudo-observations u_iᵀv = u_iᵀv0, of total precision about init_output_precision on
             # every direction the activations span: weak sites centred on the MAP output weights.
@@ -468,11 +408,8 @@ class NetworkEP(AbstractMethod):
                          f"shapes (e.g. post.state of a NetworkEP fit); got {type(init).__name__}.")
 
     def fit(self, net: TwoLayerNetwork, state) -> NetworkPosterior:
-        """The EP loop from ``state`` (`start`, `to_state` or ``post.state``); ``vj.infer(net, method)`` does
-        both. The key only seeds the start: every key (None too) shares the loop's program."""
+        """The EP loop from ``state``; every ``key`` (None too) shares its program: the key only seeds the start."""
         return AbstractMethod.fit(dataclasses.replace(self, key=None), net, state)
-
-    # ------------------------------------------------------------------------------ EP
 
     def evaluate(self, net: TwoLayerNetwork, s: NetworkSites) -> _Eval:
         """q, and every site's cavity, tilted moments and undamped EP step."""
@@ -491,7 +428,6 @@ class NetworkEP(AbstractMethod):
         # m₋ = Σ₋(r − ν_i u_i) = m − ν_i b_i + c_i b_i (u_iᵀm − ν_i u_iᵀΣu_i).
         mc = q.v_mean - s.v_nu[:, None] * B + (c * (s.v_dir @ q.v_mean - s.v_nu * uSu))[:, None] * B
         Sc_diag = jnp.diagonal(q.v_cov)[None, :] + c[:, None] * B**2
-        # φ_0 cavities.
         p_mc, p_Vc, ok_p = cavity(q.phi_mean[0], q.phi_var[0], s.noise_tau, s.noise_nu)
         # Activations under the cavity: Gauss–Hermite nodes (n, K, Q).
         z, wz = GaussHermite(self.activation_nodes).rule(dtype)
@@ -499,9 +435,9 @@ class NetworkEP(AbstractMethod):
         g_nodes = activation(h_nodes)
         g_mean = jnp.sum(wz * g_nodes, -1)
         g_var = jnp.maximum(jnp.sum(wz * g_nodes**2, -1) - g_mean**2, 0.0)
-        gm = jnp.concatenate([g_mean, _ones(g_mean.shape, dtype)], -1)
+        gm = jnp.concatenate([g_mean, jnp.ones_like(g_mean[:, :1])], -1)
         gv = jnp.concatenate([g_var, jnp.zeros_like(g_var[:, :1])], -1)
-        # E f, Var f and a = Σ₋ḡ (module docstring), each O(K) per point given Σḡ_i and b_iᵀḡ_i.
+        # E f, Var f and a = Σ₋ḡ, each O(K) per point given Σḡ_i and b_iᵀḡ_i.
         bg = jnp.sum(B * gm, -1)
         a = gm @ q.v_cov + (c * bg)[:, None] * B
         f_m = jnp.sum(mc * gm, -1)
@@ -518,7 +454,8 @@ class NetworkEP(AbstractMethod):
         v_site_nu = gamma * (1.0 - beta * f_Vv) - beta * f_m
         v_mh = mc + a * gamma[:, None]
         v_Vh_diag = Sc_diag + alpha[:, None] * a**2
-        # Activations tilted, one at a time: f | h_ik = h Gaussian (module docstring).
+        # Activations tilted one at a time: f | h_ik = h is Gaussian, mean E f + μ_k(g(h) − ḡ_k), variance
+        # Σ_kk g(h)² + 2g(h)Cov(v_k, r) + Var r (r the rest of the sum).
         mu_k, S_kk = mc[:, :K], Sc_diag[:, :K]
         c_k = a[:, :K] - S_kk * g_mean
         g_sq = g_var + g_mean**2
@@ -572,7 +509,6 @@ class NetworkEP(AbstractMethod):
         dv_t = jnp.where(ok_vi, v_site_tau - s.v_tau, 0.0)
         dv_n = jnp.where(ok_vi, v_site_nu - s.v_nu, 0.0)
         dv_u = jnp.where(ok_vi[:, None], gm - s.v_dir, 0.0)
-        # v residual: tilted mean and variances against q's.
         v_sd = jnp.sqrt(jnp.diagonal(q.v_cov))
         r_v = jnp.where(ok_vi[:, None], jnp.abs(v_mh - q.v_mean) / v_sd
                         + jnp.abs(jnp.log(v_Vh_diag / v_sd**2)), 0.0)
@@ -582,7 +518,7 @@ class NetworkEP(AbstractMethod):
         # Only q must be proper: a site whose cavity is improper (e.g. a prior site on the weights of a
         # hidden unit the data ignore, whose cavity precision is a rounding of 0) is skipped this time.
         proper = q.proper & jnp.isfinite(residual)
-        return _Eval(q, step, jnp.where(proper, residual, jnp.inf), jnp.sum(log_z), proper, residuals)
+        return _Eval(q, step, jnp.where(proper, residual, jnp.inf), proper, residuals)
 
     def solve(self, net: TwoLayerNetwork, state: NetworkState) -> NetworkPosterior:
         """Parallel EP from ``state``: damped steps with momentum, halved until q is proper (class docstring)."""
@@ -596,9 +532,6 @@ class NetworkEP(AbstractMethod):
         trace = jnp.full((self.max_iter + 1,), jnp.nan, dtype)
 
         prior = self.damping if self.prior_damping is None else self.prior_damping
-        early = NetworkSites(*(self.damping for _ in NetworkSites._fields))
-        late = NetworkSites(*(prior if name in ("w_tau", "w_nu", "scale_tau", "scale_nu") else self.damping
-                              for name in NetworkSites._fields))
 
         def done(k, loop):
             _, ev, stuck, started, *_ = loop
@@ -606,11 +539,11 @@ class NetworkEP(AbstractMethod):
 
         def step(k, loop):
             sites, ev, _, started, previous, trace, shrunk = loop
-            # The damped EP step plus `momentum` times the previous move (heavy ball), restarted from
-            # zero whenever the residual rises (class docstring). The first pass (k = 0) only
-            # evaluates the start; iteration k of this fit is iteration offset + k of the schedule.
+            # The first pass (k = 0) only evaluates the start; iteration k is offset + k of the schedule.
             beta = jnp.where(offset + k > _MOMENTUM_AFTER, self.momentum, 0.0)
-            rates = jax.tree_util.tree_map(lambda a, b: jnp.where(offset + k > _PRIOR_DAMPING_AFTER, a, b), late, early)
+            late = jnp.where(offset + k > _PRIOR_DAMPING_AFTER, prior, self.damping)
+            rates = NetworkSites(*(late if name in ("w_tau", "w_nu", "scale_tau", "scale_nu") else self.damping
+                                   for name in NetworkSites._fields))
             move = jax.tree_util.tree_map(lambda d, p, delta: jnp.where(started, delta * d + beta * p, 0.0),
                                           ev.step, previous, rates)
             # Traced once: the first trial is the halving loop's first iteration.
