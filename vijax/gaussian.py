@@ -1,9 +1,7 @@
 """Gaussian factors exp(−½ wᵀΛw + ηᵀw + c): the Gaussian term of a latent linear model.
 
-`GaussianFactor`'s constructors return the concrete form whose algebra is cheapest (`IsotropicGaussian`,
-`DiagonalGaussian`, `DenseGaussian`, `NaturalGaussian`), its parameters strongly typed arrays of the promoted
-dtype of the arrays passed, else ``jnp.result_type(float)``, so an optimiser's update never changes their type
-(a `vj.LatentLinearModel` casts its factor to the dtype of its site projections).
+`GaussianFactor`'s constructors return the form whose algebra is cheapest, its parameters strongly typed arrays
+of the promoted dtype of the arrays passed (else ``jnp.result_type(float)``), so an update never changes their type.
 """
 
 from __future__ import annotations
@@ -44,7 +42,6 @@ class GaussianFactor(eqx.Module):
     def dim(self) -> int:
         """D, the dimension of w."""
 
-    # Algebra every family and method uses -------------------------------------------------
     @abc.abstractmethod
     def log_density(self, w):
         """log of the factor at ``w`` (shape ``(D,)``), normalising constant included."""
@@ -73,7 +70,6 @@ class GaussianFactor(eqx.Module):
         """``(loc, L)`` with w = loc + L w̃ turning the factor into N(w̃ | 0, I), or None."""
         return None
 
-    # Constructors ----------------------------------------------------------------------------
     @staticmethod
     def isotropic(dim: int, variance=1.0, mean=0.0) -> "IsotropicGaussian":
         if not (isinstance(dim, (int, np.integer)) and dim >= 1):

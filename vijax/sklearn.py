@@ -22,6 +22,7 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+from . import _checks
 from . import glm as _glm
 from . import gp as _gp
 from . import potentials as _potentials
@@ -250,13 +251,11 @@ def _fit_gp(est, X, likelihood, labels, method, num_classes=None):
         raise ValueError(f"`kernel` must be a vj.gp.kernels kernel or None, got {type(kernel).__name__}.")
     X = jnp.asarray(X, dtype=jnp.result_type(float))
     if est.optimize:
-        n = est.n_restarts_optimizer
-        if not (isinstance(n, (int, np.integer)) and not isinstance(n, bool) and n >= 0):
-            raise ValueError(f"{type(est).__name__}: `n_restarts_optimizer` must be an integer ≥ 0, got {n!r}.")
+        n = _checks.integer("n_restarts_optimizer", est.n_restarts_optimizer, type(est).__name__, 0)
         bounds = est.bounds if est.bounds is not None or n == 0 else _DEFAULT_BOUNDS
         seed = int(check_random_state(est.random_state).randint(np.iinfo(np.int32).max)) if n else 0
         fit = _gp.fit_hyperparameters(kernel, X, likelihood, method, labels=labels, num_classes=num_classes,
-                                      max_iter=est.max_iter, num_restarts=int(n), bounds=bounds, seed=seed)
+                                      max_iter=est.max_iter, num_restarts=n, bounds=bounds, seed=seed)
         est.kernel_, post = fit.kernel, fit.posterior
         est.n_iter_ = max(1, int(fit.diagnostics.iterations))
     else:
