@@ -245,15 +245,12 @@ def _site_potential(post, owner):
 
 def predict_proba(post: Posterior | Mixture, X_test: ArrayLike,
                   quadrature: GaussHermite = GaussHermite()) -> jax.Array:
-    """p(y = 1 | x_*) = ⟨φ(x_*ᵀw)⟩_q for logistic, probit or Heaviside GLMs.
+    """p(y = 1 | x_*) = ⟨φ(x_*ᵀw)⟩_q for logistic, probit or Heaviside GLMs, shape ``(T,)``.
 
     Args:
         post: a binary GLM's posterior, or a `vj.posterior.Mixture` over hyperparameters (then Σ_k w_k p_k).
         X_test: test covariates, shape ``(T, D)``.
         quadrature: the 1-D rule for expectations without a closed form.
-
-    Returns:
-        Probabilities of the label 1, shape ``(T,)``.
     """
     owner = "predict_proba"
     if isinstance(post, Mixture):
@@ -267,7 +264,7 @@ def predict_proba(post: Posterior | Mixture, X_test: ArrayLike,
 
 
 def predict_mean(post: Posterior | Mixture, X_test: ArrayLike, offset: ArrayLike = 0.0) -> jax.Array:
-    """E[y_* | x_*, data] = ⟨E[y | η_*]⟩_q, η_* = x_*ᵀw + ``offset``: the predicted mean of a new observation.
+    """E[y_* | x_*, data] = ⟨E[y | η_*]⟩_q, η_* = x_*ᵀw + ``offset``: the predicted means, shape ``(T,)``.
 
     With m_*, v_* q's marginal of x_*ᵀw: Poisson, the mean count exp(m_* + v_*/2) (pass log exposure as ``offset``);
     binary GLMs, `predict_proba`; Gaussian, Laplace and Student-t (ν > 1), m_* (a Cauchy likelihood has no mean).
@@ -276,9 +273,6 @@ def predict_mean(post: Posterior | Mixture, X_test: ArrayLike, offset: ArrayLike
         post: a GLM's posterior, or a `vj.posterior.Mixture` over hyperparameters (the means mixed).
         X_test: test covariates, shape ``(T, D)``.
         offset: scalar or ``(T,)``, added to the linear predictor.
-
-    Returns:
-        Predicted means, shape ``(T,)``.
     """
     owner = "predict_mean"
     if isinstance(post, Mixture):
@@ -306,16 +300,13 @@ def predict_mean(post: Posterior | Mixture, X_test: ArrayLike, offset: ArrayLike
 
 def log_predictive(post: Posterior | Mixture, X_test: ArrayLike, y_test: ArrayLike,
                    quadrature: GaussHermite = GaussHermite()) -> jax.Array:
-    """log p(y_* | x_*, data) ≈ log ⟨p(y_* | x_*ᵀw)⟩_q for each test point.
+    """log p(y_* | x_*, data) ≈ log ⟨p(y_* | x_*ᵀw)⟩_q for each test point, shape ``(T,)``.
 
     Args:
         post: a GLM's posterior, or a `vj.posterior.Mixture` over hyperparameters (then log Σ_k w_k p_k).
         X_test: test covariates, shape ``(T, D)``.
         y_test: labels (binary GLMs, in the training label set) or targets / counts, shape ``(T,)``.
         quadrature: the 1-D rule for expectations without a closed form.
-
-    Returns:
-        Log predictive densities, shape ``(T,)``.
     """
     owner = "log_predictive"
     if isinstance(post, Mixture):

@@ -1,11 +1,10 @@
 """Hyperparameters integrated, not optimised, with any vijax method as the inner integral.
 
-A model ``build(theta)`` depends on an unconstrained flat ``(P,)`` array θ (``build`` maps it to positive
-parameters itself, e.g. ``jnp.exp``). A method gives log p̂(y | θ) = ``vj.infer(build(theta), method).log_z``,
-differentiable in θ by the envelope theorem: `marginal` wraps it as a function; `integrate` (a central composite
-design or a grid around the mode, after INLA and GPstuff's ``gp_ia``) and `sample` (NUTS, with NumPyro) integrate θ
-against a prior p(θ). Both return a `vj.posterior.Mixture` of points θ_k, weights w_k and fits q_k, which the GP and
-GLM predictive functions accept: p(y_* | y) ≈ Σ_k w_k ∫ p(y_* | f_*) q_k(f_*) df_*.
+A model ``build(theta)`` depends on an unconstrained flat ``(P,)`` array θ. A method gives
+log p̂(y | θ) = ``vj.infer(build(theta), method).log_z``, differentiable in θ by the envelope theorem (`marginal`).
+`integrate` (a central composite design or a grid around the mode, after INLA) and `sample` (NUTS) integrate θ
+against a prior p(θ) into a `vj.posterior.Mixture`, which the GP and GLM predictives accept:
+p(y_* | y) ≈ Σ_k w_k ∫ p(y_* | f_*) q_k(f_*) df_*.
 """
 
 from __future__ import annotations
@@ -41,11 +40,6 @@ def _log_density(theta, build, method, log_prior, init):
 @eqx.filter_jit
 def _fit(build, method, theta, init):
     return infer(build(theta), method, init)
-
-
-@eqx.filter_jit
-def _log_prior(log_prior, theta):
-    return log_prior(theta)
 
 
 @eqx.filter_jit
@@ -92,7 +86,7 @@ def _check_theta(theta0, owner, name="theta0"):
 def _start(build, method, log_prior, theta0, owner):
     """The cold fit at θ0 and the log density there, checked finite."""
     post0 = _fit(build, method, theta0, None)
-    prior0 = _log_prior(log_prior, theta0)
+    prior0 = jnp.asarray(log_prior(theta0))
     if jnp.ndim(prior0) != 0:
         raise ValueError(f"{owner}: `log_prior(theta)` must return a scalar, got shape {jnp.shape(prior0)}.")
     value0 = float(post0.log_z) + float(prior0)
@@ -144,13 +138,12 @@ def marginal(build: Callable, method: AbstractMethod) -> Marginal:
 
 
 def ccd_design(dim: int, f0: float = 1.1) -> tuple[np.ndarray, np.ndarray]:
-    """The central composite design in P = ``dim`` whitened coordinates z and its log weights log Δ_k.
+    """The central composite design in P = ``dim`` whitened coordinates z and its log weights: ``(z, log_delta)``.
 
-    Returns ``(z, log_delta)``, shapes ``(K, P)`` and ``(K,)``: the centre, the 2P axial points ±f0·√P·e_i and the
-    factorial points with every coordinate ±f0 (full 2^P for 2 ≤ P ≤ 4, the half fraction 2^(P−1), last factor the
-    product of the others, for P = 5, 6), so K = 3, 9, 15, 25, 27, 45 (Rue, Martino & Chopin 2009, §6.5; GPstuff's
-    ``gp_ia``). Δ_0 = (2π)^{P/2}(1 − 1/f0²) and Δ_k = (2π)^{P/2} exp(P f0²/2) / ((K − 1) f0²) make
-    ∫ f(z) dz ≈ Σ_k Δ_k f(z_k) exact in mass, mean and covariance for a Gaussian f; ``f0`` > 1 keeps Δ_0 positive.
+    z ``(K, P)``: the centre, the 2P axial points ±f0·√P·e_i and the factorial points ±f0 (full 2^P for P ≤ 4, the
+    half fraction for P = 5, 6), so K = 3, 9, 15, 25, 27, 45 (Rue, Martino & Chopin 2009, §6.5).
+    Δ_0 = (2π)^{P/2}(1 − 1/f0²) and Δ_k = (2π)^{P/2} exp(P f0²/2) / ((K − 1) f0²) make ∫ f(z) dz ≈ Σ_k Δ_k f(z_k)
+    exact in mass, mean and covariance for a Gaussian f; ``f0`` > 1 keeps Δ_0 positive.
     """
     owner = "vj.hyper.ccd_design"
     if not (isinstance(dim, (int, np.integer)) and 1 <= dim <= MAX_DIM):

@@ -94,11 +94,9 @@ def convergence(posteriors: Any, ax: Any = None, gap: bool = False) -> Any:
     """The objective per iteration (``diagnostics.objective_trace``) of one or several fits.
 
     Args:
-        posteriors: a fit with ``diagnostics`` (a `vj.Posterior`, an ML-II or factor fit), or a mapping
-            label -> fit.
+        posteriors: a fit with ``diagnostics`` (a `vj.Posterior`, an ML-II or factor fit), or a mapping of them.
         ax: matplotlib axes (default: a new figure).
-        gap: plot final value − value on a log scale (how fast each fit reaches its own optimum)
-            instead of the values.
+        gap: plot final value − value on a log scale (how fast each fit reaches its own optimum).
     """
     ax = _axes(ax)
     for label, fit in _labelled(posteriors).items():
@@ -118,8 +116,7 @@ def convergence(posteriors: Any, ax: Any = None, gap: bool = False) -> Any:
 def compare(results: Mapping[str, Any], ax: Any = None, xlabel: str = "log Z") -> Any:
     """A horizontal bar per method: ``log_z`` of posteriors, or any number per label.
 
-    Bounds (``is_lower_bound``) are drawn solid and approximations hatched, since only bounds order
-    the methods by closeness to the posterior.
+    Bounds (``is_lower_bound``) are solid, approximations hatched: only bounds order methods by closeness.
 
     Args:
         results: a mapping label -> `vj.Posterior` (its ``log_z``) or label -> number.

@@ -149,12 +149,9 @@ class BayesianLogisticRegression(_GLMClassifier):
 
 
 class BayesianProbitRegression(_GLMClassifier):
-    """Bayesian probit regression, p(w) ∝ N(w | 0, v I) ∏ Φ(y_n x_nᵀw); parameters as `BayesianLogisticRegression`.
+    """Bayesian probit regression, p(w) ∝ N(w | 0, v I) ∏ Φ(y_n x_nᵀw).
 
-    Args:
-        method: a method name or instance (LVB has no bound for probit sites and raises).
-        prior_variance: v, the prior variance of every weight.
-        fit_intercept: append a column of ones to X.
+    Parameters and attributes as for `BayesianLogisticRegression` (LVB has no bound for probit sites and raises).
     """
 
     _builder = staticmethod(_glm.probit_regression)
@@ -163,13 +160,7 @@ class BayesianProbitRegression(_GLMClassifier):
 class BayesianPoissonRegression(RegressorMixin, _GLM):
     """Bayesian Poisson regression with log link; ``predict`` is the posterior predictive mean count.
 
-    Args:
-        method: a method name or instance (see `BayesianLogisticRegression`).
-        prior_variance: v, the prior variance of every weight.
-        fit_intercept: append a column of ones to X.
-
-    Attributes:
-        posterior_, log_z_, coef_, intercept_: as for `BayesianLogisticRegression`.
+    Parameters and attributes as for `BayesianLogisticRegression`.
     """
 
     def fit(self, X: ArrayLike, y: ArrayLike) -> Self:
@@ -195,16 +186,12 @@ class BayesianPoissonRegression(RegressorMixin, _GLM):
 class BayesianRobustRegression(RegressorMixin, _GLM):
     """Bayesian linear regression with Student-t or Laplace noise; ``predict`` is the posterior mean of x_*ᵀw.
 
+    ``"ep"`` suits heavy-tailed noise. The other parameters and the attributes as for `BayesianLogisticRegression`.
+
     Args:
-        method: a method name or instance; ``"ep"`` suits heavy-tailed noise.
         likelihood: ``"student_t"`` or ``"laplace"``.
         scale: the noise scale.
         df: Student-t degrees of freedom.
-        prior_variance: v, the prior variance of every weight.
-        fit_intercept: append a column of ones to X.
-
-    Attributes:
-        posterior_, log_z_, coef_, intercept_: as for `BayesianLogisticRegression`.
     """
 
     def __init__(self, method: str | AbstractMethod = "gkl", likelihood: str = "student_t", scale: float = 1.0,
@@ -339,20 +326,13 @@ class GPClassifier(_ClassifierMixin, BaseEstimator):
 class GPRegressor(RegressorMixin, BaseEstimator):
     """GP regression with Gaussian, Student-t or Laplace noise of scale ``scale`` around f(x).
 
+    The other parameters (``bounds`` may also name ``"scale"``) and the attributes as for `GPClassifier`.
+
     Args:
-        kernel: a `vj.gp.kernels` kernel; ``None`` is ``SquaredExponential(lengthscale=1, variance=1)``.
         likelihood: ``"gaussian"``, ``"student_t"`` or ``"laplace"``.
         scale: the noise scale (learned with ``optimize=True``).
         df: Student-t degrees of freedom.
         method: ``"ep"`` (default), ``"gkl"``, ``"laplace"``, ``"lvb"``, or an instance.
-        optimize: ML-II over the kernel's parameters and the noise scale.
-        max_iter: the number of ML-II steps at most (per run).
-        n_restarts_optimizer: ML-II restarts, as for `GPClassifier`.
-        bounds: as for `GPClassifier`; may also name the noise ``"scale"``.
-        random_state: the restarts' draws, as for `GPClassifier`.
-
-    Attributes:
-        posterior_, log_z_, kernel_, n_iter_: as for `GPClassifier`.
     """
 
     def __init__(self, kernel: AbstractKernel | None = None, likelihood: str = "gaussian", scale: float = 0.1,
