@@ -143,8 +143,6 @@ def linear_regression(X: ArrayLike, y: ArrayLike, noise_scale: ArrayLike = 1.0,
                       prior_variance: ArrayLike = 1.0) -> LatentLinearModel:
     """Conjugate Bayesian linear regression: p(w | X, y) ∝ N(w | 0, v I) ∏_n N(y_n | x_nᵀw, noise_scale²).
 
-    Every Gaussian method is exact on it.
-
     Args:
         X: covariates, shape ``(N, D)``.
         y: targets, shape ``(N,)``.

@@ -44,19 +44,16 @@ def _fit(build, method, theta, init):
 
 @eqx.filter_jit
 def _fits(build, method, log_prior, thetas, init, batch_size):
-    """The log densities and fits at the rows of ``thetas``."""
     return batched_map(lambda th: _log_density(th, build, method, log_prior, init), thetas, batch_size)
 
 
 @eqx.filter_jit
 def _gradients(build, method, log_prior, thetas, init, batch_size):
-    """∇_θ (log p̂ + log p) at the rows of ``thetas`` (envelope gradients)."""
     return batched_map(jax.grad(lambda th: _log_density(th, build, method, log_prior, init)[0]), thetas, batch_size)
 
 
 @eqx.filter_jit
 def _mode(build, method, log_prior, theta0, init, solver):
-    """The maximiser of log p̂ + log p by `vj.solvers.LBFGS`, each evaluation a fit warm-started from ``init``."""
     return solver.maximise(lambda th: _log_density(th, build, method, log_prior, init)[0], theta0)
 
 
@@ -84,7 +81,7 @@ def _check_theta(theta0, owner, name="theta0"):
 
 
 def _start(build, method, log_prior, theta0, owner):
-    """The cold fit at θ0 and the log density there, checked finite."""
+    """The cold fit at θ0, its log density checked finite."""
     post0 = _fit(build, method, theta0, None)
     prior0 = jnp.asarray(log_prior(theta0))
     if jnp.ndim(prior0) != 0:
@@ -195,7 +192,7 @@ def integrate(build: Callable, method: AbstractMethod, log_prior: Callable, thet
     optimum moves with θ); θ = θ̂ + L z with Σ = A⁻¹ = L Lᵀ; then the fits at the rule's points and
     w_k ∝ Δ_k exp(ℓ(θ_k)). ``"ccd"`` uses `ccd_design` (the Laplace evidence when ℓ is quadratic); ``"grid"`` the
     lattice ``step``·ℤ^P within |z| ≤ ``extent``, Δ_k = step^P, warning if the edge is within e⁻⁴ of the peak.
-    log_z = ½ log det Σ + log Σ_k Δ_k exp(ℓ(θ_k)).
+    log_z = ½ log det Σ + log Σ_k Δ_k exp(ℓ(θ_k)). CCD sees skew and tails at K points only: a grid's moments are finer.
 
     **Arguments:**
 

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._checks import is_concrete
 from ._linalg import batched_map
 from .covariance import AbstractFactor
 from .model import LatentLinearModel
@@ -17,10 +18,6 @@ from .projections import as_projection
 from .solvers import Status
 
 __all__ = ["Posterior", "Diagnostics", "Status", "EPInfo", "LaplaceInfo", "LVBInfo", "Mixture"]
-
-
-def _traced(*xs) -> bool:
-    return any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(xs))
 
 
 def _show(x) -> str:
@@ -46,7 +43,7 @@ class _Info(eqx.Module):
     """A method's record for `Diagnostics.info`, shown with its fields' values."""
 
     def __repr__(self):
-        if _traced(self):
+        if not is_concrete(self):
             return super().__repr__()
         return _fields_repr(self, [field.name for field in dataclasses.fields(self)])
 
@@ -57,8 +54,8 @@ class EPInfo(_Info):
     - `max_change`: the last iteration's largest site change, max over sites of |Δτ_n|·V_n and |Δν_n|·√V_n.
     - `skipped`: site updates left out (improper cavity or non-finite tilted moments); int.
     - `shrunk`: steps shortened to keep q and every cavity proper; int.
-    - `fallback`: a schedule stopped improving and the run went on with a more robust one (parallel →
-      sequential → double loop); bool."""
+    - `fallback`: a schedule stopped improving and a more robust one took over (parallel → sequential → double
+      loop); bool."""
 
     max_change: jax.Array
     skipped: jax.Array
@@ -80,8 +77,7 @@ class LVBInfo(_Info):
     """What `vj.LVB` with ``variances="lanczos"`` reports (``post.diagnostics.info``).
 
     - `num_lanczos`: the Lanczos vectors k behind the variance estimates; int.
-    - `variance_fraction`: Σ_n V̂_n / tr(P⁻¹), the share of q's total variance the (lower-bound) estimates hold
-      (≤ 1 up to the noise of the stochastic estimate of tr P⁻¹); scalar.
+    - `variance_fraction`: Σ_n V̂_n / tr(P⁻¹), the share of q's total variance the lower-bound estimates hold.
     - `cg_iterations`: CG steps of the last solve P m = r for the mean; int."""
 
     num_lanczos: jax.Array
@@ -147,7 +143,7 @@ class Diagnostics(eqx.Module):
                    solver=solver, info=info)
 
     def __repr__(self):
-        if _traced(self):
+        if not is_concrete(self):
             return super().__repr__()
         fields = ("method", "solver", "iterations", "status", "stationarity", "grad_norm", "num_value_evals",
                   "num_grad_evals", "num_hvp_evals", "objective_trace", "info")
@@ -188,7 +184,7 @@ class Posterior(eqx.Module):
     @property
     def is_lower_bound(self):
         """The method's claim and a finite `log_z`: a Python bool when concrete, a bool array while traced."""
-        if not _traced(self.log_z) and np.ndim(self.log_z) == 0:
+        if is_concrete(self.log_z) and np.ndim(self.log_z) == 0:
             return self.bound_claim and bool(np.isfinite(np.asarray(self.log_z)))
         return jnp.logical_and(self.bound_claim, jnp.isfinite(self.log_z))
 
@@ -217,7 +213,7 @@ class Posterior(eqx.Module):
         """A table of q's mean and sd per coordinate (``names``, default ``w[i]``; the first ``max_rows``), with log Z.
 
         For a concrete, unbatched posterior (not under `jit` or `vmap`)."""
-        if _traced(self.mean, self.log_z):
+        if not is_concrete(self.mean, self.log_z):
             raise ValueError("Posterior.summary: the posterior is traced (inside jit, vmap or grad); "
                              "call summary() on the concrete result outside the transformation.")
         if np.ndim(self.mean) != 1:
@@ -253,7 +249,7 @@ class Posterior(eqx.Module):
         return "\n".join(lines)
 
     def __repr__(self):
-        if _traced(self.mean, self.log_z, self.diagnostics):
+        if not is_concrete(self.mean, self.log_z, self.diagnostics):
             return super().__repr__()
         factor = type(self.factor).__name__
         return (f"Posterior(mean={_show(self.mean)}, factor={factor}, log_z={_show(self.log_z)}, "

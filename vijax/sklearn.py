@@ -243,15 +243,13 @@ def _fit_gp(est, X, likelihood, labels, method, num_classes=None):
         seed = int(check_random_state(est.random_state).randint(np.iinfo(np.int32).max)) if n else 0
         fit = _gp.fit_hyperparameters(kernel, X, likelihood, method, labels=labels, num_classes=num_classes,
                                       max_iter=est.max_iter, num_restarts=n, bounds=bounds, seed=seed)
-        est.kernel_, post = fit.kernel, fit.posterior
-        est.n_iter_ = max(1, int(fit.diagnostics.iterations))
+        est.kernel_, post, diagnostics = fit.kernel, fit.posterior, fit.diagnostics
     else:
-        if num_classes is None:
-            model = _gp.model(kernel, X, likelihood, labels=labels)
-        else:
-            model = _gp.multiclass.model(kernel, X, labels, num_classes)
+        model = (_gp.model(kernel, X, likelihood, labels=labels) if num_classes is None
+                 else _gp.multiclass.model(kernel, X, labels, num_classes))
         est.kernel_, post = kernel, _infer(model, method)
-        est.n_iter_ = max(1, int(post.diagnostics.iterations))
+        diagnostics = post.diagnostics
+    est.n_iter_ = max(1, int(diagnostics.iterations))
     est.posterior_ = post
     est.log_z_ = float(post.log_z)
     return est
@@ -261,11 +259,9 @@ class GPClassifier(_ClassifierMixin, BaseEstimator):
     """GP classification, binary or multi-class.
 
     Two classes: f ~ GP(0, k), p(y = 1 | f) = σ(f) or Φ(f) (`vj.gp.model`), fitted by ``method``. More classes:
-    C latent functions f_c ~ GP(0, k) sharing ``kernel`` in one joint model (`vj.gp.multiclass.model`; unlike
-    one-vs-rest, the probabilities sum to one), fitted by ``multiclass_method``: ``"nested_ep"``, the multinomial
-    probit by nested EP (`vj.gp.multiclass.NestedEP`: deterministic, with a ``log_z`` differentiable in the
-    kernel for ``optimize``), or ``"softmax"``, the softmax likelihood's log bound
-    (`vj.gp.softmax.SoftmaxBound("log")`; ``predict_proba`` averages 4000 draws with a fixed key).
+    f_c ~ GP(0, k) sharing ``kernel`` in one joint model (`vj.gp.multiclass.model`), fitted by ``multiclass_method``:
+    ``"nested_ep"``, the multinomial probit by nested EP (deterministic, ``log_z`` differentiable in the kernel),
+    or ``"softmax"``, the softmax log bound (``predict_proba`` averages 4000 draws with a fixed key).
 
     Args:
         kernel: a `vj.gp.kernels` kernel; ``None`` is ``SquaredExponential(lengthscale=1, variance=1)``.
