@@ -22,16 +22,13 @@ __all__ = ["GaussianFactor", "IsotropicGaussian", "DiagonalGaussian", "DenseGaus
 
 
 class GaussianFactor(eqx.Module):
-    """A Gaussian term exp(−½ wᵀΛw + ηᵀw + c) of the target.
-
-    Build it with one of the constructors:
+    """A Gaussian term exp(−½ wᵀΛw + ηᵀw + c) of the target, built by one of the constructors:
 
     - `GaussianFactor.isotropic(dim, variance, mean=0)` — N(w | μ, v I);
     - `GaussianFactor.diagonal(variance, mean=0)` — N(w | μ, diag(v));
     - `GaussianFactor.dense(mean, cov)` — N(w | μ, Σ), Σ positive definite;
     - `GaussianFactor.precision(mean, prec)` — N(w | μ, Λ⁻¹), Λ positive definite;
-    - `GaussianFactor.linear_gaussian(M, y, noise_variance)` — N(y | M w, ν² I) as a
-      function of w (its precision MᵀM/ν² may be singular).
+    - `GaussianFactor.linear_gaussian(M, y, noise_variance)` — N(y | M w, ν² I) in w (MᵀM/ν² may be singular).
     """
 
     # Whether Λ is diagonal, so that tr(ΛS) needs only diag(S).

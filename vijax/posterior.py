@@ -261,8 +261,7 @@ class Mixture(eqx.Module):
     """A mixture of posteriors over hyperparameters θ: points θ_k, weights w_k (summing to 1) and the fit q_k at each.
 
     The base of `vj.hyper.Integration` and `vj.hyper.Samples`: ``points`` ``(K, P)``, ``weights`` ``(K,)`` and
-    ``posteriors``, one `Posterior` whose leaves have a leading axis K. The GP and GLM predictive functions accept a
-    mixture and combine their predictives through `mix`.
+    ``posteriors``, one `Posterior` whose leaves have a leading axis K; the GP and GLM predictives `mix` over it.
     """
 
     points: eqx.AbstractVar[jax.Array]

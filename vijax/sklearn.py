@@ -1,8 +1,6 @@
 """scikit-learn estimators over vijax's models (needs the ``sklearn`` extra: ``pip install "vijax[sklearn]"``).
 
-``import vijax`` does not import scikit-learn; ``vj.sklearn`` loads this module on first access. The GLM
-estimators wrap the `vj.glm` builders; `GPClassifier` and `GPRegressor` wrap `vj.gp.model` (and
-`vj.gp.multiclass.model` for more than two classes). The inference method is a parameter (``"gkl"``, ``"ep"``,
+``vj.sklearn`` loads this module on first access. The inference method is a parameter (``"gkl"``, ``"ep"``,
 ``"laplace"``, ``"map"``, ``"lvb"``, ``"meanfield"`` or an instance such as ``vj.GKL(covariance=...)``), so
 ``GridSearchCV`` can choose it. GLM fits pad the rows to the next power of two (`vj.pad_sites`, exact), so
 folds of similar sizes share one compiled program. Estimators and posteriors pickle.
