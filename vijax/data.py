@@ -24,27 +24,22 @@ class LogisticData(NamedTuple):
 
 def _rng(key_or_seed, owner):
     """A numpy Generator from a non-negative int seed or a JAX PRNG key (typed or raw uint32)."""
-    if isinstance(key_or_seed, (bool, np.bool_)):
-        raise ValueError(f"{owner}: `key_or_seed` must be a non-negative integer seed or a JAX PRNG key, got a bool.")
-    if isinstance(key_or_seed, (int, np.integer)):
-        if key_or_seed < 0:
-            raise ValueError(f"{owner}: the seed must be non-negative, got {key_or_seed}.")
-        return np.random.default_rng(int(key_or_seed))
+    if isinstance(key_or_seed, (int, np.integer, bool, np.bool_)):
+        return np.random.default_rng(_checks.integer("key_or_seed", key_or_seed, owner, 0))
     dtype = getattr(key_or_seed, "dtype", None)
     if dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
-        words = np.asarray(jax.random.key_data(key_or_seed))
-    elif dtype is not None and np.dtype(dtype) == np.uint32 and np.ndim(key_or_seed) == 1:
-        words = np.asarray(key_or_seed)  # a raw key from jax.random.PRNGKey
-    else:
+        key_or_seed = jax.random.key_data(key_or_seed)
+    elif dtype is None or np.dtype(dtype) != np.uint32:
         raise ValueError(f"{owner}: `key_or_seed` must be a non-negative integer seed or a single JAX PRNG key, "
                          f"got {type(key_or_seed).__name__}.")
+    words = np.asarray(key_or_seed)
     if words.ndim != 1:
         raise ValueError(f"{owner}: expected a single PRNG key, got a batch of keys with shape {words.shape[:-1]}.")
     return np.random.default_rng([int(v) for v in words.astype(np.uint32)])
 
 
 def synthetic_logistic_regression(key_or_seed, dim: int, num_train: int, num_test: int) -> LogisticData:
-    """Correlated-covariate Bayesian logistic regression (Challis thesis §5.2, JMLR 2013 §6.2).
+    """Correlated-covariate Bayesian logistic regression (Challis thesis §5.2, JMLR 2013 §6.2), as numpy float64.
 
     The generator is
 
@@ -62,11 +57,8 @@ def synthetic_logistic_regression(key_or_seed, dim: int, num_train: int, num_tes
 
     **Arguments:**
 
-    - `key_or_seed`: a non-negative integer seed, or a JAX PRNG key (``jax.random.key(0)`` or
-      ``jax.random.PRNGKey(0)``) whose key data seeds the generator.
+    - `key_or_seed`: a non-negative integer seed, or a JAX PRNG key (typed or raw) whose key data seeds the generator.
     - `dim`: D ≥ 1; `num_train` ≥ 1; `num_test` ≥ 0, with ``num_train + num_test ≥ 2``.
-
-    **Returns:** a `LogisticData` of numpy float64 arrays; the same arguments give the same arrays.
     """
     owner = "synthetic_logistic_regression"
     dim = _checks.integer("dim", dim, owner, 1)

@@ -1,11 +1,7 @@
 """Bayesian logistic regression on the breast-cancer data with every vijax method.
 
-Run ``python -m vijax.demo [--output vijax_demo.png] [--seed 0]``.
-
-The data are scikit-learn's bundled copy (569 tumours, 30 features), split 70/30 by ``--seed``,
-standardised with the training statistics, with an intercept column; the prior is N(0, I). Each
-method is compiled ahead of time (in parallel threads), then run once and timed. The plot shows the
-coefficients under the full and the diagonal covariance family and the bound per solver iteration.
+Run ``python -m vijax.demo [--output vijax_demo.png] [--seed 0]``. The data (scikit-learn's copy, 569 tumours,
+30 features) are split 70/30 by ``--seed`` and standardised, with an intercept column; the prior is N(0, I).
 """
 
 from __future__ import annotations
@@ -20,8 +16,6 @@ import numpy as np
 
 import vijax as vj
 
-# (name, method): one line per method. Every method returns a `vj.Posterior`, so new
-# methods (Laplace, EP, LVB, MAP, mean field) are added here and nowhere else.
 METHODS = [
     ("G-KL full (natural parameters)", vj.GKL()),
     ("G-KL diagonal, Newton-CG", vj.GKL(covariance=vj.covariance.Diagonal())),
@@ -32,7 +26,6 @@ METHODS = [
     ("mean field", vj.MeanField()),
 ]
 
-# The two fits whose coefficients the left panel compares.
 COEFFICIENT_PANEL = ("G-KL full (natural parameters)", "G-KL diagonal, Newton-CG")
 
 
@@ -51,9 +44,7 @@ def load_data(seed: int = 0, test_fraction: float = 0.3):
 
 
 def compile_all(methods, model):
-    """Each method's fit, compiled ahead of time: [(compiled, seconds)]. Tracing holds Python's lock,
-    so the programs are traced in turn; XLA compiles each one in a thread of its own (one per core)
-    while the next is traced."""
+    """Each method's fit, compiled ahead of time: [(compiled, seconds)], XLA compiling in parallel threads."""
     def compile_one(low):
         start = time.perf_counter()
         return low.compile(), time.perf_counter() - start

@@ -1,9 +1,7 @@
 """Gaussian factors exp(−½ wᵀΛw + ηᵀw + c): the Gaussian term of a latent linear model.
 
-`GaussianFactor`'s constructors return the concrete form whose algebra is cheapest (`IsotropicGaussian`,
-`DiagonalGaussian`, `DenseGaussian`, `NaturalGaussian`), its parameters strongly typed arrays of the promoted
-dtype of the arrays passed, else ``jnp.result_type(float)``, so an optimiser's update never changes their type
-(a `vj.LatentLinearModel` casts its factor to the dtype of its site projections).
+`GaussianFactor`'s constructors return the form whose algebra is cheapest, its parameters strongly typed arrays
+of the promoted dtype of the arrays passed (else ``jnp.result_type(float)``), so an update never changes their type.
 """
 
 from __future__ import annotations
@@ -24,16 +22,13 @@ __all__ = ["GaussianFactor", "IsotropicGaussian", "DiagonalGaussian", "DenseGaus
 
 
 class GaussianFactor(eqx.Module):
-    """A Gaussian term exp(−½ wᵀΛw + ηᵀw + c) of the target.
-
-    Build it with one of the constructors:
+    """A Gaussian term exp(−½ wᵀΛw + ηᵀw + c) of the target, built by one of the constructors:
 
     - `GaussianFactor.isotropic(dim, variance, mean=0)` — N(w | μ, v I);
     - `GaussianFactor.diagonal(variance, mean=0)` — N(w | μ, diag(v));
     - `GaussianFactor.dense(mean, cov)` — N(w | μ, Σ), Σ positive definite;
     - `GaussianFactor.precision(mean, prec)` — N(w | μ, Λ⁻¹), Λ positive definite;
-    - `GaussianFactor.linear_gaussian(M, y, noise_variance)` — N(y | M w, ν² I) as a
-      function of w (its precision MᵀM/ν² may be singular).
+    - `GaussianFactor.linear_gaussian(M, y, noise_variance)` — N(y | M w, ν² I) in w (MᵀM/ν² may be singular).
     """
 
     # Whether Λ is diagonal, so that tr(ΛS) needs only diag(S).
@@ -44,7 +39,6 @@ class GaussianFactor(eqx.Module):
     def dim(self) -> int:
         """D, the dimension of w."""
 
-    # Algebra every family and method uses -------------------------------------------------
     @abc.abstractmethod
     def log_density(self, w):
         """log of the factor at ``w`` (shape ``(D,)``), normalising constant included."""
@@ -73,7 +67,6 @@ class GaussianFactor(eqx.Module):
         """``(loc, L)`` with w = loc + L w̃ turning the factor into N(w̃ | 0, I), or None."""
         return None
 
-    # Constructors ----------------------------------------------------------------------------
     @staticmethod
     def isotropic(dim: int, variance=1.0, mean=0.0) -> "IsotropicGaussian":
         if not (isinstance(dim, (int, np.integer)) and dim >= 1):

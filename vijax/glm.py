@@ -1,20 +1,11 @@
 """Bayesian generalised linear models: builders and predictive quantities.
 
-Each builder returns a `LatentLinearModel` with prior N(0, prior_variance·I) and one site group over the rows
-of X, shape ``(N, D)`` (add a column of ones for an intercept):
-
-| builder | site potential | H |
-|---|---|---|
-| `logistic_regression` | σ(y_n x_nᵀw), labels {0,1} or {−1,+1} | y_n x_n |
-| `probit_regression` | Φ(y_n x_nᵀw) | y_n x_n |
-| `poisson_regression` | Poisson(counts_n \\| exp(x_nᵀw)) | x_n |
-| `robust_regression` | Student-t or Laplace noise around y_n | x_n |
-| `linear_regression` | N(y_n \\| x_nᵀw, noise_scale²) (conjugate) | x_n |
-
-`hierarchical_linear` builds a `vj.hierarchical.HierarchicalModel` (uncertain prior scales and noise variance,
-fitted by `vj.methods.ep_hyper.HierarchicalEP`). Data and parameters take X's floating dtype, strongly typed (so
-a jitted loop updating a parameter compiles once). Predictives integrate the site potential over q's 1-D marginal
-of x_*ᵀw, in closed form or by quadrature; each also takes a `vj.posterior.Mixture` over hyperparameters.
+Each builder returns a `LatentLinearModel` with prior N(0, v I) and one site group over the rows of X,
+shape ``(N, D)`` (add a column of ones for an intercept): `logistic_regression`, `probit_regression`,
+`poisson_regression`, `robust_regression` (Student-t or Laplace noise) and the conjugate `linear_regression`;
+`hierarchical_linear` builds a `vj.hierarchical.HierarchicalModel` for `vj.HierarchicalEP`. Data and parameters
+take X's floating dtype, strongly typed (so a jitted loop updating a parameter compiles once). The predictives
+integrate the site potential over q's 1-D marginal of x_*ᵀw, and also take a `vj.posterior.Mixture`.
 """
 
 from __future__ import annotations
@@ -54,14 +45,11 @@ def _targets(y, X, owner, name="y"):
 
 
 def signed_labels(y: ArrayLike, owner: str = "signed_labels") -> jax.Array:
-    """Binary labels in {0, 1} or {−1, +1} as ±1 (raises on anything else).
+    """Binary labels, all in {0, 1} or all in {−1, +1}, as ±1 floats (raises on anything else).
 
     Args:
-        y: labels, shape ``(N,)``, all in {0, 1} or all in {−1, +1}.
+        y: labels, shape ``(N,)``.
         owner: the function named in the error message.
-
-    Returns:
-        ±1 floats, shape ``(N,)``.
     """
     if _checks.is_concrete(y):
         values = set(np.unique(np.asarray(y)).tolist())
@@ -86,29 +74,23 @@ def _binary(X, y, prior_variance, potential, owner):
 
 
 def logistic_regression(X: ArrayLike, y: ArrayLike, prior_variance: ArrayLike = 1.0) -> LatentLinearModel:
-    """Bayesian logistic regression: p(w | X, y) ∝ N(w | 0, v I) ∏_n σ(y_n x_nᵀw).
+    """Bayesian logistic regression: p(w | X, y) ∝ N(w | 0, v I) ∏_n σ(y_n x_nᵀw), sites on H = diag(y) X.
 
     Args:
-        X: covariates, shape ``(N, D)`` (add a column of ones for an intercept).
+        X: covariates, shape ``(N, D)``.
         y: labels, shape ``(N,)``, all in {0, 1} or all in {−1, +1}.
         prior_variance: v > 0, each weight's prior variance (may be traced, e.g. for ML-II).
-
-    Returns:
-        A ``LatentLinearModel`` with one ``Logistic`` site group on H = diag(y) X.
     """
     return _binary(X, y, prior_variance, potentials.Logistic(), "logistic_regression")
 
 
 def probit_regression(X: ArrayLike, y: ArrayLike, prior_variance: ArrayLike = 1.0) -> LatentLinearModel:
-    """Bayesian probit regression: p(w | X, y) ∝ N(w | 0, v I) ∏_n Φ(y_n x_nᵀw).
+    """Bayesian probit regression: p(w | X, y) ∝ N(w | 0, v I) ∏_n Φ(y_n x_nᵀw), sites on H = diag(y) X.
 
     Args:
         X: covariates, shape ``(N, D)``.
         y: labels, shape ``(N,)``, all in {0, 1} or all in {−1, +1}.
         prior_variance: v > 0, each weight's prior variance.
-
-    Returns:
-        A ``LatentLinearModel`` with one ``Probit`` site group on H = diag(y) X.
     """
     return _binary(X, y, prior_variance, potentials.Probit(), "probit_regression")
 
@@ -122,9 +104,6 @@ def poisson_regression(X: ArrayLike, counts: ArrayLike, prior_variance: ArrayLik
         counts: non-negative counts, shape ``(N,)``.
         prior_variance: v > 0, each weight's prior variance.
         offset: scalar or ``(N,)``, added to the linear predictor (e.g. log exposure).
-
-    Returns:
-        A ``LatentLinearModel`` with one ``Poisson`` site group on H = X.
     """
     owner = "poisson_regression"
     X = _design(X, owner)
@@ -146,9 +125,6 @@ def robust_regression(X: ArrayLike, y: ArrayLike, likelihood: str = "student_t",
         scale: the noise scale (positive; scalar or ``(N,)``).
         df: the Student-t degrees of freedom (ignored for ``"laplace"``).
         prior_variance: v > 0, each weight's prior variance.
-
-    Returns:
-        A ``LatentLinearModel`` with one ``StudentT`` or ``Laplace`` site group on H = X.
     """
     owner = "robust_regression"
     X = _design(X, owner)
@@ -172,9 +148,6 @@ def linear_regression(X: ArrayLike, y: ArrayLike, noise_scale: ArrayLike = 1.0,
         y: targets, shape ``(N,)``.
         noise_scale: the standard deviation of the Gaussian noise (positive).
         prior_variance: v > 0, each weight's prior variance.
-
-    Returns:
-        A ``LatentLinearModel`` with one ``Gaussian`` site group on H = X (every Gaussian method is exact on it).
     """
     owner = "linear_regression"
     X = _design(X, owner)
@@ -184,7 +157,8 @@ def linear_regression(X: ArrayLike, y: ArrayLike, noise_scale: ArrayLike = 1.0,
 
 
 def hierarchical_linear(X, y, groups="ard", scale_prior=(0.0, 4.0), noise_prior=(0.0, 4.0), df=None):
-    """A sparse linear model with hierarchical priors (Jylänki 2013, Publication IV; Seeger 2008; Neal 1996):
+    """A sparse linear model with hierarchical priors (Jylänki 2013, Publication IV; Seeger 2008; Neal 1996),
+    fitted by ``vj.infer(model, vj.HierarchicalEP())``:
 
     $$
     y_n \\mid w, φ_0 \\sim \\mathcal N(x_n^\\top w, e^{φ_0}) \\ \\text{or}\\ \\mathrm{St}(x_n^\\top w, ν, e^{φ_0}), \\qquad
@@ -194,17 +168,14 @@ def hierarchical_linear(X, y, groups="ard", scale_prior=(0.0, 4.0), noise_prior=
 
     **Arguments:**
 
-    - `X`: ``(N, D)`` inputs (add a column of ones for an intercept; standardise the columns, as the default
-      hyperpriors are on the unit scale); `y`: ``(N,)`` targets.
-    - `groups`: ``"ard"`` (one scale per input: automatic relevance determination), ``"common"`` (one shared scale:
-      Laplace-like shrinkage), or an int array ``(D,)`` of group labels 0..G−1 (one scale per group).
+    - `X`: ``(N, D)`` inputs (standardise the columns: the default hyperpriors are on the unit scale); `y`: ``(N,)``.
+    - `groups`: ``"ard"`` (one scale per input), ``"common"`` (one shared scale: Laplace-like shrinkage), or an int
+      array ``(D,)`` of group labels 0..G−1 (one scale per group).
     - `scale_prior`, `noise_prior`: (mean, variance) of the Gaussian hyperpriors on each log prior variance φ_l
-      (scalars or ``(G,)``) and on the log noise variance φ_0 (scalars; log-normal σ²); default (0, 4).
-    - `df`: ``None`` (Gaussian) or ν > 0: St(y_n | x_nᵀw, ν, σ²), σ² = e^{φ_0}, robust to outliers (ν → ∞: Gaussian);
-      tilted moments by quadrature in x per φ_0 node (`vj.methods.ep_hyper.scale_tilted_moments`).
+      (scalars or ``(G,)``) and on the log noise variance φ_0 (scalars); default (0, 4).
+    - `df`: ``None`` (Gaussian) or ν > 0: St(y_n | x_nᵀw, ν, e^{φ_0}), robust to outliers.
 
-    Hyperparameter 0 is log σ², 1..G the log prior variances, so ``post.relevances()[1:]`` are E[e^{φ_l}]
-    (`vj.methods.ep_hyper.HierarchicalPosterior`). Fit with ``vj.infer(model, vj.HierarchicalEP())``.
+    Hyperparameter 0 is log σ², 1..G the log prior variances, so ``post.relevances()[1:]`` are E[e^{φ_l}].
     """
     owner = "hierarchical_linear"
     X = _design(X, owner)
@@ -244,9 +215,7 @@ def hierarchical_linear(X, y, groups="ard", scale_prior=(0.0, 4.0), noise_prior=
 
 def hierarchical_predict(post, X_test, y_test=None, quadrature=GaussHermite()):
     """Predictive of a `hierarchical_linear` fit: ``(mean, variance)`` of y_*, each ``(N_test,)``, and with ``y_test``
-    also log p(y_* | data) ≈ log ∫∫ t(y_* | x; e^{φ_0}) N(x | x_*ᵀm, x_*ᵀSx_*) q(φ_0) dx dφ_0, t the likelihood
-    (Gaussian: N(y_* | x_*ᵀm, x_*ᵀSx_* + e^{φ_0}) under q(φ_0); Student-t: quadrature in x too,
-    `vj.methods.ep_hyper.scale_tilted_moments`).
+    also log p(y_* | data) ≈ log ∫∫ t(y_* | x; e^{φ_0}) N(x | x_*ᵀm, x_*ᵀSx_*) q(φ_0) dx dφ_0, t the likelihood.
     The variance is x_*ᵀSx_* + E_q[e^{φ_0}] (times ν/(ν − 2) for a Student-t; infinite for ν ≤ 2)."""
     owner = "hierarchical_predict"
     X_test = _design(X_test, owner, data=False)
@@ -274,17 +243,12 @@ def _site_potential(post, owner):
 
 def predict_proba(post: Posterior | Mixture, X_test: ArrayLike,
                   quadrature: GaussHermite = GaussHermite()) -> jax.Array:
-    """p(y = 1 | x_*) = ⟨φ(x_*ᵀw)⟩_q for logistic, probit or Heaviside GLMs.
+    """p(y = 1 | x_*) = ⟨φ(x_*ᵀw)⟩_q for logistic, probit or Heaviside GLMs, shape ``(T,)``.
 
     Args:
-        post: a posterior of a binary GLM (``vj.infer`` on ``logistic_regression`` or ``probit_regression``), or a
-            `vj.posterior.Mixture` over hyperparameters (`vj.hyper.integrate`, `vj.hyper.sample`): then
-            Σ_k w_k p(y = 1 | x_*, θ_k).
+        post: a binary GLM's posterior, or a `vj.posterior.Mixture` over hyperparameters (then Σ_k w_k p_k).
         X_test: test covariates, shape ``(T, D)``.
         quadrature: the 1-D rule for expectations without a closed form.
-
-    Returns:
-        Probabilities of the label 1, shape ``(T,)``.
     """
     owner = "predict_proba"
     if isinstance(post, Mixture):
@@ -298,19 +262,15 @@ def predict_proba(post: Posterior | Mixture, X_test: ArrayLike,
 
 
 def predict_mean(post: Posterior | Mixture, X_test: ArrayLike, offset: ArrayLike = 0.0) -> jax.Array:
-    """E[y_* | x_*, data] = ⟨E[y | η_*]⟩_q, η_* = x_*ᵀw + ``offset``: the predicted mean of a new observation.
+    """E[y_* | x_*, data] = ⟨E[y | η_*]⟩_q, η_* = x_*ᵀw + ``offset``: the predicted means, shape ``(T,)``.
 
     With m_*, v_* q's marginal of x_*ᵀw: Poisson, the mean count exp(m_* + v_*/2) (pass log exposure as ``offset``);
     binary GLMs, `predict_proba`; Gaussian, Laplace and Student-t (ν > 1), m_* (a Cauchy likelihood has no mean).
 
     Args:
-        post: a posterior of a GLM built by this module, or a `vj.posterior.Mixture` over hyperparameters (the
-            means mixed with its weights).
+        post: a GLM's posterior, or a `vj.posterior.Mixture` over hyperparameters (the means mixed).
         X_test: test covariates, shape ``(T, D)``.
         offset: scalar or ``(T,)``, added to the linear predictor.
-
-    Returns:
-        Predicted means, shape ``(T,)``.
     """
     owner = "predict_mean"
     if isinstance(post, Mixture):
@@ -338,17 +298,13 @@ def predict_mean(post: Posterior | Mixture, X_test: ArrayLike, offset: ArrayLike
 
 def log_predictive(post: Posterior | Mixture, X_test: ArrayLike, y_test: ArrayLike,
                    quadrature: GaussHermite = GaussHermite()) -> jax.Array:
-    """log p(y_* | x_*, data) ≈ log ⟨p(y_* | x_*ᵀw)⟩_q for each test point.
+    """log p(y_* | x_*, data) ≈ log ⟨p(y_* | x_*ᵀw)⟩_q for each test point, shape ``(T,)``.
 
     Args:
-        post: a posterior of any GLM built by this module, or a `vj.posterior.Mixture` over hyperparameters:
-            then log Σ_k w_k p(y_* | x_*, θ_k).
+        post: a GLM's posterior, or a `vj.posterior.Mixture` over hyperparameters (then log Σ_k w_k p_k).
         X_test: test covariates, shape ``(T, D)``.
         y_test: labels (binary GLMs, in the training label set) or targets / counts, shape ``(T,)``.
         quadrature: the 1-D rule for expectations without a closed form.
-
-    Returns:
-        Log predictive densities, shape ``(T,)``.
     """
     owner = "log_predictive"
     if isinstance(post, Mixture):

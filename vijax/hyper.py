@@ -1,11 +1,10 @@
 """Hyperparameters integrated, not optimised, with any vijax method as the inner integral.
 
-A model ``build(theta)`` depends on an unconstrained flat ``(P,)`` array θ (``build`` maps it to positive
-parameters itself, e.g. ``jnp.exp``). A method gives log p̂(y | θ) = ``vj.infer(build(theta), method).log_z``,
-differentiable in θ by the envelope theorem: `marginal` wraps it as a function; `integrate` (a central composite
-design or a grid around the mode, after INLA and GPstuff's ``gp_ia``) and `sample` (NUTS, with NumPyro) integrate θ
-against a prior p(θ). Both return a `vj.posterior.Mixture` of points θ_k, weights w_k and fits q_k, which the GP and
-GLM predictive functions accept: p(y_* | y) ≈ Σ_k w_k ∫ p(y_* | f_*) q_k(f_*) df_*.
+A model ``build(theta)`` depends on an unconstrained flat ``(P,)`` array θ. A method gives
+log p̂(y | θ) = ``vj.infer(build(theta), method).log_z``, differentiable in θ by the envelope theorem (`marginal`).
+`integrate` (a central composite design or a grid around the mode, after INLA) and `sample` (NUTS) integrate θ
+against a prior p(θ) into a `vj.posterior.Mixture`, which the GP and GLM predictives accept:
+p(y_* | y) ≈ Σ_k w_k ∫ p(y_* | f_*) q_k(f_*) df_*.
 """
 
 from __future__ import annotations
@@ -32,10 +31,6 @@ __all__ = ["marginal", "Marginal", "integrate", "Integration", "sample", "Sample
 MAX_DIM = 6  # the deterministic rules' largest dim θ (a grid or design grows exponentially with it)
 
 
-# ------------------------------------------------------------------------------------------------------------------
-# The inner fits: compiled programs, each warm-started from one posterior.
-
-
 def _log_density(theta, build, method, log_prior, init):
     """log p̂(y | θ) + log p(θ), the method's fit at θ warm-started from ``init``, and that fit."""
     post = infer(build(theta), method, init)
@@ -48,25 +43,17 @@ def _fit(build, method, theta, init):
 
 
 @eqx.filter_jit
-def _log_prior(log_prior, theta):
-    return log_prior(theta)
-
-
-@eqx.filter_jit
 def _fits(build, method, log_prior, thetas, init, batch_size):
-    """The log densities and fits at the rows of ``thetas``."""
     return batched_map(lambda th: _log_density(th, build, method, log_prior, init), thetas, batch_size)
 
 
 @eqx.filter_jit
 def _gradients(build, method, log_prior, thetas, init, batch_size):
-    """∇_θ (log p̂ + log p) at the rows of ``thetas`` (envelope gradients)."""
     return batched_map(jax.grad(lambda th: _log_density(th, build, method, log_prior, init)[0]), thetas, batch_size)
 
 
 @eqx.filter_jit
 def _mode(build, method, log_prior, theta0, init, solver):
-    """The maximiser of log p̂ + log p by `vj.solvers.LBFGS`, each evaluation a fit warm-started from ``init``."""
     return solver.maximise(lambda th: _log_density(th, build, method, log_prior, init)[0], theta0)
 
 
@@ -78,8 +65,7 @@ def _check_args(build, method, log_prior, batch_size, owner):
     if log_prior is not None and not callable(log_prior):
         raise ValueError(f"{owner}: `log_prior` must be a function theta -> log p(theta) (a scalar), got "
                          f"{type(log_prior).__name__}.")
-    if not (isinstance(batch_size, (int, np.integer)) and batch_size >= 1):
-        raise ValueError(f"{owner}: `batch_size` must be a positive integer, got {batch_size!r}.")
+    _checks.integer("batch_size", batch_size, owner)
 
 
 def _check_theta(theta0, owner, name="theta0"):
@@ -95,9 +81,9 @@ def _check_theta(theta0, owner, name="theta0"):
 
 
 def _start(build, method, log_prior, theta0, owner):
-    """The cold fit at θ0 and the log density there, checked finite."""
+    """The cold fit at θ0, its log density checked finite."""
     post0 = _fit(build, method, theta0, None)
-    prior0 = _log_prior(log_prior, theta0)
+    prior0 = jnp.asarray(log_prior(theta0))
     if jnp.ndim(prior0) != 0:
         raise ValueError(f"{owner}: `log_prior(theta)` must return a scalar, got shape {jnp.shape(prior0)}.")
     value0 = float(post0.log_z) + float(prior0)
@@ -109,25 +95,19 @@ def _start(build, method, log_prior, theta0, owner):
     return post0
 
 
-# ------------------------------------------------------------------------------------------------------------------
-# The marginal likelihood as a function
-
-
 class Marginal(eqx.Module):
     """θ ↦ log p̂(y | θ), the method's ``log_z`` for ``build(theta)``; made by `marginal`.
 
-    ``m(theta, init=None)`` is the scalar log p̂(y | θ), ``m.fit(theta, init=None)`` the whole `vj.Posterior`; both
-    compile once per shape (``build`` is part of the program's key: keep one function, not a new lambda per call).
-    ``init`` warm-starts the inner fit: None (cold) or a previous fit or State. ``jax.grad(m)(theta)`` is the
-    envelope-theorem gradient (no differentiation through the inner iterations); `m` works under `jax.jit` and
-    `jax.vmap`. For G-KL, LVB and mean field log p̂ is a lower bound on log p(y | θ).
+    ``m(theta, init=None)`` is log p̂(y | θ), ``m.fit(theta, init=None)`` the whole `vj.Posterior`, ``init`` a
+    previous fit or State to warm-start from. Both compile once per shape (keep one ``build``, not a new lambda per
+    call). ``jax.grad(m)`` is the envelope-theorem gradient; `m` works under `jax.jit` and `jax.vmap`.
     """
 
     build: Callable = eqx.field(static=True)
     method: AbstractMethod
 
     def fit(self, theta, init=None) -> Posterior:
-        """The method's `vj.Posterior` for ``build(theta)``, warm-started from ``init`` (None: a cold start)."""
+        """The method's `vj.Posterior` for ``build(theta)``."""
         owner = "vj.hyper.Marginal.fit"
         theta = _check_theta(theta, owner, "theta")
         post = _fit(self.build, self.method, theta, init)
@@ -147,26 +127,20 @@ def marginal(build: Callable, method: AbstractMethod) -> Marginal:
 
     **Arguments:**
 
-    - `build`: ``theta -> model``, θ a flat ``(P,)`` array of unconstrained hyperparameters; every θ must give a
-      model of the same structure and shapes.
+    - `build`: ``theta -> model``, θ a flat ``(P,)`` array; every θ must give a model of the same structure and shapes.
     - `method`: any vijax method (`vj.EP()`, `vj.Laplace()`, `vj.GKL()`, …).
     """
     _check_args(build, method, None, 1, "vj.hyper.marginal")
     return Marginal(build, method)
 
 
-# ------------------------------------------------------------------------------------------------------------------
-# Deterministic rules
-
-
 def ccd_design(dim: int, f0: float = 1.1) -> tuple[np.ndarray, np.ndarray]:
-    """The central composite design in P = ``dim`` whitened coordinates z and its log weights log Δ_k.
+    """The central composite design in P = ``dim`` whitened coordinates z and its log weights: ``(z, log_delta)``.
 
-    Returns ``(z, log_delta)``, shapes ``(K, P)`` and ``(K,)``: the centre, the 2P axial points ±f0·√P·e_i and the
-    factorial points with every coordinate ±f0 (full 2^P for 2 ≤ P ≤ 4, the half fraction 2^(P−1), last factor the
-    product of the others, for P = 5, 6), so K = 3, 9, 15, 25, 27, 45 (Rue, Martino & Chopin 2009, §6.5; GPstuff's
-    ``gp_ia``). Δ_0 = (2π)^{P/2}(1 − 1/f0²) and Δ_k = (2π)^{P/2} exp(P f0²/2) / ((K − 1) f0²) make
-    ∫ f(z) dz ≈ Σ_k Δ_k f(z_k) exact in mass, mean and covariance for a Gaussian f; ``f0`` > 1 keeps Δ_0 positive.
+    z ``(K, P)``: the centre, the 2P axial points ±f0·√P·e_i and the factorial points ±f0 (full 2^P for P ≤ 4, the
+    half fraction for P = 5, 6), so K = 3, 9, 15, 25, 27, 45 (Rue, Martino & Chopin 2009, §6.5).
+    Δ_0 = (2π)^{P/2}(1 − 1/f0²) and Δ_k = (2π)^{P/2} exp(P f0²/2) / ((K − 1) f0²) make ∫ f(z) dz ≈ Σ_k Δ_k f(z_k)
+    exact in mass, mean and covariance for a Gaussian f; ``f0`` > 1 keeps Δ_0 positive.
     """
     owner = "vj.hyper.ccd_design"
     if not (isinstance(dim, (int, np.integer)) and 1 <= dim <= MAX_DIM):
@@ -191,18 +165,10 @@ def ccd_design(dim: int, f0: float = 1.1) -> tuple[np.ndarray, np.ndarray]:
 class Integration(Mixture):
     """θ integrated by a deterministic rule: the result of `integrate`, a `vj.posterior.Mixture`.
 
-    **Fields:**
-
-    - `points`: θ_k, shape ``(K, P)``; `weights`: w_k, shape ``(K,)``, summing to 1; `posteriors`: the method's fit at
-      each point (one `vj.Posterior` whose leaves have a leading axis K; ``jax.tree.map(lambda x: x[k],
-      res.posteriors)`` is the k-th).
-    - `log_densities`: log p̂(y | θ_k) + log p(θ_k), shape ``(K,)``.
-    - `log_z`: the log marginal likelihood log ∫ p̂(y | θ) p(θ) dθ by the rule.
-    - `mode`: the mode θ̂ of log p̂ + log p, shape ``(P,)``; `covariance`: Σ = (−∇²(log p̂ + log p))⁻¹ at θ̂ (P × P),
-      the Gaussian approximation whose principal axes the rule is laid on.
-    - `rule`: ``"ccd"`` or ``"grid"``; `mode_converged`: whether the mode search met its stopping rule.
-
-    ``mean`` and ``sd``: the posterior mean and standard deviation of θ under the rule's weights.
+    **Fields:** `points` θ_k ``(K, P)``, `weights` w_k ``(K,)`` and `posteriors` (leading axis K) as for the
+    mixture; `log_densities` log p̂(y | θ_k) + log p(θ_k) ``(K,)``; `log_z` log ∫ p̂(y | θ) p(θ) dθ by the rule;
+    `mode` θ̂ ``(P,)`` and `covariance` Σ = (−∇²(log p̂ + log p))⁻¹ at θ̂, whose principal axes the rule is laid on;
+    `mode_converged`; `rule` (``"ccd"`` or ``"grid"``).
     """
 
     points: jax.Array
@@ -221,19 +187,12 @@ def integrate(build: Callable, method: AbstractMethod, log_prior: Callable, thet
               difference_step: float = 1e-3, solver: LBFGS | None = None, batch_size: int = 1) -> Integration:
     """Integrate the hyperparameters θ by a central composite design or a grid around the mode of p(θ | y).
 
-    With ℓ(θ) = log p̂(y | θ) + log p(θ):
-
-    1. the mode θ̂ = argmax ℓ by `vj.solvers.LBFGS` on envelope gradients;
-    2. A = −∇²ℓ(θ̂) by central differences of the envelope gradient (2P gradients, symmetrised): `jax.hessian` of
-       log p̂ would miss how the inner optimum moves with θ;
-    3. whitened coordinates along A's principal axes: θ = θ̂ + L z, Σ = A⁻¹ = L Lᵀ;
-    4. the fits at the rule's points θ_k and weights w_k ∝ Δ_k exp(ℓ(θ_k)): ``rule="ccd"`` uses `ccd_design` (exact
-       in the mass and second moments of a Gaussian, so Σ_k Δ_k exp(ℓ(θ_k)) is the Laplace evidence when ℓ is
-       quadratic); ``rule="grid"`` the lattice ``step``·ℤ^P within |z| ≤ ``extent`` with Δ_k = step^P (the midpoint
-       rule; 197 points for P = 2 by default), with a warning if the density at the edge is within e⁻⁴ of its peak.
-
-    log_z = ½ log det Σ + log Σ_k Δ_k exp(ℓ(θ_k)). CCD sees skewness and tails only at K points, so its moments of θ
-    are rougher than a grid's.
+    With ℓ(θ) = log p̂(y | θ) + log p(θ): the mode θ̂ by `vj.solvers.LBFGS` on envelope gradients;
+    A = −∇²ℓ(θ̂) by central differences of the envelope gradient (`jax.hessian` of log p̂ would miss how the inner
+    optimum moves with θ); θ = θ̂ + L z with Σ = A⁻¹ = L Lᵀ; then the fits at the rule's points and
+    w_k ∝ Δ_k exp(ℓ(θ_k)). ``"ccd"`` uses `ccd_design` (the Laplace evidence when ℓ is quadratic); ``"grid"`` the
+    lattice ``step``·ℤ^P within |z| ≤ ``extent``, Δ_k = step^P, warning if the edge is within e⁻⁴ of the peak.
+    log_z = ½ log det Σ + log Σ_k Δ_k exp(ℓ(θ_k)). CCD sees skew and tails at K points only: a grid's moments are finer.
 
     **Arguments:**
 
@@ -245,11 +204,8 @@ def integrate(build: Callable, method: AbstractMethod, log_prior: Callable, thet
       spacing and radius in standard deviations, and the most points it may have.
     - `difference_step`: h of the Hessian's differences, in θ's units.
     - `solver`: the mode search's `vj.solvers.LBFGS` (default ``LBFGS(tol=1e-10, max_iter=200)``).
-    - `batch_size`: fits per vmapped batch (`jax.lax.map`). 1 (default) fits one point after another: under
-      `jax.vmap` every lane runs every branch until the slowest converges, which costs more than it saves on a CPU;
-      raise it on an accelerator.
-
-    Returns an `Integration`, which the GP and GLM predictive functions mix over θ.
+    - `batch_size`: fits per vmapped batch; 1 (default) fits one after another (under `jax.vmap` every lane runs
+      until the slowest converges, a loss on a CPU); raise it on an accelerator.
     """
     owner = "vj.hyper.integrate"
     _check_args(build, method, log_prior, batch_size, owner)
@@ -332,14 +288,9 @@ def _grid(dim, step, extent):
     return z[order]
 
 
-# ------------------------------------------------------------------------------------------------------------------
-# NUTS
-
-
 class SamplerInfo(eqx.Module):
-    """How the NUTS run went: `num_divergent` (divergent transitions after warm-up), `accept_prob` (mean acceptance
-    probability), `step_size` (adapted), `mean_num_steps` (leapfrog steps per draw), `ess` (effective sample size of
-    each coordinate of θ, ``(P,)``, NumPyro's estimate)."""
+    """How the NUTS run went: `num_divergent` (after warm-up), `accept_prob` (mean), `step_size` (adapted),
+    `mean_num_steps` (leapfrog steps per draw), `ess` (effective sample size per coordinate of θ, ``(P,)``)."""
 
     num_divergent: jax.Array
     accept_prob: jax.Array
@@ -351,15 +302,9 @@ class SamplerInfo(eqx.Module):
 class Samples(Mixture):
     """θ sampled by NUTS: the result of `sample`, a `vj.posterior.Mixture`.
 
-    **Fields:**
-
-    - `draws`: every draw of θ after warm-up, shape ``(S, P)``.
-    - `points`: the draws at which the method was fitted for the mixture (every draw, or an evenly thinned subset),
-      ``(K, P)``; `weights`: 1/K each; `posteriors`: the fits there (leading axis K).
-    - `log_densities`: log p̂(y | θ_k) + log p(θ_k) at the points.
-    - `info`: a `SamplerInfo` (divergences, acceptance, step size, effective sample sizes).
-
-    ``mean``, ``sd``: of θ over all draws; ``mc_error``: the Monte Carlo standard error of ``mean``, sd/√ESS.
+    **Fields:** `draws` ``(S, P)`` after warm-up; `points` ``(K, P)``, the (evenly thinned) draws fitted for the
+    mixture, with `weights` 1/K and `posteriors`; `log_densities` log p̂(y | θ_k) + log p(θ_k); `info` a
+    `SamplerInfo`. ``mean`` and ``sd`` are over all draws.
     """
 
     draws: jax.Array
@@ -386,8 +331,8 @@ class Samples(Mixture):
 def sample(build: Callable, method: AbstractMethod, log_prior: Callable, key, num_samples: int, num_warmup: int,
            theta0, *, num_posteriors: int | None = 200, target_accept_prob: float = 0.8,
            dense_mass: bool = True, batch_size: int = 1) -> Samples:
-    """NUTS (NumPyro's, an optional dependency) over θ on log p̂(y | θ) + log p(θ), the latent variables integrated
-    by the method: each step fits it at θ, warm-started from the fit at ``theta0``, and uses the envelope gradient.
+    """NUTS (NumPyro's, an optional dependency) over θ on log p̂(y | θ) + log p(θ), each step a fit at θ warm-started
+    from the fit at ``theta0``, with the envelope gradient.
 
     **Arguments:**
 
@@ -397,8 +342,6 @@ def sample(build: Callable, method: AbstractMethod, log_prior: Callable, key, nu
     - `num_posteriors`: the method is fitted at this many draws (evenly thinned; None: every draw) for the mixture.
     - `target_accept_prob`, `dense_mass`: NumPyro's NUTS settings (a dense mass matrix by default: P is small).
     - `batch_size`: as for `integrate`, for the fits at the points.
-
-    Returns `Samples` (a `vj.posterior.Mixture`: the predictive functions mix over its points with equal weights).
     """
     owner = "vj.hyper.sample"
     try:
@@ -408,11 +351,10 @@ def sample(build: Callable, method: AbstractMethod, log_prior: Callable, key, nu
         raise ImportError(f"{owner} runs NumPyro's NUTS, which is not installed: pip install numpyro "
                           "(vijax's core does not depend on it).") from None
     _check_args(build, method, log_prior, batch_size, owner)
-    for name, value, least in (("num_samples", num_samples, 1), ("num_warmup", num_warmup, 0)):
-        if not (isinstance(value, (int, np.integer)) and value >= least):
-            raise ValueError(f"{owner}: `{name}` must be an integer ≥ {least}, got {value!r}.")
-    if num_posteriors is not None and not (isinstance(num_posteriors, (int, np.integer)) and num_posteriors >= 1):
-        raise ValueError(f"{owner}: `num_posteriors` must be a positive integer or None, got {num_posteriors!r}.")
+    _checks.integer("num_samples", num_samples, owner)
+    _checks.integer("num_warmup", num_warmup, owner, 0)
+    if num_posteriors is not None:
+        _checks.integer("num_posteriors", num_posteriors, owner)
     theta0 = _check_theta(theta0, owner)
     post0 = _start(build, method, log_prior, theta0, owner)
 
@@ -434,9 +376,8 @@ def sample(build: Callable, method: AbstractMethod, log_prior: Callable, key, nu
     k = num_samples if num_posteriors is None else min(num_posteriors, num_samples)
     points = draws[np.round(np.linspace(0, num_samples - 1, k)).astype(int)]
     values, posteriors = _fits(build, method, log_prior, as_array(points), post0, batch_size)
-    weights = as_array(np.full(k, 1.0 / k))
-    draws, points = as_array(draws), as_array(points)
-    return Samples(draws=draws, points=points, weights=weights, posteriors=posteriors, log_densities=values, info=info)
+    return Samples(draws=as_array(draws), points=as_array(points), weights=as_array(np.full(k, 1.0 / k)),
+                   posteriors=posteriors, log_densities=values, info=info)
 
 
 def __dir__():

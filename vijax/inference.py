@@ -19,13 +19,11 @@ class ConvergenceWarning(UserWarning):
 
 
 def infer(model, method, init=None) -> Posterior:
-    """Fit ``method`` (e.g. ``vj.GKL()``) to ``model``; returns a `Posterior`.
+    """Fit ``method`` (e.g. ``vj.GKL()``) to ``model``: ``method.fit(model, method.start(model))``, a `Posterior`.
 
-    ``init`` warm-starts the fit: None (the cold start), a `Posterior` of any method, a State of this
-    method (``post.state``) or a ``(D,)`` array. It is ``method.fit(model, method.start(model))`` (or
-    ``method.to_state(model, init)``), one code path inside or outside `jax.jit`, `jax.vmap` and
-    `jax.grad`, compiled once per model shape and method configuration (settings such as ``tol`` are
-    traced). ``jax.grad`` of ``log_z`` in the model's hyperparameters is that of the optimised objective.
+    ``init`` warm-starts the fit (``method.to_state(model, init)``): a `Posterior` of any method, a State of this
+    method (``post.state``) or a ``(D,)`` array. One code path under `jax.jit`, `jax.vmap` and `jax.grad`, compiled
+    once per model shape and method configuration (settings such as ``tol`` are traced).
     """
     check_method(method, "infer")
     method.check_model(model)

@@ -51,10 +51,8 @@ def coefficients(posteriors: Any, names: Sequence[str] | None = None, ax: Any = 
                     label=label)
     ax.axhline(0.0, color="0.7", lw=0.8, zorder=0)
     if names is not None:
-        ax.set_xticks(np.arange(len(names)))
-        ax.set_xticklabels(names, rotation=90, fontsize=7)
-    ax.set_xlabel("coefficient")
-    ax.set_ylabel(f"posterior mean ± {width:g} sd")
+        ax.set_xticks(np.arange(len(names)), names, rotation=90, fontsize=7)
+    ax.set(xlabel="coefficient", ylabel=f"posterior mean ± {width:g} sd")
     if len(fits) > 1:
         ax.legend(fontsize=8)
     return ax
@@ -84,8 +82,7 @@ def gp_bands(post: Any, X_test: Any, X: Any = None, y: Any = None, ax: Any = Non
                     label=f"± {width:g} sd")
     if X is not None and y is not None:
         ax.scatter(np.asarray(X, dtype=float).reshape(-1), np.asarray(y), s=8, color="k", alpha=0.6, label="data")
-    ax.set_xlabel("x")
-    ax.set_ylabel("f(x)")
+    ax.set(xlabel="x", ylabel="f(x)")
     ax.legend(fontsize=8)
     return ax
 
@@ -94,11 +91,9 @@ def convergence(posteriors: Any, ax: Any = None, gap: bool = False) -> Any:
     """The objective per iteration (``diagnostics.objective_trace``) of one or several fits.
 
     Args:
-        posteriors: a fit with ``diagnostics`` (a `vj.Posterior`, an ML-II or factor fit), or a mapping
-            label -> fit.
+        posteriors: a fit with ``diagnostics`` (a `vj.Posterior`, an ML-II or factor fit), or a mapping of them.
         ax: matplotlib axes (default: a new figure).
-        gap: plot final value − value on a log scale (how fast each fit reaches its own optimum)
-            instead of the values.
+        gap: plot final value − value on a log scale (how fast each fit reaches its own optimum).
     """
     ax = _axes(ax)
     for label, fit in _labelled(posteriors).items():
@@ -109,8 +104,7 @@ def convergence(posteriors: Any, ax: Any = None, gap: bool = False) -> Any:
             ax.semilogy(steps[:-1], np.maximum(trace[-1] - trace[:-1], 1e-16), marker=".", label=label)
         else:
             ax.plot(steps, trace, marker=".", label=label)
-    ax.set_xlabel("iteration")
-    ax.set_ylabel("final − objective" if gap else "objective")
+    ax.set(xlabel="iteration", ylabel="final − objective" if gap else "objective")
     ax.legend(fontsize=8)
     return ax
 
@@ -118,8 +112,7 @@ def convergence(posteriors: Any, ax: Any = None, gap: bool = False) -> Any:
 def compare(results: Mapping[str, Any], ax: Any = None, xlabel: str = "log Z") -> Any:
     """A horizontal bar per method: ``log_z`` of posteriors, or any number per label.
 
-    Bounds (``is_lower_bound``) are drawn solid and approximations hatched, since only bounds order
-    the methods by closeness to the posterior.
+    Bounds (``is_lower_bound``) are solid, approximations hatched: only bounds order methods by closeness.
 
     Args:
         results: a mapping label -> `vj.Posterior` (its ``log_z``) or label -> number.
@@ -135,13 +128,10 @@ def compare(results: Mapping[str, Any], ax: Any = None, xlabel: str = "log Z") -
     bars = ax.barh(y, values - left, left=left, color="C0")
     for bar, bound in zip(bars, bounds):
         if not bound:
-            bar.set_hatch("//")
-            bar.set_facecolor("white")
-            bar.set_edgecolor("C1")
+            bar.set(hatch="//", facecolor="white", edgecolor="C1")
     for yi, v in zip(y, values):
         ax.text(v, yi, f" {v:.4g}", va="center", fontsize=8)
-    ax.set_yticks(y)
-    ax.set_yticklabels(labels)
+    ax.set_yticks(y, labels)
     ax.invert_yaxis()
     ax.set_xlabel(xlabel)
     return ax

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._checks import is_concrete
 from ._linalg import batched_map
 from .covariance import AbstractFactor
 from .model import LatentLinearModel
@@ -17,10 +18,6 @@ from .projections import as_projection
 from .solvers import Status
 
 __all__ = ["Posterior", "Diagnostics", "Status", "EPInfo", "LaplaceInfo", "LVBInfo", "Mixture"]
-
-
-def _traced(*xs) -> bool:
-    return any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(xs))
 
 
 def _show(x) -> str:
@@ -46,7 +43,7 @@ class _Info(eqx.Module):
     """A method's record for `Diagnostics.info`, shown with its fields' values."""
 
     def __repr__(self):
-        if _traced(self):
+        if not is_concrete(self):
             return super().__repr__()
         return _fields_repr(self, [field.name for field in dataclasses.fields(self)])
 
@@ -54,12 +51,11 @@ class _Info(eqx.Module):
 class EPInfo(_Info):
     """What expectation propagation reports beyond `Diagnostics` (``post.diagnostics.info``); all scalars.
 
-    - `max_change`: the largest site-parameter change in the last iteration, in units of the site's marginal
-      (max over sites of |Δτ_n|·V_n and |Δν_n|·√V_n).
+    - `max_change`: the last iteration's largest site change, max over sites of |Δτ_n|·V_n and |Δν_n|·√V_n.
     - `skipped`: site updates left out (improper cavity or non-finite tilted moments); int.
     - `shrunk`: steps shortened to keep q and every cavity proper; int.
-    - `fallback`: a schedule stopped improving (it oscillated or diverged) and the run went on with a more robust
-      one (parallel → sequential → double loop); bool. Why the run ended is `Diagnostics.status`."""
+    - `fallback`: a schedule stopped improving and a more robust one took over (parallel → sequential → double
+      loop); bool."""
 
     max_change: jax.Array
     skipped: jax.Array
@@ -81,8 +77,7 @@ class LVBInfo(_Info):
     """What `vj.LVB` with ``variances="lanczos"`` reports (``post.diagnostics.info``).
 
     - `num_lanczos`: the Lanczos vectors k behind the variance estimates; int.
-    - `variance_fraction`: Σ_n V̂_n / tr(P⁻¹), the share of q's total variance the (lower-bound) estimates hold: ≤ 1
-      up to the noise of tr P⁻¹, a stochastic Lanczos quadrature estimate from 8 Rademacher probes; scalar.
+    - `variance_fraction`: Σ_n V̂_n / tr(P⁻¹), the share of q's total variance the lower-bound estimates hold.
     - `cg_iterations`: CG steps of the last solve P m = r for the mean; int."""
 
     num_lanczos: jax.Array
@@ -91,23 +86,14 @@ class LVBInfo(_Info):
 
 
 class Diagnostics(eqx.Module):
-    """How a fit went: the fields every method reports, and a method's own record in `info`.
+    """How a fit went: the fields every method reports (keyword-only), and a method's own record in `info`.
 
-    Keyword-only. Every field is a scalar (batched under `vmap`) except `objective_trace`.
-
-    - `iterations` (int): iterations (sweeps, outer steps) done.
-    - `status` (int32): why the fit stopped, a `vj.Status` code; ``converged`` (property) is
-      ``status == vj.Status.CONVERGED``.
-    - `stationarity`: what convergence was judged by, at the end: the squared Newton decrement gᵀ(−∇²f)⁻¹g for
-      solver-based fits (measured before the final step), ∇Bᵀ(Δm, Δλ) for natural-parameter G-KL, the
-      moment-matching residual for EP, the extrapolated distance from the fixed point for LVB and free-form mean
-      field. NaN (default): unmeasured.
-    - `grad_norm`: max |gradient| in the method's parameters at the end; NaN (default) where not measured.
-    - `objective_trace`: the objective after each iteration, shape ``(max_iter + 1,)``, NaN-padded.
-    - `num_value_evals`, `num_grad_evals`, `num_hvp_evals`: work done, for cost accounting (default 0).
-    - `method`, `solver`: names of what produced the answer (static strings).
-    - `info`: the method's own record or None (default): `EPInfo` (`vj.EP`, `vj.HierarchicalEP`), `LVBInfo` (`vj.LVB`,
-      Lanczos variances), `LaplaceInfo` (`vj.Laplace`, `vj.MAP`), `vj.nn.NetworkInfo` (`vj.nn.NetworkEP`)."""
+    Every field is a scalar (batched under `vmap`) except `objective_trace`, shape ``(max_iter + 1,)``, the
+    objective after each iteration, NaN-padded. `iterations`: done; `status`: why the fit stopped, a `vj.Status`;
+    `stationarity`: what convergence was judged by (the squared Newton decrement for solver-based fits, the
+    moment-matching residual for EP, …; NaN: unmeasured); `grad_norm`: max |gradient| at the end (NaN: unmeasured);
+    `num_value_evals`, `num_grad_evals`, `num_hvp_evals`: work done; `method`, `solver`: static names; `info`: None
+    or the method's record (`EPInfo`, `LVBInfo`, `LaplaceInfo`, `vj.nn.NetworkInfo`)."""
 
     iterations: jax.Array
     status: jax.Array
@@ -157,7 +143,7 @@ class Diagnostics(eqx.Module):
                    solver=solver, info=info)
 
     def __repr__(self):
-        if _traced(self):
+        if not is_concrete(self):
             return super().__repr__()
         fields = ("method", "solver", "iterations", "status", "stationarity", "grad_norm", "num_value_evals",
                   "num_grad_evals", "num_hvp_evals", "objective_trace", "info")
@@ -167,21 +153,11 @@ class Diagnostics(eqx.Module):
 class Posterior(eqx.Module):
     """A Gaussian approximation q(w) = N(mean, S) of p(w) and an estimate of log Z.
 
-    **Fields:**
-
-    - `mean`: shape ``(D,)``; `factor`: the covariance-family factor holding S (``post.covariance``: S, dense).
-    - `log_z`: the log-evidence estimate, differentiable in the model's hyperparameters: a lower bound on log Z for
-      G-KL, mean field and LVB (envelope theorem); an approximation for Laplace; for MAP the log joint at the mode
-      (not an evidence estimate).
-    - `is_lower_bound` (property): the method claims a bound (`bound_claim`, static) **and** `log_z` is finite; a
-      Python bool for a concrete `log_z`, a bool array while traced (one pytree structure in or out of `jit`).
-    - `diagnostics`: a `Diagnostics`; `model`: the model fitted (used by predictive functions).
-    - `state`: the method's final State (e.g. `vj.ep.SiteParams`, `vj.lvb.LVBState`; the mode for `vj.Laplace`):
-      ``method.fit(model, post.state)`` restarts where the fit ended.
-    - `defines_log_z` (class attribute): False where the method gives no evidence (`vj.nn.NetworkPosterior`): its
-      `log_z` is NaN by definition and `vj.infer` does not warn.
-
-    ``post.std``: marginal standard deviations ``(D,)``; ``post.summary(names)``: a readable table.
+    **Fields:** `mean` ``(D,)``; `factor`, the covariance-family factor holding S; `log_z`, differentiable in the
+    model's hyperparameters: a lower bound for G-KL, mean field and LVB, an approximation for EP and Laplace, the
+    log joint at the mode for MAP; `diagnostics`; `model`, the model fitted; `state`, the method's final State
+    (``method.fit(model, post.state)`` restarts there); `bound_claim` (static), whether the method claims a bound.
+    `defines_log_z` (class attribute) is False where the method gives no evidence (`vj.nn.NetworkPosterior`).
     """
 
     mean: jax.Array
@@ -207,8 +183,10 @@ class Posterior(eqx.Module):
 
     @property
     def is_lower_bound(self):
-        """Whether `log_z` is a guaranteed lower bound: the method's claim and a finite `log_z`."""
-        return _bound_flag(self.bound_claim, self.log_z)
+        """The method's claim and a finite `log_z`: a Python bool when concrete, a bool array while traced."""
+        if is_concrete(self.log_z) and np.ndim(self.log_z) == 0:
+            return self.bound_claim and bool(np.isfinite(np.asarray(self.log_z)))
+        return jnp.logical_and(self.bound_claim, jnp.isfinite(self.log_z))
 
     @property
     def covariance(self):
@@ -232,11 +210,10 @@ class Posterior(eqx.Module):
         return self.mean + self.factor.sample(key, num_samples)
 
     def summary(self, names=None, max_rows: int | None = None) -> str:
-        """A table of q's mean and standard deviation per coordinate, with log Z and what it is.
+        """A table of q's mean and sd per coordinate (``names``, default ``w[i]``; the first ``max_rows``), with log Z.
 
-        ``names``: ``D`` labels (default ``w[0]``, ``w[1]``, …); ``max_rows``: show the first this many (None: all).
-        For a concrete, unbatched posterior (not under `jit` or `vmap`; mean of shape ``(D,)``)."""
-        if _traced(self.mean, self.log_z):
+        For a concrete, unbatched posterior (not under `jit` or `vmap`)."""
+        if not is_concrete(self.mean, self.log_z):
             raise ValueError("Posterior.summary: the posterior is traced (inside jit, vmap or grad); "
                              "call summary() on the concrete result outside the transformation.")
         if np.ndim(self.mean) != 1:
@@ -272,7 +249,7 @@ class Posterior(eqx.Module):
         return "\n".join(lines)
 
     def __repr__(self):
-        if _traced(self.mean, self.log_z, self.diagnostics):
+        if not is_concrete(self.mean, self.log_z, self.diagnostics):
             return super().__repr__()
         factor = type(self.factor).__name__
         return (f"Posterior(mean={_show(self.mean)}, factor={factor}, log_z={_show(self.log_z)}, "
@@ -284,10 +261,7 @@ class Mixture(eqx.Module):
     """A mixture of posteriors over hyperparameters θ: points θ_k, weights w_k (summing to 1) and the fit q_k at each.
 
     The base of `vj.hyper.Integration` and `vj.hyper.Samples`: ``points`` ``(K, P)``, ``weights`` ``(K,)`` and
-    ``posteriors``, one `Posterior` whose leaves have a leading axis K. The GP and GLM predictive functions accept a
-    mixture and combine their predictives through `mix`.
-
-    ``mean``, ``sd``: the mean and standard deviation of θ under the weights.
+    ``posteriors``, one `Posterior` whose leaves have a leading axis K; the GP and GLM predictives `mix` over it.
     """
 
     points: eqx.AbstractVar[jax.Array]
@@ -305,12 +279,10 @@ class Mixture(eqx.Module):
         return jnp.sqrt(self.weights @ (self.points - self.mean) ** 2)
 
     def mix(self, predictive, *args, combine: str = "mean"):
-        """``predictive(q_k, *args)`` at every point, combined with the weights.
+        """``predictive(q_k, *args)`` at every point, combined with the weights (vmapped in batches of 16).
 
-        ``combine``: ``"mean"`` (Σ_k w_k f_k: probabilities, predictive means), ``"log"`` (log Σ_k w_k exp(f_k): log
-        densities) or ``"moments"`` (``predictive`` returns a mean and a variance; the mixture's mean and variance by
-        the law of total variance: (Σ_k w_k m_k, Σ_k w_k (v_k + (m_k − m̄)²))). One compiled program, vmapped in
-        batches of 16."""
+        ``combine``: ``"mean"`` (Σ_k w_k f_k), ``"log"`` (log Σ_k w_k exp(f_k): log densities) or ``"moments"``
+        (``predictive`` returns (m_k, v_k); the result is (Σ_k w_k m_k, Σ_k w_k (v_k + (m_k − m̄)²)))."""
         if combine not in ("mean", "log", "moments"):
             raise ValueError(f"Mixture.mix: `combine` must be 'mean', 'log' or 'moments', got {combine!r}.")
         return _mixed(predictive, combine, self.posteriors, self.weights, args)
@@ -327,14 +299,6 @@ def _mixed(predictive, combine, posteriors, weights, args):
     means, variances = values
     mean = jnp.tensordot(weights, means, axes=1)
     return mean, jnp.tensordot(weights, variances + (means - mean) ** 2, axes=1)
-
-
-def _bound_flag(claim, log_z):
-    """``claim`` that ``log_z`` is a lower bound, withdrawn where ``log_z`` is not finite: a Python bool when both are
-    concrete scalars, else a bool array (batched, or traced under jit or vmap)."""
-    if not _traced(claim, log_z) and np.ndim(log_z) == 0 and np.ndim(claim) == 0:
-        return bool(claim) and bool(np.isfinite(np.asarray(log_z)))
-    return jnp.logical_and(claim, jnp.isfinite(log_z))
 
 
 def __dir__():

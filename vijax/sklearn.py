@@ -1,22 +1,9 @@
 """scikit-learn estimators over vijax's models (needs the ``sklearn`` extra: ``pip install "vijax[sklearn]"``).
 
-``import vijax`` does not import scikit-learn; ``vj.sklearn`` loads this module on first access.
-
-| estimator | model | kind |
-|---|---|---|
-| `BayesianLogisticRegression` | `vj.glm.logistic_regression` | classifier |
-| `BayesianProbitRegression` | `vj.glm.probit_regression` | classifier |
-| `BayesianPoissonRegression` | `vj.glm.poisson_regression` | regressor |
-| `BayesianRobustRegression` | `vj.glm.robust_regression` (Student-t / Laplace) | regressor |
-| `GPClassifier` | `vj.gp.model` with a logistic or probit likelihood; `vj.gp.multiclass.model` (nested EP or the softmax bound) for more classes | classifier |
-| `GPRegressor` | `vj.gp.model` with a Gaussian / Student-t / Laplace likelihood | regressor |
-
-The inference method is a parameter (``method="gkl"``, ``"ep"``, ``"laplace"``, ``"map"``, ``"lvb"``,
-``"meanfield"``, or an instance such as ``vj.GKL(covariance=...)``), so ``GridSearchCV`` can choose it.
-After ``fit``: ``posterior_``, ``log_z_`` (a lower bound for G-KL, LVB, mean field), and ``coef_``,
-``intercept_`` (GLMs) or ``kernel_`` (GPs, after ML-II if ``optimize=True``). GLM fits pad the rows to
-the next power of two (`vj.pad_sites`, exact), so folds of similar sizes share one compiled program.
-Estimators and posteriors pickle.
+``vj.sklearn`` loads this module on first access. The inference method is a parameter (``"gkl"``, ``"ep"``,
+``"laplace"``, ``"map"``, ``"lvb"``, ``"meanfield"`` or an instance such as ``vj.GKL(covariance=...)``), so
+``GridSearchCV`` can choose it. GLM fits pad the rows to the next power of two (`vj.pad_sites`, exact), so
+folds of similar sizes share one compiled program. Estimators and posteriors pickle.
 """
 
 from __future__ import annotations
@@ -33,6 +20,7 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+from . import _checks
 from . import glm as _glm
 from . import gp as _gp
 from . import potentials as _potentials
@@ -63,6 +51,13 @@ def _padded_size(n):
     return 4096 * math.ceil(n / 4096)
 
 
+def _store(estimator, params):
+    """Keep ``__init__``'s arguments unchanged as attributes, as scikit-learn requires."""
+    for name, value in params.items():
+        if name != "self":
+            setattr(estimator, name, value)
+
+
 def _with_intercept(X, fit_intercept):
     X = jnp.asarray(X, dtype=jnp.result_type(float))
     return jnp.concatenate([X, jnp.ones((X.shape[0], 1), X.dtype)], axis=1) if fit_intercept else X
@@ -72,9 +67,7 @@ class _GLM(BaseEstimator):
     """The GLM estimators' parameters and fit."""
 
     def __init__(self, method: str | AbstractMethod = "gkl", prior_variance: float = 1.0, fit_intercept: bool = True):
-        self.method = method
-        self.prior_variance = prior_variance
-        self.fit_intercept = fit_intercept
+        _store(self, locals())
 
     def _fit_glm(self, build, X):
         """Fit the padded GLM; set posterior_, log_z_, coef_ and intercept_."""
@@ -154,12 +147,9 @@ class BayesianLogisticRegression(_GLMClassifier):
 
 
 class BayesianProbitRegression(_GLMClassifier):
-    """Bayesian probit regression, p(w) ∝ N(w | 0, v I) ∏ Φ(y_n x_nᵀw); parameters as `BayesianLogisticRegression`.
+    """Bayesian probit regression, p(w) ∝ N(w | 0, v I) ∏ Φ(y_n x_nᵀw).
 
-    Args:
-        method: a method name or instance (LVB has no bound for probit sites and raises).
-        prior_variance: v, the prior variance of every weight.
-        fit_intercept: append a column of ones to X.
+    Parameters and attributes as for `BayesianLogisticRegression` (LVB has no bound for probit sites and raises).
     """
 
     _builder = staticmethod(_glm.probit_regression)
@@ -168,13 +158,7 @@ class BayesianProbitRegression(_GLMClassifier):
 class BayesianPoissonRegression(RegressorMixin, _GLM):
     """Bayesian Poisson regression with log link; ``predict`` is the posterior predictive mean count.
 
-    Args:
-        method: a method name or instance (see `BayesianLogisticRegression`).
-        prior_variance: v, the prior variance of every weight.
-        fit_intercept: append a column of ones to X.
-
-    Attributes:
-        posterior_, log_z_, coef_, intercept_: as for `BayesianLogisticRegression`.
+    Parameters and attributes as for `BayesianLogisticRegression`.
     """
 
     def fit(self, X: ArrayLike, y: ArrayLike) -> Self:
@@ -200,26 +184,17 @@ class BayesianPoissonRegression(RegressorMixin, _GLM):
 class BayesianRobustRegression(RegressorMixin, _GLM):
     """Bayesian linear regression with Student-t or Laplace noise; ``predict`` is the posterior mean of x_*ᵀw.
 
+    ``"ep"`` suits heavy-tailed noise. The other parameters and the attributes as for `BayesianLogisticRegression`.
+
     Args:
-        method: a method name or instance; ``"ep"`` suits heavy-tailed noise.
         likelihood: ``"student_t"`` or ``"laplace"``.
         scale: the noise scale.
         df: Student-t degrees of freedom.
-        prior_variance: v, the prior variance of every weight.
-        fit_intercept: append a column of ones to X.
-
-    Attributes:
-        posterior_, log_z_, coef_, intercept_: as for `BayesianLogisticRegression`.
     """
 
     def __init__(self, method: str | AbstractMethod = "gkl", likelihood: str = "student_t", scale: float = 1.0,
                  df: float = 3.0, prior_variance: float = 1.0, fit_intercept: bool = True):
-        self.method = method
-        self.likelihood = likelihood
-        self.scale = scale
-        self.df = df
-        self.prior_variance = prior_variance
-        self.fit_intercept = fit_intercept
+        _store(self, locals())
 
     def fit(self, X: ArrayLike, y: ArrayLike) -> Self:
         """Fit q(w) to covariates ``X`` and real targets ``y``."""
@@ -234,9 +209,7 @@ class BayesianRobustRegression(RegressorMixin, _GLM):
         return np.asarray(_with_intercept(X, self.fit_intercept) @ self.posterior_.mean, dtype=float)
 
 
-# scikit-learn's common checks draw real-valued positive targets for a regressor tagged positive_only;
-# a Poisson likelihood takes non-negative integer counts (vj.potentials.Poisson raises otherwise), so
-# these checks cannot fit BayesianPoissonRegression on their data.
+# These checks draw real-valued positive targets for a positive_only regressor; vj.potentials.Poisson needs counts.
 _POISSON_NEEDS_COUNTS = "the check's targets are not integer counts; the Poisson likelihood needs counts"
 _EXPECTED_FAILED_CHECKS = {
     "BayesianPoissonRegression": {name: _POISSON_NEEDS_COUNTS for name in [
@@ -256,36 +229,25 @@ _DEFAULT_BOUNDS = (1e-5, 1e5)
 _MULTICLASS = {"nested_ep": _gp.multiclass.NestedEP, "softmax": lambda: _gp.softmax.SoftmaxBound("log")}
 
 
-def _restarts(est, owner):
-    """(num_restarts, bounds, seed) for `vj.gp.fit_hyperparameters` from the estimator's parameters."""
-    n = est.n_restarts_optimizer
-    if not (isinstance(n, (int, np.integer)) and not isinstance(n, bool) and n >= 0):
-        raise ValueError(f"{owner}: `n_restarts_optimizer` must be an integer ≥ 0, got {n!r}.")
-    bounds = est.bounds if est.bounds is not None or n == 0 else _DEFAULT_BOUNDS
-    seed = int(check_random_state(est.random_state).randint(np.iinfo(np.int32).max)) if n else 0
-    return int(n), bounds, seed
-
-
 def _fit_gp(est, X, likelihood, labels, method, num_classes=None):
-    """Fit the GP (binary or regression: `vj.gp.model`; ``num_classes``: `vj.gp.multiclass.model`), by
-    ML-II if ``est.optimize``; set kernel_, posterior_, log_z_ and n_iter_."""
+    """Fit `vj.gp.model` (with ``num_classes``: `vj.gp.multiclass.model`); set kernel_, posterior_, log_z_, n_iter_."""
     kernel = _gp.kernels.SquaredExponential(lengthscale=1.0, variance=1.0) if est.kernel is None else est.kernel
     if not isinstance(kernel, AbstractKernel):
         raise ValueError(f"`kernel` must be a vj.gp.kernels kernel or None, got {type(kernel).__name__}.")
     X = jnp.asarray(X, dtype=jnp.result_type(float))
     if est.optimize:
-        num_restarts, bounds, seed = _restarts(est, type(est).__name__)
+        n = _checks.integer("n_restarts_optimizer", est.n_restarts_optimizer, type(est).__name__, 0)
+        bounds = est.bounds if est.bounds is not None or n == 0 else _DEFAULT_BOUNDS
+        seed = int(check_random_state(est.random_state).randint(np.iinfo(np.int32).max)) if n else 0
         fit = _gp.fit_hyperparameters(kernel, X, likelihood, method, labels=labels, num_classes=num_classes,
-                                      max_iter=est.max_iter, num_restarts=num_restarts, bounds=bounds, seed=seed)
-        est.kernel_, post = fit.kernel, fit.posterior
-        est.n_iter_ = max(1, int(fit.diagnostics.iterations))
+                                      max_iter=est.max_iter, num_restarts=n, bounds=bounds, seed=seed)
+        est.kernel_, post, diagnostics = fit.kernel, fit.posterior, fit.diagnostics
     else:
-        if num_classes is None:
-            model = _gp.model(kernel, X, likelihood, labels=labels)
-        else:
-            model = _gp.multiclass.model(kernel, X, labels, num_classes)
+        model = (_gp.model(kernel, X, likelihood, labels=labels) if num_classes is None
+                 else _gp.multiclass.model(kernel, X, labels, num_classes))
         est.kernel_, post = kernel, _infer(model, method)
-        est.n_iter_ = max(1, int(post.diagnostics.iterations))
+        diagnostics = post.diagnostics
+    est.n_iter_ = max(1, int(diagnostics.iterations))
     est.posterior_ = post
     est.log_z_ = float(post.log_z)
     return est
@@ -294,18 +256,10 @@ def _fit_gp(est, X, likelihood, labels, method, num_classes=None):
 class GPClassifier(_ClassifierMixin, BaseEstimator):
     """GP classification, binary or multi-class.
 
-    **Two classes:** f ~ GP(0, k), p(y = 1 | f) = σ(f) or Φ(f) (`vj.gp.model`), fitted by ``method``.
-
-    **More classes (C > 2):** C latent functions f_c ~ GP(0, k) sharing ``kernel`` in one joint model
-    (`vj.gp.multiclass.model`; unlike scikit-learn's one-vs-rest, the probabilities sum to one without
-    renormalising), fitted by ``multiclass_method``:
-
-    - ``"nested_ep"`` (default): the multinomial probit p(y = c | f) = P(f_c + ε_c > f_j + ε_j ∀ j) by
-      nested EP (`vj.gp.multiclass.NestedEP`): the most accurate of vijax's multi-class methods on iris
-      (user guide), deterministic predictions, and a ``log_z`` differentiable in the kernel for ``optimize``.
-    - ``"softmax"``: the softmax likelihood by the log bound (`vj.gp.softmax.SoftmaxBound("log")`):
-      ``log_z_`` is a lower bound; ``predict_proba`` averages 4000 draws with a fixed key.
-    - or a `vj.gp.multiclass.NestedEP` / `vj.gp.softmax.SoftmaxBound` instance.
+    Two classes: f ~ GP(0, k), p(y = 1 | f) = σ(f) or Φ(f) (`vj.gp.model`), fitted by ``method``. More classes:
+    f_c ~ GP(0, k) sharing ``kernel`` in one joint model (`vj.gp.multiclass.model`), fitted by ``multiclass_method``:
+    ``"nested_ep"``, the multinomial probit by nested EP (deterministic, ``log_z`` differentiable in the kernel),
+    or ``"softmax"``, the softmax log bound (``predict_proba`` averages 4000 draws with a fixed key).
 
     Args:
         kernel: a `vj.gp.kernels` kernel; ``None`` is ``SquaredExponential(lengthscale=1, variance=1)``.
@@ -314,16 +268,13 @@ class GPClassifier(_ClassifierMixin, BaseEstimator):
         optimize: ML-II: maximise ``log_z`` over the kernel's parameters (`vj.gp.fit_hyperparameters`).
         max_iter: the number of ML-II steps at most (per run).
         multiclass_method: ``"nested_ep"`` (default), ``"softmax"``, or an instance (C > 2 classes).
-        n_restarts_optimizer: with ``optimize``, further ML-II runs from log-uniform draws within
-            ``bounds``; the run with the highest log Ẑ is kept (scikit-learn's name and meaning).
-        bounds: natural-scale bounds clipping every ML-II step, a pair ``(low, high)`` for every
-            parameter or a dict name → pair (`vj.gp.fit_hyperparameters`). ``None``: unbounded, or,
-            with restarts, scikit-learn's default kernel bounds (1e-5, 1e5).
+        n_restarts_optimizer: further ML-II runs from log-uniform draws within ``bounds``; the best is kept.
+        bounds: natural-scale bounds clipping every ML-II step: a pair ``(low, high)`` or a dict name → pair.
+            ``None``: unbounded, or, with restarts, scikit-learn's default kernel bounds (1e-5, 1e5).
         random_state: the restarts' draws (an int, a ``numpy.random.RandomState`` or None).
 
     Attributes:
-        posterior_: the `vj.Posterior` over the latent f at the training inputs (for C > 2 a
-            `vj.gp.multiclass.NestedEPPosterior` over the class-major f, or the softmax fit's).
+        posterior_: the fit over the latent f at the training inputs (C > 2: over the class-major f).
         log_z_: the method's log evidence estimate.
         kernel_: the kernel used (fitted if ``optimize``).
         n_iter_: ML-II steps taken (``optimize=True``; the kept run's), else the inference method's iterations.
@@ -336,15 +287,7 @@ class GPClassifier(_ClassifierMixin, BaseEstimator):
                  method: str | AbstractMethod = "laplace", optimize: bool = False, max_iter: int = 50,
                  multiclass_method: str | AbstractMethod = "nested_ep", n_restarts_optimizer: int = 0,
                  bounds: tuple | dict | None = None, random_state: int | np.random.RandomState | None = None):
-        self.kernel = kernel
-        self.likelihood = likelihood
-        self.method = method
-        self.optimize = optimize
-        self.max_iter = max_iter
-        self.multiclass_method = multiclass_method
-        self.n_restarts_optimizer = n_restarts_optimizer
-        self.bounds = bounds
-        self.random_state = random_state
+        _store(self, locals())
 
     def fit(self, X: ArrayLike, y: ArrayLike) -> Self:
         """Fit q(f) to inputs ``X`` (n_samples, n_features) and labels ``y`` (two classes or more)."""
@@ -377,51 +320,32 @@ class GPClassifier(_ClassifierMixin, BaseEstimator):
 class GPRegressor(RegressorMixin, BaseEstimator):
     """GP regression with Gaussian, Student-t or Laplace noise of scale ``scale`` around f(x).
 
+    The other parameters (``bounds`` may also name ``"scale"``) and the attributes as for `GPClassifier`.
+
     Args:
-        kernel: a `vj.gp.kernels` kernel; ``None`` is ``SquaredExponential(lengthscale=1, variance=1)``.
         likelihood: ``"gaussian"``, ``"student_t"`` or ``"laplace"``.
         scale: the noise scale (learned with ``optimize=True``).
         df: Student-t degrees of freedom.
         method: ``"ep"`` (default), ``"gkl"``, ``"laplace"``, ``"lvb"``, or an instance.
-        optimize: ML-II over the kernel's parameters and the noise scale.
-        max_iter: the number of ML-II steps at most (per run).
-        n_restarts_optimizer: ML-II restarts, as for `GPClassifier`.
-        bounds: as for `GPClassifier`; may also name the noise ``"scale"``.
-        random_state: the restarts' draws, as for `GPClassifier`.
-
-    Attributes:
-        posterior_, log_z_, kernel_, n_iter_: as for `GPClassifier`.
     """
 
     def __init__(self, kernel: AbstractKernel | None = None, likelihood: str = "gaussian", scale: float = 0.1,
                  df: float = 3.0, method: str | AbstractMethod = "ep", optimize: bool = False, max_iter: int = 50,
                  n_restarts_optimizer: int = 0, bounds: tuple | dict | None = None,
                  random_state: int | np.random.RandomState | None = None):
-        self.kernel = kernel
-        self.likelihood = likelihood
-        self.scale = scale
-        self.df = df
-        self.method = method
-        self.optimize = optimize
-        self.max_iter = max_iter
-        self.n_restarts_optimizer = n_restarts_optimizer
-        self.bounds = bounds
-        self.random_state = random_state
+        _store(self, locals())
 
     def fit(self, X: ArrayLike, y: ArrayLike) -> Self:
         """Fit q(f) to inputs ``X`` and real targets ``y``."""
         X, y = validate_data(self, X, y, y_numeric=True)
         y = jnp.asarray(y, dtype=jnp.result_type(float))
-        if self.likelihood == "gaussian":
-            likelihood = _potentials.Gaussian(loc=y, scale=self.scale)
-        elif self.likelihood == "student_t":
-            likelihood = _potentials.StudentT(df=self.df, loc=y, scale=self.scale)
-        elif self.likelihood == "laplace":
-            likelihood = _potentials.Laplace(loc=y, scale=self.scale)
-        else:
+        likelihoods = {"gaussian": lambda: _potentials.Gaussian(loc=y, scale=self.scale),
+                       "student_t": lambda: _potentials.StudentT(df=self.df, loc=y, scale=self.scale),
+                       "laplace": lambda: _potentials.Laplace(loc=y, scale=self.scale)}
+        if self.likelihood not in likelihoods:
             raise ValueError("GPRegressor: `likelihood` must be 'gaussian', 'student_t' or 'laplace', "
                              f"got {self.likelihood!r}.")
-        return _fit_gp(self, X, likelihood, None, _method(self.method, "GPRegressor"))
+        return _fit_gp(self, X, likelihoods[self.likelihood](), None, _method(self.method, "GPRegressor"))
 
     def predict(self, X: ArrayLike, return_std: bool = False) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
         """Posterior mean of f(x_*) (and, with ``return_std``, its standard deviation, noise excluded)."""
