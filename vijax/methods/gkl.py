@@ -106,23 +106,21 @@ class NaturalParams(eqx.Module):
 
 
 class GKL(AbstractMethod):
-    """Gaussian KL approximate inference: maximise `bound` over (m, C).
+    """Gaussian KL approximate inference: maximise `bound` over q = N(m, CᵀC); ``log_z`` is the bound at q.
+
+    The fit starts from the Laplace approximation (`vijax.start.expand_at_mode`). With the full family, no `solver`
+    and log-concave sites it is natural-parameter ascent over (m, λ), S⁻¹ = Λ + Σ_g H_gᵀ diag(λ_g) H_g (State
+    `NaturalParams`); otherwise the solver maximises over (m, C) (State `GaussianParams`), to the same optimum.
 
     **Arguments:**
 
     - `covariance`: a covariance family (default `vj.covariance.Full()`).
-    - `solver`: a `vj.solvers` solver (default: `NewtonCG()` preconditioned by the family's structure;
-      `LBFGS()` for the non-concave `FactorAnalysis`).
+    - `solver`: a `vj.solvers` solver (default: `NewtonCG()` preconditioned by the family's structure; `LBFGS()`
+      for the non-concave `FactorAnalysis`).
     - `quadrature`: the rule for site expectations without a closed form.
     - `whiten`: change of basis w = μ + L w̃ for dense priors (full covariance only).
-    - `tol`, `max_iter`: the stopping decrement (default 1e-10) and iteration cap (default 200) of the
-      natural-parameter ascent and of the default `NewtonCG`.
-
-    ``log_z`` is the bound (≤ log Z) at the q returned. The fit starts from the Laplace approximation
-    (`vijax.start.expand_at_mode`). With the full family, no `solver` and log-concave sites it is
-    natural-parameter ascent over (m, λ), S⁻¹ = Λ + Σ_g H_gᵀ diag(λ_g) H_g (`vijax.methods._gkl_natural`;
-    State `NaturalParams`); otherwise the solver maximises over (m, C) (State `GaussianParams`). Both
-    reach the same optimum.
+    - `tol`: the stopping decrement of the natural-parameter ascent and of the default `NewtonCG` (default 1e-10).
+    - `max_iter`: their iteration cap (default 200).
     """
 
     covariance: AbstractCovariance = Full()

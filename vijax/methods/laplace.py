@@ -10,10 +10,8 @@ A = -\\nabla^2 \\ell(w^*) = \\Lambda + \\sum_n \\omega_n h_n h_n^\\top,
 \\log Z \\approx \\ell(w^*) + \\tfrac D2 \\log 2\\pi - \\tfrac12 \\log\\det A .
 $$
 
-Λ is the precision of f (zero without one); the evidence is exact for Gaussian sites. Where A is
-not positive definite (sites that are not log-concave), the Gauss–Newton curvature (ω_n ← max(ω_n, 0))
-takes its place, with a reported jitter should it still be singular. `log_joint`, `site_curvatures`,
-`negative_hessian` and `evidence` are pure in (w, model).
+Λ is the precision of f (zero without one); the evidence is exact for Gaussian sites. Where A is not positive
+definite, the Gauss–Newton curvature (ω_n ← max(ω_n, 0)) takes its place, with a reported jitter if still singular.
 """
 
 from __future__ import annotations
@@ -77,8 +75,7 @@ def mode_solver(model: LatentLinearModel, solver: AbstractSolver | None = None) 
 
 def curvature_at_mode(mode, model: LatentLinearModel):
     """``(factor, fallback, jitter)``: the `Primal` factorisation of the first positive-definite curvature among the
-    exact A = −∇²ℓ, the Gauss–Newton A⁺ and A⁺ + jitter·I, jitter in {10⁻¹⁰s, 10⁻⁹s, …} (s the mean |diag A⁺|),
-    tried in one loop so that A is formed and factorised in one place."""
+    exact A = −∇²ℓ, the Gauss–Newton A⁺ and A⁺ + jitter·I, jitter in {10⁻¹⁰s, 10⁻⁹s, …} (s the mean |diag A⁺|)."""
     dtype = mode.dtype
     omega = site_curvatures(mode, model)
     clipped = tuple(jnp.maximum(w, 0.0) for w in omega)
@@ -164,17 +161,15 @@ class AbstractModeMethod(AbstractMethod):
 
 
 class Laplace(AbstractModeMethod):
-    """The Laplace approximation q(w) = N(w*, (−∇²ℓ(w*))⁻¹) and its evidence estimate.
+    """The Laplace approximation q(w) = N(w*, (−∇²ℓ(w*))⁻¹) and its evidence estimate (not a bound) as ``log_z``.
+
+    A dense prior N(μ, LLᵀ) is handled in the whitened coordinates, where the curvature is well conditioned.
+    ``jax.grad`` of ``log_z`` is the total derivative of the evidence, through the mode by implicit differentiation
+    (of the Gauss–Newton evidence where the exact curvature is not positive definite: ``diagnostics.info.fallback``).
 
     **Arguments:**
 
     - `solver`: a `vj.solvers` solver for the mode (default `None`: see `mode_solver`).
-
-    ``vj.infer(model, vj.Laplace())`` returns a full `CholeskyFactor` and ``log_z`` = ℓ(w*) + (D/2) log 2π
-    − ½ log det A (not a bound). A dense prior N(μ, LLᵀ) is handled in the whitened coordinates, where the
-    curvature is well conditioned. ``jax.grad`` of ``log_z`` is the total derivative of the evidence,
-    through the mode by implicit differentiation; where the exact curvature is not positive definite
-    (``post.diagnostics.info.fallback``) that of the Gauss–Newton approximation.
     """
 
     solver: AbstractSolver | None = None

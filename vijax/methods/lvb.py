@@ -16,18 +16,10 @@ $$
 P = \\Lambda + \\sum_n A_n h_n h_n^\\top, \\qquad r = \\eta + \\sum_n (a_n - A_n b_n) h_n
 $$
 
-(thesis eq. 3.8.4, its constant corrected): the G-KL bound with each site replaced by its local bound,
-maximised over q at q_ξ = N(P⁻¹r, P⁻¹), so the G-KL bound at q_ξ dominates it (thesis §4.4.1). Local
-bounds (`local_bound`), each with its optimal ξ given q in closed form:
-
-- `Logistic`: ``bound="jaakkola"`` (`Jaakkola`; Jaakkola & Jordan), λ(ξ) = tanh(ξ/2)/(4ξ),
-  ξ_n² = ⟨x_n²⟩_q; ``bound="bohning"`` (`Bohning`; Böhning), curvature ¼, ψ_n = ⟨x_n⟩_q.
-- `Laplace`, `StudentT`, `Cauchy` (`ScaleMixture`; Palmer et al. 2006): A(ξ) = 1/(scale·ξ) for
-  Laplace, (df + 1)/(df·scale² + ξ²) for Student-t; ξ_n² = ⟨(x_n − loc)²⟩_q.
-- `Gaussian` sites are exact (no ξ); `Masked` ones (`vijax.pad_sites`) are bounded where on (`MaskedBound`).
-
-Alternating q ← q_ξ with these updates is EM: B_LVB never decreases. ``xi`` is a tuple, one entry per
-site group: ``(N_g,)`` (ξ, or ψ for Böhning), or None for a `Gaussian` group.
+(thesis eq. 3.8.4, its constant corrected): the G-KL bound with each site replaced by its local bound, so the
+G-KL bound at q_ξ = N(P⁻¹r, P⁻¹) dominates it (thesis §4.4.1). Each `local_bound` has its optimal ξ given q in closed
+form, so alternating q ← q_ξ and ξ ← that optimum is EM: B_LVB never decreases. ``xi`` is a tuple, one entry per
+site group: ``(N_g,)`` (ξ, or ψ for `Bohning`), or None for a `Gaussian` group.
 """
 
 from __future__ import annotations
@@ -83,7 +75,7 @@ class AbstractLocalBound(eqx.Module):
 
 
 class Jaakkola(AbstractLocalBound):
-    """log σ(x) ≥ log σ(ξ) + (x − ξ)/2 − λ(ξ)(x² − ξ²): tight at x = ±ξ."""
+    """log σ(x) ≥ log σ(ξ) + (x − ξ)/2 − λ(ξ)(x² − ξ²), λ(ξ) = tanh(ξ/2)/(4ξ): tight at x = ±ξ (Jaakkola & Jordan)."""
 
     def quadratic(self, xi):
         # λ(ξ) = tanh(ξ/2)/(4ξ), even in ξ, by its series 1/8 − ξ²/96 near 0; log σ(ξ) − ξ/2 = −log(2 cosh(ξ/2)).
@@ -97,7 +89,7 @@ class Jaakkola(AbstractLocalBound):
 
 
 class Bohning(AbstractLocalBound):
-    """log σ(x) ≥ log σ(ψ) + σ(−ψ)(x − ψ) − (x − ψ)²/8: tight at x = ψ, curvature ¼ everywhere."""
+    """log σ(x) ≥ log σ(ψ) + σ(−ψ)(x − ψ) − (x − ψ)²/8: tight at x = ψ, curvature ¼ everywhere (Böhning)."""
 
     def quadratic(self, psi):
         slope = jax.nn.sigmoid(-psi)
@@ -109,7 +101,8 @@ class Bohning(AbstractLocalBound):
 
 class ScaleMixture(AbstractLocalBound):
     """The tangent in y = (x − loc)² of the convex log φ(loc + √y) (`Laplace`, `StudentT`, `Cauchy`):
-    log φ(x) ≥ log φ(loc + ξ) − ½ A(ξ)((x − loc)² − ξ²), A(ξ) = −(log φ)'(loc + ξ)/ξ, tight at x = loc ± ξ."""
+    log φ(x) ≥ log φ(loc + ξ) − ½ A(ξ)((x − loc)² − ξ²), A(ξ) = −(log φ)'(loc + ξ)/ξ, tight at x = loc ± ξ
+    (Palmer et al. 2006)."""
 
     potential: pot.AbstractPotential
 
@@ -245,27 +238,24 @@ class LVBState(eqx.Module):
 
 
 class LVB(AbstractMethod):
-    """Local variational bounds: maximise B_LVB(ξ) over the site parameters by fixed-point (EM) steps.
+    """Local variational bounds: maximise B_LVB(ξ) over the site parameters by SQUAREM-accelerated EM steps.
+
+    Returns q = q_ξ* (a full `CholeskyFactor`, S = P⁻¹) and ``log_z`` = B_LVB(ξ*) ≤ log Z, differentiable by the
+    envelope theorem; ``diagnostics.grad_norm`` is max |∂B/∂ξ| at the end. With ``variances="lanczos"`` P is never
+    formed (large D, no dense Gaussian factor; thesis §5.4 after glm-ie): CG for the mean, k Lanczos vectors for the
+    (understated, `vj.posterior.LVBInfo`) variances, ``log_z`` an estimate without gradient, q's covariance a rank-k
+    `SubspaceFactor` (exact solves: `covariance_solve`), plain steps until ‖Δξ‖₂/‖ξ‖₂ ≤ ``tol``.
 
     **Arguments:**
 
-    - `bound`: the `Logistic` bound, ``"jaakkola"`` (default; tighter) or ``"bohning"`` (curvature ¼);
-      other sites use `local_bound` (a `ValueError` where there is none: use `vj.GKL`).
+    - `bound`: the `Logistic` bound, ``"jaakkola"`` (default; tighter) or ``"bohning"`` (curvature ¼).
     - `max_iter`: the most points evaluated (default 500; each O(N D² + D³)).
-    - `tol`: stop once ξ is within ``tol`` (default 1e-9) of the fixed point in units of q's marginal
-      standard deviations (`vj.solvers.extrapolated_distance`; SQUAREM-accelerated, `vj.solvers.fixed_point`);
-      B is stationary in ξ, so ``log_z``'s gradient is good to about ``tol``, the bound to ``tol²``.
-    - `variances`: ``"exact"`` (default) forms and factorises P; ``"lanczos"`` never does (large D, no dense
-      Gaussian factor; thesis §5.4 after glm-ie): CG for the mean, k Lanczos vectors for the variances
-      (understated: `vj.posterior.LVBInfo`), ``log_z`` an estimate (``is_lower_bound=False``, no gradient),
-      q's covariance a rank-k `SubspaceFactor` (exact solves: `covariance_solve`), plain steps until
-      ‖Δξ‖₂/‖ξ‖₂ ≤ ``tol``.
-    - `num_lanczos`: k (default 80, as the thesis); `num_probes`: probes of the quadrature behind
-      ``log_z`` and ``variance_fraction`` (default 8; each after the first costs k products).
-
-    ``vj.infer(model, vj.LVB())`` returns q = q_ξ* (a full `CholeskyFactor`, S = P⁻¹) and ``log_z`` =
-    B_LVB(ξ*) ≤ log Z (``is_lower_bound=True``), differentiable by the envelope theorem;
-    ``diagnostics.grad_norm`` is max |∂B/∂ξ| at the end."""
+    - `tol`: the distance of ξ from the fixed point in q's marginal standard deviations at which the fit stops
+      (default 1e-9; `vj.solvers.fixed_point`): ``log_z``'s gradient is good to about ``tol``, the bound to ``tol²``.
+    - `variances`: ``"exact"`` (default; forms and factorises P) or ``"lanczos"``.
+    - `num_lanczos`: k (default 80, as the thesis).
+    - `num_probes`: probes behind ``log_z`` and ``variance_fraction`` (default 8; each after the first: k products).
+    """
 
     bound: str = eqx.field(static=True, default="jaakkola")
     max_iter: int = eqx.field(static=True, default=500)

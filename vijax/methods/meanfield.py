@@ -5,24 +5,16 @@ $$
 + \\sum_n \\langle \\log \\varphi_n(h_n^\\top w + b_n)\\rangle .
 $$
 
-**Free-form factors** (one site per coordinate, H = I, and f = N(μ, Λ⁻¹)): the optimal factor given the
-others is the tilted density
-
-$$
-q(w_k) = \\varphi_k(w_k + b_k)\\, \\mathcal N(w_k \\mid c_k, v_k) / Z_k, \\qquad
-v_k = 1/\\Lambda_{kk},\\quad c_k = m_k - [\\Lambda(m - \\mu)]_k / \\Lambda_{kk}
-$$
-
-(m the factors' means; the thesis's sign of the cross term corrected), found by coordinate ascent.
-With Z_k, m_k, s_k the tilted moments EP also uses (`AbstractPotential.tilted_moments`), the bound is
+**Free-form factors** (one site per coordinate, H = I, f = N(μ, Λ⁻¹)), found by coordinate ascent: the optimal
+factor given the others is the tilted density q(w_k) = φ_k(w_k + b_k) N(w_k | c_k, v_k) / Z_k, v_k = 1/Λ_kk,
+c_k = m_k − [Λ(m − μ)]_k / Λ_kk (m the factors' means; the thesis's sign corrected). With Z_k, m_k, s_k its moments,
 
 $$
 \\mathcal B_{\\rm MF} = \\sum_k \\Big[\\log Z_k + \\tfrac12 \\log 2\\pi v_k
 + \\frac{s_k + (m_k - c_k)^2}{2 v_k}\\Big] + \\log f(m) - \\tfrac12 \\sum_k \\Lambda_{kk} s_k .
 $$
 
-**Any other model: Gaussian factors** q(w_d) = N(m_d, c_d²): the G-KL bound with a diagonal
-covariance (`vj.GKL(covariance=vj.covariance.Diagonal())`), below the free-form one for H = I.
+**Otherwise, Gaussian factors** q(w_d) = N(m_d, c_d²): `vj.GKL(covariance=vj.covariance.Diagonal())`.
 """
 
 from __future__ import annotations
@@ -75,19 +67,17 @@ def _bound(c, v, model, log_z, mean, var):
 class MeanField(AbstractMethod):
     """Mean-field approximation: free-form factors where H = I, Gaussian factors otherwise.
 
+    The `Posterior` holds the factors' means and variances (a `DiagonalFactor`) and ``log_z`` the mean-field lower
+    bound, differentiable by the envelope theorem.
+
     **Arguments:**
 
-    - `solver`: for Gaussian factors, a `vj.solvers` solver (default: the diagonal family's,
-      `NewtonCG()` with a Jacobi preconditioner).
+    - `solver`: for Gaussian factors (default: `NewtonCG()` with a Jacobi preconditioner).
     - `quadrature`: the rule for expectations without a closed form.
-    - `max_iter`, `tol`: for free-form factors, the most sweeps, and the distance of the factors' means
-      from the fixed point in their standard deviations at which they stop
-      (`vj.solvers.extrapolated_distance`).
+    - `max_iter`: for free-form factors, the most sweeps (default 1000).
+    - `tol`: the factors' means' distance from the fixed point, in their standard deviations, at which free-form
+      sweeps stop (default 1e-9; `vj.solvers.extrapolated_distance`).
     - `free_form`: use free-form factors when the model allows them (default ``True``).
-
-    The `Posterior` holds the factors' means and variances (a `DiagonalFactor`) and ``log_z`` the
-    mean-field lower bound, differentiable by the envelope theorem; ``diagnostics.solver`` is
-    ``"coordinate_ascent"`` (free form) or the solver's name (Gaussian factors).
     """
 
     solver: AbstractSolver | None = None
