@@ -181,7 +181,7 @@ def _ascent(g, d):
 
 
 # The point x (x0, f = −∞ and d = 0 before the first evaluation), slope = gᵀd, and the next trial's step alpha.
-_LoopState = collections.namedtuple("_LoopState", "x f g d slope alpha k failed done trace n_val n_grad n_hvp")
+_LoopState = collections.namedtuple("_LoopState", "x f g d slope alpha k failed done trace n_grad n_hvp")
 
 
 _C1 = 1e-4
@@ -208,7 +208,7 @@ def _newton_loop(solver, fn, x0, direction, local_model=None):
     trace = nan_trace(solver.max_iter, dtype)
     minus_inf = jnp.array(-jnp.inf, dtype)
     state = _LoopState(x0, minus_inf, jnp.zeros_like(x0), jnp.zeros_like(x0), jnp.array(jnp.inf, dtype),
-                       jnp.ones((), dtype), zero, false, false, trace, zero, zero, zero)
+                       jnp.ones((), dtype), zero, false, false, trace, zero, zero)
 
     def cond(s):
         return (s.k < solver.max_iter) & ~s.failed & ~s.done
@@ -232,17 +232,17 @@ def _newton_loop(solver, fn, x0, direction, local_model=None):
         # a step halved past 2⁻⁴⁰ (or a start that is not finite) is a failure.
         failed = ~accept & ~last & ((alpha < 2.0**-40) | ~started)
         return _LoopState(keep(x_try, s.x), keep(f_try, s.f), keep(g_try, s.g), d, slope, alpha, k, failed,
-                          last, jnp.where(accept, s.trace.at[k].set(f_try), s.trace), s.n_val,
-                          s.n_grad + 1, s.n_hvp + n_hvp)
+                          last, jnp.where(accept, s.trace.at[k].set(f_try), s.trace), s.n_grad + 1, s.n_hvp + n_hvp)
 
     s = jax.lax.while_loop(cond, body, state)
-    return _solution(solver, s.x, s.f, s.g, s.k, s.slope, s.done, s.trace, s.n_val, s.n_grad, s.n_hvp, s.failed)
+    return _solution(solver, s, s.n_hvp)
 
 
-def _solution(solver, x, f, g, k, decrement, done, trace, n_val, n_grad, n_hvp, failed) -> Solution:
-    """``done``: the last step was taken (the decrement below the threshold); ``failed``: no acceptable step."""
-    status = Status.of(done | (decrement <= solver.threshold(f)), value=f, stalled=failed)
-    return Solution(x, f, jnp.max(jnp.abs(g), initial=0.0), k, status, trace, n_val, n_grad, n_hvp, decrement)
+def _solution(solver, s, n_hvp) -> Solution:
+    """From a loop's final state: ``s.done``, the last step was taken; ``s.failed``, no acceptable step."""
+    status = Status.of(s.done | (s.slope <= solver.threshold(s.f)), value=s.f, stalled=s.failed)
+    return Solution(s.x, s.f, jnp.max(jnp.abs(s.g), initial=0.0), s.k, status, s.trace, jnp.array(0), s.n_grad,
+                    n_hvp, s.slope)
 
 
 class NewtonCG(AbstractSolver):
@@ -402,8 +402,7 @@ class LBFGS(AbstractSolver):
                             false, false, nan_trace(self.max_iter, dtype), jnp.array(0), _wolfe_start(f0, zeros, zero),
                             jnp.array(True))
         s = jax.lax.while_loop(cond, body, state)
-        return _solution(self, s.x, s.f, s.g, s.k, s.slope, s.done, s.trace, jnp.array(0), s.n_grad, jnp.array(0),
-                         s.failed)
+        return _solution(self, s, jnp.array(0))
 
 
 # `LBFGS`'s strong Wolfe line search on φ(α) = fn(x + α d), one trial a pass. lo: the best acceptable step (0: none)

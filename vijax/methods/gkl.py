@@ -10,9 +10,7 @@ $$
 \\qquad \\mu_n = h_n^\\top m + b_n,\\ \\sigma_n^2 = h_n^\\top S h_n .
 $$
 
-The bound is jointly concave in (m, C) when every φ_n is log-concave, and equal to log Z (q the
-posterior) when every φ_n is Gaussian. For a dense prior N(μ, LLᵀ), `GKL(whiten=True)` maximises over
-w̃ = L⁻¹(w − μ) (thesis appendix B.5), where the prior is N(0, I).
+It is jointly concave in (m, C) when every φ_n is log-concave, and equal to log Z when every φ_n is Gaussian.
 """
 
 from __future__ import annotations
@@ -61,9 +59,8 @@ def bound(params: GaussianParams, model: LatentLinearModel, quadrature: GaussHer
 
 
 def bound_at(q, *args, quadrature: GaussHermite = _DEFAULT_QUADRATURE):
-    """The G-KL bound at any Gaussian: ``bound_at(mean, covariance, model)`` (``covariance`` dense ``(D, D)`` or a
-    covariance-family factor) or ``bound_at(posterior, model)`` (a `Posterior` of any method): methods compared on
-    one scale."""
+    """The G-KL bound at ``bound_at(mean, covariance, model)`` (``covariance`` ``(D, D)`` or a covariance-family
+    factor) or ``bound_at(posterior, model)`` (a `Posterior` of any method): methods compared on one scale."""
     if isinstance(q, Posterior):
         (model,) = args
         mean, covariance = q.mean, q.factor
@@ -136,7 +133,6 @@ class GKL(AbstractMethod):
         return NewtonCG(tol=self.tol, max_iter=self.max_iter) if self.covariance.concave else LBFGS()
 
     def _solve(self, solver, params, model):
-        """Maximise the bound over the trainable leaves of ``params``; returns (params, Solution)."""
         spec = GaussianParams(True, params.factor.trainable())
         free, fixed = eqx.partition(params, spec)
         x0, unravel = ravel_pytree(free)
@@ -211,7 +207,7 @@ class GKL(AbstractMethod):
         solver = self._solver()
         opt, sol = self._solve(solver, params, work_model)
         if self.covariance.num_rounds:
-            # Families with a fixed structure (a subspace basis) alternate structure updates and solves.
+            # Families with a structure (a subspace basis) alternate its updates and solves.
             def round_(_, carry):
                 opt, sol = carry
                 objective = lambda factor: bound(GaussianParams(opt.mean, factor), work_model, self.quadrature)
@@ -243,7 +239,7 @@ class GKL(AbstractMethod):
             loc, L = whitening
             mean, C = loc + L @ mean, C @ L.T  # S = L S̃ Lᵀ; upper × upper is upper-triangular
         opt = jax.lax.stop_gradient(GaussianParams(mean, CholeskyFactor.from_matrix(C).canonical()))
-        # The fit's own value, differentiable as the bound with the live model (evaluated only under differentiation).
+        # the fit's own value, differentiable as the bound (evaluated only under differentiation)
         log_z = computed(out.value, lambda p, m: bound(p, m, self.quadrature), opt, model)
         state = jax.lax.stop_gradient(NaturalParams(opt.mean, out.lam))
         return Posterior(opt.mean, opt.factor, log_z, out.diagnostics, model, bound_claim=True, state=state)

@@ -320,8 +320,7 @@ class LVB(AbstractMethod):
         return LVBState(_update(frozen, self.bound, mean, DiagonalFactor(scale)), jnp.zeros_like(mean), self.bound)
 
     def from_expansion(self, model, expansion) -> LVBState:
-        """ξ from the Laplace approximation's marginals; from the Gaussian factor's moments where that q is
-        improper, or with ``variances="lanczos"`` (which never forms P)."""
+        """ξ from the Laplace approximation's marginals (the Gaussian factor's moments where improper or Lanczos)."""
         frozen = jax.lax.stop_gradient(model)
         mean, scale = frozen.initial_moments()
         fallback = _update(frozen, self.bound, mean, DiagonalFactor(scale))
@@ -348,13 +347,13 @@ class LVB(AbstractMethod):
         frozen = jax.lax.stop_gradient(model)
         xi = jax.lax.stop_gradient(state.xi)
         run = self._iterate(xi, frozen)
-        xi, k, converged, trace = run.x, run.evaluations, run.converged, run.trace
+        xi, k, trace = run.x, run.evaluations, run.trace
         _, mean, C = integrate(frozen, _quadratics(xi, frozen, self.bound))
         grad = jax.grad(bound)(xi, frozen, self.bound)
         grad_norm = max((jnp.max(jnp.abs(g)) for g in jax.tree_util.tree_leaves(grad)),
                         default=jnp.zeros((), trace.dtype))
         log_z = bound(xi, model, self.bound)  # at the frozen ξ*, live model: the envelope theorem
-        diagnostics = Diagnostics(iterations=k, status=Status.of(converged, value=run.value),
+        diagnostics = Diagnostics(iterations=k, status=Status.of(run.converged, value=run.value),
                                   stationarity=run.distance, grad_norm=grad_norm,
                                   objective_trace=trace, num_value_evals=k, num_grad_evals=1, num_hvp_evals=0,
                                   method="LVB", solver="fixed_point")
@@ -457,10 +456,9 @@ def _quadrature_sums(theta, weights, v):
 
 
 def _lanczos_marginals(model, quadratics, num_lanczos, v0, mean0=None, rtol=None):
-    """``(value, means, variances, extras)`` of the integral with P never formed: m = P⁻¹ r by CG from ``mean0`` to
-    ‖r − P m‖ ≤ rtol ‖r‖ (default 10⁻² √ε); V̂_n = Σ_k (h_nᵀ u_k)² / θ_k ≤ h_nᵀ P⁻¹ h_n from k Lanczos vectors
-    started at ``v0``; extras = (m, θ (k,) ascending, Ritz vectors (D, k), share of tr P⁻¹ captured, CG steps,
-    v0's `_quadrature`)."""
+    """``(value, means, variances, extras)`` with P never formed: m = P⁻¹ r by CG to ‖r − P m‖ ≤ rtol ‖r‖ (default
+    10⁻² √ε), V̂_n = Σ_k (h_nᵀ u_k)²/θ_k ≤ h_nᵀ P⁻¹ h_n by Lanczos from ``v0``; extras = (m, θ ascending, the Ritz
+    vectors, the share of tr P⁻¹ captured, CG steps, v0's `_quadrature`)."""
     product, r, const = precision_operator(model, quadratics)
     dtype, d = model.dtype, model.dim
     rtol = 1e-2 * float(jnp.finfo(dtype).eps) ** 0.5 if rtol is None else rtol
