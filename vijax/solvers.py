@@ -122,11 +122,10 @@ class FixedPoint(NamedTuple):
 def fixed_point(evaluate, update, change, x0, *, tol, max_evals, floor):
     """Maximise an objective by its monotone map x ← F(x) (an EM), accelerated by SQUAREM (Varadhan & Roland 2008).
 
-    ``evaluate(x) -> (value, aux)``: the objective and what the map needs; ``update(x, aux)``: F(x);
-    ``change(a, b, aux)``: a step's size. Each cycle takes x₁ = F(x₀), x₂ = F(x₁) and tries
-    x' = x₀ − 2αr + α²v (r = x₁ − x₀, v = x₂ − 2x₁ + x₀, α = −‖r‖/‖v‖ ≤ −1), kept if value(x') ≥ value(x₁) to 16
-    ulps, else the run goes on from x₂. Stops, returning x₂, once the plain steps' `extrapolated_distance` is ≤
-    ``tol``. One evaluation per loop pass (``evaluate`` is traced once)."""
+    ``evaluate(x) -> (value, aux)``; ``update(x, aux)``: F(x); ``change(a, b, aux)``: a step's size. Each cycle takes
+    x₁ = F(x₀), x₂ = F(x₁) and tries x' = x₀ − 2αr + α²v (r = x₁ − x₀, v = x₂ − 2x₁ + x₀, α = −‖r‖/‖v‖ ≤ −1), kept
+    if value(x') ≥ value(x₁) to 16 ulps, else the run goes on from x₂. Stops, returning x₂, once the plain steps'
+    `extrapolated_distance` is ≤ ``tol``."""
     value, aux = evaluate(x0)
     inf = jnp.array(jnp.inf, value.dtype)
     trace = nan_trace(max_evals, value.dtype)
@@ -246,10 +245,8 @@ def _solution(solver, s, n_hvp) -> Solution:
 
 
 class NewtonCG(AbstractSolver):
-    """Hessian-free (truncated) Newton with Armijo backtracking.
-
-    −∇²f · d = ∇f is solved by preconditioned CG on autodiff Hessian-vector products to relative residual
-    min(½, (gᵀMg)^{1/4}) (loose far from the optimum, tight near it), stopping on non-negative curvature.
+    """Hessian-free (truncated) Newton with Armijo backtracking: −∇²f · d = ∇f by preconditioned CG on autodiff
+    Hessian-vector products, to relative residual min(½, (gᵀMg)^{1/4}), stopping on non-negative curvature.
 
     **Arguments:** `tol` (λ² at which the last step is taken; 1e-10), `max_iter` (Newton iterations; 100),
     `max_cg` (CG iterations per Newton step; 50).
@@ -296,8 +293,7 @@ class Newton(AbstractSolver):
 class GaussNewton(AbstractSolver):
     """Newton steps with the preconditioner as the inverse Hessian, d = M(x) ∇f(x) (gradient ascent without one).
 
-    For vijax's log joints M⁻¹ = Λ + Σ H diag(ω⁺) Hᵀ (Gauss–Newton): Newton's steps where the sites are
-    log-concave, with one factorisation a step and no Hessian-vector products.
+    For vijax's log joints M⁻¹ = Λ + Σ H diag(ω⁺) Hᵀ (Gauss–Newton): Newton's steps where the sites are log-concave.
 
     **Arguments:** `tol` (gᵀMg at which the last step is taken; 1e-10), `max_iter` (100)."""
 
@@ -317,13 +313,11 @@ _LBFGSState = collections.namedtuple("_LBFGSState", "x f g d slope s_mem y_mem r
 
 
 class LBFGS(AbstractSolver):
-    """Limited-memory BFGS, preconditioned, with a strong Wolfe line search.
+    """Limited-memory BFGS, preconditioned, with a strong Wolfe line search (c₂ = 0.9, α = 1 first).
 
-    The direction H_k ∇f is the two-loop recursion (Nocedal & Wright §7.2) over the last ``memory`` pairs with
-    sᵀy > 0, with H_k⁰ = M(x_k), the preconditioner at the current point, or sᵀy/yᵀy I without one. Steps meet the
-    strong Wolfe conditions with ``c2 = 0.9`` (`_Bracket`), α = 1 first. With ``gain_tol`` the run also stops
-    (converged) once f rose by at most ``gain_tol`` over ``gain_window`` iterations: for objectives known only to
-    some accuracy (AI-KL's lattice bound).
+    H_k ∇f is the two-loop recursion (Nocedal & Wright §7.2) over the last ``memory`` pairs with sᵀy > 0, H_k⁰ = M(x_k)
+    (or sᵀy/yᵀy I). With ``gain_tol`` the run also stops (converged) once f rose by at most ``gain_tol`` over
+    ``gain_window`` iterations: for objectives known only to some accuracy (AI-KL's lattice bound).
 
     **Arguments:** `tol` (gᵀH_k g at which the last step is taken; 1e-14), `max_iter` (1000), `memory` (pairs kept;
     10), `max_backtracks` (line-search trials; 30), `gain_tol` (None: no gain test), `gain_window` (10).

@@ -1,20 +1,13 @@
-"""Where every method starts: the mode of the log joint and each site's second-order expansion there.
-
-For the model p(w) ∝ f(w) ∏_n φ_n(x_n), x_n = h_nᵀw + b_n, the start is the mode w* of the log joint
-ℓ(w) = log f(w) + Σ_n log φ_n(x_n) and, at x*_n = h_nᵀw* + b_n, every site replaced by its
-Gauss–Newton expansion
+"""Where every method starts: the mode w* of the log joint ℓ and every site's Gauss–Newton expansion there,
 
 $$
 \\log \\varphi_n(x) \\approx \\nu_n x - \\tfrac12 \\tau_n x^2 + \\text{const}, \\qquad
 \\tau_n = \\max(-(\\log\\varphi_n)''(x^*_n), 0), \\quad \\nu_n = (\\log\\varphi_n)'(x^*_n) + \\tau_n x^*_n
 $$
 
-(ν_n = 0 where τ_n = 0): the Laplace approximation, where the data put the posterior however wide f, so no site
-expectation overflows there. G-KL, EP, LVB and mean field start from it (`expand_at_mode`; `shared` compiled).
-The mode search (`mode_search`) takes Newton steps with the Gauss–Newton curvature, dense (a Cholesky, or Woodbury
-for a diagonal Λ and N ≤ D) or matrix-free (`matrix_free`: CG preconditioned by diag P), in w̃ = L⁻¹(w − μ) for a
-dense Gaussian factor N(μ, LLᵀ), and stops at a squared Newton decrement of 10⁻⁶ (each method converges on its own
-terms); where it fails, the expansion is taken at its starting point.
+(x*_n = h_nᵀw* + b_n; ν_n = 0 where τ_n = 0): the Laplace approximation, where the data put the posterior however
+wide f, so no site expectation overflows there. The mode search stops at a squared Newton decrement of 10⁻⁶ (each
+method converges on its own terms); where it fails, the expansion is taken at its starting point.
 """
 
 from __future__ import annotations

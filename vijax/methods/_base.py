@@ -23,8 +23,7 @@ __all__ = ["AbstractMethod", "compiled", "traced_settings", "same_shapes"]
 
 
 def traced_settings(method):
-    """``method`` with every Python float leaf as a weakly typed JAX scalar: traced, not baked into a program, and
-    never promoting the working dtype."""
+    """``method`` with every Python float leaf a weakly typed JAX scalar: traced, never promoting the dtype."""
     return jax.tree_util.tree_map(lambda x: jnp.asarray(x) if isinstance(x, float) else x, method)
 
 
@@ -142,6 +141,5 @@ def same_shapes(state, template) -> bool:
     """Whether the pytree ``state`` has the structure of ``template`` and leaves of the same shapes."""
     if jax.tree_util.tree_structure(state) != jax.tree_util.tree_structure(template):
         return False
-    shape = lambda x: tuple(x.shape) if hasattr(x, "shape") else np.shape(x)  # noqa: E731
-    return all(shape(a) == shape(b)
-               for a, b in zip(jax.tree_util.tree_leaves(state), jax.tree_util.tree_leaves(template)))
+    leaves = jax.tree_util.tree_leaves
+    return all(np.shape(a) == np.shape(b) for a, b in zip(leaves(state), leaves(template)))

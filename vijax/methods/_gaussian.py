@@ -90,9 +90,8 @@ def precision_operator(model: LatentLinearModel, quadratics):
 
 
 def diagonal_form(model: LatentLinearModel):
-    """``(K, μ, scales)`` when the Gaussian factor is a dense N(μ, K) and every site group has one site
-    per coordinate, x_gn = s_gn w_n + b_gn (H = I or diag(s): GP models); ``scales`` holds one s_g per
-    group. None otherwise."""
+    """``(K, μ, scales)`` for a dense N(μ, K) and every group one site per coordinate, x_gn = s_gn w_n + b_gn (H = I or
+    diag(s): GP models), ``scales`` one s_g per group; else None."""
     if not isinstance(model.prior, DenseGaussian) or not model.sites:
         return None
     scales = []

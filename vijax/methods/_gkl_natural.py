@@ -239,10 +239,9 @@ _FLOOR = 100  # the last step leaves an error of this many ulps (in units of q's
 
 
 def _corrected_newton_step(lin: _Primal, fac, lam, grad, site, spread, last) -> tuple[_Direction, jax.Array]:
-    """Newton's step in the primal form, K x = b in x = (Δm, Δλ), from x₀ = M⁻¹b, M = K with A by its diagonal
-    a = σ⁴. While x's estimated relative error exceeds `allowed`, x ← x + M⁻¹(b − Kx) (Richardson; one product
-    (A − diag a)δλ, δ the last correction). ``spread``: x₀'s relative error at the last point; ``last``: the
-    decrement below which the fit stops after this step."""
+    """Newton's step K x = b, x = (Δm, Δλ), in the primal form: x₀ = M⁻¹b (M: K with A by its diagonal a = σ⁴), then
+    x ← x + M⁻¹(b − Kx) while x's estimated relative error exceeds `allowed`. ``spread``: x₀'s relative error at
+    the last point; ``last``: the decrement below which the fit stops after this step."""
     T, a = fac.cross, fac.variances**2
     Tt = T.T  # once, not in every product
     gap, e, c, target = site.target - lam, site.target_mean, site.target_var, site.target
@@ -353,8 +352,7 @@ def fit(model: LatentLinearModel, work: LatentLinearModel, mean, lam, quadrature
                    jnp.array(0), false, false, trace, jnp.array(0))
 
     def body(s: _State) -> _State:
-        # One trial point a pass (the objective traced once): accepted, the next trial is its full step;
-        # rejected, t is halved; before any finite point, λ is raised instead.
+        # One trial a pass: accepted, the next is its full step; rejected, t halved (before a finite point: λ raised).
         p = s.point
         started = jnp.isfinite(p.value)
         # Newton's step: always in the primal form, in the dual once natural-gradient steps are slow.
@@ -375,8 +373,7 @@ def fit(model: LatentLinearModel, work: LatentLinearModel, mean, lam, quadrature
         k = s.k + (ok & started & ~s.retry)
         halvings = jnp.where(ok, 0, s.halvings + 1)
         t = jnp.where(ok, one, 0.5 * s.t)
-        # A Newton step whose slope was only estimated may not rise at all: after a few halvings, the point
-        # is evaluated again with the natural-gradient step, an ascent direction.
+        # A Newton step whose slope was only estimated may not rise: after a few halvings, the natural gradient.
         estimated = ~p.step.quadratic | (not lin.dense_coupling)
         retry = ~ok & p.newton & estimated & (halvings == _DISTRUST)
         t = jnp.where(retry, one, t)

@@ -3,9 +3,7 @@
 For q(w) = N(m, S), S = CᵀC, and the model p(w) ∝ f(w) ∏_n φ_n(h_nᵀw + b_n):
 
 $$
-\\log Z \\ge \\mathcal B(m, C) =
-\\underbrace{\\tfrac12 \\log\\det(2\\pi e S)}_{\\text{entropy}}
-+ \\underbrace{\\langle \\log f(w) \\rangle_q}_{\\text{Gaussian term}}
+\\log Z \\ge \\mathcal B(m, C) = \\tfrac12 \\log\\det(2\\pi e S) + \\langle \\log f(w) \\rangle_q
 + \\sum_n \\langle \\log \\varphi_n(\\mu_n + \\sigma_n z)\\rangle_{z},
 \\qquad \\mu_n = h_n^\\top m + b_n,\\ \\sigma_n^2 = h_n^\\top S h_n .
 $$
@@ -82,8 +80,7 @@ def curvature(params: GaussianParams, model: LatentLinearModel, quadrature=_DEFA
 
 
 def shrunk_until_finite(params: GaussianParams, objective, max_halvings: int = 60) -> GaussianParams:
-    """``params`` with S scaled by 4⁻ᵏ (its trainable leaves halved k times), for the smallest k ≥ 0 at which
-    ``objective`` is finite (a site expectation that overflows for a wide q, ⟨eˣ⟩ = e^{m + v/2})."""
+    """``params`` with S scaled by 4⁻ᵏ for the smallest k ≥ 0 at which ``objective`` is finite (⟨eˣ⟩ = e^{m + v/2})."""
     free, fixed = eqx.partition(params.factor, params.factor.trainable())
 
     def at(t):
@@ -95,8 +92,7 @@ def shrunk_until_finite(params: GaussianParams, objective, max_halvings: int = 6
 
 
 class NaturalParams(eqx.Module):
-    """The State of natural-parameter G-KL: q's mean ``(D,)`` and its site precisions λ, one ``(N_g,)`` array per
-    group, with S⁻¹ = Λ + Σ_g H_gᵀ diag(λ_g) H_g."""
+    """The State of natural-parameter G-KL: the mean ``(D,)`` and λ per group, S⁻¹ = Λ + Σ_g H_gᵀ diag(λ_g) H_g."""
 
     mean: jax.Array
     precision: tuple[jax.Array, ...]
@@ -195,14 +191,16 @@ class GKL(AbstractMethod):
         whitens = self.whiten and isinstance(self.covariance, Full) and frozen.prior is not None
         whitening = frozen.prior.whitening() if whitens else None
         work_model = whitened(frozen) if whitening is not None else frozen
-        if self._natural(frozen):
-            return self._solve_natural(model, frozen, work_model, whitening, state)
-        params = state
+        mean = state.mean
         if whitening is not None:
             loc, L = whitening
-            C = params.factor.cholesky()
-            params = GaussianParams(solve_triangular(L, params.mean - loc, lower=True),
-                                    CholeskyFactor.from_matrix(solve_triangular(L, C.T, lower=True).T))
+            mean = solve_triangular(L, mean - loc, lower=True)
+        if self._natural(frozen):
+            return self._solve_natural(model, frozen, work_model, whitening, mean, state.precision)
+        params = state
+        if whitening is not None:
+            C = solve_triangular(L, state.factor.cholesky().T, lower=True).T
+            params = GaussianParams(mean, CholeskyFactor.from_matrix(C))
 
         solver = self._solver()
         opt, sol = self._solve(solver, params, work_model)
@@ -222,18 +220,14 @@ class GKL(AbstractMethod):
             opt, sol = jax.lax.fori_loop(0, self.covariance.num_rounds, round_, (opt, sol))
         opt = GaussianParams(opt.mean, opt.factor.canonical())
         if whitening is not None:
-            loc, L = whitening
             opt = GaussianParams(loc + L @ opt.mean, CholeskyFactor.from_matrix(opt.factor.cholesky() @ L.T))
         opt = jax.lax.stop_gradient(opt)
         log_z = bound(opt, model, self.quadrature)  # at the frozen optimum: the envelope theorem
         diagnostics = Diagnostics.from_solution(sol, method="GKL", solver=type(solver).__name__)
         return Posterior(opt.mean, opt.factor, log_z, diagnostics, model, bound_claim=True, state=opt)
 
-    def _solve_natural(self, model, frozen, work, whitening, state: NaturalParams) -> Posterior:
-        mean = state.mean
-        if whitening is not None:
-            mean = solve_triangular(whitening[1], mean - whitening[0], lower=True)
-        out = _gkl_natural.fit(frozen, work, mean, state.precision, self.quadrature, self.max_iter, self.tol)
+    def _solve_natural(self, model, frozen, work, whitening, mean, precision) -> Posterior:
+        out = _gkl_natural.fit(frozen, work, mean, precision, self.quadrature, self.max_iter, self.tol)
         mean, C = out.mean, out.cholesky
         if whitening is not None:
             loc, L = whitening

@@ -58,16 +58,14 @@ def _precision(model: LatentLinearModel, weights, dtype):
 
 
 def evidence(w, model: LatentLinearModel, gauss_newton=False, jitter=0.0):
-    """The Laplace evidence ℓ(w) + (D/2) log 2π − ½ log det(A + jitter·I) at a mode ``w`` (NaN unless A + jitter·I
-    is positive definite)."""
+    """The Laplace evidence ℓ(w) + (D/2) log 2π − ½ log det(A + jitter·I) at a mode ``w`` (NaN unless it is PD)."""
     A = negative_hessian(w, model, gauss_newton)
     factor = Primal.of(A + jitter * jnp.eye(model.dim, dtype=A.dtype))
     return log_joint(w, model) + 0.5 * model.dim * LOG_2PI - 0.5 * factor.logdet()
 
 
 def mode_solver(model: LatentLinearModel, solver: AbstractSolver | None = None) -> AbstractSolver:
-    """``solver``, or the default for ``model``'s mode: `GaussNewton` where every site is log-concave (its steps
-    are then Newton's, with no Hessian-vector products to compile), else `NewtonCG`."""
+    """``solver``, or `GaussNewton` where every site is log-concave (Newton's steps without HVPs), else `NewtonCG`."""
     if solver is not None:
         return solver
     return GaussNewton() if all(bool(g.potential.log_concave) for g in model.sites) else NewtonCG()
@@ -134,16 +132,14 @@ def fit_mode(model: LatentLinearModel, w0, solver: AbstractSolver) -> ModeFit:
 
 
 def differentiable_mode(fit: ModeFit, model: LatentLinearModel):
-    """The mode, with dw*/dθ = A⁻¹ ∂_θ∇ℓ (implicit function theorem) as the derivative of one Newton step from the
-    frozen mode, whose value (≈ 0) is removed."""
+    """The mode, with dw*/dθ = A⁻¹ ∂_θ∇ℓ (implicit function theorem): one Newton step's derivative, not its value."""
     g = jax.grad(log_joint)(fit.mode, model)
     step = fit.curvature.solve(g)
     return fit.mode + (step - jax.lax.stop_gradient(step))
 
 
 class AbstractModeMethod(AbstractMethod):
-    """`Laplace` and `MAP`: the State is the point ``(D,)`` where the mode search starts (cold: the Gaussian
-    factor's mean, so no second mode search is compiled; from a posterior: its mean)."""
+    """`Laplace` and `MAP`: the State is the point ``(D,)`` where the mode search starts (cold: the prior mean)."""
 
     solver: eqx.AbstractVar[AbstractSolver | None]
 
@@ -180,20 +176,17 @@ class Laplace(AbstractModeMethod):
         whitening = model.prior.whitening() if model.prior is not None else None
         if whitening is None:
             fit = fit_mode(model, w0, solver)
-            working = lambda model: model
             mode, factor = fit.mode, fit.factor()
         else:
             # In w = μ + L w̃ the curvature I + L̃ᵀWL̃ stays well conditioned (and the evidence is invariant).
-            loc, L = whitening
-            working = whitened
-            loc0, L0 = jax.lax.stop_gradient((loc, L))
-            fit = fit_mode(working(model), solve_triangular(L0, w0 - loc0, lower=True), solver)
+            loc0, L0 = jax.lax.stop_gradient(whitening)
+            fit = fit_mode(whitened(model), solve_triangular(L0, w0 - loc0, lower=True), solver)
             mode, factor = loc0 + L0 @ fit.mode, fit.factor(basis=L0)  # S = L S̃ Lᵀ
         # `evidence` at the mode, from the factorisation of A + jitter·I already at hand.
-        value = log_joint(fit.mode, working(model)) + 0.5 * model.dim * LOG_2PI - 0.5 * fit.curvature.logdet()
+        value = log_joint(fit.mode, whitened(model)) + 0.5 * model.dim * LOG_2PI - 0.5 * fit.curvature.logdet()
 
         def log_z(fit, model):
-            work = working(model)
+            work = whitened(model)
             return evidence(differentiable_mode(fit, work), work, fit.fallback, fit.jitter)
 
         diagnostics = Diagnostics.from_solution(fit.solution, method="Laplace", solver=type(solver).__name__,

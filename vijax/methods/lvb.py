@@ -1,13 +1,6 @@
-"""Local variational bounds (LVB): a Gaussian lower bound on every site, integrated in closed form.
+"""Local variational bounds (LVB): every site bounded below by an exponentiated quadratic, integrated in closed form.
 
-Each non-Gaussian site is bounded below by an exponentiated quadratic in x = hᵀw + b, with parameter ξ_n,
-
-$$
-\\log \\varphi_n(x) \\ge a_n(\\xi_n)\\, x - \\tfrac12 A_n(\\xi_n)\\, x^2 + c_n(\\xi_n)
-\\qquad\\text{(tight at } x = \\pm\\xi_n \\text{, or } x = \\psi_n\\text{)},
-$$
-
-so that, with the model's Gaussian factor f(w) = exp(−½wᵀΛw + ηᵀw + κ),
+With log φ_n(x) ≥ a_n(ξ_n) x − ½ A_n(ξ_n) x² + c_n(ξ_n) (x = hᵀw + b) and f(w) = exp(−½wᵀΛw + ηᵀw + κ),
 
 $$
 \\log Z \\ge \\mathcal B_{\\rm LVB}(\\xi) = \\kappa + \\sum_n (a_n b_n - \\tfrac12 A_n b_n^2 + c_n)
@@ -16,10 +9,8 @@ $$
 P = \\Lambda + \\sum_n A_n h_n h_n^\\top, \\qquad r = \\eta + \\sum_n (a_n - A_n b_n) h_n
 $$
 
-(thesis eq. 3.8.4, its constant corrected): the G-KL bound with each site replaced by its local bound, so the
-G-KL bound at q_ξ = N(P⁻¹r, P⁻¹) dominates it (thesis §4.4.1). Each `local_bound` has its optimal ξ given q in closed
-form, so alternating q ← q_ξ and ξ ← that optimum is EM: B_LVB never decreases. ``xi`` is a tuple, one entry per
-site group: ``(N_g,)`` (ξ, or ψ for `Bohning`), or None for a `Gaussian` group.
+(thesis eq. 3.8.4, its constant corrected), below the G-KL bound at q_ξ = N(P⁻¹r, P⁻¹) (thesis §4.4.1). Alternating
+q ← q_ξ and ξ ← its closed-form optimum given q is EM. ``xi``: one ``(N_g,)`` array per site group (None: Gaussian).
 """
 
 from __future__ import annotations
@@ -403,18 +394,6 @@ def _inner_rtol(tol, dtype):
     return jnp.maximum(tight, jnp.minimum(1e-6, 1e-4 * jnp.asarray(tol, dtype)))
 
 
-def _mean_by_cg(model, quadratics, product, r, rtol, mean0=None):
-    """P⁻¹ r by Jacobi-preconditioned CG from ``mean0`` (zero if None), stopped at ‖r − P m‖ ≤ rtol ‖r‖."""
-    preconditioner = _jacobi(model, quadratics, r.dtype)
-    if mean0 is None:
-        return pcg(product, r, preconditioner, _MAX_CG, rtol)
-    residual = r - product(mean0)  # solve P δ = r − P m₀ to the same absolute residual rtol ‖r‖
-    size = jnp.linalg.norm(residual)
-    scaled = rtol * jnp.linalg.norm(r) / jnp.where(size > 0, size, 1.0)
-    delta, steps = pcg(product, residual, preconditioner, _MAX_CG, scaled)
-    return mean0 + delta, steps + 1
-
-
 def _jacobi(model, quadratics, dtype):
     """v ↦ D⁻¹ v, D = Σ_n A_n h_n² (the sites' part of diag P, which absorbs A_n's spread in magnitude)."""
     diagonal = jnp.zeros(model.dim, dtype)
@@ -456,13 +435,21 @@ def _quadrature_sums(theta, weights, v):
 
 
 def _lanczos_marginals(model, quadratics, num_lanczos, v0, mean0=None, rtol=None):
-    """``(value, means, variances, extras)`` with P never formed: m = P⁻¹ r by CG to ‖r − P m‖ ≤ rtol ‖r‖ (default
-    10⁻² √ε), V̂_n = Σ_k (h_nᵀ u_k)²/θ_k ≤ h_nᵀ P⁻¹ h_n by Lanczos from ``v0``; extras = (m, θ ascending, the Ritz
-    vectors, the share of tr P⁻¹ captured, CG steps, v0's `_quadrature`)."""
+    """``(value, means, variances, extras)`` with P never formed: m = P⁻¹ r by Jacobi-preconditioned CG from ``mean0``
+    to ‖r − P m‖ ≤ rtol ‖r‖ (default 10⁻² √ε), V̂_n = Σ_k (h_nᵀ u_k)²/θ_k ≤ h_nᵀ P⁻¹ h_n by Lanczos from ``v0``;
+    extras = (m, θ ascending, the Ritz vectors, the share of tr P⁻¹ captured, CG steps, v0's `_quadrature`)."""
     product, r, const = precision_operator(model, quadratics)
     dtype, d = model.dtype, model.dim
     rtol = 1e-2 * float(jnp.finfo(dtype).eps) ** 0.5 if rtol is None else rtol
-    mean, cg_steps = _mean_by_cg(model, quadratics, product, r, rtol, mean0)
+    preconditioner = _jacobi(model, quadratics, r.dtype)
+    if mean0 is None:
+        mean, cg_steps = pcg(product, r, preconditioner, _MAX_CG, rtol)
+    else:
+        residual = r - product(mean0)  # solve P δ = r − P m₀ to the same absolute residual rtol ‖r‖
+        size = jnp.linalg.norm(residual)
+        scaled = rtol * jnp.linalg.norm(r) / jnp.where(size > 0, size, 1.0)
+        delta, cg_steps = pcg(product, residual, preconditioner, _MAX_CG, scaled)
+        mean, cg_steps = mean0 + delta, cg_steps + 1
     theta, V, weights = ritz_pairs(product, v0, min(int(num_lanczos), d))
     quadrature = _quadrature_sums(theta, weights, v0)  # (log det P, tr P⁻¹) estimates
     value = const + 0.5 * r @ mean + 0.5 * d * LOG_2PI - 0.5 * quadrature[0]

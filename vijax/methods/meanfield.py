@@ -46,8 +46,8 @@ def free_form_applies(model: LatentLinearModel) -> bool:
 
 
 def factor_moments(c, v, model: LatentLinearModel, quadrature: GaussHermite = GaussHermite()):
-    """(log Z, mean, variance) of every tilted factor φ_k(w_k + b_k) N(w_k | c_k, v_k) / Z_k, each ``(D,)``: EP's
-    tilted moments (`AbstractPotential.tilted_moments`). ``quadrature`` is not used."""
+    """(log Z, mean, variance) ``(D,)`` of the tilted factors φ_k(w_k + b_k) N(w_k | c_k, v_k) / Z_k (``quadrature``:
+    unused)."""
     group = model.sites[0]
     offset = jnp.broadcast_to(group.offset, c.shape)
     log_z, mean, var = group.potential.tilted_moments(group.project(c), jnp.broadcast_to(v, c.shape), 1.0)
