@@ -227,8 +227,7 @@ def _newton_loop(solver, fn, x0, direction, local_model=None):
         keep = lambda new, old: jnp.where(accept, new, old)
         alpha = jnp.where(accept, 1.0, 0.5 * s.alpha).astype(dtype)
         k = s.k + (accept & started)
-        # Where the last step is not taken, x (whose decrement is below the threshold) is the answer;
-        # a step halved past 2⁻⁴⁰ (or a start that is not finite) is a failure.
+        # After the last step x is the answer; a step halved past 2⁻⁴⁰ (or a start not finite) is a failure.
         failed = ~accept & ~last & ((alpha < 2.0**-40) | ~started)
         return _LoopState(keep(x_try, s.x), keep(f_try, s.f), keep(g_try, s.g), d, slope, alpha, k, failed,
                           last, jnp.where(accept, s.trace.at[k].set(f_try), s.trace), s.n_grad + 1, s.n_hvp + n_hvp)
@@ -436,8 +435,7 @@ def _wolfe_step(b, f, slope, d, f_a, g_a):
     secant = lo + width * dphi_lo / (dphi_lo - dphi_hi)
     shortfall = f_lo + dphi_lo * width - f_hi
     quadratic = lo + dphi_lo * width**2 / (2 * shortfall)
-    # A trial beyond lo clearly below it means φ' is far from linear there (a barrier, an overflow), where the
-    # secant on φ' would barely move: backtrack by the quadratic in φ, at least halving.
+    # A trial beyond lo clearly below it: φ' far from linear (a barrier, an overflow); backtrack by φ's quadratic, ≥ ½.
     worse = (hi > lo) & ~(f_hi >= f_lo - 1e-6 * (1.0 + jnp.abs(f_lo)))
     use_secant = jnp.isfinite(dphi_hi) & (dphi_hi * dphi_lo < 0) & ~worse
     inside = jnp.where(use_secant, secant,

@@ -38,12 +38,13 @@ def compiled(method, name: str, *args):
 
 
 class AbstractMethod(eqx.Module):
-    """An inference method: a subclass implements the pure, traceable `init_state`, `solve`, `from_gaussian`,
-    `from_expansion` and `is_state`; the base class compiles and composes them."""
+    """An inference method: a subclass implements the pure, traceable `solve`, `from_gaussian`, `from_expansion`,
+    `is_state` (and `init_state`, where it does not start from `vijax.start.expand_at_mode`); the base class compiles
+    and composes them."""
 
-    @abc.abstractmethod
     def init_state(self, model: LatentLinearModel):
-        """The cold start from the data (pure, traceable)."""
+        """The cold start from the data (pure, traceable): by default, every site's expansion at the mode."""
+        return self.from_expansion(model, _start.expand_at_mode(model, self.start_dense(model)))
 
     @abc.abstractmethod
     def solve(self, model: LatentLinearModel, state) -> Posterior:

@@ -29,7 +29,7 @@ from ..solvers import LBFGS, AbstractSolver, NewtonCG
 from ._base import AbstractMethod, same_shapes
 from . import _gkl_natural
 from ._envelope import computed
-from ..start import expand_at_mode, whitened
+from ..start import whitened
 
 __all__ = ["GaussianParams", "NaturalParams", "GKL", "bound", "bound_at", "curvature", "shrunk_until_finite"]
 
@@ -163,9 +163,6 @@ class GKL(AbstractMethod):
             return NaturalParams(expansion.mode, expansion.precision)
         params = GaussianParams(expansion.mode, self.covariance.from_curvature(expansion.curvature(model)))
         return shrunk_until_finite(params, lambda p: bound(p, model, self.quadrature))
-
-    def init_state(self, model):
-        return self.from_expansion(model, expand_at_mode(model, self.start_dense(model)))
 
     def from_gaussian(self, model, mean, factor):
         frozen = jax.lax.stop_gradient(model)

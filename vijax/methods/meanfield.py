@@ -34,7 +34,6 @@ from ..quadrature import GaussHermite
 from ..solvers import AbstractSolver, Status, extrapolated_distance, iterate
 from ._base import AbstractMethod
 from .gkl import GKL
-from ..start import expand_at_mode
 from .laplace import is_point
 
 __all__ = ["MeanField", "free_form_applies", "factor_moments", "bound"]
@@ -46,8 +45,7 @@ def free_form_applies(model: LatentLinearModel) -> bool:
 
 
 def factor_moments(c, v, model: LatentLinearModel, quadrature: GaussHermite = GaussHermite()):
-    """(log Z, mean, variance) ``(D,)`` of the tilted factors φ_k(w_k + b_k) N(w_k | c_k, v_k) / Z_k (``quadrature``:
-    unused)."""
+    """(log Z, mean, variance) ``(D,)`` of the tilted factors φ_k(w_k + b_k) N(w_k | c_k, v_k) / Z_k (no quadrature)."""
     group = model.sites[0]
     offset = jnp.broadcast_to(group.offset, c.shape)
     log_z, mean, var = group.potential.tilted_moments(group.project(c), jnp.broadcast_to(v, c.shape), 1.0)
@@ -99,13 +97,10 @@ class MeanField(AbstractMethod):
         return None if self._free(model) else False
 
     def shares_start(self, model):
-        return self._free(model) or self._gaussian().shares_start(model)
+        return self._free(model)  # the diagonal family's G-KL does not share it
 
     def from_expansion(self, model, expansion):
         return expansion.mode if self._free(model) else self._gaussian().from_expansion(model, expansion)
-
-    def init_state(self, model):
-        return self.from_expansion(model, expand_at_mode(model, self.start_dense(model)))
 
     def from_gaussian(self, model, mean, factor):
         return mean if self._free(model) else self._gaussian().from_gaussian(model, mean, factor)
