@@ -282,7 +282,7 @@ class LVB(AbstractMethod):
         return fixed_point(evaluate, update, change, xi, tol=self.tol, max_evals=self.max_iter,
                            floor=1e3 * float(jnp.finfo(dtype).eps))
 
-    def _outer_loops(self, xi, model, v0, mean0=None):
+    def _outer_loops(self, xi, model, v0, mean0):
         """glm-ie's outer loop: plain steps ξ ← F̂(ξ) until ‖F̂(ξ) − ξ‖₂/‖ξ‖₂ ≤ ``tol``; returns the run and the
         last mean. F̂ (Lanczos variances) is neither monotone nor a contraction, so no SQUAREM."""
         def step(k, state):
@@ -297,8 +297,7 @@ class LVB(AbstractMethod):
 
         dtype = model.dtype
         inner = _inner_rtol(self.tol, dtype)
-        state = (xi, jnp.array(jnp.nan, dtype), jnp.array(jnp.inf, dtype), nan_trace(self.max_iter, dtype),
-                 jnp.zeros(model.dim, dtype) if mean0 is None else mean0)
+        state = (xi, jnp.array(jnp.nan, dtype), jnp.array(jnp.inf, dtype), nan_trace(self.max_iter, dtype), mean0)
         (xi, value, change, trace, mean), k = iterate(step, state, self.max_iter, done=lambda k, s: s[2] <= self.tol)
         return FixedPoint(xi, value, k, change <= self.tol, change, trace), mean
 
