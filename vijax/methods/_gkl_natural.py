@@ -18,11 +18,9 @@ $$
 \\qquad P^* = \\Lambda + H^\\top \\operatorname{diag}(\\lambda^*) H.
 $$
 
-Steps, backtracked so that B does not fall beyond its rounding: the natural gradient Δm = P*⁻¹g, Δλ = d (thesis
-eq. 3.61; exact in one step for Gaussian sites), or Newton's, in the *primal* form (S⁻¹ a D × D Cholesky; A by
-its diagonal σ⁴ with Richardson corrections) or the *dual* (N ≤ D sites and Λ diagonal: S by Woodbury through
-B = I + Λ_λ½ K̃ Λ_λ½, K̃ = HΛ⁻¹Hᵀ; A in full once natural-gradient steps are slow). For log-concave sites λ* ≥ 0,
-so every λ ≥ 0 and S stays positive definite. A dense Gaussian factor is whitened first (Λ = I).
+Steps (backtracked): the natural gradient Δm = P*⁻¹g, Δλ = d (thesis eq. 3.61), or Newton's, in the *primal* form
+(S⁻¹ by Cholesky) or the *dual* (N ≤ D, Λ diagonal: Woodbury through B = I + Λ_λ½ K̃ Λ_λ½, K̃ = HΛ⁻¹Hᵀ). For
+log-concave sites λ* ≥ 0, so S stays positive definite. A dense Gaussian factor is whitened first (Λ = I).
 """
 
 from __future__ import annotations

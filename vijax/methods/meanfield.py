@@ -1,9 +1,5 @@
-"""Mean field: the bound over fully factorised q(w) = ∏_d q(w_d) (thesis §3.4).
-
-$$
-\\mathcal B_{\\rm MF} = \\sum_d H[q(w_d)] + \\langle \\log f(w)\\rangle
-+ \\sum_n \\langle \\log \\varphi_n(h_n^\\top w + b_n)\\rangle .
-$$
+"""Mean field: the bound B_MF = Σ_d H[q(w_d)] + ⟨log f(w)⟩ + Σ_n ⟨log φ_n(h_nᵀw + b_n)⟩ over q(w) = ∏_d q(w_d)
+(thesis §3.4).
 
 **Free-form factors** (one site per coordinate, H = I, f = N(μ, Λ⁻¹)), found by coordinate ascent: the optimal
 factor given the others is the tilted density q(w_k) = φ_k(w_k + b_k) N(w_k | c_k, v_k) / Z_k, v_k = 1/Λ_kk,
