@@ -217,8 +217,7 @@ def _usable(lam, mean, lam_step, decrement):
 
 
 def _dense_newton_step(lin, fac, lam, grad, site, spread, _last) -> tuple[_Direction, jax.Array]:
-    """Newton's step with A = Σ∘Σ as an N × N matrix (the dual form): G = I + CA by LU, and the m system
-    with W = diag(λ*) − ½EAG⁻¹E in full."""
+    """Newton's step in the dual form: A = Σ∘Σ in full, G = I + CA by LU, W = diag(λ*) − ½EAG⁻¹E in the m system."""
     gap, e = site.target - lam, site.target_mean
     A = (lin.K - fac.cross.T @ fac.cross) ** 2
     G = lu_factor(jnp.eye(A.shape[0], dtype=A.dtype) + site.target_var[:, None] * A)

@@ -59,8 +59,7 @@ class AbstractLocalBound(eqx.Module):
         return a * x - 0.5 * A * x**2 + c
 
     def expected(self, mean, var):
-        """max_ξ ⟨a x − ½ A x² + c⟩ ≤ ⟨log φ(x)⟩ for x ~ N(``mean``, ``var``), elementwise and differentiable
-        (e.g. `Jaakkola`: log σ(ξ) + (μ − ξ)/2 at ξ = √(μ² + v); `Bohning`: log σ(μ) − v/8)."""
+        """max_ξ ⟨a x − ½ A x² + c⟩ ≤ ⟨log φ(x)⟩ for x ~ N(``mean``, ``var``), elementwise and differentiable."""
         a, A, c = self.quadratic(self.update(mean, var))
         return a * mean - 0.5 * A * (mean**2 + var) + c
 
@@ -191,8 +190,7 @@ def _quadratics(xi, model: LatentLinearModel, bound: str):
 
 
 def bound(xi, model: LatentLinearModel, bound: str = "jaakkola"):
-    """B_LVB(ξ), the local variational lower bound on log Z (pure, differentiable); ``bound``: the `Logistic`
-    bound. NaN where P is not positive definite (e.g. no Gaussian factor and too few sites)."""
+    """B_LVB(ξ) ≤ log Z (pure, differentiable; ``bound``: the `Logistic` bound); NaN where P is not PD."""
     return integrate(model, _quadratics(xi, model, bound))[0]
 
 
