@@ -85,8 +85,8 @@ class AbstractSolver(eqx.Module):
 
 
 def iterate(step, state, max_iter: int, done=None):
-    """``state = step(k, state)`` for k = 0, 1, … until ``done(k, state)`` (checked before each step; None: never)
-    or ``max_iter`` steps; returns ``(state, k)``."""
+    """``(state, k)`` after ``state = step(k, state)`` for k = 0, 1, … until ``done(k, state)`` (None: never) or
+    ``max_iter``; ``done`` is checked before each step."""
     def unfinished(carry):
         k, state = carry
         return (k < max_iter) if done is None else (k < max_iter) & ~done(k, state)

@@ -25,11 +25,9 @@ __all__ = ["integrate", "working_model", "diagonal_form", "integrate_diagonal", 
 
 
 def integrate(model: LatentLinearModel, quadratics, sites=None, whitening=None, map_back=True):
-    """``(log ∫, mean, C)``: the integral (NaN where it diverges) and its Gaussian N(mean, CᵀC), C upper-triangular.
-
-    ``quadratics``: one ``(a, A, c)`` per site group; ``sites``/``whitening``: `working_model`'s, to reuse;
-    ``map_back=False``: the Gaussian in the whitened coordinates.
-    """
+    """``(log ∫, mean, C)``: the integral (NaN where it diverges) and its Gaussian N(mean, CᵀC), C upper-triangular,
+    for ``quadratics`` one ``(a, A, c)`` per site group (``sites``, ``whitening``: `working_model`'s, to reuse;
+    ``map_back=False``: the Gaussian in the whitened coordinates)."""
     if sites is None:
         sites, whitening = working_model(model)
     d, dtype = model.dim, model.dtype
