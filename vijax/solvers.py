@@ -1,13 +1,8 @@
-"""Second-order and quasi-Newton maximisers, each a single `jax.lax.while_loop` (so fits compose with `jax.jit`
-and `jax.vmap`). Each maximises a scalar ``fn(x)`` of a flat ``x`` and stops on the squared Newton decrement
+"""Second-order and quasi-Newton maximisers of a scalar ``fn(x)`` of a flat ``x``, each one `jax.lax.while_loop`.
 
-$$
-\\lambda^2(x) = \\nabla f(x)^\\top \\big(-\\nabla^2 f(x)\\big)^{-1} \\nabla f(x) \\approx 2\\,(f^* - f(x)),
-$$
-
-estimated by gᵀd (d the solver's ascent direction): once λ² ≤ ``tol`` (or f's rounding 4 ε |f|) the last step is
-taken. Defaults: ``tol = 1e-10`` for the Newton solvers (float64-accurate gradients after a quadratic last step),
-``1e-14`` for `LBFGS`, whose last step gains less.
+Each stops on the squared Newton decrement λ² = ∇fᵀ(−∇²f)⁻¹∇f ≈ 2(f* − f), estimated by gᵀd (d the ascent
+direction): once λ² ≤ ``tol`` (or f's rounding 4 ε |f|) the last step is taken. ``tol`` is 1e-10 for the Newton
+solvers (float64-accurate gradients after a quadratic last step), 1e-14 for `LBFGS`, whose last step gains less.
 """
 
 from __future__ import annotations
@@ -90,8 +85,8 @@ class AbstractSolver(eqx.Module):
 
 
 def iterate(step, state, max_iter: int, done=None):
-    """``state = step(k, state)`` for k = 0, 1, … until ``done(k, state)`` (checked before each step; None: never)
-    or ``max_iter`` steps; returns ``(state, k)``."""
+    """``(state, k)`` after ``state = step(k, state)`` for k = 0, 1, … until ``done(k, state)`` (None: never) or
+    ``max_iter``; ``done`` is checked before each step."""
     def unfinished(carry):
         k, state = carry
         return (k < max_iter) if done is None else (k < max_iter) & ~done(k, state)
@@ -127,11 +122,10 @@ class FixedPoint(NamedTuple):
 def fixed_point(evaluate, update, change, x0, *, tol, max_evals, floor):
     """Maximise an objective by its monotone map x ← F(x) (an EM), accelerated by SQUAREM (Varadhan & Roland 2008).
 
-    ``evaluate(x) -> (value, aux)``: the objective and what the map needs; ``update(x, aux)``: F(x);
-    ``change(a, b, aux)``: a step's size. Each cycle takes x₁ = F(x₀), x₂ = F(x₁) and tries
-    x' = x₀ − 2αr + α²v (r = x₁ − x₀, v = x₂ − 2x₁ + x₀, α = −‖r‖/‖v‖ ≤ −1), kept if value(x') ≥ value(x₁) to 16
-    ulps, else the run goes on from x₂. Stops, returning x₂, once the plain steps' `extrapolated_distance` is ≤
-    ``tol``. One evaluation per loop pass (``evaluate`` is traced once)."""
+    ``evaluate(x) -> (value, aux)``; ``update(x, aux)``: F(x); ``change(a, b, aux)``: a step's size. Each cycle takes
+    x₁ = F(x₀), x₂ = F(x₁) and tries x' = x₀ − 2αr + α²v (r = x₁ − x₀, v = x₂ − 2x₁ + x₀, α = −‖r‖/‖v‖ ≤ −1), kept
+    if value(x') ≥ value(x₁) to 16 ulps, else the run goes on from x₂. Stops, returning x₂, once the plain steps'
+    `extrapolated_distance` is ≤ ``tol``."""
     value, aux = evaluate(x0)
     inf = jnp.array(jnp.inf, value.dtype)
     trace = nan_trace(max_evals, value.dtype)
@@ -186,7 +180,7 @@ def _ascent(g, d):
 
 
 # The point x (x0, f = −∞ and d = 0 before the first evaluation), slope = gᵀd, and the next trial's step alpha.
-_LoopState = collections.namedtuple("_LoopState", "x f g d slope alpha k failed done trace n_val n_grad n_hvp")
+_LoopState = collections.namedtuple("_LoopState", "x f g d slope alpha k failed done trace n_grad n_hvp")
 
 
 _C1 = 1e-4
@@ -202,18 +196,18 @@ def _acceptable(f, slope, f_new, dphi_new, alpha=1.0):
     return finite & (armijo | approximate)
 
 
-def _newton_loop(solver, fn, x0, local_model, direction):
-    """The Newton solvers' loop, one trial x + αd (first x0) a pass, so the objective is traced once.
+def _newton_loop(solver, fn, x0, direction, local_model=None):
+    """One trial x + αd a pass (first x0; accepted: its full step next, rejected: α halved), so fn is traced once.
 
-    ``local_model(x)``: objective, gradient, curvature; ``direction(x, g, curvature)``: a Newton direction and its
-    Hessian-vector product count. An accepted trial (`_acceptable`) becomes the point and its full step the next
-    trial; a rejected one halves α."""
+    ``local_model(x)``: f, ∇f and a curvature (default: none); ``direction(x, g, curvature)``: d and its HVP count."""
+    if local_model is None:
+        local_model = lambda x: (*jax.value_and_grad(fn)(x), None)  # noqa: E731
     dtype = x0.dtype
     zero, false = jnp.array(0), jnp.array(False)
     trace = nan_trace(solver.max_iter, dtype)
     minus_inf = jnp.array(-jnp.inf, dtype)
     state = _LoopState(x0, minus_inf, jnp.zeros_like(x0), jnp.zeros_like(x0), jnp.array(jnp.inf, dtype),
-                       jnp.ones((), dtype), zero, false, false, trace, zero, zero, zero)
+                       jnp.ones((), dtype), zero, false, false, trace, zero, zero)
 
     def cond(s):
         return (s.k < solver.max_iter) & ~s.failed & ~s.done
@@ -233,28 +227,25 @@ def _newton_loop(solver, fn, x0, local_model, direction):
         keep = lambda new, old: jnp.where(accept, new, old)
         alpha = jnp.where(accept, 1.0, 0.5 * s.alpha).astype(dtype)
         k = s.k + (accept & started)
-        # Where the last step is not taken, x (whose decrement is below the threshold) is the answer;
-        # a step halved past 2⁻⁴⁰ (or a start that is not finite) is a failure.
+        # After the last step x is the answer; a step halved past 2⁻⁴⁰ (or a start not finite) is a failure.
         failed = ~accept & ~last & ((alpha < 2.0**-40) | ~started)
         return _LoopState(keep(x_try, s.x), keep(f_try, s.f), keep(g_try, s.g), d, slope, alpha, k, failed,
-                          last, jnp.where(accept, s.trace.at[k].set(f_try), s.trace), s.n_val,
-                          s.n_grad + 1, s.n_hvp + n_hvp)
+                          last, jnp.where(accept, s.trace.at[k].set(f_try), s.trace), s.n_grad + 1, s.n_hvp + n_hvp)
 
     s = jax.lax.while_loop(cond, body, state)
-    return _solution(solver, s.x, s.f, s.g, s.k, s.slope, s.done, s.trace, s.n_val, s.n_grad, s.n_hvp, s.failed)
+    return _solution(solver, s, s.n_hvp)
 
 
-def _solution(solver, x, f, g, k, decrement, done, trace, n_val, n_grad, n_hvp, failed) -> Solution:
-    """``done``: the last step was taken (the decrement below the threshold); ``failed``: no acceptable step."""
-    status = Status.of(done | (decrement <= solver.threshold(f)), value=f, stalled=failed)
-    return Solution(x, f, jnp.max(jnp.abs(g), initial=0.0), k, status, trace, n_val, n_grad, n_hvp, decrement)
+def _solution(solver, s, n_hvp) -> Solution:
+    """From a loop's final state: ``s.done``, the last step was taken; ``s.failed``, no acceptable step."""
+    status = Status.of(s.done | (s.slope <= solver.threshold(s.f)), value=s.f, stalled=s.failed)
+    return Solution(s.x, s.f, jnp.max(jnp.abs(s.g), initial=0.0), s.k, status, s.trace, jnp.array(0), s.n_grad,
+                    n_hvp, s.slope)
 
 
 class NewtonCG(AbstractSolver):
-    """Hessian-free (truncated) Newton with Armijo backtracking.
-
-    −∇²f · d = ∇f is solved by preconditioned CG on autodiff Hessian-vector products to relative residual
-    min(½, (gᵀMg)^{1/4}) (loose far from the optimum, tight near it), stopping on non-negative curvature.
+    """Hessian-free (truncated) Newton with Armijo backtracking: −∇²f · d = ∇f by preconditioned CG on autodiff
+    Hessian-vector products, to relative residual min(½, (gᵀMg)^{1/4}), stopping on non-negative curvature.
 
     **Arguments:** `tol` (λ² at which the last step is taken; 1e-10), `max_iter` (Newton iterations; 100),
     `max_cg` (CG iterations per Newton step; 50).
@@ -275,7 +266,7 @@ class NewtonCG(AbstractSolver):
             precond = preconditioner(x) if preconditioner is not None else (lambda v: v)
             return pcg(lambda v: -hvp(v), g, precond, self.max_cg)
 
-        return _newton_loop(self, fn, x0, local_model, direction)
+        return _newton_loop(self, fn, x0, direction, local_model)
 
 
 class Newton(AbstractSolver):
@@ -287,10 +278,6 @@ class Newton(AbstractSolver):
     max_iter: int = eqx.field(static=True, default=100)
 
     def maximise(self, fn, x0, preconditioner=None):
-        def local_model(x):
-            f, g = jax.value_and_grad(fn)(x)
-            return f, g, None
-
         def direction(x, g, _):
             # The Hessian only at accepted points (a trial needs the value and gradient alone).
             lam, V = jnp.linalg.eigh(-jax.hessian(fn)(x))
@@ -299,14 +286,13 @@ class Newton(AbstractSolver):
             lam = jnp.maximum(jnp.abs(lam), floor)
             return V @ ((V.T @ g) / lam), jnp.array(x.shape[0])
 
-        return _newton_loop(self, fn, x0, local_model, direction)
+        return _newton_loop(self, fn, x0, direction)
 
 
 class GaussNewton(AbstractSolver):
     """Newton steps with the preconditioner as the inverse Hessian, d = M(x) ∇f(x) (gradient ascent without one).
 
-    For vijax's log joints M⁻¹ = Λ + Σ H diag(ω⁺) Hᵀ (Gauss–Newton): Newton's steps where the sites are
-    log-concave, with one factorisation a step and no Hessian-vector products.
+    For vijax's log joints M⁻¹ = Λ + Σ H diag(ω⁺) Hᵀ (Gauss–Newton): Newton's steps where the sites are log-concave.
 
     **Arguments:** `tol` (gᵀMg at which the last step is taken; 1e-10), `max_iter` (100)."""
 
@@ -314,16 +300,10 @@ class GaussNewton(AbstractSolver):
     max_iter: int = eqx.field(static=True, default=100)
 
     def maximise(self, fn, x0, preconditioner=None):
-        value_and_grad = jax.value_and_grad(fn)
-
-        def local_model(x):
-            f, g = value_and_grad(x)
-            return f, g, None
-
         def direction(x, g, _):
             return (preconditioner(x)(g) if preconditioner is not None else g), jnp.array(0)
 
-        return _newton_loop(self, fn, x0, local_model, direction)
+        return _newton_loop(self, fn, x0, direction)
 
 
 # s_mem, y_mem: (memory, dim) steps and changes of −∇f, newest last; rho: 1/sᵀy (0: empty); b: the line search
@@ -332,13 +312,11 @@ _LBFGSState = collections.namedtuple("_LBFGSState", "x f g d slope s_mem y_mem r
 
 
 class LBFGS(AbstractSolver):
-    """Limited-memory BFGS, preconditioned, with a strong Wolfe line search.
+    """Limited-memory BFGS, preconditioned, with a strong Wolfe line search (c₂ = 0.9, α = 1 first).
 
-    The direction H_k ∇f is the two-loop recursion (Nocedal & Wright §7.2) over the last ``memory`` pairs with
-    sᵀy > 0, with H_k⁰ = M(x_k), the preconditioner at the current point, or sᵀy/yᵀy I without one. Steps meet the
-    strong Wolfe conditions with ``c2 = 0.9`` (`_Bracket`), α = 1 first. With ``gain_tol`` the run also stops
-    (converged) once f rose by at most ``gain_tol`` over ``gain_window`` iterations: for objectives known only to
-    some accuracy (AI-KL's lattice bound).
+    H_k ∇f is the two-loop recursion (Nocedal & Wright §7.2) over the last ``memory`` pairs with sᵀy > 0, H_k⁰ = M(x_k)
+    (or sᵀy/yᵀy I). With ``gain_tol`` the run also stops (converged) once f rose by at most ``gain_tol`` over
+    ``gain_window`` iterations: for objectives known only to some accuracy (AI-KL's lattice bound).
 
     **Arguments:** `tol` (gᵀH_k g at which the last step is taken; 1e-14), `max_iter` (1000), `memory` (pairs kept;
     10), `max_backtracks` (line-search trials; 30), `gain_tol` (None: no gain test), `gain_window` (10).
@@ -384,7 +362,7 @@ class LBFGS(AbstractSolver):
             # One evaluation per pass, at the trial x + αd (x0 on the first pass, d = 0).
             f_a, g_a = value_and_grad(s.x + s.b.alpha * s.d)
             f_a = jnp.asarray(f_a, dtype)
-            b = _wolfe_step(s.b, s.f, s.slope, s.d, 0.9, f_a, g_a)
+            b = _wolfe_step(s.b, s.f, s.slope, s.d, f_a, g_a)
             ended = s.fresh | b.done | (b.n >= self.max_backtracks)
             last = ~s.fresh & (s.slope <= self.threshold(s.f))
             ok = ~s.fresh & (b.lo > 0)
@@ -407,47 +385,41 @@ class LBFGS(AbstractSolver):
                 window = jnp.maximum(k - self.gain_window, 0)
                 done = done | (ok & (k >= self.gain_window) & (f - trace[window] <= self.gain_tol))
             finished = _LBFGSState(x, f, g, d, slope, s_mem, y_mem, rho, k, ~s.fresh & ~ok & ~last, done, trace,
-                                   s.n_grad + 1, _wolfe_start(f, g, slope, 1.0), jnp.array(False))
+                                   s.n_grad + 1, _wolfe_start(f, g, slope), jnp.array(False))
             searching = s._replace(b=b, n_grad=s.n_grad + 1)
             return jax.tree_util.tree_map(lambda new, old: jnp.where(ended, new, old), finished, searching)
 
-        zeros = jnp.zeros_like(x0)
-        empty = jnp.zeros((self.memory, x0.shape[0]), dtype)
-        rho0 = jnp.zeros((self.memory,), dtype)
-        f0 = jnp.asarray(-jnp.inf, dtype)
-        false = jnp.array(False)
-        state = _LBFGSState(x0, f0, zeros, zeros, jnp.zeros((), dtype), empty, empty, rho0, jnp.array(0), false,
-                            false, nan_trace(self.max_iter, dtype), jnp.array(0), _wolfe_start(f0, zeros, 0.0, 1.0),
+        zeros, zero, empty = jnp.zeros_like(x0), jnp.zeros((), dtype), jnp.zeros((self.memory, x0.shape[0]), dtype)
+        f0, false = jnp.asarray(-jnp.inf, dtype), jnp.array(False)
+        state = _LBFGSState(x0, f0, zeros, zeros, zero, empty, empty, jnp.zeros((self.memory,), dtype), jnp.array(0),
+                            false, false, nan_trace(self.max_iter, dtype), jnp.array(0), _wolfe_start(f0, zeros, zero),
                             jnp.array(True))
         s = jax.lax.while_loop(cond, body, state)
-        return _solution(self, s.x, s.f, s.g, s.k, s.slope, s.done, s.trace, jnp.array(0), s.n_grad, jnp.array(0),
-                         s.failed)
+        return _solution(self, s, jnp.array(0))
 
 
-# `LBFGS`'s line search, one trial a loop pass, for φ(α) = fn(x + α d): φ(α) ≥ φ(0) + c₁ α φ'(0) (or `_acceptable`)
-# and |φ'(α)| ≤ c₂ φ'(0). lo: the best acceptable step (0: none) with φ, ∇fn and φ' there; hi: the other end of a
-# bracket around the maximum (inf until one is known); alpha: the next trial. Without a bracket the next trial
-# extrapolates φ' linearly to zero (at most ×10); inside [lo, hi] it is the secant zero of φ' where the ends' slopes
-# differ in sign, else the maximiser of the quadratic through φ(lo), φ'(lo), φ(hi), 10 % from both ends.
+# `LBFGS`'s strong Wolfe line search on φ(α) = fn(x + α d), one trial a pass. lo: the best acceptable step (0: none)
+# with φ, ∇fn, φ' there; hi: the bracket's other end (inf until known); alpha: the next trial.
 _Bracket = collections.namedtuple("_Bracket", "lo f_lo g_lo dphi_lo hi f_hi dphi_hi alpha done n")
 
 
-def _wolfe_start(f, g, slope, alpha0):
-    """The bracket before the line search's first trial, at step ``alpha0``."""
+def _wolfe_start(f, g, slope):
+    """The bracket before the line search's first trial, α = 1."""
     dtype = f.dtype
     return _Bracket(jnp.zeros((), dtype), f, g, slope, jnp.asarray(jnp.inf, dtype), jnp.asarray(-jnp.inf, dtype),
-                    jnp.asarray(jnp.nan, dtype), jnp.asarray(alpha0, dtype), jnp.array(False), jnp.array(0))
+                    jnp.asarray(jnp.nan, dtype), jnp.ones((), dtype), jnp.array(False), jnp.array(0))
 
 
-def _wolfe_step(b, f, slope, d, c2, f_a, g_a):
-    """One trial of the line search (`_Bracket`): ``b`` updated with the objective ``f_a`` and gradient ``g_a`` at
-    x + b.alpha d (``f``, ``slope``: φ(0) and φ'(0))."""
+def _wolfe_step(b, f, slope, d, f_a, g_a):
+    """``b`` after the trial x + b.alpha d with objective ``f_a``, gradient ``g_a`` (``f``, ``slope``: φ(0), φ'(0)).
+
+    Next trial: without a bracket, φ' extrapolated linearly to zero (at most ×10); inside [lo, hi], the secant zero
+    of φ' where the ends' slopes differ in sign, else the quadratic's maximiser through φ(lo), φ'(lo), φ(hi)."""
     dtype = f.dtype
     inf = jnp.asarray(jnp.inf, dtype)
-    c2_slope = c2 * slope
     dphi_a = jnp.vdot(g_a, d)
     finite = jnp.isfinite(f_a) & jnp.isfinite(dphi_a)
-    flat = jnp.abs(dphi_a) <= c2_slope
+    flat = jnp.abs(dphi_a) <= 0.9 * slope  # c₂ = 0.9
     acceptable = _acceptable(f, slope, f_a, dphi_a, b.alpha)
     better = acceptable & ((f_a > b.f_lo) | flat)
     done = better & flat
@@ -463,8 +435,7 @@ def _wolfe_step(b, f, slope, d, c2, f_a, g_a):
     secant = lo + width * dphi_lo / (dphi_lo - dphi_hi)
     shortfall = f_lo + dphi_lo * width - f_hi
     quadratic = lo + dphi_lo * width**2 / (2 * shortfall)
-    # A trial beyond lo clearly below it means φ' is far from linear there (a barrier, an overflow), where the
-    # secant on φ' would barely move: backtrack by the quadratic in φ, at least halving.
+    # A trial beyond lo clearly below it: φ' far from linear (a barrier, an overflow); backtrack by φ's quadratic, ≥ ½.
     worse = (hi > lo) & ~(f_hi >= f_lo - 1e-6 * (1.0 + jnp.abs(f_lo)))
     use_secant = jnp.isfinite(dphi_hi) & (dphi_hi * dphi_lo < 0) & ~worse
     inside = jnp.where(use_secant, secant,

@@ -1,25 +1,13 @@
-"""Where every method starts: the mode of the log joint and each site's second-order expansion there.
-
-For the model p(w) ∝ f(w) ∏_n φ_n(x_n), x_n = h_nᵀw + b_n, the start is the mode w* of the log joint
-ℓ(w) = log f(w) + Σ_n log φ_n(x_n) and, at x*_n = h_nᵀw* + b_n, every site replaced by its
-Gauss–Newton expansion
+"""Where every method starts: the mode w* of the log joint ℓ and every site's Gauss–Newton expansion there,
 
 $$
 \\log \\varphi_n(x) \\approx \\nu_n x - \\tfrac12 \\tau_n x^2 + \\text{const}, \\qquad
 \\tau_n = \\max(-(\\log\\varphi_n)''(x^*_n), 0), \\quad \\nu_n = (\\log\\varphi_n)'(x^*_n) + \\tau_n x^*_n
 $$
 
-(ν_n = 0 where τ_n = 0). The Gaussian f ∏_n exp(ν_n x_n − ½τ_n x_n²) is the Laplace approximation:
-where the data put the posterior however wide or flat f, so no site expectation overflows there.
-G-KL, EP, LVB and mean field start from it (`expand_at_mode`; `shared` is its compiled program).
-
-**The mode search** (`mode_search`) takes Newton steps with the Gauss–Newton curvature
-P = Λ + Σ_g H_gᵀ diag(ω⁺_g) H_g (ω⁺ = max(−(log φ)'', 0)): *dense* (P factorised, or Woodbury through
-an N × N factorisation for a diagonal Λ and N ≤ D) or *matrix-free* (a sparse H, D above
-`DENSE_MAX_DIM`, or on request: truncated CG on v ↦ Pv preconditioned by diag(P)). A dense Gaussian
-factor N(μ, LLᵀ) is searched in w̃ = L⁻¹(w − μ) (`whitened`). The search stops at a squared Newton
-decrement of 10⁻⁶ (each method converges on its own terms); where it fails, the expansion is taken
-at its starting point.
+(x*_n = h_nᵀw* + b_n; ν_n = 0 where τ_n = 0): the Laplace approximation, where the data put the posterior however
+wide f, so no site expectation overflows there. The mode search stops at a squared Newton decrement of 10⁻⁶ (each
+method converges on its own terms); where it fails, the expansion is taken at its starting point.
 """
 
 from __future__ import annotations
@@ -36,8 +24,7 @@ from .solvers import AbstractSolver, GaussNewton
 __all__ = ["SiteExpansion", "expand_at", "expand_at_mode", "shared", "mode_search", "matrix_free", "whitened",
            "working_model", "DENSE_MAX_DIM"]
 
-# Above this D the mode search never forms the D × D curvature.
-DENSE_MAX_DIM = 2048
+DENSE_MAX_DIM = 2048  # above this D the mode search never forms the D × D curvature
 _MAX_CG = 200  # CG steps per matrix-free Newton step (truncated by the forcing term long before)
 # A starting point needs no more than a rough mode: the method started from it converges on its own terms.
 _START_SOLVER = GaussNewton(tol=1e-6, max_iter=50)
@@ -103,34 +90,23 @@ def _woodbury_preconditioner(model):
     return preconditioner
 
 
-def _dense_preconditioner(model):
-    def preconditioner(w):
-        return Primal.of(Curvature(model, site_curvatures(w, model, gauss_newton=True)).dense()).solve
-
-    return preconditioner
-
-
-def _matrix_free_preconditioner(model):
-    """v ↦ P⁻¹v by truncated CG preconditioned by diag(P)⁻¹ (an ascent direction for any truncation)."""
-    def preconditioner(w):
-        product, diagonal = Curvature(model, site_curvatures(w, model, gauss_newton=True)).operator()
-        return lambda v: pcg(product, v, lambda r: r / diagonal, _MAX_CG)[0]
-
-    return preconditioner
-
-
 def mode_search(model: LatentLinearModel, w0, solver: AbstractSolver, dense: bool | None = None):
     """Maximise ℓ from ``w0`` with ``solver``, preconditioned by the Gauss–Newton curvature, dense unless ``dense``
     is False or the model is `matrix_free`; returns the `Solution`."""
     if dense is None:
         dense = not matrix_free(model)
     prior, sites = model.prior, model.sites
+    curvature = lambda w: Curvature(model, site_curvatures(w, model, gauss_newton=True))  # noqa: E731
     if not dense:
-        preconditioner = _matrix_free_preconditioner(model)
+        def preconditioner(w):
+            # truncated CG preconditioned by diag(P)⁻¹: an ascent direction for any truncation
+            product, diagonal = curvature(w).operator()
+            return lambda v: pcg(product, v, lambda r: r / diagonal, _MAX_CG)[0]
     elif prior is not None and prior.diagonal_precision and len(sites) == 1 and sites[0].num_sites <= model.dim:
         preconditioner = _woodbury_preconditioner(model)
     else:
-        preconditioner = _dense_preconditioner(model)
+        def preconditioner(w):
+            return Primal.of(curvature(w).dense()).solve
     return solver.maximise(model.log_joint, w0, preconditioner)
 
 

@@ -1,11 +1,9 @@
-"""The base class of every inference method, and the state contract they share.
+"""The base class of every inference method and the state contract they share.
 
-A method is configuration (an `equinox.Module`) with one State type (a pytree of fixed structure per model
-shape and configuration) and three operations: ``method.start(model)``, the cold start; ``method.fit(model,
-state)``, the one compiled core, whose ``post.state`` restarts exactly where it ended; and
-``method.to_state(model, init)``, a warm start (outside `jit`) from a `Posterior` of any method, a State or a
-``(D,)`` array. Float settings (tolerances, damping) are traced, so a new ``tol`` reuses the programs;
-iteration caps, node counts, covariance families and schedules are static.
+A method is configuration with one State type (a pytree of fixed structure per model shape) and three operations:
+``start(model)``, the cold start; ``fit(model, state)``, the one compiled core, whose ``post.state`` restarts where
+it ended; ``to_state(model, init)``, a warm start from a `Posterior`, a State or a ``(D,)`` array. Float settings
+are traced (a new ``tol`` reuses the programs); iteration caps, families and schedules are static.
 """
 
 from __future__ import annotations
@@ -25,8 +23,7 @@ __all__ = ["AbstractMethod", "compiled", "traced_settings", "same_shapes"]
 
 
 def traced_settings(method):
-    """``method`` with every Python float leaf as a weakly typed JAX scalar: traced, not baked into a program, and
-    never promoting the working dtype."""
+    """``method`` with every Python float leaf a weakly typed JAX scalar: traced, never promoting the dtype."""
     return jax.tree_util.tree_map(lambda x: jnp.asarray(x) if isinstance(x, float) else x, method)
 
 
@@ -41,16 +38,13 @@ def compiled(method, name: str, *args):
 
 
 class AbstractMethod(eqx.Module):
-    """An inference method: frozen configuration with the state contract of `vijax.methods._base`.
+    """An inference method: a subclass implements the pure, traceable `solve`, `from_gaussian`, `from_expansion`,
+    `is_state` (and `init_state`, where it does not start from `vijax.start.expand_at_mode`); the base class compiles
+    and composes them."""
 
-    A subclass implements the pure, traceable `init_state`, `solve`, `from_gaussian` (how another method's
-    `Posterior` converts), `from_expansion` (how a ``(D,)`` array converts) and `is_state`; the base class
-    compiles and composes them.
-    """
-
-    @abc.abstractmethod
     def init_state(self, model: LatentLinearModel):
-        """The cold start from the data (pure, traceable)."""
+        """The cold start from the data (pure, traceable): by default, every site's expansion at the mode."""
+        return self.from_expansion(model, _start.expand_at_mode(model, self.start_dense(model)))
 
     @abc.abstractmethod
     def solve(self, model: LatentLinearModel, state) -> Posterior:
@@ -90,8 +84,7 @@ class AbstractMethod(eqx.Module):
         return compiled(self, "init_state", model)
 
     def fit(self, model: LatentLinearModel, state) -> Posterior:
-        """The fit from ``state`` (`start`, `to_state` or ``post.state``), compiled once per model shape and
-        configuration."""
+        """The fit from ``state`` (`start`, `to_state` or ``post.state``), compiled once per model shape."""
         self.check_model(model)
         if not self.is_state(model, state):
             name = type(self).__name__
@@ -101,9 +94,8 @@ class AbstractMethod(eqx.Module):
         return compiled(self, "solve", model, state)
 
     def to_state(self, model: LatentLinearModel, init):
-        """The State a warm start from ``init`` begins at (outside `jit`): a State as it is, a `Posterior` of this
-        method its ``state``, of another its mean and covariance converted, a ``(D,)`` array every site's
-        expansion at that point; anything else a `ValueError`."""
+        """The State a warm start from ``init`` begins at: a State, a `Posterior` (of this method: its ``state``) or
+        a ``(D,)`` array (every site's expansion there); anything else a `ValueError`."""
         name = type(self).__name__
         model = jax.lax.stop_gradient(model)  # a State is constant in the model (see `start`)
         if isinstance(init, Posterior):
@@ -150,6 +142,5 @@ def same_shapes(state, template) -> bool:
     """Whether the pytree ``state`` has the structure of ``template`` and leaves of the same shapes."""
     if jax.tree_util.tree_structure(state) != jax.tree_util.tree_structure(template):
         return False
-    shape = lambda x: tuple(x.shape) if hasattr(x, "shape") else np.shape(x)  # noqa: E731
-    return all(shape(a) == shape(b)
-               for a, b in zip(jax.tree_util.tree_leaves(state), jax.tree_util.tree_leaves(template)))
+    leaves = jax.tree_util.tree_leaves
+    return all(np.shape(a) == np.shape(b) for a, b in zip(leaves(state), leaves(template)))

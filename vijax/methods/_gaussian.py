@@ -1,14 +1,11 @@
 """The Gaussian integral that LVB and EP share: log ∫ f(w) ∏_n exp(a_n x_n − ½ A_n x_n² + c_n) dw.
 
-With x_n = h_nᵀw + b_n and f(w) = exp(−½wᵀΛw + ηᵀw + κ), the integrand is an unnormalised Gaussian
-with precision P = Λ + Σ_n A_n h_n h_nᵀ and shift r = η + Σ_n (a_n − A_n b_n) h_n:
+With x_n = h_nᵀw + b_n and f(w) = exp(−½wᵀΛw + ηᵀw + κ), P = Λ + Σ_n A_n h_n h_nᵀ, r = η + Σ_n (a_n − A_n b_n) h_n:
 
     log ∫ = κ + Σ_n (a_n b_n − ½ A_n b_n² + c_n) + ½ rᵀP⁻¹r + (D/2) log 2π − ½ log det P.
 
-A dense Gaussian factor N(μ, LLᵀ) is integrated in the whitened coordinates w = μ + L w̃ (P̃ = I +
-Σ A_n h̃_n h̃_nᵀ, h̃ = Lᵀh; the prior covariance is never inverted). Where, in addition, every site group
-has one site per coordinate (GP models), the marginals come from the site form of Rasmussen & Williams
-(§3.4.3), B = I + W½KW½ (`integrate_diagonal`).
+A dense Gaussian factor N(μ, LLᵀ) is integrated in w̃ = L⁻¹(w − μ) (its covariance never inverted); GP models
+(one site per coordinate) use the site form B = I + W½KW½ (R&W §3.4.3, `integrate_diagonal`).
 """
 
 from __future__ import annotations
@@ -28,11 +25,9 @@ __all__ = ["integrate", "working_model", "diagonal_form", "integrate_diagonal", 
 
 
 def integrate(model: LatentLinearModel, quadratics, sites=None, whitening=None, map_back=True):
-    """``(log ∫, mean, C)``: the integral (NaN where it diverges) and its Gaussian N(mean, CᵀC), C upper-triangular.
-
-    ``quadratics``: one ``(a, A, c)`` per site group; ``sites``/``whitening``: `working_model`'s, to reuse;
-    ``map_back=False``: the Gaussian in the whitened coordinates.
-    """
+    """``(log ∫, mean, C)``: the integral (NaN where it diverges) and its Gaussian N(mean, CᵀC), C upper-triangular,
+    for ``quadratics`` one ``(a, A, c)`` per site group (``sites``, ``whitening``: `working_model`'s, to reuse;
+    ``map_back=False``: the Gaussian in the whitened coordinates)."""
     if sites is None:
         sites, whitening = working_model(model)
     d, dtype = model.dim, model.dtype
@@ -93,9 +88,8 @@ def precision_operator(model: LatentLinearModel, quadratics):
 
 
 def diagonal_form(model: LatentLinearModel):
-    """``(K, μ, scales)`` when the Gaussian factor is a dense N(μ, K) and every site group has one site
-    per coordinate, x_gn = s_gn w_n + b_gn (H = I or diag(s): GP models); ``scales`` holds one s_g per
-    group. None otherwise."""
+    """``(K, μ, scales)`` for a dense N(μ, K) and every group one site per coordinate, x_gn = s_gn w_n + b_gn (H = I or
+    diag(s): GP models), ``scales`` one s_g per group; else None."""
     if not isinstance(model.prior, DenseGaussian) or not model.sites:
         return None
     scales = []

@@ -8,37 +8,19 @@ S^{-1} = \\Lambda + \\sum_g H_g^\\top \\operatorname{diag}(\\lambda_g) H_g, \\qq
 F(\\mu, \\sigma^2) = \\sum_n \\langle \\log\\varphi_n(x) \\rangle_{N(\\mu_n, \\sigma_n^2)},
 $$
 
-μ_n = h_nᵀm + b_n, σ_n² = h_nᵀSh_n, so q is searched over (m, λ), D + N numbers, and
-
-$$
-\\mathcal B(m, \\lambda) = \\tfrac D2 (1 + \\log 2\\pi) - \\tfrac12 \\log\\det S^{-1} + \\log f(m)
-- \\tfrac12 \\big(D - \\textstyle\\sum_n \\lambda_n \\sigma_n^2\\big) + F(\\mu, \\sigma^2).
-$$
-
-With g = ∇_m B, λ* = −2∂F/∂σ² at q, d = λ* − λ, A = Σ∘Σ (Σ = HSHᵀ; ∂σ²/∂λ = −A), C = diag(∂λ*/∂σ²),
-E = diag(∂λ*/∂μ) (`expected_log_phi_derivatives`), B's gradient is (g, ½Ad) and its negative Hessian K,
-up to terms that vanish with d (P* is the exact curvature in m for fixed S: −∂²F/∂μ² = λ*),
+μ_n = h_nᵀm + b_n, σ_n² = h_nᵀSh_n, so q is searched over (m, λ), D + N numbers, with
+B(m, λ) = H[q] + log f(m) − ½(D − Σ_n λ_n σ_n²) + F. With g = ∇_m B, d = λ* − λ (λ* = −2∂F/∂σ² at q),
+A = Σ∘Σ (Σ = HSHᵀ), C = diag(∂λ*/∂σ²) and E = diag(∂λ*/∂μ), B's gradient is (g, ½Ad) and its negative Hessian,
+up to terms that vanish with d,
 
 $$
 \\begin{pmatrix} P^* & -\\tfrac12 H^\\top E A \\\\ -\\tfrac12 A E H & \\tfrac12 (A + ACA) \\end{pmatrix},
 \\qquad P^* = \\Lambda + H^\\top \\operatorname{diag}(\\lambda^*) H.
 $$
 
-**Steps** (Δm, Δλ), t halved until B does not fall beyond its rounding. The *natural gradient*
-Δm = P*⁻¹g, Δλ = d (thesis eq. 3.61) is exact in one step for Gaussian sites, else linear; it stands in
-wherever Newton's step is no ascent direction or would make some λ < 0. *Newton*: K(Δm, Δλ) = (g, d);
-the dual form solves it with A in full once natural-gradient steps contract by less than 10×, the
-primal form always, from M (A by its diagonal σ⁴) with Richardson corrections until the estimated
-relative error is below √decrement (still quadratic; `_corrected_newton_step`). For log-concave sites
-λ* ≥ 0, so every λ(t) ≥ 0 and S(t) is positive definite. **Stopping** on the decrement ∇Bᵀ(Δm, Δλ): at
-``tol`` or B's rounding after a Newton step, else at ``tol²`` or once it stops falling below ``tol``.
-
-**Linear algebra.** A dense Gaussian factor N(μ, LLᵀ) is whitened first (Λ = I).
-
-- *primal* (N > D sites, or Λ not diagonal): S⁻¹ (D × D) by Cholesky, σ² = rowsums of T∘T, T = HCᵀ
-  (S = CᵀC); O(N D² + D³) a point;
-- *dual* (N ≤ D, Λ = diag(p), e.g. GP models): S by Woodbury through B = I + Λ_λ½ K̃ Λ_λ½ (N × N),
-  K̃ = HΛ⁻¹Hᵀ formed once; O(N³ + ND) a step (for H = I, Khan, Mohamed & Murphy 2012).
+Steps (backtracked): the natural gradient Δm = P*⁻¹g, Δλ = d (thesis eq. 3.61), or Newton's, in the *primal* form
+(S⁻¹ by Cholesky) or the *dual* (N ≤ D, Λ diagonal: Woodbury through B = I + Λ_λ½ K̃ Λ_λ½, K̃ = HΛ⁻¹Hᵀ). For
+log-concave sites λ* ≥ 0, so S stays positive definite. A dense Gaussian factor is whitened first (Λ = I).
 """
 
 from __future__ import annotations
@@ -58,7 +40,7 @@ from ..posterior import Diagnostics
 from ..solvers import Status, iterate
 from ._gaussian import diagonal_form
 
-__all__ = ["applies", "fit", "fixed_point_precisions", "is_state", "NaturalFit"]
+__all__ = ["applies", "fit", "fixed_point_precisions", "NaturalFit"]
 
 _MAX_HALVINGS = 30
 _ROUNDING = 4  # B is known to a few ulps: a fall within that is no evidence against a step
@@ -71,12 +53,6 @@ _DISTRUST = 4  # halvings after which a Newton step (its slope estimated) gives 
 def applies(model: LatentLinearModel) -> bool:
     """Whether every site's Gaussian expectation is concave (so λ* ≥ 0 and every step is proper)."""
     return all(bool(g.potential.concave_expectation) for g in model.sites)
-
-
-def is_state(state, model: LatentLinearModel) -> bool:
-    """Whether ``state`` (a `Posterior.state`) holds λ for ``model``'s site groups."""
-    return (isinstance(state, tuple) and len(state) == len(model.sites)
-            and all(isinstance(s, jax.Array) and s.shape == (g.num_sites,) for s, g in zip(state, model.sites)))
 
 
 # F (a scalar) and, at every site, ∂F/∂μ, λ* = −2 ∂F/∂σ², ∂λ*/∂σ² and ∂λ*/∂μ.
@@ -159,12 +135,6 @@ class _Primal(_Linear):
         """(Λ + Hᵀdiag(weights)H)⁻¹ r (NaN unless the matrix is positive definite)."""
         return Primal.of(self.precision_plus(weights)).solve(r)
 
-    def newton_step(self, fac: _Factor, lam, grad, site, spread, last):
-        return _corrected_newton_step(self, fac, lam, grad, site, spread, last)
-
-    def cholesky(self, fac: _Factor, lam):
-        return fac.core
-
 
 class _Dual(_Linear):
     """S by Woodbury through B = I + Λ_λ½ K̃ Λ_λ½ (N × N), K̃ = HΛ⁻¹Hᵀ, for Λ = diag(p); A = Σ∘Σ in full."""
@@ -193,12 +163,6 @@ class _Dual(_Linear):
             return inv_p * (r - self.project_t(SiteForm.of(self.K, weights).sites_solve(self.project(inv_p * r))))
         T = lu_factor(jnp.eye(self.K.shape[0], dtype=self.K.dtype) + self.K @ weights)
         return inv_p * (r - self.project_t(weights @ lu_solve(T, self.project(inv_p * r))))
-
-    def newton_step(self, fac: _Factor, lam, grad, site, spread, last):
-        return _dense_newton_step(self, fac, lam, grad, site, spread)
-
-    def cholesky(self, fac: _Factor, lam):
-        return _Primal(self.model).factor(lam)[2]
 
 
 def _site_covariance(model, work):
@@ -236,7 +200,8 @@ def _step(newton, wanted, lin, fac, lam, grad, site, spread, last) -> _Direction
     """Newton's step where ``newton`` and usable, else the natural-gradient one; zeros unless ``wanted``."""
 
     def attempt():
-        return lin.newton_step(fac, lam, grad, site, spread, last)
+        newton_step = _dense_newton_step if lin.dense_coupling else _corrected_newton_step
+        return newton_step(lin, fac, lam, grad, site, spread, last)
 
     def skip():
         zero = jnp.zeros((), grad.dtype)
@@ -251,9 +216,8 @@ def _usable(lam, mean, lam_step, decrement):
     return jnp.all(jnp.isfinite(lam_step)) & jnp.all(jnp.isfinite(mean)) & (decrement > 0) & jnp.all(lam + lam_step >= 0)
 
 
-def _dense_newton_step(lin, fac, lam, grad, site, spread) -> tuple[_Direction, jax.Array]:
-    """Newton's step with A = Σ∘Σ as an N × N matrix (the dual form): G = I + CA by LU, and the m system
-    with W = diag(λ*) − ½EAG⁻¹E in full."""
+def _dense_newton_step(lin, fac, lam, grad, site, spread, _last) -> tuple[_Direction, jax.Array]:
+    """Newton's step in the dual form: A = Σ∘Σ in full, G = I + CA by LU, W = diag(λ*) − ½EAG⁻¹E in the m system."""
     gap, e = site.target - lam, site.target_mean
     A = (lin.K - fac.cross.T @ fac.cross) ** 2
     G = lu_factor(jnp.eye(A.shape[0], dtype=A.dtype) + site.target_var[:, None] * A)
@@ -272,10 +236,9 @@ _FLOOR = 100  # the last step leaves an error of this many ulps (in units of q's
 
 
 def _corrected_newton_step(lin: _Primal, fac, lam, grad, site, spread, last) -> tuple[_Direction, jax.Array]:
-    """Newton's step in the primal form, K x = b in x = (Δm, Δλ), from x₀ = M⁻¹b, M = K with A by its diagonal
-    a = σ⁴. While x's estimated relative error exceeds `allowed`, x ← x + M⁻¹(b − Kx) (Richardson; one product
-    (A − diag a)δλ, δ the last correction). ``spread``: x₀'s relative error at the last point; ``last``: the
-    decrement below which the fit stops after this step."""
+    """Newton's step K x = b, x = (Δm, Δλ), in the primal form: x₀ = M⁻¹b (M: K with A by its diagonal a = σ⁴), then
+    x ← x + M⁻¹(b − Kx) while x's estimated relative error exceeds `allowed`. ``spread``: x₀'s relative error at
+    the last point; ``last``: the decrement below which the fit stops after this step."""
     T, a = fac.cross, fac.variances**2
     Tt = T.T  # once, not in every product
     gap, e, c, target = site.target - lam, site.target_mean, site.target_var, site.target
@@ -386,8 +349,7 @@ def fit(model: LatentLinearModel, work: LatentLinearModel, mean, lam, quadrature
                    jnp.array(0), false, false, trace, jnp.array(0))
 
     def body(s: _State) -> _State:
-        # One trial point a pass (the objective traced once): accepted, the next trial is its full step;
-        # rejected, t is halved; before any finite point, λ is raised instead.
+        # One trial a pass: accepted, the next is its full step; rejected, t halved (before a finite point: λ raised).
         p = s.point
         started = jnp.isfinite(p.value)
         # Newton's step: always in the primal form, in the dual once natural-gradient steps are slow.
@@ -408,8 +370,7 @@ def fit(model: LatentLinearModel, work: LatentLinearModel, mean, lam, quadrature
         k = s.k + (ok & started & ~s.retry)
         halvings = jnp.where(ok, 0, s.halvings + 1)
         t = jnp.where(ok, one, 0.5 * s.t)
-        # A Newton step whose slope was only estimated may not rise at all: after a few halvings, the point
-        # is evaluated again with the natural-gradient step, an ascent direction.
+        # A Newton step whose slope was only estimated may not rise: after a few halvings, the natural gradient.
         estimated = ~p.step.quadratic | (not lin.dense_coupling)
         retry = ~ok & p.newton & estimated & (halvings == _DISTRUST)
         t = jnp.where(retry, one, t)
@@ -433,4 +394,5 @@ def fit(model: LatentLinearModel, work: LatentLinearModel, mean, lam, quadrature
                               objective_trace=s.trace, num_value_evals=s.evals, num_grad_evals=s.evals, num_hvp_evals=0,
                               method="GKL",
                               solver=f"natural-parameter ascent ({'dual' if lin.dense_coupling else 'primal'})")
-    return NaturalFit(p.mean, lin.cholesky(p.fac, p.lam), _split(p.lam, sizes), p.value, diagnostics)
+    cholesky = _Primal(work).factor(p.lam).core if lin.dense_coupling else p.fac.core
+    return NaturalFit(p.mean, cholesky, _split(p.lam, sizes), p.value, diagnostics)

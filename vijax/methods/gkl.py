@@ -3,16 +3,12 @@
 For q(w) = N(m, S), S = CᵀC, and the model p(w) ∝ f(w) ∏_n φ_n(h_nᵀw + b_n):
 
 $$
-\\log Z \\ge \\mathcal B(m, C) =
-\\underbrace{\\tfrac12 \\log\\det(2\\pi e S)}_{\\text{entropy}}
-+ \\underbrace{\\langle \\log f(w) \\rangle_q}_{\\text{Gaussian term}}
+\\log Z \\ge \\mathcal B(m, C) = \\tfrac12 \\log\\det(2\\pi e S) + \\langle \\log f(w) \\rangle_q
 + \\sum_n \\langle \\log \\varphi_n(\\mu_n + \\sigma_n z)\\rangle_{z},
 \\qquad \\mu_n = h_n^\\top m + b_n,\\ \\sigma_n^2 = h_n^\\top S h_n .
 $$
 
-The bound is jointly concave in (m, C) when every φ_n is log-concave, and equal to log Z (q the
-posterior) when every φ_n is Gaussian. For a dense prior N(μ, LLᵀ), `GKL(whiten=True)` maximises over
-w̃ = L⁻¹(w − μ) (thesis appendix B.5), where the prior is N(0, I).
+It is jointly concave in (m, C) when every φ_n is log-concave, and equal to log Z when every φ_n is Gaussian.
 """
 
 from __future__ import annotations
@@ -33,7 +29,7 @@ from ..solvers import LBFGS, AbstractSolver, NewtonCG
 from ._base import AbstractMethod, same_shapes
 from . import _gkl_natural
 from ._envelope import computed
-from ..start import expand_at_mode, whitened
+from ..start import whitened
 
 __all__ = ["GaussianParams", "NaturalParams", "GKL", "bound", "bound_at", "curvature", "shrunk_until_finite"]
 
@@ -61,9 +57,8 @@ def bound(params: GaussianParams, model: LatentLinearModel, quadrature: GaussHer
 
 
 def bound_at(q, *args, quadrature: GaussHermite = _DEFAULT_QUADRATURE):
-    """The G-KL bound at any Gaussian: ``bound_at(mean, covariance, model)`` (``covariance`` dense ``(D, D)`` or a
-    covariance-family factor) or ``bound_at(posterior, model)`` (a `Posterior` of any method): methods compared on
-    one scale."""
+    """The G-KL bound at ``bound_at(mean, covariance, model)`` (``covariance`` ``(D, D)`` or a covariance-family
+    factor) or ``bound_at(posterior, model)`` (a `Posterior` of any method): methods compared on one scale."""
     if isinstance(q, Posterior):
         (model,) = args
         mean, covariance = q.mean, q.factor
@@ -85,8 +80,7 @@ def curvature(params: GaussianParams, model: LatentLinearModel, quadrature=_DEFA
 
 
 def shrunk_until_finite(params: GaussianParams, objective, max_halvings: int = 60) -> GaussianParams:
-    """``params`` with S scaled by 4⁻ᵏ (its trainable leaves halved k times), for the smallest k ≥ 0 at which
-    ``objective`` is finite (a site expectation that overflows for a wide q, ⟨eˣ⟩ = e^{m + v/2})."""
+    """``params`` with S scaled by 4⁻ᵏ for the smallest k ≥ 0 at which ``objective`` is finite (⟨eˣ⟩ = e^{m + v/2})."""
     free, fixed = eqx.partition(params.factor, params.factor.trainable())
 
     def at(t):
@@ -98,31 +92,28 @@ def shrunk_until_finite(params: GaussianParams, objective, max_halvings: int = 6
 
 
 class NaturalParams(eqx.Module):
-    """The State of natural-parameter G-KL: q's mean ``(D,)`` and its site precisions λ, one ``(N_g,)`` array per
-    group, with S⁻¹ = Λ + Σ_g H_gᵀ diag(λ_g) H_g."""
+    """The State of natural-parameter G-KL: the mean ``(D,)`` and λ per group, S⁻¹ = Λ + Σ_g H_gᵀ diag(λ_g) H_g."""
 
     mean: jax.Array
     precision: tuple[jax.Array, ...]
 
 
 class GKL(AbstractMethod):
-    """Gaussian KL approximate inference: maximise `bound` over (m, C).
+    """Gaussian KL approximate inference: maximise `bound` over q = N(m, CᵀC); ``log_z`` is the bound at q.
+
+    The fit starts from the Laplace approximation (`vijax.start.expand_at_mode`). With the full family, no `solver`
+    and log-concave sites it is natural-parameter ascent over (m, λ), S⁻¹ = Λ + Σ_g H_gᵀ diag(λ_g) H_g (State
+    `NaturalParams`); otherwise the solver maximises over (m, C) (State `GaussianParams`), to the same optimum.
 
     **Arguments:**
 
     - `covariance`: a covariance family (default `vj.covariance.Full()`).
-    - `solver`: a `vj.solvers` solver (default: `NewtonCG()` preconditioned by the family's structure;
-      `LBFGS()` for the non-concave `FactorAnalysis`).
+    - `solver`: a `vj.solvers` solver (default: `NewtonCG()` preconditioned by the family's structure; `LBFGS()`
+      for the non-concave `FactorAnalysis`).
     - `quadrature`: the rule for site expectations without a closed form.
     - `whiten`: change of basis w = μ + L w̃ for dense priors (full covariance only).
-    - `tol`, `max_iter`: the stopping decrement (default 1e-10) and iteration cap (default 200) of the
-      natural-parameter ascent and of the default `NewtonCG`.
-
-    ``log_z`` is the bound (≤ log Z) at the q returned. The fit starts from the Laplace approximation
-    (`vijax.start.expand_at_mode`). With the full family, no `solver` and log-concave sites it is
-    natural-parameter ascent over (m, λ), S⁻¹ = Λ + Σ_g H_gᵀ diag(λ_g) H_g (`vijax.methods._gkl_natural`;
-    State `NaturalParams`); otherwise the solver maximises over (m, C) (State `GaussianParams`). Both
-    reach the same optimum.
+    - `tol`: the stopping decrement of the natural-parameter ascent and of the default `NewtonCG` (default 1e-10).
+    - `max_iter`: their iteration cap (default 200).
     """
 
     covariance: AbstractCovariance = Full()
@@ -138,7 +129,6 @@ class GKL(AbstractMethod):
         return NewtonCG(tol=self.tol, max_iter=self.max_iter) if self.covariance.concave else LBFGS()
 
     def _solve(self, solver, params, model):
-        """Maximise the bound over the trainable leaves of ``params``; returns (params, Solution)."""
         spec = GaussianParams(True, params.factor.trainable())
         free, fixed = eqx.partition(params, spec)
         x0, unravel = ravel_pytree(free)
@@ -174,9 +164,6 @@ class GKL(AbstractMethod):
         params = GaussianParams(expansion.mode, self.covariance.from_curvature(expansion.curvature(model)))
         return shrunk_until_finite(params, lambda p: bound(p, model, self.quadrature))
 
-    def init_state(self, model):
-        return self.from_expansion(model, expand_at_mode(model, self.start_dense(model)))
-
     def from_gaussian(self, model, mean, factor):
         frozen = jax.lax.stop_gradient(model)
         if self._natural(frozen):
@@ -201,19 +188,21 @@ class GKL(AbstractMethod):
         whitens = self.whiten and isinstance(self.covariance, Full) and frozen.prior is not None
         whitening = frozen.prior.whitening() if whitens else None
         work_model = whitened(frozen) if whitening is not None else frozen
-        if self._natural(frozen):
-            return self._solve_natural(model, frozen, work_model, whitening, state)
-        params = state
+        mean = state.mean
         if whitening is not None:
             loc, L = whitening
-            C = params.factor.cholesky()
-            params = GaussianParams(solve_triangular(L, params.mean - loc, lower=True),
-                                    CholeskyFactor.from_matrix(solve_triangular(L, C.T, lower=True).T))
+            mean = solve_triangular(L, mean - loc, lower=True)
+        if self._natural(frozen):
+            return self._solve_natural(model, frozen, work_model, whitening, mean, state.precision)
+        params = state
+        if whitening is not None:
+            C = solve_triangular(L, state.factor.cholesky().T, lower=True).T
+            params = GaussianParams(mean, CholeskyFactor.from_matrix(C))
 
         solver = self._solver()
         opt, sol = self._solve(solver, params, work_model)
         if self.covariance.num_rounds:
-            # Families with a fixed structure (a subspace basis) alternate structure updates and solves.
+            # Families with a structure (a subspace basis) alternate its updates and solves.
             def round_(_, carry):
                 opt, sol = carry
                 objective = lambda factor: bound(GaussianParams(opt.mean, factor), work_model, self.quadrature)
@@ -228,24 +217,20 @@ class GKL(AbstractMethod):
             opt, sol = jax.lax.fori_loop(0, self.covariance.num_rounds, round_, (opt, sol))
         opt = GaussianParams(opt.mean, opt.factor.canonical())
         if whitening is not None:
-            loc, L = whitening
             opt = GaussianParams(loc + L @ opt.mean, CholeskyFactor.from_matrix(opt.factor.cholesky() @ L.T))
         opt = jax.lax.stop_gradient(opt)
         log_z = bound(opt, model, self.quadrature)  # at the frozen optimum: the envelope theorem
         diagnostics = Diagnostics.from_solution(sol, method="GKL", solver=type(solver).__name__)
         return Posterior(opt.mean, opt.factor, log_z, diagnostics, model, bound_claim=True, state=opt)
 
-    def _solve_natural(self, model, frozen, work, whitening, state: NaturalParams) -> Posterior:
-        mean = state.mean
-        if whitening is not None:
-            mean = solve_triangular(whitening[1], mean - whitening[0], lower=True)
-        out = _gkl_natural.fit(frozen, work, mean, state.precision, self.quadrature, self.max_iter, self.tol)
+    def _solve_natural(self, model, frozen, work, whitening, mean, precision) -> Posterior:
+        out = _gkl_natural.fit(frozen, work, mean, precision, self.quadrature, self.max_iter, self.tol)
         mean, C = out.mean, out.cholesky
         if whitening is not None:
             loc, L = whitening
             mean, C = loc + L @ mean, C @ L.T  # S = L S̃ Lᵀ; upper × upper is upper-triangular
         opt = jax.lax.stop_gradient(GaussianParams(mean, CholeskyFactor.from_matrix(C).canonical()))
-        # The fit's own value, differentiable as the bound with the live model (evaluated only under differentiation).
+        # the fit's own value, differentiable as the bound (evaluated only under differentiation)
         log_z = computed(out.value, lambda p, m: bound(p, m, self.quadrature), opt, model)
         state = jax.lax.stop_gradient(NaturalParams(opt.mean, out.lam))
         return Posterior(opt.mean, opt.factor, log_z, out.diagnostics, model, bound_claim=True, state=state)

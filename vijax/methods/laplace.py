@@ -10,10 +10,8 @@ A = -\\nabla^2 \\ell(w^*) = \\Lambda + \\sum_n \\omega_n h_n h_n^\\top,
 \\log Z \\approx \\ell(w^*) + \\tfrac D2 \\log 2\\pi - \\tfrac12 \\log\\det A .
 $$
 
-Λ is the precision of f (zero without one); the evidence is exact for Gaussian sites. Where A is
-not positive definite (sites that are not log-concave), the Gauss–Newton curvature (ω_n ← max(ω_n, 0))
-takes its place, with a reported jitter should it still be singular. `log_joint`, `site_curvatures`,
-`negative_hessian` and `evidence` are pure in (w, model).
+Λ is the precision of f (zero without one); the evidence is exact for Gaussian sites. Where A is not positive
+definite, the Gauss–Newton curvature (ω_n ← max(ω_n, 0)) takes its place, with a reported jitter if still singular.
 """
 
 from __future__ import annotations
@@ -60,16 +58,14 @@ def _precision(model: LatentLinearModel, weights, dtype):
 
 
 def evidence(w, model: LatentLinearModel, gauss_newton=False, jitter=0.0):
-    """The Laplace evidence ℓ(w) + (D/2) log 2π − ½ log det(A + jitter·I) at a mode ``w`` (NaN unless A + jitter·I
-    is positive definite)."""
+    """The Laplace evidence ℓ(w) + (D/2) log 2π − ½ log det(A + jitter·I) at a mode ``w`` (NaN unless it is PD)."""
     A = negative_hessian(w, model, gauss_newton)
     factor = Primal.of(A + jitter * jnp.eye(model.dim, dtype=A.dtype))
     return log_joint(w, model) + 0.5 * model.dim * LOG_2PI - 0.5 * factor.logdet()
 
 
 def mode_solver(model: LatentLinearModel, solver: AbstractSolver | None = None) -> AbstractSolver:
-    """``solver``, or the default for ``model``'s mode: `GaussNewton` where every site is log-concave (its steps
-    are then Newton's, with no Hessian-vector products to compile), else `NewtonCG`."""
+    """``solver``, or `GaussNewton` where every site is log-concave (Newton's steps without HVPs), else `NewtonCG`."""
     if solver is not None:
         return solver
     return GaussNewton() if all(bool(g.potential.log_concave) for g in model.sites) else NewtonCG()
@@ -77,8 +73,7 @@ def mode_solver(model: LatentLinearModel, solver: AbstractSolver | None = None) 
 
 def curvature_at_mode(mode, model: LatentLinearModel):
     """``(factor, fallback, jitter)``: the `Primal` factorisation of the first positive-definite curvature among the
-    exact A = −∇²ℓ, the Gauss–Newton A⁺ and A⁺ + jitter·I, jitter in {10⁻¹⁰s, 10⁻⁹s, …} (s the mean |diag A⁺|),
-    tried in one loop so that A is formed and factorised in one place."""
+    exact A = −∇²ℓ, the Gauss–Newton A⁺ and A⁺ + jitter·I, jitter in {10⁻¹⁰s, 10⁻⁹s, …} (s the mean |diag A⁺|)."""
     dtype = mode.dtype
     omega = site_curvatures(mode, model)
     clipped = tuple(jnp.maximum(w, 0.0) for w in omega)
@@ -137,16 +132,14 @@ def fit_mode(model: LatentLinearModel, w0, solver: AbstractSolver) -> ModeFit:
 
 
 def differentiable_mode(fit: ModeFit, model: LatentLinearModel):
-    """The mode, with dw*/dθ = A⁻¹ ∂_θ∇ℓ (implicit function theorem) as the derivative of one Newton step from the
-    frozen mode, whose value (≈ 0) is removed."""
+    """The mode, with dw*/dθ = A⁻¹ ∂_θ∇ℓ (implicit function theorem): one Newton step's derivative, not its value."""
     g = jax.grad(log_joint)(fit.mode, model)
     step = fit.curvature.solve(g)
     return fit.mode + (step - jax.lax.stop_gradient(step))
 
 
 class AbstractModeMethod(AbstractMethod):
-    """`Laplace` and `MAP`: the State is the point ``(D,)`` where the mode search starts (cold: the Gaussian
-    factor's mean, so no second mode search is compiled; from a posterior: its mean)."""
+    """`Laplace` and `MAP`: the State is the point ``(D,)`` where the mode search starts (cold: the prior mean)."""
 
     solver: eqx.AbstractVar[AbstractSolver | None]
 
@@ -164,17 +157,15 @@ class AbstractModeMethod(AbstractMethod):
 
 
 class Laplace(AbstractModeMethod):
-    """The Laplace approximation q(w) = N(w*, (−∇²ℓ(w*))⁻¹) and its evidence estimate.
+    """The Laplace approximation q(w) = N(w*, (−∇²ℓ(w*))⁻¹) and its evidence estimate (not a bound) as ``log_z``.
+
+    A dense prior N(μ, LLᵀ) is handled in the whitened coordinates, where the curvature is well conditioned.
+    ``jax.grad`` of ``log_z`` is the total derivative of the evidence, through the mode by implicit differentiation
+    (of the Gauss–Newton evidence where the exact curvature is not positive definite: ``diagnostics.info.fallback``).
 
     **Arguments:**
 
     - `solver`: a `vj.solvers` solver for the mode (default `None`: see `mode_solver`).
-
-    ``vj.infer(model, vj.Laplace())`` returns a full `CholeskyFactor` and ``log_z`` = ℓ(w*) + (D/2) log 2π
-    − ½ log det A (not a bound). A dense prior N(μ, LLᵀ) is handled in the whitened coordinates, where the
-    curvature is well conditioned. ``jax.grad`` of ``log_z`` is the total derivative of the evidence,
-    through the mode by implicit differentiation; where the exact curvature is not positive definite
-    (``post.diagnostics.info.fallback``) that of the Gauss–Newton approximation.
     """
 
     solver: AbstractSolver | None = None
@@ -185,20 +176,17 @@ class Laplace(AbstractModeMethod):
         whitening = model.prior.whitening() if model.prior is not None else None
         if whitening is None:
             fit = fit_mode(model, w0, solver)
-            working = lambda model: model
             mode, factor = fit.mode, fit.factor()
         else:
             # In w = μ + L w̃ the curvature I + L̃ᵀWL̃ stays well conditioned (and the evidence is invariant).
-            loc, L = whitening
-            working = whitened
-            loc0, L0 = jax.lax.stop_gradient((loc, L))
-            fit = fit_mode(working(model), solve_triangular(L0, w0 - loc0, lower=True), solver)
+            loc0, L0 = jax.lax.stop_gradient(whitening)
+            fit = fit_mode(whitened(model), solve_triangular(L0, w0 - loc0, lower=True), solver)
             mode, factor = loc0 + L0 @ fit.mode, fit.factor(basis=L0)  # S = L S̃ Lᵀ
         # `evidence` at the mode, from the factorisation of A + jitter·I already at hand.
-        value = log_joint(fit.mode, working(model)) + 0.5 * model.dim * LOG_2PI - 0.5 * fit.curvature.logdet()
+        value = log_joint(fit.mode, whitened(model)) + 0.5 * model.dim * LOG_2PI - 0.5 * fit.curvature.logdet()
 
         def log_z(fit, model):
-            work = working(model)
+            work = whitened(model)
             return evidence(differentiable_mode(fit, work), work, fit.fallback, fit.jitter)
 
         diagnostics = Diagnostics.from_solution(fit.solution, method="Laplace", solver=type(solver).__name__,

@@ -1,13 +1,6 @@
-"""Local variational bounds (LVB): a Gaussian lower bound on every site, integrated in closed form.
+"""Local variational bounds (LVB): every site bounded below by an exponentiated quadratic, integrated in closed form.
 
-Each non-Gaussian site is bounded below by an exponentiated quadratic in x = hᵀw + b, with parameter ξ_n,
-
-$$
-\\log \\varphi_n(x) \\ge a_n(\\xi_n)\\, x - \\tfrac12 A_n(\\xi_n)\\, x^2 + c_n(\\xi_n)
-\\qquad\\text{(tight at } x = \\pm\\xi_n \\text{, or } x = \\psi_n\\text{)},
-$$
-
-so that, with the model's Gaussian factor f(w) = exp(−½wᵀΛw + ηᵀw + κ),
+With log φ_n(x) ≥ a_n(ξ_n) x − ½ A_n(ξ_n) x² + c_n(ξ_n) (x = hᵀw + b) and f(w) = exp(−½wᵀΛw + ηᵀw + κ),
 
 $$
 \\log Z \\ge \\mathcal B_{\\rm LVB}(\\xi) = \\kappa + \\sum_n (a_n b_n - \\tfrac12 A_n b_n^2 + c_n)
@@ -16,18 +9,8 @@ $$
 P = \\Lambda + \\sum_n A_n h_n h_n^\\top, \\qquad r = \\eta + \\sum_n (a_n - A_n b_n) h_n
 $$
 
-(thesis eq. 3.8.4, its constant corrected): the G-KL bound with each site replaced by its local bound,
-maximised over q at q_ξ = N(P⁻¹r, P⁻¹), so the G-KL bound at q_ξ dominates it (thesis §4.4.1). Local
-bounds (`local_bound`), each with its optimal ξ given q in closed form:
-
-- `Logistic`: ``bound="jaakkola"`` (`Jaakkola`; Jaakkola & Jordan), λ(ξ) = tanh(ξ/2)/(4ξ),
-  ξ_n² = ⟨x_n²⟩_q; ``bound="bohning"`` (`Bohning`; Böhning), curvature ¼, ψ_n = ⟨x_n⟩_q.
-- `Laplace`, `StudentT`, `Cauchy` (`ScaleMixture`; Palmer et al. 2006): A(ξ) = 1/(scale·ξ) for
-  Laplace, (df + 1)/(df·scale² + ξ²) for Student-t; ξ_n² = ⟨(x_n − loc)²⟩_q.
-- `Gaussian` sites are exact (no ξ); `Masked` ones (`vijax.pad_sites`) are bounded where on (`MaskedBound`).
-
-Alternating q ← q_ξ with these updates is EM: B_LVB never decreases. ``xi`` is a tuple, one entry per
-site group: ``(N_g,)`` (ξ, or ψ for Böhning), or None for a `Gaussian` group.
+(thesis eq. 3.8.4, its constant corrected), below the G-KL bound at q_ξ = N(P⁻¹r, P⁻¹) (thesis §4.4.1). Alternating
+q ← q_ξ and ξ ← its closed-form optimum given q is EM. ``xi``: one ``(N_g,)`` array per site group (None: Gaussian).
 """
 
 from __future__ import annotations
@@ -76,14 +59,13 @@ class AbstractLocalBound(eqx.Module):
         return a * x - 0.5 * A * x**2 + c
 
     def expected(self, mean, var):
-        """max_ξ ⟨a x − ½ A x² + c⟩ ≤ ⟨log φ(x)⟩ for x ~ N(``mean``, ``var``), elementwise and differentiable
-        (e.g. `Jaakkola`: log σ(ξ) + (μ − ξ)/2 at ξ = √(μ² + v); `Bohning`: log σ(μ) − v/8)."""
+        """max_ξ ⟨a x − ½ A x² + c⟩ ≤ ⟨log φ(x)⟩ for x ~ N(``mean``, ``var``), elementwise and differentiable."""
         a, A, c = self.quadratic(self.update(mean, var))
         return a * mean - 0.5 * A * (mean**2 + var) + c
 
 
 class Jaakkola(AbstractLocalBound):
-    """log σ(x) ≥ log σ(ξ) + (x − ξ)/2 − λ(ξ)(x² − ξ²): tight at x = ±ξ."""
+    """log σ(x) ≥ log σ(ξ) + (x − ξ)/2 − λ(ξ)(x² − ξ²), λ(ξ) = tanh(ξ/2)/(4ξ): tight at x = ±ξ (Jaakkola & Jordan)."""
 
     def quadratic(self, xi):
         # λ(ξ) = tanh(ξ/2)/(4ξ), even in ξ, by its series 1/8 − ξ²/96 near 0; log σ(ξ) − ξ/2 = −log(2 cosh(ξ/2)).
@@ -97,7 +79,7 @@ class Jaakkola(AbstractLocalBound):
 
 
 class Bohning(AbstractLocalBound):
-    """log σ(x) ≥ log σ(ψ) + σ(−ψ)(x − ψ) − (x − ψ)²/8: tight at x = ψ, curvature ¼ everywhere."""
+    """log σ(x) ≥ log σ(ψ) + σ(−ψ)(x − ψ) − (x − ψ)²/8: tight at x = ψ, curvature ¼ everywhere (Böhning)."""
 
     def quadratic(self, psi):
         slope = jax.nn.sigmoid(-psi)
@@ -109,7 +91,8 @@ class Bohning(AbstractLocalBound):
 
 class ScaleMixture(AbstractLocalBound):
     """The tangent in y = (x − loc)² of the convex log φ(loc + √y) (`Laplace`, `StudentT`, `Cauchy`):
-    log φ(x) ≥ log φ(loc + ξ) − ½ A(ξ)((x − loc)² − ξ²), A(ξ) = −(log φ)'(loc + ξ)/ξ, tight at x = loc ± ξ."""
+    log φ(x) ≥ log φ(loc + ξ) − ½ A(ξ)((x − loc)² − ξ²), A(ξ) = −(log φ)'(loc + ξ)/ξ, tight at x = loc ± ξ
+    (Palmer et al. 2006)."""
 
     potential: pot.AbstractPotential
 
@@ -207,8 +190,7 @@ def _quadratics(xi, model: LatentLinearModel, bound: str):
 
 
 def bound(xi, model: LatentLinearModel, bound: str = "jaakkola"):
-    """B_LVB(ξ), the local variational lower bound on log Z (pure, differentiable); ``bound``: the `Logistic`
-    bound. NaN where P is not positive definite (e.g. no Gaussian factor and too few sites)."""
+    """B_LVB(ξ) ≤ log Z (pure, differentiable; ``bound``: the `Logistic` bound); NaN where P is not PD."""
     return integrate(model, _quadratics(xi, model, bound))[0]
 
 
@@ -245,27 +227,24 @@ class LVBState(eqx.Module):
 
 
 class LVB(AbstractMethod):
-    """Local variational bounds: maximise B_LVB(ξ) over the site parameters by fixed-point (EM) steps.
+    """Local variational bounds: maximise B_LVB(ξ) over the site parameters by SQUAREM-accelerated EM steps.
+
+    Returns q = q_ξ* (a full `CholeskyFactor`, S = P⁻¹) and ``log_z`` = B_LVB(ξ*) ≤ log Z, differentiable by the
+    envelope theorem; ``diagnostics.grad_norm`` is max |∂B/∂ξ| at the end. With ``variances="lanczos"`` P is never
+    formed (large D, no dense Gaussian factor; thesis §5.4 after glm-ie): CG for the mean, k Lanczos vectors for the
+    (understated, `vj.posterior.LVBInfo`) variances, ``log_z`` an estimate without gradient, q's covariance a rank-k
+    `SubspaceFactor` (exact solves: `covariance_solve`), plain steps until ‖Δξ‖₂/‖ξ‖₂ ≤ ``tol``.
 
     **Arguments:**
 
-    - `bound`: the `Logistic` bound, ``"jaakkola"`` (default; tighter) or ``"bohning"`` (curvature ¼);
-      other sites use `local_bound` (a `ValueError` where there is none: use `vj.GKL`).
+    - `bound`: the `Logistic` bound, ``"jaakkola"`` (default; tighter) or ``"bohning"`` (curvature ¼).
     - `max_iter`: the most points evaluated (default 500; each O(N D² + D³)).
-    - `tol`: stop once ξ is within ``tol`` (default 1e-9) of the fixed point in units of q's marginal
-      standard deviations (`vj.solvers.extrapolated_distance`; SQUAREM-accelerated, `vj.solvers.fixed_point`);
-      B is stationary in ξ, so ``log_z``'s gradient is good to about ``tol``, the bound to ``tol²``.
-    - `variances`: ``"exact"`` (default) forms and factorises P; ``"lanczos"`` never does (large D, no dense
-      Gaussian factor; thesis §5.4 after glm-ie): CG for the mean, k Lanczos vectors for the variances
-      (understated: `vj.posterior.LVBInfo`), ``log_z`` an estimate (``is_lower_bound=False``, no gradient),
-      q's covariance a rank-k `SubspaceFactor` (exact solves: `covariance_solve`), plain steps until
-      ‖Δξ‖₂/‖ξ‖₂ ≤ ``tol``.
-    - `num_lanczos`: k (default 80, as the thesis); `num_probes`: probes of the quadrature behind
-      ``log_z`` and ``variance_fraction`` (default 8; each after the first costs k products).
-
-    ``vj.infer(model, vj.LVB())`` returns q = q_ξ* (a full `CholeskyFactor`, S = P⁻¹) and ``log_z`` =
-    B_LVB(ξ*) ≤ log Z (``is_lower_bound=True``), differentiable by the envelope theorem;
-    ``diagnostics.grad_norm`` is max |∂B/∂ξ| at the end."""
+    - `tol`: the distance of ξ from the fixed point in q's marginal standard deviations at which the fit stops
+      (default 1e-9; `vj.solvers.fixed_point`): ``log_z``'s gradient is good to about ``tol``, the bound to ``tol²``.
+    - `variances`: ``"exact"`` (default; forms and factorises P) or ``"lanczos"``.
+    - `num_lanczos`: k (default 80, as the thesis).
+    - `num_probes`: probes behind ``log_z`` and ``variance_fraction`` (default 8; each after the first: k products).
+    """
 
     bound: str = eqx.field(static=True, default="jaakkola")
     max_iter: int = eqx.field(static=True, default=500)
@@ -301,7 +280,7 @@ class LVB(AbstractMethod):
         return fixed_point(evaluate, update, change, xi, tol=self.tol, max_evals=self.max_iter,
                            floor=1e3 * float(jnp.finfo(dtype).eps))
 
-    def _outer_loops(self, xi, model, v0, mean0=None):
+    def _outer_loops(self, xi, model, v0, mean0):
         """glm-ie's outer loop: plain steps ξ ← F̂(ξ) until ‖F̂(ξ) − ξ‖₂/‖ξ‖₂ ≤ ``tol``; returns the run and the
         last mean. F̂ (Lanczos variances) is neither monotone nor a contraction, so no SQUAREM."""
         def step(k, state):
@@ -316,8 +295,7 @@ class LVB(AbstractMethod):
 
         dtype = model.dtype
         inner = _inner_rtol(self.tol, dtype)
-        state = (xi, jnp.array(jnp.nan, dtype), jnp.array(jnp.inf, dtype), nan_trace(self.max_iter, dtype),
-                 jnp.zeros(model.dim, dtype) if mean0 is None else mean0)
+        state = (xi, jnp.array(jnp.nan, dtype), jnp.array(jnp.inf, dtype), nan_trace(self.max_iter, dtype), mean0)
         (xi, value, change, trace, mean), k = iterate(step, state, self.max_iter, done=lambda k, s: s[2] <= self.tol)
         return FixedPoint(xi, value, k, change <= self.tol, change, trace), mean
 
@@ -330,8 +308,7 @@ class LVB(AbstractMethod):
         return LVBState(_update(frozen, self.bound, mean, DiagonalFactor(scale)), jnp.zeros_like(mean), self.bound)
 
     def from_expansion(self, model, expansion) -> LVBState:
-        """ξ from the Laplace approximation's marginals; from the Gaussian factor's moments where that q is
-        improper, or with ``variances="lanczos"`` (which never forms P)."""
+        """ξ from the Laplace approximation's marginals (the Gaussian factor's moments where improper or Lanczos)."""
         frozen = jax.lax.stop_gradient(model)
         mean, scale = frozen.initial_moments()
         fallback = _update(frozen, self.bound, mean, DiagonalFactor(scale))
@@ -358,13 +335,13 @@ class LVB(AbstractMethod):
         frozen = jax.lax.stop_gradient(model)
         xi = jax.lax.stop_gradient(state.xi)
         run = self._iterate(xi, frozen)
-        xi, k, converged, trace = run.x, run.evaluations, run.converged, run.trace
+        xi, k, trace = run.x, run.evaluations, run.trace
         _, mean, C = integrate(frozen, _quadratics(xi, frozen, self.bound))
         grad = jax.grad(bound)(xi, frozen, self.bound)
         grad_norm = max((jnp.max(jnp.abs(g)) for g in jax.tree_util.tree_leaves(grad)),
                         default=jnp.zeros((), trace.dtype))
         log_z = bound(xi, model, self.bound)  # at the frozen ξ*, live model: the envelope theorem
-        diagnostics = Diagnostics(iterations=k, status=Status.of(converged, value=run.value),
+        diagnostics = Diagnostics(iterations=k, status=Status.of(run.converged, value=run.value),
                                   stationarity=run.distance, grad_norm=grad_norm,
                                   objective_trace=trace, num_value_evals=k, num_grad_evals=1, num_hvp_evals=0,
                                   method="LVB", solver="fixed_point")
@@ -414,18 +391,6 @@ def _inner_rtol(tol, dtype):
     return jnp.maximum(tight, jnp.minimum(1e-6, 1e-4 * jnp.asarray(tol, dtype)))
 
 
-def _mean_by_cg(model, quadratics, product, r, rtol, mean0=None):
-    """P⁻¹ r by Jacobi-preconditioned CG from ``mean0`` (zero if None), stopped at ‖r − P m‖ ≤ rtol ‖r‖."""
-    preconditioner = _jacobi(model, quadratics, r.dtype)
-    if mean0 is None:
-        return pcg(product, r, preconditioner, _MAX_CG, rtol)
-    residual = r - product(mean0)  # solve P δ = r − P m₀ to the same absolute residual rtol ‖r‖
-    size = jnp.linalg.norm(residual)
-    scaled = rtol * jnp.linalg.norm(r) / jnp.where(size > 0, size, 1.0)
-    delta, steps = pcg(product, residual, preconditioner, _MAX_CG, scaled)
-    return mean0 + delta, steps + 1
-
-
 def _jacobi(model, quadratics, dtype):
     """v ↦ D⁻¹ v, D = Σ_n A_n h_n² (the sites' part of diag P, which absorbs A_n's spread in magnitude)."""
     diagonal = jnp.zeros(model.dim, dtype)
@@ -467,14 +432,21 @@ def _quadrature_sums(theta, weights, v):
 
 
 def _lanczos_marginals(model, quadratics, num_lanczos, v0, mean0=None, rtol=None):
-    """``(value, means, variances, extras)`` of the integral with P never formed: m = P⁻¹ r by CG from ``mean0`` to
-    ‖r − P m‖ ≤ rtol ‖r‖ (default 10⁻² √ε); V̂_n = Σ_k (h_nᵀ u_k)² / θ_k ≤ h_nᵀ P⁻¹ h_n from k Lanczos vectors
-    started at ``v0``; extras = (m, θ (k,) ascending, Ritz vectors (D, k), share of tr P⁻¹ captured, CG steps,
-    v0's `_quadrature`)."""
+    """``(value, means, variances, extras)`` with P never formed: m = P⁻¹ r by Jacobi-preconditioned CG from ``mean0``
+    to ‖r − P m‖ ≤ rtol ‖r‖ (default 10⁻² √ε), V̂_n = Σ_k (h_nᵀ u_k)²/θ_k ≤ h_nᵀ P⁻¹ h_n by Lanczos from ``v0``;
+    extras = (m, θ ascending, the Ritz vectors, the share of tr P⁻¹ captured, CG steps, v0's `_quadrature`)."""
     product, r, const = precision_operator(model, quadratics)
     dtype, d = model.dtype, model.dim
     rtol = 1e-2 * float(jnp.finfo(dtype).eps) ** 0.5 if rtol is None else rtol
-    mean, cg_steps = _mean_by_cg(model, quadratics, product, r, rtol, mean0)
+    preconditioner = _jacobi(model, quadratics, r.dtype)
+    if mean0 is None:
+        mean, cg_steps = pcg(product, r, preconditioner, _MAX_CG, rtol)
+    else:
+        residual = r - product(mean0)  # solve P δ = r − P m₀ to the same absolute residual rtol ‖r‖
+        size = jnp.linalg.norm(residual)
+        scaled = rtol * jnp.linalg.norm(r) / jnp.where(size > 0, size, 1.0)
+        delta, cg_steps = pcg(product, residual, preconditioner, _MAX_CG, scaled)
+        mean, cg_steps = mean0 + delta, cg_steps + 1
     theta, V, weights = ritz_pairs(product, v0, min(int(num_lanczos), d))
     quadrature = _quadrature_sums(theta, weights, v0)  # (log det P, tr P⁻¹) estimates
     value = const + 0.5 * r @ mean + 0.5 * d * LOG_2PI - 0.5 * quadrature[0]

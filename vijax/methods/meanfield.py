@@ -1,28 +1,16 @@
-"""Mean field: the bound over fully factorised q(w) = ∏_d q(w_d) (thesis §3.4).
+"""Mean field: the bound B_MF = Σ_d H[q(w_d)] + ⟨log f(w)⟩ + Σ_n ⟨log φ_n(h_nᵀw + b_n)⟩ over q(w) = ∏_d q(w_d)
+(thesis §3.4).
 
-$$
-\\mathcal B_{\\rm MF} = \\sum_d H[q(w_d)] + \\langle \\log f(w)\\rangle
-+ \\sum_n \\langle \\log \\varphi_n(h_n^\\top w + b_n)\\rangle .
-$$
-
-**Free-form factors** (one site per coordinate, H = I, and f = N(μ, Λ⁻¹)): the optimal factor given the
-others is the tilted density
-
-$$
-q(w_k) = \\varphi_k(w_k + b_k)\\, \\mathcal N(w_k \\mid c_k, v_k) / Z_k, \\qquad
-v_k = 1/\\Lambda_{kk},\\quad c_k = m_k - [\\Lambda(m - \\mu)]_k / \\Lambda_{kk}
-$$
-
-(m the factors' means; the thesis's sign of the cross term corrected), found by coordinate ascent.
-With Z_k, m_k, s_k the tilted moments EP also uses (`AbstractPotential.tilted_moments`), the bound is
+**Free-form factors** (one site per coordinate, H = I, f = N(μ, Λ⁻¹)), found by coordinate ascent: the optimal
+factor given the others is the tilted density q(w_k) = φ_k(w_k + b_k) N(w_k | c_k, v_k) / Z_k, v_k = 1/Λ_kk,
+c_k = m_k − [Λ(m − μ)]_k / Λ_kk (m the factors' means; the thesis's sign corrected). With Z_k, m_k, s_k its moments,
 
 $$
 \\mathcal B_{\\rm MF} = \\sum_k \\Big[\\log Z_k + \\tfrac12 \\log 2\\pi v_k
 + \\frac{s_k + (m_k - c_k)^2}{2 v_k}\\Big] + \\log f(m) - \\tfrac12 \\sum_k \\Lambda_{kk} s_k .
 $$
 
-**Any other model: Gaussian factors** q(w_d) = N(m_d, c_d²): the G-KL bound with a diagonal
-covariance (`vj.GKL(covariance=vj.covariance.Diagonal())`), below the free-form one for H = I.
+**Otherwise, Gaussian factors** q(w_d) = N(m_d, c_d²): `vj.GKL(covariance=vj.covariance.Diagonal())`.
 """
 
 from __future__ import annotations
@@ -42,7 +30,6 @@ from ..quadrature import GaussHermite
 from ..solvers import AbstractSolver, Status, extrapolated_distance, iterate
 from ._base import AbstractMethod
 from .gkl import GKL
-from ..start import expand_at_mode
 from .laplace import is_point
 
 __all__ = ["MeanField", "free_form_applies", "factor_moments", "bound"]
@@ -54,8 +41,7 @@ def free_form_applies(model: LatentLinearModel) -> bool:
 
 
 def factor_moments(c, v, model: LatentLinearModel, quadrature: GaussHermite = GaussHermite()):
-    """(log Z, mean, variance) of every tilted factor φ_k(w_k + b_k) N(w_k | c_k, v_k) / Z_k, each ``(D,)``: EP's
-    tilted moments (`AbstractPotential.tilted_moments`). ``quadrature`` is not used."""
+    """(log Z, mean, variance) ``(D,)`` of the tilted factors φ_k(w_k + b_k) N(w_k | c_k, v_k) / Z_k (no quadrature)."""
     group = model.sites[0]
     offset = jnp.broadcast_to(group.offset, c.shape)
     log_z, mean, var = group.potential.tilted_moments(group.project(c), jnp.broadcast_to(v, c.shape), 1.0)
@@ -75,19 +61,17 @@ def _bound(c, v, model, log_z, mean, var):
 class MeanField(AbstractMethod):
     """Mean-field approximation: free-form factors where H = I, Gaussian factors otherwise.
 
+    The `Posterior` holds the factors' means and variances (a `DiagonalFactor`) and ``log_z`` the mean-field lower
+    bound, differentiable by the envelope theorem.
+
     **Arguments:**
 
-    - `solver`: for Gaussian factors, a `vj.solvers` solver (default: the diagonal family's,
-      `NewtonCG()` with a Jacobi preconditioner).
+    - `solver`: for Gaussian factors (default: `NewtonCG()` with a Jacobi preconditioner).
     - `quadrature`: the rule for expectations without a closed form.
-    - `max_iter`, `tol`: for free-form factors, the most sweeps, and the distance of the factors' means
-      from the fixed point in their standard deviations at which they stop
-      (`vj.solvers.extrapolated_distance`).
+    - `max_iter`: for free-form factors, the most sweeps (default 1000).
+    - `tol`: the factors' means' distance from the fixed point, in their standard deviations, at which free-form
+      sweeps stop (default 1e-9; `vj.solvers.extrapolated_distance`).
     - `free_form`: use free-form factors when the model allows them (default ``True``).
-
-    The `Posterior` holds the factors' means and variances (a `DiagonalFactor`) and ``log_z`` the
-    mean-field lower bound, differentiable by the envelope theorem; ``diagnostics.solver`` is
-    ``"coordinate_ascent"`` (free form) or the solver's name (Gaussian factors).
     """
 
     solver: AbstractSolver | None = None
@@ -109,13 +93,10 @@ class MeanField(AbstractMethod):
         return None if self._free(model) else False
 
     def shares_start(self, model):
-        return self._free(model) or self._gaussian().shares_start(model)
+        return self._free(model)  # the diagonal family's G-KL does not share it
 
     def from_expansion(self, model, expansion):
         return expansion.mode if self._free(model) else self._gaussian().from_expansion(model, expansion)
-
-    def init_state(self, model):
-        return self.from_expansion(model, expand_at_mode(model, self.start_dense(model)))
 
     def from_gaussian(self, model, mean, factor):
         return mean if self._free(model) else self._gaussian().from_gaussian(model, mean, factor)
