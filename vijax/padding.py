@@ -1,26 +1,13 @@
 """Padded site groups: one compiled fit for data sets of nearby sizes.
 
-A jitted fit is compiled for the shapes of its model, so folds of unequal size compile once per number
-of sites N. `pad_sites` gives every site group a fixed size N' instead: the real sites, then padding
-sites that contribute exactly nothing,
-
-$$
-p(w) \\propto f(w) \\prod_{n \\le N} \\varphi_n(h_n^\\top w + b_n) \\prod_{N < n \\le N'} 1 ,
-$$
-
-so log Z, the posterior and every method's answer are those of the unpadded model. A padding site is a
-copy of the last real site whose potential a `vijax.potentials.Masked` wrapper switches off
-(log φ̃_n ≡ 0): G-KL, mean field, Laplace and MAP see a zero term with zero derivatives, EP's tilted
-density is the cavity (the site stays at precision 0), LVB a zero quadratic. Copying a real site rather
-than using a zero row of H keeps every value computed under the mask finite, which matters because
-reverse-mode derivatives multiply by what sits under a `jnp.where`. The mask is a traced array, so
-models padded to the same sizes share one compiled fit::
+`pad_sites` gives every site group a fixed size N': the real sites, then copies of the last one switched off by
+`vijax.potentials.Masked` (φ̃_n ≡ 1, so p(w) ∝ f(w) ∏_{n ≤ N} φ_n(h_nᵀw + b_n) and every method's answer is the
+unpadded model's). Copies, not zero rows, keep every value under the mask finite for reverse-mode derivatives. The
+mask is traced, so models padded to the same sizes share one compiled fit::
 
     fit = jax.jit(lambda m: vj.infer(m, vj.GKL()))
     for X, y in folds:                                    # 90 … 110 training points each
         post = fit(vj.pad_sites(vj.glm.logistic_regression(X, y), 112))   # compiled once
-
-A fit does the work of N' sites, so buckets a few percent above the largest N cost a few percent.
 """
 
 from __future__ import annotations
@@ -44,22 +31,16 @@ _OWNER = "pad_sites"
 def pad_sites(model: LatentLinearModel, size=None, *, multiple=None) -> LatentLinearModel:
     """``model`` with each site group padded to a fixed number of sites that contribute nothing.
 
-    Give either ``size`` or ``multiple``:
+    Dense and sparse (`BCOO`, outside ``jax.jit``) groups can be padded; groups on `vj.Identity` or `ScaledIdentity`
+    cannot grow (pass None or an equal size for them). Give either ``size`` or ``multiple``:
 
-    - `size`: the number of sites N' ≥ N of every group (an int), or one entry per group (a tuple,
-      None leaving a group as it is, e.g. prior sites on `vj.Identity`).
-    - `multiple`: pad each group to the next multiple of this (``multiple=16``: 90 … 110 points land
-      on 96 or 112 sites).
+    - `size`: the number of sites N' ≥ N of every group (an int), or one per group (a tuple, None keeping a group).
+    - `multiple`: pad each group to the next multiple of this (``multiple=16``: 90 … 110 points give 96 or 112).
 
-    **Returns:** a `vj.LatentLinearModel` whose padded groups carry a `vijax.potentials.Masked`
-    potential (True for the N real sites); every method's answer and its derivatives equal those of
-    ``model`` up to rounding. A group already of size N' is wrapped all the same, so every fold has
-    the same structure.
-
-    Dense and sparse (`BCOO`) groups can be padded, sparse ones outside ``jax.jit`` (their stored
-    entries are a shape). Groups on `vj.Identity` or `ScaledIdentity` (one site per latent
-    coordinate, as in GP models) cannot grow: pass None for them, or an equal size.
+    **Returns:** a `vj.LatentLinearModel` whose padded groups (also those already of size N') carry a
+    `vijax.potentials.Masked` potential, True for the N real sites; every answer equals ``model``'s up to rounding.
     """
+
     if not isinstance(model, LatentLinearModel):
         raise ValueError(f"{_OWNER}: expected a vj.LatentLinearModel, got {type(model).__name__}.")
     sizes = _target_sizes(model, size, multiple)
