@@ -104,8 +104,8 @@ def format_param(x) -> str:
                 return text if any(c in text for c in ".ein") else text + ".0"
             return repr(value)
         dtype = np.dtype(x.dtype)
-        short = {"f": "f", "i": "i", "u": "u", "c": "c"}.get(dtype.kind)
-        name = f"{short}{8 * dtype.itemsize}" if short and dtype.name != "bfloat16" else dtype.name
+        name = f"{dtype.kind}{8 * dtype.itemsize}" if dtype.kind in "fiuc" and dtype.name != "bfloat16" else dtype.name
+
         return f"{name}[{','.join(map(str, np.shape(x)))}]"
     if callable(x) and not isinstance(x, eqx.Module):
         return getattr(x, "__name__", type(x).__name__)

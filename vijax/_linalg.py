@@ -118,16 +118,11 @@ def pcg(A, b, M, max_iter, rtol=None):
     return d, i
 
 
-# ----------------------------------------------------------------------------------------------
-# Lanczos: the one Krylov eigen-solver (products v ↦ A v only, A symmetric)
-
-
 def lanczos(product, v0, num_iter: int):
     """``num_iter`` = k steps of Lanczos with full (twice) reorthogonalisation on the symmetric map ``product``
     from ``v0`` ``(D,)``: ``(Q (D, k), alpha (k,), beta (k − 1,))``, T = QᵀAQ tridiagonal. A breakdown continues with
     a random orthogonal direction and zero coupling, so T stays exact."""
-    D = v0.shape[0]
-    dtype = v0.dtype
+    D, dtype = v0.shape[0], v0.dtype
     rtol = 1e-2 * float(jnp.finfo(dtype).eps) ** 0.5
     Q = jnp.zeros((D, num_iter), dtype).at[:, 0].set(v0 / jnp.linalg.norm(v0))
     key = jax.random.PRNGKey(17)
@@ -151,8 +146,7 @@ def lanczos(product, v0, num_iter: int):
         Q = jnp.where(k + 1 < num_iter, Q.at[:, jnp.minimum(k + 1, num_iter - 1)].set(nxt), Q)
         return Q, alpha.at[k].set(a), beta.at[k].set(jnp.where(tiny, 0.0, b))
 
-    alpha = jnp.zeros(num_iter, dtype)
-    beta = jnp.zeros(num_iter, dtype)
+    alpha = beta = jnp.zeros(num_iter, dtype)
     Q, alpha, beta = jax.lax.fori_loop(0, num_iter, body, (Q, alpha, beta))
     return Q, alpha, beta[:-1]
 
@@ -207,11 +201,10 @@ def leading_eigenvectors(product, dim: int, num: int, num_iter: int | None = Non
     PRNGKey(0)); with ``block`` = b, ``num_iter`` block steps of `block_ritz_pairs` (default 5, at most D/b)."""
     if block is None:
         num_iter = min(dim, max(2 * num + 20, 40)) if num_iter is None else min(int(num_iter), dim)
-        size = num_iter
     else:
         num_iter = min(dim // block, 5 if num_iter is None else int(num_iter))
-        size = num_iter * block
-    if not 1 <= num <= size:
+    if not 1 <= num <= num_iter * (block or 1):
+
         raise ValueError(f"leading_eigenvectors: need 1 ≤ num ≤ (Krylov dimension) ≤ D, got num={num}, "
                          f"num_iter={num_iter}, block={block}, D={dim}.")
     if block is None:

@@ -60,10 +60,6 @@ def bound_logistic_sites(model, kind: str = "quadratic", pieces: int = 20):
 
 
 
-# ----------------------------------------------------------------------------------------------
-# The offline fitter (NumPy + SciPy)
-
-
 def _f(x):
     return np.logaddexp(0.0, x)
 

@@ -117,10 +117,6 @@ def _param(name, value, owner, dtype, positive=False):
     return arr
 
 
-# ----------------------------------------------------------------------------------------------
-# Binary-classification potentials (labels folded into H)
-
-
 @functools.lru_cache(maxsize=None)
 def _laguerre_rule(num_nodes: int):
     return np.polynomial.laguerre.laggauss(num_nodes)
@@ -258,31 +254,26 @@ class Logistic(AbstractPotential):
         return ExpectationDerivatives(*(jnp.where(wide, u, v) for u, v in zip(large, narrow)))
 
     def log_expected_phi(self, mu, sigma, quadrature: GaussHermite = _DEFAULT_QUADRATURE):
-        return self._reflected(mu, sigma, quadrature, derivatives=False)[0]
+        return self._log_expected_sigmoid(mu, sigma, quadrature, derivatives=False)[0]
 
     def tilted_moments(self, mean, var, power=1.0):
         if not (isinstance(power, (int, float)) and power == 1):
             return super().tilted_moments(mean, var, power)
         # Ẑ = ⟨σ(x)⟩ on one smooth rule; E[x] = m + v ∂log Ẑ/∂m, Var[x] = v + v² ∂²log Ẑ/∂m² on the same rule.
         mean, var = jnp.broadcast_arrays(mean, var)
-        log_z, slope, curvature = self._reflected(mean, jnp.sqrt(var), _TILTED_RULE, derivatives=True)
-        return log_z, mean + var * slope, var + var**2 * curvature
+        log_z, slope, curvature = self._log_expected_sigmoid(mean, jnp.sqrt(var), _TILTED_RULE, derivatives=True)
 
-    @classmethod
-    def _reflected(cls, mu, sigma, quadrature, derivatives):
-        """log⟨σ(x)⟩ (and its first two μ-derivatives), by ⟨σ(x)⟩_{N(μ, σ²)} = e^{μ + σ²/2} ⟨σ(x)⟩_{N(−μ − σ², σ²)}
-        below μ = −σ²/2."""
-        mu, sigma = jnp.broadcast_arrays(mu, sigma)
-        var = sigma**2
-        reflect = mu < -0.5 * var
-        out = cls._log_expected_sigmoid(jnp.where(reflect, -mu - var, mu), sigma, quadrature, derivatives)
-        value = jnp.where(reflect, mu + 0.5 * var + out[0], out[0])
-        return (value,) if not derivatives else (value, jnp.where(reflect, 1.0 - out[1], out[1]), out[2])
+        return log_z, mean + var * slope, var + var**2 * curvature
 
     @staticmethod
     def _log_expected_sigmoid(mu, sigma, quadrature, derivatives):
-        """log⟨σ(x)⟩ for μ ≥ −σ²/2: Gauss–Hermite in log space, or from σ = 1.5 ⟨σ(x)⟩ = Φ(μ/σ) +
-        ∫₀^∞ e^{−t} (N(−t | μ, σ²) − N(t | μ, σ²)) / (1 + e^{−t}) dt by Gauss–Laguerre, relative to its largest term."""
+        """log⟨σ(x)⟩ (and its first two μ-derivatives): Gauss–Hermite in log space, or from σ = 1.5 ⟨σ(x)⟩ = Φ(μ/σ) +
+        ∫₀^∞ e^{−t} (N(−t | μ, σ²) − N(t | μ, σ²)) / (1 + e^{−t}) dt by Gauss–Laguerre, relative to its largest term;
+        below μ = −σ²/2 reflected, ⟨σ(x)⟩_{N(μ, σ²)} = e^{μ + σ²/2} ⟨σ(x)⟩_{N(−μ − σ², σ²)}."""
+        mu, sigma = jnp.broadcast_arrays(mu, sigma)
+        var = sigma**2
+        reflect = mu < -0.5 * var
+        shift, mu = mu + 0.5 * var, jnp.where(reflect, -mu - var, mu)
         wide = sigma >= _WIDE_SIGMOID
         z, w_gh = quadrature.rule(jnp.result_type(mu, sigma))
         x = mu[..., None] + jnp.where(wide, 1.0, sigma)[..., None] * z
@@ -302,6 +293,7 @@ class Logistic(AbstractPotential):
                           jnp.exp(log_base + y_pos - top[..., None]) * jnp.expm1(-y_pos))  # N(−t) − N(t), scaled
         total = jnp.exp(log_step - top) + jnp.sum(terms, axis=-1)
         value = jnp.where(wide, top + jnp.log(total), small)
+        value = jnp.where(reflect, shift + value, value)
         if not derivatives:
             return (value,)
         weights = jnp.exp(log_terms - small[..., None])  # π_k
@@ -316,16 +308,16 @@ class Logistic(AbstractPotential):
         u2 = ((t + m) / s) ** 2
         second = -a * density / s1 + jnp.sum(terms * (u2 - 1) + 4 * t * m * plus / s**2, axis=-1) / s1**2
         slope_wide = first / total
-        return (value, jnp.where(wide, slope_wide, slope_small),
-                jnp.where(wide, second / total - slope_wide**2, curvature_small))
+        slope = jnp.where(wide, slope_wide, slope_small)
+        curvature = jnp.where(wide, second / total - slope_wide**2, curvature_small)
+        return value, jnp.where(reflect, 1.0 - slope, slope), curvature
 
 
 class PiecewiseLogistic(AbstractPotential):
     """A piecewise lower bound on the logistic sigmoid: log σ(x) − ε_R ≤ log φ(x) = −f̄(−x) ≤ log σ(x).
 
-    f̄ is the R-piece bound of `vijax.piecewise` (Marlin, Khan & Murphy 2011), ε_R = ``max_error``. ⟨log φ⟩ and
-    log⟨φ⟩ are in closed form, so `vj.GKL` gives a lower bound on the logistic model's log Z, at most N·ε_R below
-    the exact G-KL bound. Build with `vijax.piecewise.bound_logistic_sites`.
+    f̄ is the R-piece bound of `vijax.piecewise`, ε_R = ``max_error``; ⟨log φ⟩ and log⟨φ⟩ are in closed form, so
+    `vj.GKL` gives a lower bound on log Z, at most N·ε_R below the exact G-KL bound (`bound_logistic_sites`).
 
     **Arguments:**
 
@@ -407,9 +399,7 @@ def _inverse_mills(t, terms=40):
 
 
 class Heaviside(AbstractPotential):
-    """Noise-robust step φ(x) = ε + (1 − 2ε)·1[x > 0], label-noise rate ``eps`` in (0, ½) (default 0.05).
-
-    Closed form: ⟨log φ⟩ = log(1 − ε) + Φ(−μ/σ)·log(ε / (1 − ε))."""
+    """Noise-robust step φ(x) = ε + (1 − 2ε)·1[x > 0], label-noise rate ``eps`` in (0, ½) (default 0.05)."""
 
     eps: jax.Array
     labels_in_projection: ClassVar[bool] = True
@@ -437,10 +427,6 @@ class Heaviside(AbstractPotential):
         step = jnp.log(jnp.exp(power * jnp.log1p(-self.eps)) - jnp.exp(low))
         log_z = lambda m: jnp.logaddexp(low, step + log_ndtr(m / jnp.sqrt(var)))
         return moments_from_log_normaliser(log_z, mean, var)
-
-
-# ----------------------------------------------------------------------------------------------
-# Observation potentials: φ(x) = p(loc | x)
 
 
 class _LocationScale(AbstractPotential):
@@ -509,9 +495,7 @@ def _mean_abs_jvp(primals, tangents):
 
 
 class Laplace(_LocationScale):
-    """Laplace φ(x) = exp(−|loc − x| / scale) / (2 scale).
-
-    Closed form: with a = (μ − loc)/σ, ⟨|x − loc|⟩ = σ[2 N(a) + a·erf(a/√2)]."""
+    """Laplace φ(x) = exp(−|loc − x| / scale) / (2 scale); ⟨log φ⟩ and log⟨φ⟩ in closed form."""
 
     log_concave: ClassVar[bool] = True
 
@@ -607,7 +591,7 @@ class Cauchy(_LocationScale):
 class Poisson(AbstractPotential):
     """Poisson count likelihood with log link, φ(x) = e^{yx − e^x} / y!, ``counts`` y ≥ 0.
 
-    ⟨log φ⟩ = yμ − exp(μ + σ²/2) − log y! (overflows once μ + σ²/2 > 709 in float64, ≈ 88 in float32)."""
+    ⟨log φ⟩ = yμ − exp(μ + σ²/2) − log y! overflows once μ + σ²/2 > 709 in float64 (≈ 88 in float32)."""
 
     counts: jax.Array
     log_concave: ClassVar[bool] = True
@@ -676,16 +660,12 @@ class Custom(AbstractPotential):
         return quadrature.expect(self.fn, mu, sigma)
 
 
-# ----------------------------------------------------------------------------------------------
-# Switching sites off
-
-
 class Masked(AbstractPotential):
     """``potential`` on the sites where ``mask`` is True, and φ ≡ 1 on the others.
 
-    A masked-out site changes neither Z nor the posterior: ⟨log φ̃⟩ = log⟨φ̃⟩ = 0, tilted moments (0, m, v). Keep
-    ``potential``'s parameters valid there (as `vijax.pad_sites` does): values are chosen by `jnp.where`, so a
-    non-finite one still reaches reverse-mode derivatives. ``mask`` is traced: one compiled program for all masks.
+    A masked-out site changes neither Z nor the posterior. Keep ``potential``'s parameters valid there (as
+    `vijax.pad_sites` does): a non-finite value under `jnp.where` still reaches reverse-mode derivatives.
+
 
     **Arguments:**
 

@@ -69,9 +69,6 @@ def safe_sqrt(x):
     return jnp.where(positive, jnp.sqrt(jnp.where(positive, x, 1.0)), 0.0)
 
 
-# ----------------------------------------------------------------------------------------------
-# Tilted moments: the normaliser, mean and variance of φ(x)^η N(x | m, v)
-
 # Panel edges of one window in units of its width: fine near the centre (an edge, so a kink there is never inside).
 _WINDOW_EDGES = (-12.0, -8.0, -5.0, -3.0, -2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0, 3.0, 5.0, 8.0, 12.0)
 _NODES_PER_PANEL = 8
