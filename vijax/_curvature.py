@@ -30,9 +30,7 @@ class Curvature(eqx.Module):
         """P as a dense ``(D, D)`` matrix, without the ridge of `dense` (Laplace's −∇²ℓ)."""
         d, dtype = self.model.dim, self.weights[0].dtype
         P = self.model.prior.precision_matrix() if self.model.prior is not None else jnp.zeros((d, d), dtype)
-        for group, w in zip(self.model.sites, self.weights):
-            P = P + group.projection.gram(w)
-        return P.astype(dtype)
+        return sum((g.projection.gram(w) for g, w in zip(self.model.sites, self.weights)), P).astype(dtype)
 
     def dense(self):
         P = self.matrix()
@@ -56,9 +54,7 @@ class Curvature(eqx.Module):
         """diag P without the ridge of `dense` (O(nnz(H)), no D × D matrix)."""
         d, dtype = self.model.dim, self.weights[0].dtype
         p = self.model.prior.precision_diagonal() if self.model.prior is not None else jnp.zeros(d, dtype)
-        for group, w in zip(self.model.sites, self.weights):
-            p = p + group.projection.squared_rmv(w)
-        return p.astype(dtype)
+        return sum((g.projection.squared_rmv(w) for g, w in zip(self.model.sites, self.weights)), p).astype(dtype)
 
     def diagonal(self):
         p = self.raw_diagonal()

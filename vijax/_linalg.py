@@ -113,8 +113,8 @@ def pcg(A, b, M, max_iter, rtol=None):
         rz_next = jnp.vdot(r, z)
         return d, r, z, z + (rz_next / rz) * p, rz_next, i + 1, negative
 
-    zero = jnp.zeros_like(b)
-    d, *_, i, _ = jax.lax.while_loop(cond, body, (zero, b, z, z, rz0, jnp.array(0), jnp.array(False)))
+    d, *_, i, _ = jax.lax.while_loop(cond, body, (jnp.zeros_like(b), b, z, z, rz0, jnp.array(0), jnp.array(False)))
+
     return d, i
 
 

@@ -39,9 +39,8 @@ def check(kind: str, pieces: int, owner: str = "piecewise") -> None:
     if kind not in KINDS:
         raise ValueError(f"{owner}: `kind` must be one of {KINDS}, got {kind!r}.")
     if not isinstance(pieces, (int, np.integer)) or int(pieces) not in TABLES[kind]:
-        shipped = f"{PIECES[0]} … {PIECES[-1]}" if PIECES else "(none shipped)"
-        raise ValueError(f"{owner}: `pieces` must be an integer in {shipped} (the shipped tables), got "
-                         f"{pieces!r}; fit other sizes with vijax.piecewise.fit.")
+        raise ValueError(f"{owner}: `pieces` must be an integer in {PIECES[0]} … {PIECES[-1]} (the shipped tables), "
+                         f"got {pieces!r}; fit other sizes with vijax.piecewise.fit.")
 
 
 @functools.lru_cache(maxsize=None)

@@ -40,7 +40,6 @@ def pad_sites(model: LatentLinearModel, size=None, *, multiple=None) -> LatentLi
     **Returns:** a `vj.LatentLinearModel` whose padded groups (also those already of size N') carry a
     `vijax.potentials.Masked` potential, True for the N real sites; every answer equals ``model``'s up to rounding.
     """
-
     if not isinstance(model, LatentLinearModel):
         raise ValueError(f"{_OWNER}: expected a vj.LatentLinearModel, got {type(model).__name__}.")
     sizes = _target_sizes(model, size, multiple)
@@ -79,10 +78,6 @@ def _pad_rows(leaf, extra):
     return jnp.concatenate([leaf, tail.astype(leaf.dtype)])
 
 
-def _per_site(leaf, num_sites):
-    return eqx.is_array(leaf) and leaf.ndim == 1 and leaf.shape[0] == num_sites
-
-
 def _pad_group(group: Sites, target: int, index: int) -> Sites:
     n = group.num_sites
     extra = target - n
@@ -104,11 +99,10 @@ def _pad_group(group: Sites, target: int, index: int) -> Sites:
         mask, potential = jnp.broadcast_to(potential.mask, (n,)), potential.potential
     else:
         mask = jnp.ones((n,), bool)
-    pad = lambda leaf: _pad_rows(leaf, extra) if _per_site(leaf, n) else leaf
+    pad = lambda leaf: _pad_rows(leaf, extra) if eqx.is_array(leaf) and leaf.ndim == 1 and leaf.shape[0] == n else leaf
     potential = jax.tree_util.tree_map(pad, potential)
     mask = jnp.concatenate([mask, jnp.zeros((extra,), bool)])
-    offset = pad(group.offset)
-    return Sites(projection, Masked(potential, mask), offset)
+    return Sites(projection, Masked(potential, mask), pad(group.offset))
 
 
 def _pad_sparse(H: jsparse.BCOO, extra: int, index: int) -> Sparse:
@@ -121,9 +115,8 @@ def _pad_sparse(H: jsparse.BCOO, extra: int, index: int) -> Sparse:
     rows = np.repeat(np.arange(n, n + extra), int(last.sum()))
     columns = np.tile(indices[last, 1], extra)
     new_indices = np.concatenate([indices, np.stack([rows, columns], axis=1).astype(indices.dtype)])
-    new_data = np.concatenate([data, np.tile(data[last], extra)])
-    padded = jsparse.BCOO((jnp.asarray(new_data, H.data.dtype), jnp.asarray(new_indices)), shape=(n + extra, H.shape[1]))
-    return Sparse.from_bcoo(padded)
+    new_data = jnp.asarray(np.concatenate([data, np.tile(data[last], extra)]), H.data.dtype)
+    return Sparse.from_bcoo(jsparse.BCOO((new_data, jnp.asarray(new_indices)), shape=(n + extra, H.shape[1])))
 
 
 def __dir__():

@@ -166,11 +166,9 @@ def fit(kind: str, pieces: int):
     left, _ = _half_layout(eps, interior, error)
     if interior % 2 == 0:
         left[-1] = 0.0
-        middle = []
-    else:
-        middle = [(left[-1], -left[-1])]
     half = list(zip(left[:-1], left[1:]))
-    intervals = half + middle
+    intervals = half + ([] if interior % 2 == 0 else [(left[-1], -left[-1])])
+
     coefs = []
     for l, h in intervals:
         c, b, a = piece(l, h)[0]

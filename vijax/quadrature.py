@@ -128,8 +128,7 @@ def tilted_moments(potential, mean, var, power=1.0):
     p = jnp.exp(terms - log_total[..., None])
     tilted_mean = jnp.sum(p * x, axis=-1)
     tilted_var = jnp.sum(p * (x - tilted_mean[..., None]) ** 2, axis=-1)
-    log_z = log_total - 0.5 * jnp.log(2 * jnp.pi * var)
-    return log_z, tilted_mean, tilted_var
+    return log_total - 0.5 * jnp.log(2 * jnp.pi * var), tilted_mean, tilted_var
 
 
 def elementwise_derivatives(fn, x):

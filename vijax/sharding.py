@@ -73,10 +73,9 @@ def shard_sites(model: LatentLinearModel, mesh: Mesh | None = None, axis_name: s
             raise ValueError(f"shard_sites: site group {index} has a sparse (BCOO) H, which JAX cannot partition; "
                              "use a dense H for sharded sites (H.todense()), or run this model on one device.")
         if not isinstance(projection, (Dense, Identity, ScaledIdentity)):
-            raise ValueError(f"shard_sites: site group {index} has a {type(projection).__name__} projection, which "
-                             "shard_sites does not know how to lay out; it splits dense rows (H an (N, D) array) "
-                             "and replicates Identity and ScaledIdentity groups. Give that group a dense H "
-                             "(an (N, D) array), or run this model on one device.")
+            raise ValueError(f"shard_sites: site group {index} has a {type(projection).__name__} projection; it splits "
+                             "dense H (an (N, D) array) and replicates Identity and ScaledIdentity groups only.")
+
         # One site per coordinate costs O(D) against the replicated prior's O(D²): replicated with it.
 
         if isinstance(projection, (Identity, ScaledIdentity)) or group.num_sites < num_devices:
