@@ -514,8 +514,7 @@ class Laplace(_LocationScale):
         wide = jnp.logaddexp(common - d / b + log_ndtr(d / s - s / b), common + d / b + log_ndtr(-d / s - s / b))
         return -jnp.log(2 * b) + jnp.where(sigma > 0, wide, -jnp.abs(d) / b)
 
-    # Tilted moments by quadrature: the closed form of log Ẑ loses digits in its second derivative once the cavity
-    # is much wider than the scale.
+    # Tilted moments by quadrature: the closed-form log Ẑ loses digits in ∂² once the cavity is much wider than scale.
 
 
 # Panels in v = log t of the integral below, relative to −log b (short where cos(a t) e^{−(b t)²/2} turns), then fixed.
@@ -623,8 +622,7 @@ class Custom(AbstractPotential):
     - `log_concave`, `super_gaussian`: what is known of φ (default False; chooses solvers, reports guarantees).
     """
 
-    # The callables split into their arrays (leaves, e.g. of a bound method of another potential) and the
-    # rest (static), so that a function holding parameters is traced, not frozen into the program.
+    # The callables' arrays (e.g. of a bound method) are leaves, so that their parameters are traced, not frozen.
     arrays: tuple
     functions: tuple = eqx.field(static=True)
     log_concave: bool = eqx.field(static=True)  # type: ignore[assignment]
