@@ -1,6 +1,4 @@
-"""Shared numerical helpers, at the bottom of vijax's layers (imports nothing from vijax): Cholesky-type factors,
-tree-wide selection, objective traces, backtracking, Gaussian densities and KL, truncated CG, Lanczos, the
-Gauss–Legendre rule, and a batched `lax.map`."""
+"""Numerical helpers several layers share, written once; at the bottom of vijax's layers (imports nothing from it)."""
 
 from __future__ import annotations
 
