@@ -1,10 +1,8 @@
-"""Input validation where data enters vijax, and the one rule for the type of stored parameters.
+"""Input validation where data enters vijax (concrete arrays only), and the one rule for the type of parameters.
 
-Checks run only on concrete arrays (tracers are validated by whoever built them outside). Parameters are stored as
-strongly typed arrays of one floating dtype, so an optimiser's update never changes their type and a jitted step
-compiles once. The dtype is that of the data the parameter goes with (a builder's ``X``, a `Sites` group's ``H``),
-else the promoted floating dtype of the arrays passed for that object (`float_dtype`: ``StudentT(df=3.0, loc=y)``
-takes ``y``'s dtype for both), else ``jnp.result_type(float)``. Tracers keep their dtype unless another is asked for.
+Parameters are strongly typed arrays of one floating dtype, so that an optimiser's update keeps their type and a
+jitted step compiles once: the dtype of the data they go with (a builder's ``X``, a group's ``H``), else the promoted
+dtype of the arrays passed for that object (``StudentT(df=3.0, loc=y)`` takes ``y``'s), else ``jnp.result_type(float)``.
 """
 
 from __future__ import annotations
@@ -44,8 +42,7 @@ def as_float_array(name: str, x, owner: str, ndim: int | None = None):
 
 
 def _floating_dtype_of(x):
-    """The floating dtype ``x`` asks for: that of a strongly typed floating array (or NumPy scalar);
-    None for Python numbers, lists, weakly typed arrays and non-floating arrays."""
+    """The dtype of a strongly typed floating array or NumPy scalar, else None."""
     if isinstance(x, (jax.Array, np.ndarray, np.generic)) and not getattr(x, "weak_type", False):
         if jnp.issubdtype(x.dtype, jnp.floating):
             return jax.dtypes.canonicalize_dtype(x.dtype)
@@ -53,17 +50,15 @@ def _floating_dtype_of(x):
 
 
 def float_dtype(*values):
-    """The promoted dtype of the strongly typed floating arrays among ``values`` (pytree leaves included), else
-    ``jnp.result_type(float)`` (Python numbers, lists, weakly typed or integer arrays only)."""
+    """The promoted dtype of the strongly typed floating arrays among ``values``' leaves, else result_type(float)."""
     dtypes = [d for d in map(_floating_dtype_of, jax.tree_util.tree_leaves(values)) if d is not None]
-    if not dtypes:
-        return jnp.result_type(float)
-    return jax.dtypes.canonicalize_dtype(functools.reduce(jnp.promote_types, dtypes))
+    return (jax.dtypes.canonicalize_dtype(functools.reduce(jnp.promote_types, dtypes)) if dtypes
+            else jnp.result_type(float))
+
 
 
 def as_param(name: str, x, owner: str, dtype=None, ndim: int | None = None):
-    """A parameter as a strongly typed floating array of ``dtype`` (default ``float_dtype(x)``), checked as by
-    `as_float_array`; a tracer of the right dtype is returned as it is."""
+    """A parameter as a strongly typed array of ``dtype`` (default ``float_dtype(x)``), checked by `as_float_array`."""
     arr = as_float_array(name, x, owner, ndim)
     dtype = float_dtype(x) if dtype is None else jax.dtypes.canonicalize_dtype(dtype)
     if arr.dtype == dtype and not arr.weak_type:
@@ -72,8 +67,8 @@ def as_param(name: str, x, owner: str, dtype=None, ndim: int | None = None):
 
 
 def cast_floating(tree, dtype):
-    """``tree`` with every floating array leaf a strongly typed array of ``dtype`` (other leaves as they are): how a
-    builder gives a kernel or potential the dtype of its data. Leaves already of that type are kept, not copied."""
+    """``tree`` with every floating array leaf a strongly typed array of ``dtype`` (the others, and the tree if none
+    changes, kept): how a builder gives a kernel or potential the dtype of its data."""
     dtype = jax.dtypes.canonicalize_dtype(dtype)
 
     def needs_cast(x):
@@ -86,12 +81,10 @@ def cast_floating(tree, dtype):
 
 
 def strongly_typed(tree):
-    """``tree`` with every weakly typed array leaf made strongly typed, of the same dtype (for optimiser state that
-    ``init`` builds from Python numbers and the first update returns strongly typed)."""
-    def strong(x):
-        return jnp.asarray(x, dtype=x.dtype) if getattr(x, "weak_type", False) else x
+    """``tree`` with every weakly typed array leaf strongly typed (optimiser state built from Python numbers)."""
+    return jax.tree_util.tree_map(lambda x: jnp.asarray(x, dtype=x.dtype) if getattr(x, "weak_type", False) else x,
+                                  tree)
 
-    return jax.tree_util.tree_map(strong, tree)
 
 
 def data_dtype(tree):
@@ -111,8 +104,8 @@ def format_param(x) -> str:
                 return text if any(c in text for c in ".ein") else text + ".0"
             return repr(value)
         dtype = np.dtype(x.dtype)
-        short = {"f": "f", "i": "i", "u": "u", "c": "c"}.get(dtype.kind)
-        name = f"{short}{8 * dtype.itemsize}" if short and dtype.name != "bfloat16" else dtype.name
+        name = f"{dtype.kind}{8 * dtype.itemsize}" if dtype.kind in "fiuc" and dtype.name != "bfloat16" else dtype.name
+
         return f"{name}[{','.join(map(str, np.shape(x)))}]"
     if callable(x) and not isinstance(x, eqx.Module):
         return getattr(x, "__name__", type(x).__name__)

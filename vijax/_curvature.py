@@ -1,7 +1,6 @@
 """Curvature of the log target: P = Λ + Σ_g H_gᵀ diag(w_g) H_g, and the site terms it is built from.
 
-Every second-order method's stand-in for the negative Hessian of its objective in the mean has this form (Newton-CG
-preconditioners, G-KL's start, Laplace's mode search, EP's and LVB's starting sites), with site weights w_n ≥ 0
+Every second-order method's stand-in for the negative Hessian in the mean has this form, with site weights w_n ≥ 0
 and Λ the precision of the model's Gaussian factor.
 """
 
@@ -24,17 +23,14 @@ class Curvature(eqx.Module):
     weights: tuple[jax.Array, ...]
 
     def _ridge(self, diag):
-        # Without a proper Gaussian term and with too few sites P is singular. Relative to each diagonal entry,
-        # so that a coordinate in kilometres is regularised as one in metres.
+        # P may be singular (no proper prior, few sites); relative, so kilometres are regularised as metres.
         return 1e-8 * jnp.maximum(diag, 1e-12 * jnp.maximum(jnp.mean(diag), 1e-12)) + 1e-30
 
     def matrix(self):
         """P as a dense ``(D, D)`` matrix, without the ridge of `dense` (Laplace's −∇²ℓ)."""
         d, dtype = self.model.dim, self.weights[0].dtype
         P = self.model.prior.precision_matrix() if self.model.prior is not None else jnp.zeros((d, d), dtype)
-        for group, w in zip(self.model.sites, self.weights):
-            P = P + group.projection.gram(w)
-        return P.astype(dtype)
+        return sum((g.projection.gram(w) for g, w in zip(self.model.sites, self.weights)), P).astype(dtype)
 
     def dense(self):
         P = self.matrix()
@@ -58,17 +54,14 @@ class Curvature(eqx.Module):
         """diag P without the ridge of `dense` (O(nnz(H)), no D × D matrix)."""
         d, dtype = self.model.dim, self.weights[0].dtype
         p = self.model.prior.precision_diagonal() if self.model.prior is not None else jnp.zeros(d, dtype)
-        for group, w in zip(self.model.sites, self.weights):
-            p = p + group.projection.squared_rmv(w)
-        return p.astype(dtype)
+        return sum((g.projection.squared_rmv(w) for g, w in zip(self.model.sites, self.weights)), p).astype(dtype)
 
     def diagonal(self):
         p = self.raw_diagonal()
         return p + self._ridge(p)
 
     def operator(self):
-        """``(product, diagonal)``: v ↦ P v for ``v`` of shape ``(D,)``, and diag(P), both with the ridge of
-        `dense` (the diagonal computed once), for matrix-free solves with P."""
+        """``(v ↦ P v, diag P)`` for ``v`` of shape ``(D,)``, both with the ridge of `dense` (matrix-free solves)."""
         p = self.raw_diagonal()
         ridge = self._ridge(p)
         return (lambda v: self.mv(v[:, None])[:, 0] + ridge * v), p + ridge
@@ -85,8 +78,6 @@ def site_derivatives(w, model: LatentLinearModel):
 
 
 def site_curvatures(w, model: LatentLinearModel, gauss_newton=False) -> tuple[jax.Array, ...]:
-    """ω_n = −(log φ_n)''(h_nᵀw + b_n) for each site group (one array of shape ``(N_g,)`` per group).
+    """ω_n = −(log φ_n)''(h_nᵀw + b_n) per site group, ``(N_g,)`` each; clipped at zero if ``gauss_newton`` (traced)."""
 
-    With ``gauss_newton`` (a bool, possibly traced) the curvatures are clipped at zero.
-    """
     return tuple(jnp.where(gauss_newton, jnp.maximum(omega, 0.0), omega) for _, _, omega in site_derivatives(w, model))

@@ -1,8 +1,7 @@
 """Blocked ELLPACK kernels for sparse projections (`vijax.projections.Sparse`).
 
-A sparse H ``(N, D)`` is stored as each row's column indices and values padded to the longest row, ``(N_pad, width)``
-with N_pad a multiple of the block size (``layout``, from a concrete BCOO). The products run over blocks of rows in a
-`lax.map` (``mv``: a gather) or `lax.scan` (``rmv``, ``gram``: a scatter-add), which keeps the working set in cache.
+H ``(N, D)`` is stored as each row's column indices and values padded to the longest row, ``(N_pad, width)``
+(``layout``); the products run over blocks of rows (``mv`` a gather, ``rmv`` and ``gram`` a scatter-add), in cache.
 """
 
 from __future__ import annotations
@@ -15,8 +14,7 @@ __all__ = ["layout", "mv", "rmv", "gram", "MAX_PADDING"]
 
 _ROW_ALIGN = 1024  # rows padded to a multiple of this (or of N's next power of two), so power-of-two blocks divide them
 _BLOCK_ELEMENTS = 1 << 19  # a block holds about this many gathered elements (block rows × width × K)
-# Rows longer than this many times the mean make the padded layout wasteful: keep BCOO.
-MAX_PADDING = 8
+MAX_PADDING = 8  # rows longer than this many times the mean make the padded layout wasteful: keep BCOO
 
 
 def layout(H):
@@ -76,8 +74,8 @@ def rmv(columns, values, y, dim):
 
 
 def gram(columns, values, w, dim):
-    """Hᵀ diag(w) H as a dense ``(dim, dim)`` array: each block of rows scatters its rows' outer products
-    w_n h_n h_nᵀ (width² entries a row), so the working set is the result and one block, never N × D."""
+    """Hᵀ diag(w) H, ``(dim, dim)``: each block of rows scatters its outer products w_n h_n h_nᵀ, never N × D."""
+
     padded, width = columns.shape
     w = jnp.pad(jnp.asarray(w), (0, padded - w.shape[0]))
     b = _block_rows(padded, width * width)

@@ -1,20 +1,10 @@
-"""The factorisation of a Gaussian's precision, in one place: a primal D × D and a site-form N × N backend.
+"""The factorisation of a Gaussian's precision P = Λ + Σ_g H_gᵀ diag(w_g) H_g: its log-determinant, solves and S = P⁻¹.
 
-Every method ends in a Gaussian with precision P = Λ + Σ_g H_gᵀ diag(w_g) H_g and needs its log-determinant, solves,
-and the covariance S = P⁻¹ or its marginal variances (tinygp's `Solver` is the model):
-
-- `Primal`: P equilibrated (P̃ = s P s, s = diag(P)^−½, so that covariates in metres and in kilometres factorise
-  alike) and factorised by the reversed Cholesky P̃ = R Rᵀ (`_linalg.reversed_cholesky`). Then
-
-      log det P = 2 Σ_i log(R_ii / s_i),   P⁻¹ v = s ∘ R⁻ᵀ R⁻¹ (s ∘ v),   S = Cᵀ C,  C = R⁻¹ diag(s),
-
-  C upper-triangular (vijax's convention). O(D³).
-- `SiteForm`: the precision K⁻¹ + W, W = diag(w) ≥ 0, in the coordinates of N sites with prior covariance K. With
-  B = I + W½ K W½ = L Lᵀ and V = L⁻¹ W½ K (Rasmussen & Williams §3.4.3, Alg. 3.2),
-
-      Σ = (K⁻¹ + W)⁻¹ = K − Vᵀ V,   log det(I + K W) = 2 Σ_i log L_ii,   (K + W⁻¹)⁻¹ u = W½ B⁻¹ W½ u,
-
-  so K is never inverted. O(N³).
+- `Primal` (O(D³)): s P s = R Rᵀ by reversed Cholesky, s = diag(P)^−½ (metres and kilometres factorise alike), so
+  log det P = 2 Σ_i log(R_ii / s_i), P⁻¹ v = s ∘ R⁻ᵀ R⁻¹ (s ∘ v) and S = Cᵀ C with C = R⁻¹ diag(s) upper-triangular.
+- `SiteForm` (O(N³)): K⁻¹ + W, W = diag(w) ≥ 0, in the coordinates of N sites with prior covariance K. With
+  B = I + W½ K W½ = L Lᵀ and V = L⁻¹ W½ K (Rasmussen & Williams Alg. 3.2), Σ = K − Vᵀ V, log det(I + K W) =
+  2 Σ_i log L_ii and (K + W⁻¹)⁻¹ u = W½ B⁻¹ W½ u: K is never inverted.
 
 `conditional` gives f* | f under a Gaussian process prior, for every GP predictive.
 """
@@ -48,8 +38,7 @@ class Primal(eqx.Module):
 
     @property
     def proper(self):
-        """Whether P is positive definite: the factor is finite and no pivot is at the rounding of P's
-        unit diagonal (a rank-deficient sum, rounded, can still factorise)."""
+        """Whether P is positive definite: the factor is finite and no pivot at the rounding of P's unit diagonal."""
         d = self.R.shape[0]
         pivots = jnp.diag(self.R) ** 2
         return jnp.all(jnp.isfinite(self.R)) & jnp.all(pivots > d * jnp.finfo(self.R.dtype).eps)
@@ -84,8 +73,7 @@ class SiteForm(eqx.Module):
 
     @staticmethod
     def of(K, weights) -> "SiteForm":
-        """The site form of K⁻¹ + diag(``weights``), ``weights`` ≥ 0 (clipped at 0, so that an unselected branch
-        of a `lax.cond` stays finite)."""
+        """The site form of K⁻¹ + diag(``weights``), ``weights`` clipped at 0 (an unselected `lax.cond` branch)."""
         root = jnp.sqrt(jnp.maximum(weights, 0.0))
         B = jnp.eye(K.shape[0], dtype=K.dtype) + root[:, None] * K * root[None, :]
         return SiteForm(K, root, jnp.linalg.cholesky(B))
@@ -126,10 +114,9 @@ class Conditional(NamedTuple):
 
 def conditional(chol, cross, prior_diag) -> Conditional:
     """f* | f ~ N(μ* + Bᵀ(f − μ), diag(k** − ‖L⁻¹K*‖²)), B = K⁻¹K*, for Cov f = K = LLᵀ (``chol`` L, ``(N, N)``
-    lower-triangular), Cov(f, f*) = K* (``cross``, ``(N, T)``) and Var f* = k** (``prior_diag``, ``(T,)``).
+    lower-triangular), Cov(f, f*) = K* (``cross``, ``(N, T)``) and Var f* = k** (``prior_diag``, ``(T,)``); under
+    q(f) = N(m, S), E f* = μ* + Bᵀ(m − μ) and Var f* = k** − ‖L⁻¹K*‖² + diag(BᵀSB)."""
 
-    Under any q(f) = N(m, S) the predictive marginals are then E f* = μ* + Bᵀ(m − μ) and
-    Var f* = k** − ‖L⁻¹K*‖² + diag(BᵀSB). O(N²T); K is never inverted."""
     A = solve_triangular(chol, cross, lower=True)
     return Conditional(A, solve_triangular(chol, A, lower=True, trans="T"), prior_diag - jnp.sum(A**2, axis=0))
 

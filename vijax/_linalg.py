@@ -1,6 +1,4 @@
-"""Shared numerical helpers, at the bottom of vijax's layers (imports nothing from vijax): Cholesky-type factors,
-tree-wide selection, objective traces, backtracking, Gaussian densities and KL, truncated CG, Lanczos, the
-Gauss–Legendre rule, and a batched `lax.map`."""
+"""Numerical helpers several layers share, written once; at the bottom of vijax's layers (imports nothing from it)."""
 
 from __future__ import annotations
 
@@ -34,10 +32,8 @@ def reversed_cholesky(P):
 
 
 def inverse_factor(R, basis=None):
-    """C = R⁻¹ Bᵀ, the upper-triangular factor of S = B P⁻¹ Bᵀ = CᵀC, from P = R Rᵀ (`reversed_cholesky`).
-
-    ``R``: ``(D, D)`` upper-triangular; ``basis``: B, lower-triangular ``(D, D)`` (e.g. a prior covariance's Cholesky
-    factor, for P in whitened coordinates) or None (B = I). One O(D³) triangular solve; P⁻¹ is never formed."""
+    """C = R⁻¹ Bᵀ, the upper-triangular factor of S = B P⁻¹ Bᵀ = CᵀC, from P = R Rᵀ (`reversed_cholesky`), by one
+    triangular solve; ``basis`` B is lower-triangular ``(D, D)`` (e.g. a prior's Cholesky factor) or None (B = I)."""
     rhs = jnp.eye(R.shape[0], dtype=R.dtype) if basis is None else basis.T
     return solve_triangular(R, rhs, lower=False)
 
@@ -48,18 +44,15 @@ def select(cond, new, old):
 
 
 def nan_trace(max_iter: int, dtype, first=None):
-    """An objective trace ``(max_iter + 1,)``, NaN except entry 0 (``first``, if given): NaN marks iterations not run."""
+    """An objective trace ``(max_iter + 1,)``, NaN (iterations not run) except entry 0 (``first``, if given)."""
     trace = jnp.full((max_iter + 1,), jnp.nan, dtype)
     return trace if first is None else trace.at[0].set(first)
 
 
 def backtrack(evaluate, acceptable, step, max_halvings: int, placeholder=None):
-    """Halve ``step`` until ``acceptable(step, evaluate(step))``, at most ``max_halvings`` times.
-
-    ``step``: a scalar or an array of independent steps, each halved while its own trial fails. ``evaluate(step)``
-    returns any pytree; ``acceptable(step, value)`` a boolean of ``step``'s shape. One `jax.lax.while_loop` whose
-    first iteration is the first trial, so ``evaluate`` is lowered once (the state starts from ``placeholder``,
-    default zeros). Returns ``(step, value, ok, halvings)``; callers keep the old point where not ``ok``."""
+    """Halve ``step`` (a scalar, or independent steps each halved while its own trial fails) until
+    ``acceptable(step, evaluate(step))``, at most ``max_halvings`` times, in one `while_loop` that lowers ``evaluate``
+    once (its state starts from ``placeholder``, default zeros). Returns ``(step, value, ok, halvings)``."""
     def unfinished(state):
         *_, ok, k = state
         return jnp.any(~ok) & (k < max_halvings)
@@ -88,16 +81,13 @@ def gaussian_entropy(logdet_cov, dim):
 
 
 def neg_kl(trace, mahalanobis, logdet_q, logdet_p, dim):
-    """−KL(N(m, V) ‖ N(μ, Σ)) = ½[log|V| − log|Σ| − tr(Σ⁻¹V) − (m − μ)ᵀΣ⁻¹(m − μ) + dim], from terms each caller
-    computes in its own parametrisation (``trace`` = tr(Σ⁻¹V), ``mahalanobis``, the log determinants)."""
+    """−KL(N(m, V) ‖ N(μ, Σ)) = ½[log|V| − log|Σ| − tr(Σ⁻¹V) − (m − μ)ᵀΣ⁻¹(m − μ) + dim], from its terms."""
     return 0.5 * (logdet_q - logdet_p - trace - mahalanobis + dim)
 
 
 def pcg(A, b, M, max_iter, rtol=None):
-    """Truncated preconditioned CG for A d = b (A, M maps); returns (d, products with A). Newton-CG's and LVB's CG.
-
-    Stops at ‖b − A d‖ ≤ rtol ‖b‖ if ``rtol`` is given (a linear solve), else at the truncated-Newton forcing
-    term min(½, (bᵀMb)^¼) ‖b‖."""
+    """Truncated preconditioned CG for A d = b (A, M maps); returns (d, products with A). Stops at ‖b − A d‖ ≤
+    rtol ‖b‖, or without ``rtol`` at the truncated-Newton forcing term min(½, (bᵀMb)^¼) ‖b‖."""
     z = M(b)
     rz0 = jnp.vdot(b, z)
     # bᵀMb estimates the squared Newton decrement whatever the scale of the parameters.
@@ -121,24 +111,16 @@ def pcg(A, b, M, max_iter, rtol=None):
         rz_next = jnp.vdot(r, z)
         return d, r, z, z + (rz_next / rz) * p, rz_next, i + 1, negative
 
-    zero = jnp.zeros_like(b)
-    d, *_, i, _ = jax.lax.while_loop(cond, body, (zero, b, z, z, rz0, jnp.array(0), jnp.array(False)))
+    d, *_, i, _ = jax.lax.while_loop(cond, body, (jnp.zeros_like(b), b, z, z, rz0, jnp.array(0), jnp.array(False)))
+
     return d, i
 
 
-# ----------------------------------------------------------------------------------------------
-# Lanczos: the one Krylov eigen-solver (products v ↦ A v only, A symmetric)
-
-
 def lanczos(product, v0, num_iter: int):
-    """``num_iter`` = k steps of Lanczos with full reorthogonalisation on the symmetric map ``product``.
-
-    ``product``: ``(D,)`` → ``(D,)``; ``v0``: ``(D,)`` start (any scale). Returns ``(Q, alpha, beta)``: the orthonormal
-    basis Q ``(D, k)`` of K_k(A, v0) and T = QᵀAQ (diagonal ``alpha`` (k,), off-diagonal ``beta`` (k − 1,)).
-    Gram–Schmidt runs twice (else ghost Ritz values appear); a breakdown (residual below √ε/100 of ‖A q‖) continues
-    with a random orthogonal direction and zero coupling, so T stays exact."""
-    D = v0.shape[0]
-    dtype = v0.dtype
+    """``num_iter`` = k steps of Lanczos with full (twice) reorthogonalisation on the symmetric map ``product``
+    from ``v0`` ``(D,)``: ``(Q (D, k), alpha (k,), beta (k − 1,))``, T = QᵀAQ tridiagonal. A breakdown continues with
+    a random orthogonal direction and zero coupling, so T stays exact."""
+    D, dtype = v0.shape[0], v0.dtype
     rtol = 1e-2 * float(jnp.finfo(dtype).eps) ** 0.5
     Q = jnp.zeros((D, num_iter), dtype).at[:, 0].set(v0 / jnp.linalg.norm(v0))
     key = jax.random.PRNGKey(17)
@@ -162,17 +144,14 @@ def lanczos(product, v0, num_iter: int):
         Q = jnp.where(k + 1 < num_iter, Q.at[:, jnp.minimum(k + 1, num_iter - 1)].set(nxt), Q)
         return Q, alpha.at[k].set(a), beta.at[k].set(jnp.where(tiny, 0.0, b))
 
-    alpha = jnp.zeros(num_iter, dtype)
-    beta = jnp.zeros(num_iter, dtype)
+    alpha = beta = jnp.zeros(num_iter, dtype)
     Q, alpha, beta = jax.lax.fori_loop(0, num_iter, body, (Q, alpha, beta))
     return Q, alpha, beta[:-1]
 
 
 def ritz_pairs(product, v0, num_iter: int):
-    """Ritz pairs of ``num_iter`` Lanczos steps from ``v0``: ``(values (k,) ascending, vectors (D, k), weights (k,))``.
-
-    With T = UΘUᵀ (`lanczos`), the Ritz vectors QU are orthonormal and the extreme θ converge first. ``weights``
-    U₁ₖ² are Gauss quadrature's: v0ᵀ f(A) v0 ≈ ‖v0‖² Σ_k U₁ₖ² f(θ_k), exact for degree < 2k."""
+    """Ritz pairs of ``num_iter`` Lanczos steps from ``v0``: ``(values (k,) ascending, vectors (D, k), weights (k,))``,
+    the weights U₁ₖ² Gauss quadrature's: v0ᵀ f(A) v0 ≈ ‖v0‖² Σ_k U₁ₖ² f(θ_k)."""
     Q, alpha, beta = lanczos(product, v0, num_iter)
     T = jnp.diag(alpha) + jnp.diag(beta, 1) + jnp.diag(beta, -1)
     values, U = jnp.linalg.eigh(T)
@@ -180,10 +159,8 @@ def ritz_pairs(product, v0, num_iter: int):
 
 
 def block_ritz_pairs(product, V0, num_blocks: int):
-    """Ritz pairs of K_q(A, V0) = span[V0, …, A^{q−1} V0]: ``(values (m,) ascending, vectors (D, m))``, m = q·b ≤ D.
-
-    ``product`` maps ``(D, b)`` blocks (``V0``'s shape); each step stores a block X and A X, so T = Qᵀ(AQ) needs no
-    further product. Worth it over `ritz_pairs` where b products cost about one (solves reading a matrix once)."""
+    """Ritz pairs of K_q(A, V0) = span[V0, …, A^{q−1} V0]: ``(values (m,) ascending, vectors (D, m))``, m = q·b ≤ D;
+    ``product`` maps ``(D, b)`` blocks, and T = Qᵀ(AQ) from the stored products."""
     D, b = V0.shape
     m = num_blocks * b
     if m > D:
@@ -216,19 +193,16 @@ def _start(key, dim, dtype, block=None):
 
 def leading_eigenvectors(product, dim: int, num: int, num_iter: int | None = None, key=None, dtype=None,
                          block: int | None = None):
-    """The ``num`` largest eigenvalues and unit eigenvectors of a symmetric map, by Lanczos.
+    """The ``num`` largest eigenvalues and unit eigenvectors of a symmetric map, ``(values (num,), vectors (D, num))``.
 
-    ``num_iter`` steps (default min(D, max(2·num + 20, 40))) from a random start (``key``, default PRNGKey(0)). With
-    ``block`` = b, ``product`` maps ``(D, b)`` blocks and ``num_iter`` counts block steps (`block_ritz_pairs`;
-    default 5, at most D/b). Returns ``(values (num,), vectors (D, num))``, decreasing; exact once the Krylov space
-    is R^D."""
+    ``num_iter`` Lanczos steps (default min(D, max(2·num + 20, 40))) from a random start (``key``, default
+    PRNGKey(0)); with ``block`` = b, ``num_iter`` block steps of `block_ritz_pairs` (default 5, at most D/b)."""
     if block is None:
         num_iter = min(dim, max(2 * num + 20, 40)) if num_iter is None else min(int(num_iter), dim)
-        size = num_iter
     else:
         num_iter = min(dim // block, 5 if num_iter is None else int(num_iter))
-        size = num_iter * block
-    if not 1 <= num <= size:
+    if not 1 <= num <= num_iter * (block or 1):
+
         raise ValueError(f"leading_eigenvectors: need 1 ≤ num ≤ (Krylov dimension) ≤ D, got num={num}, "
                          f"num_iter={num_iter}, block={block}, D={dim}.")
     if block is None:
@@ -240,13 +214,9 @@ def leading_eigenvectors(product, dim: int, num: int, num_iter: int | None = Non
 
 
 def lanczos_variances(precision_product, dim: int, num_iter: int, key=None, dtype=None, v0=None):
-    """Marginal variances diag(P⁻¹) of a Gaussian with precision P, from ``num_iter`` Lanczos vectors.
-
-    With T = QᵀPQ = UΘUᵀ (products v ↦ P v only), the estimate is diag(Q T⁻¹ Qᵀ) = Σ_k (QU)²_{:k} / θ_k (Schneider
-    & Willsky 2001; glm-ie, Seeger & Nickisch 2011, used inside LVB). Q T⁻¹ Qᵀ ≼ P⁻¹: lower bounds, growing with
-    ``num_iter``, exact at D; on a compact spectrum they can hold far less of tr P⁻¹ than S's top eigenvalues would
-    (``benchmarks/design_images.py`` measures it). Start ``v0`` (default normal from ``key``, PRNGKey(0)). Returns
-    ``(variances (D,), ritz_values (k,), ritz_vectors (D, k))``, θ ascending."""
+    """Lower bounds diag(Q T⁻¹ Qᵀ) = Σ_k (QU)²_{:k} / θ_k ≤ diag(P⁻¹) from ``num_iter`` Lanczos steps on the
+    precision P (Schneider & Willsky 2001), exact at D; start ``v0`` (default normal from ``key``, PRNGKey(0)).
+    Returns ``(variances (D,), ritz_values (k,), ritz_vectors (D, k))``, θ ascending."""
     num_iter = min(int(num_iter), dim)
     v0 = _start(key, dim, dtype) if v0 is None else v0
     values, vectors, _ = ritz_pairs(precision_product, v0, num_iter)
@@ -254,9 +224,9 @@ def lanczos_variances(precision_product, dim: int, num_iter: int, key=None, dtyp
 
 
 def batched_map(fn, xs, batch_size):
-    """``fn`` over the leading axis of the pytree ``xs`` by `jax.lax.map`, vmapped within whole batches of
-    ``batch_size``: the rows are padded to a multiple of the batch by repeating the last, the padding dropped after
-    (a remainder batch would be a second vmapped copy of ``fn``, which also hung XLA's CPU runtime)."""
+    """``fn`` over the leading axis of ``xs`` by `jax.lax.map` in whole vmapped batches of ``batch_size``, the rows
+    padded by repeating the last (a remainder batch would compile a second vmapped copy of ``fn``)."""
+
     if batch_size == 1:
         return jax.lax.map(fn, xs)
     count = jax.tree_util.tree_leaves(xs)[0].shape[0]

@@ -1,34 +1,17 @@
-"""Gaussian expectations of the piecewise bounds of `vijax.piecewise` on f(x) = log(1 + eˣ).
+"""Gaussian expectations of the piecewise bounds f̄(x) = c_r x² + b_r x + a_r on [t_{r−1}, t_r) of `vijax.piecewise`.
 
-An R-piece bound is f̄(x) = c_r x² + b_r x + a_r on [t_{r−1}, t_r), t_0 = −∞, t_R = ∞ (c_r = 0 for the linear
-kind). Under x ~ N(m, s²), with z_k = (t_k − m)/s and the tilted Gaussian N((m + β_r s²)/k_r, s²/k_r),
-k_r = 1 + 2c_r s², β_r = −b_r, standardised breakpoints l̃_r, h̃_r,
-
-$$
-\\log\\langle e^{-\\bar f}\\rangle = \\operatorname{logsumexp}_r \\Big[-\\tfrac12\\log k_r
-+ \\frac{2 m \\beta_r + \\beta_r^2 s^2 - 2 c_r m^2}{2 k_r} - a_r
-+ \\log\\big(\\Phi(\\tilde h_r) - \\Phi(\\tilde l_r)\\big)\\Big].
-$$
-
-⟨f̄⟩ is summed by parts over the R − 1 inner edges, which adjacent pieces share. With Δc_k = c_{k+1} − c_k (likewise
-Δb, Δa), Δg_k(x) = Δc_k x² + Δb_k x + Δa_k, r* the piece holding m and the signed tail mass T_k = −Φ(z_k) for
-z_k ≤ 0, Φ(−z_k) for z_k > 0 (tail masses, so nothing cancels for |m| ≫ s),
+Under x ~ N(m, s²), log⟨e^{−f̄}⟩ is a logsumexp over pieces of truncated-Gaussian masses under each piece's tilted
+Gaussian N((m − b_r s²)/k_r, s²/k_r), k_r = 1 + 2c_r s². ⟨f̄⟩ is summed by parts over the inner edges: with
+Δc_k = c_{k+1} − c_k (likewise Δb, Δa, Δg_k(x) = Δc_k x² + Δb_k x + Δa_k), z_k = (t_k − m)/s, r* the piece holding
+m and the signed tail mass T_k = −Φ(z_k) (z_k ≤ 0) or Φ(−z_k) (nothing cancels for |m| ≫ s),
 
 $$
 \\langle \\bar f \\rangle = c_{r^*} (m^2 + s^2) + b_{r^*} m + a_{r^*}
-+ \\sum_{k=1}^{R-1} T_k \\big(\\Delta g_k(m) + \\Delta c_k s^2\\big)
++ \\sum_{k} T_k \\big(\\Delta g_k(m) + \\Delta c_k s^2\\big)
 + s N(z_k) \\big(2 \\Delta c_k m + \\Delta b_k + \\Delta c_k s z_k\\big),
 $$
 
-and, with G_k = 2 Δc_k s + Δg_k(t_k)/s (Δg_k(t_k) is f̄'s jump at t_k, zero for the linear kind),
-
-$$
-\\partial_m \\langle \\bar f \\rangle = 2 c_{r^*} m + b_{r^*}
-+ \\sum_k T_k (2 \\Delta c_k m + \\Delta b_k) + N(z_k) G_k,
-\\qquad
-\\partial_s \\langle \\bar f \\rangle = 2 c_{r^*} s
-+ \\sum_k 2 T_k \\Delta c_k s + N(z_k) \\big(2 \\Delta c_k m + \\Delta b_k + z_k G_k\\big).
-$$
+whose derivatives in (m, s) are sums over the same edges (`_expected_parts`).
 """
 
 from __future__ import annotations
@@ -47,10 +30,8 @@ KINDS = ("linear", "quadratic")
 PIECES = tuple(sorted(TABLES["quadratic"]))
 
 _SQRT_2PI = math.sqrt(2 * math.pi)
-# Standardised breakpoints are clipped here: N(z) and Φ(−z) underflow to 0 beyond 40 in float64.
-_CLIP = 40.0
-# For the exponentiated bound the clip only guards ±∞ arithmetic; log Φ(−1e3) is still finite.
-_CLIP_LOG = 1e3
+_CLIP = 40.0  # standardised breakpoints: N(z) and Φ(−z) underflow to 0 beyond 40 in float64
+_CLIP_LOG = 1e3  # for log⟨e^{−f̄}⟩ only against ±∞ arithmetic: log Φ(−1e3) is still finite
 
 
 def check(kind: str, pieces: int, owner: str = "piecewise") -> None:
@@ -58,9 +39,8 @@ def check(kind: str, pieces: int, owner: str = "piecewise") -> None:
     if kind not in KINDS:
         raise ValueError(f"{owner}: `kind` must be one of {KINDS}, got {kind!r}.")
     if not isinstance(pieces, (int, np.integer)) or int(pieces) not in TABLES[kind]:
-        shipped = f"{PIECES[0]} … {PIECES[-1]}" if PIECES else "(none shipped)"
-        raise ValueError(f"{owner}: `pieces` must be an integer in {shipped} (the shipped tables), got "
-                         f"{pieces!r}; fit other sizes with vijax.piecewise.fit.")
+        raise ValueError(f"{owner}: `pieces` must be an integer in {PIECES[0]} … {PIECES[-1]} (the shipped tables), "
+                         f"got {pieces!r}; fit other sizes with vijax.piecewise.fit.")
 
 
 @functools.lru_cache(maxsize=None)
@@ -92,10 +72,7 @@ def _safe_sd(sd):
 
 
 def expected(kind: str, pieces: int, mean, sd):
-    """⟨f̄(x)⟩ for x ~ N(mean, sd²), elementwise over the broadcast of ``mean`` and ``sd``.
-
-    Differentiable to any order; the first derivatives are in closed form (module docstring).
-    """
+    """⟨f̄(x)⟩ for x ~ N(mean, sd²), elementwise; differentiable to any order, first derivatives in closed form."""
     mean, sd = jnp.broadcast_arrays(mean, sd)
     dtype = jnp.result_type(mean, sd, float)
     # The floor on sd stays outside the custom rule, so autodiff gives it its zero derivative.
@@ -103,17 +80,17 @@ def expected(kind: str, pieces: int, mean, sd):
 
 
 def _expected_parts(kind, pieces, mean, s, with_gradient):
-    """⟨f̄⟩ and, if asked, its partial derivatives in (mean, s > 0), as sums over the inner edges (one erfc and one
-    exp per edge, against four `ndtr`s per piece piece by piece)."""
+    """⟨f̄⟩ and, if asked, its partial derivatives in (mean, s > 0), as sums over the inner edges.
+
+    With G_k = 2Δc_k s + Δg_k(t_k)/s: ∂_m⟨f̄⟩ = 2c_{r*}m + b_{r*} + Σ_k T_k(2Δc_k m + Δb_k) + N(z_k)G_k and
+    ∂_s⟨f̄⟩ = 2c_{r*}s + Σ_k 2T_kΔc_k s + N(z_k)(2Δc_k m + Δb_k + z_k G_k)."""
     t, c, b, a = _constants(kind, pieces, mean.dtype)
     dc, db, da = jnp.diff(c), jnp.diff(b), jnp.diff(a)
     quadratic = lambda c, b, a, x: (c * x + b) * x + a
     # Clipped edges have T = N = 0 exactly, as for ±∞, and carry no derivative (as under jnp.clip).
     z = jnp.clip((t - mean[..., None]) / s[..., None], -_CLIP, _CLIP)
     upper = z > 0
-    # T = ±Φ(−|z|) through erfc, accurate where Φ(z) rounds to 1. −|z| is a `where` whose branch at
-    # z = 0 is the one r* and the sign use (T = −Φ(z)): jnp.abs has derivative 0 at 0, which would
-    # break second derivatives when the mean sits exactly on a breakpoint.
+    # T = ±Φ(−|z|) by erfc; a `where`, not jnp.abs (derivative 0 at 0), for second derivatives on a breakpoint.
     tail = jnp.where(upper, 0.5, -0.5) * jax.lax.erfc(jnp.where(upper, z, -z) * math.sqrt(0.5))
     pdf = jnp.exp(-0.5 * z**2) / _SQRT_2PI
     r = jnp.sum(~upper, -1)  # r* (from 0): the number of breakpoints at or below the mean
@@ -123,8 +100,8 @@ def _expected_parts(kind, pieces, mean, s, with_gradient):
     if with_gradient:
         g = 2 * dc * sk + quadratic(dc, db, da, t) / sk
         edge_terms += [tail * d_slope + pdf * g, 2 * sk * tail * dc + pdf * (d_slope + z * g)]
-    # One reduction over the stacked edge terms: XLA then reads the edge arrays once, not per sum.
-    sums = jnp.sum(jnp.stack(edge_terms, -2), -1)
+    sums = jnp.sum(jnp.stack(edge_terms, -2), -1)  # one reduction: XLA reads the edge arrays once
+
     value = quadratic(c[r], b[r], a[r], mean) + c[r] * s**2 + sums[..., 0]
     if not with_gradient:
         return value

@@ -1,26 +1,13 @@
 """Padded site groups: one compiled fit for data sets of nearby sizes.
 
-A jitted fit is compiled for the shapes of its model, so folds of unequal size compile once per number
-of sites N. `pad_sites` gives every site group a fixed size N' instead: the real sites, then padding
-sites that contribute exactly nothing,
-
-$$
-p(w) \\propto f(w) \\prod_{n \\le N} \\varphi_n(h_n^\\top w + b_n) \\prod_{N < n \\le N'} 1 ,
-$$
-
-so log Z, the posterior and every method's answer are those of the unpadded model. A padding site is a
-copy of the last real site whose potential a `vijax.potentials.Masked` wrapper switches off
-(log φ̃_n ≡ 0): G-KL, mean field, Laplace and MAP see a zero term with zero derivatives, EP's tilted
-density is the cavity (the site stays at precision 0), LVB a zero quadratic. Copying a real site rather
-than using a zero row of H keeps every value computed under the mask finite, which matters because
-reverse-mode derivatives multiply by what sits under a `jnp.where`. The mask is a traced array, so
-models padded to the same sizes share one compiled fit::
+`pad_sites` gives every site group a fixed size N': the real sites, then copies of the last one switched off by
+`vijax.potentials.Masked` (φ̃_n ≡ 1, so p(w) ∝ f(w) ∏_{n ≤ N} φ_n(h_nᵀw + b_n) and every method's answer is the
+unpadded model's). Copies, not zero rows, keep every value under the mask finite for reverse-mode derivatives. The
+mask is traced, so models padded to the same sizes share one compiled fit::
 
     fit = jax.jit(lambda m: vj.infer(m, vj.GKL()))
     for X, y in folds:                                    # 90 … 110 training points each
         post = fit(vj.pad_sites(vj.glm.logistic_regression(X, y), 112))   # compiled once
-
-A fit does the work of N' sites, so buckets a few percent above the largest N cost a few percent.
 """
 
 from __future__ import annotations
@@ -44,21 +31,14 @@ _OWNER = "pad_sites"
 def pad_sites(model: LatentLinearModel, size=None, *, multiple=None) -> LatentLinearModel:
     """``model`` with each site group padded to a fixed number of sites that contribute nothing.
 
-    Give either ``size`` or ``multiple``:
+    Dense and sparse (`BCOO`, outside ``jax.jit``) groups can be padded; groups on `vj.Identity` or `ScaledIdentity`
+    cannot grow (pass None or an equal size for them). Give either ``size`` or ``multiple``:
 
-    - `size`: the number of sites N' ≥ N of every group (an int), or one entry per group (a tuple,
-      None leaving a group as it is, e.g. prior sites on `vj.Identity`).
-    - `multiple`: pad each group to the next multiple of this (``multiple=16``: 90 … 110 points land
-      on 96 or 112 sites).
+    - `size`: the number of sites N' ≥ N of every group (an int), or one per group (a tuple, None keeping a group).
+    - `multiple`: pad each group to the next multiple of this (``multiple=16``: 90 … 110 points give 96 or 112).
 
-    **Returns:** a `vj.LatentLinearModel` whose padded groups carry a `vijax.potentials.Masked`
-    potential (True for the N real sites); every method's answer and its derivatives equal those of
-    ``model`` up to rounding. A group already of size N' is wrapped all the same, so every fold has
-    the same structure.
-
-    Dense and sparse (`BCOO`) groups can be padded, sparse ones outside ``jax.jit`` (their stored
-    entries are a shape). Groups on `vj.Identity` or `ScaledIdentity` (one site per latent
-    coordinate, as in GP models) cannot grow: pass None for them, or an equal size.
+    **Returns:** a `vj.LatentLinearModel` whose padded groups (also those already of size N') carry a
+    `vijax.potentials.Masked` potential, True for the N real sites; every answer equals ``model``'s up to rounding.
     """
     if not isinstance(model, LatentLinearModel):
         raise ValueError(f"{_OWNER}: expected a vj.LatentLinearModel, got {type(model).__name__}.")
@@ -98,10 +78,6 @@ def _pad_rows(leaf, extra):
     return jnp.concatenate([leaf, tail.astype(leaf.dtype)])
 
 
-def _per_site(leaf, num_sites):
-    return eqx.is_array(leaf) and leaf.ndim == 1 and leaf.shape[0] == num_sites
-
-
 def _pad_group(group: Sites, target: int, index: int) -> Sites:
     n = group.num_sites
     extra = target - n
@@ -123,11 +99,10 @@ def _pad_group(group: Sites, target: int, index: int) -> Sites:
         mask, potential = jnp.broadcast_to(potential.mask, (n,)), potential.potential
     else:
         mask = jnp.ones((n,), bool)
-    pad = lambda leaf: _pad_rows(leaf, extra) if _per_site(leaf, n) else leaf
+    pad = lambda leaf: _pad_rows(leaf, extra) if eqx.is_array(leaf) and leaf.ndim == 1 and leaf.shape[0] == n else leaf
     potential = jax.tree_util.tree_map(pad, potential)
     mask = jnp.concatenate([mask, jnp.zeros((extra,), bool)])
-    offset = pad(group.offset)
-    return Sites(projection, Masked(potential, mask), offset)
+    return Sites(projection, Masked(potential, mask), pad(group.offset))
 
 
 def _pad_sparse(H: jsparse.BCOO, extra: int, index: int) -> Sparse:
@@ -140,9 +115,8 @@ def _pad_sparse(H: jsparse.BCOO, extra: int, index: int) -> Sparse:
     rows = np.repeat(np.arange(n, n + extra), int(last.sum()))
     columns = np.tile(indices[last, 1], extra)
     new_indices = np.concatenate([indices, np.stack([rows, columns], axis=1).astype(indices.dtype)])
-    new_data = np.concatenate([data, np.tile(data[last], extra)])
-    padded = jsparse.BCOO((jnp.asarray(new_data, H.data.dtype), jnp.asarray(new_indices)), shape=(n + extra, H.shape[1]))
-    return Sparse.from_bcoo(padded)
+    new_data = jnp.asarray(np.concatenate([data, np.tile(data[last], extra)]), H.data.dtype)
+    return Sparse.from_bcoo(jsparse.BCOO((new_data, jnp.asarray(new_indices)), shape=(n + extra, H.shape[1])))
 
 
 def __dir__():

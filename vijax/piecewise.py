@@ -6,21 +6,15 @@ $$
 f(x) \\le \\bar f(x) = c_r x^2 + b_r x + a_r, \\qquad x \\in [t_{r-1}, t_r),
 $$
 
-so that log σ(x) = −f(−x) ≥ −f̄(−x): a lower bound on every logistic site whose Gaussian expectation is in
-closed form, with maximum error ε_R. Inside the G-KL bound it gives a lower bound on log Z of a logistic model,
-within N·ε_R of the G-KL bound with exact expectations (Khan thesis, Thm 4.6.2):
+so that log σ(x) ≥ −f̄(−x), a logistic site bound with closed-form Gaussian expectations and maximum error ε_R:
+the G-KL bound on it is a lower bound on log Z, within N·ε_R of the exact G-KL bound (Khan thesis, Thm 4.6.2):
 
 >>> model = vj.piecewise.bound_logistic_sites(vj.glm.logistic_regression(X, y), "quadratic", 20)
 >>> post = vj.infer(model, vj.GKL())        # post.log_z ≤ the exact G-KL bound ≤ log Z
 
-- ``kind="linear"``: f̄ = max_r (b_r x + a_r), the chord interpolant of f through R − 1 knots (convex, so the
-  site is log-concave and the G-KL bound stays jointly concave).
-- ``kind="quadratic"``: c_r ≥ 0, each bounded piece the minimax upper quadratic on its interval (3–24× smaller
-  error than linear at equal R; ε_20 = 1.4e-4 against 3.3e-3). f̄ jumps (by less than ε_R) at the breakpoints,
-  so the site is not exactly log-concave.
-
-The unbounded pieces are f(t_1) and x + f(−t_{R−1}). Breakpoints are symmetric (f(−x) = f(x) − x maps a piece
-(c, b, a) on [l, h] to (c, 1 − b, a) on [−h, −l]) and every piece has the same maximum error. Tables for
+``kind="linear"``: f̄ = max_r (b_r x + a_r), the chord interpolant (the site is log-concave). ``kind="quadratic"``:
+minimax upper quadratics, c_r ≥ 0 (ε_20 = 1.4e-4 against 3.3e-3), jumping by less than ε_R at the breakpoints.
+Pieces are symmetric ((c, b, a) on [l, h] and (c, 1 − b, a) on [−h, −l]) with equal maximum error. Tables for
 R = 3 … 20 ship with vijax (`table`); `fit` computes them (with SciPy; ``benchmarks/fit_piecewise.py``).
 """
 
@@ -47,11 +41,9 @@ def max_error(kind: str, pieces: int) -> float:
 
 
 def bound_logistic_sites(model, kind: str = "quadratic", pieces: int = 20):
-    """``model`` with every `Logistic` site group replaced by `PiecewiseLogistic(pieces, kind)`.
+    """``model`` with every `Logistic` site group (masked or not) replaced by `PiecewiseLogistic(pieces, kind)`.
 
-    Other site groups and the Gaussian factor are unchanged; `Masked` logistic sites keep their mask. With `vj.GKL`
-    the result's ``log_z`` is a lower bound on the original model's log Z, at most N·ε_R below the exact G-KL bound.
-    """
+    With `vj.GKL` the result's ``log_z`` is a lower bound on ``model``'s log Z, at most N·ε_R below its G-KL bound."""
     site = PiecewiseLogistic(pieces, kind)
 
     def replaced(potential):
@@ -64,12 +56,8 @@ def bound_logistic_sites(model, kind: str = "quadratic", pieces: int = 20):
         potential = replaced(g.potential)
         return g if potential is g.potential else eqx.tree_at(lambda g: g.potential, g, potential)
 
-    groups = tuple(group(g) for g in model.sites)
-    return model.replace(sites=groups)
+    return model.replace(sites=tuple(group(g) for g in model.sites))
 
-
-# ----------------------------------------------------------------------------------------------
-# The offline fitter (NumPy + SciPy)
 
 
 def _f(x):
@@ -94,10 +82,8 @@ def _chord(l, h):
 
 
 def _quadratic(l, h, num=65):
-    """The minimax upper quadratic over [l, h] on a Chebyshev grid, as (c, b, a) and its gap there.
-
-    The best uniform approximation (error E, by linear programming with curvature ≥ 0) shifted up by E, gap 2E;
-    solved for (f − chord)/max|f − chord|, so that the tolerances are relative to the error."""
+    """The minimax upper quadratic over [l, h] on a Chebyshev grid (the best uniform fit of (f − chord)/max|f − chord|
+    by linear programming, error E, shifted up by E), as (c, b, a) and its gap 2E."""
     opt = _scipy()
     mid, half = 0.5 * (h + l), 0.5 * (h - l)
     u = np.cos(np.pi * np.arange(num) / (num - 1))  # u[0] = 1 (x = h), u[-1] = −1 (x = l)
@@ -161,12 +147,12 @@ def _gap_extremes(coef, l, h, num=4001):
 
 
 def fit(kind: str, pieces: int):
-    """The minimax R-piece bound of ``kind`` ("linear" or "quadratic"), for any R ≥ 2.
+    """The minimax R-piece bound of ``kind`` ("linear" or "quadratic"), for any R ≥ 2 (needs SciPy).
 
-    Returns a dict with ``breakpoints`` (R − 1,), ``coefficients`` (R, 3) as rows (c_r, b_r, a_r) and
-    ``max_error``, plain floats. ε is found by bisection so that a greedy layout of pieces with gap ε from t_1
-    (f(t_1) = ε) reaches 0 exactly, then mirrored; each piece is lifted so that its smallest gap is `MARGIN` > 0.
-    Needs SciPy."""
+    ε is found by bisection so that a greedy layout of pieces with gap ε from t_1 (f(t_1) = ε) reaches 0 exactly,
+    then mirrored; each piece is lifted so that its smallest gap is `MARGIN` > 0. Returns a dict of plain floats:
+    ``breakpoints`` (R − 1,), ``coefficients`` (R, 3) as rows (c_r, b_r, a_r) and ``max_error``."""
+
     if kind not in KINDS:
         raise ValueError(f"piecewise.fit: `kind` must be one of {KINDS}, got {kind!r}.")
     if int(pieces) < 2:
@@ -180,11 +166,9 @@ def fit(kind: str, pieces: int):
     left, _ = _half_layout(eps, interior, error)
     if interior % 2 == 0:
         left[-1] = 0.0
-        middle = []
-    else:
-        middle = [(left[-1], -left[-1])]
     half = list(zip(left[:-1], left[1:]))
-    intervals = half + middle
+    intervals = half + ([] if interior % 2 == 0 else [(left[-1], -left[-1])])
+
     coefs = []
     for l, h in intervals:
         c, b, a = piece(l, h)[0]

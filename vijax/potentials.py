@@ -1,19 +1,11 @@
-"""Site potentials φ(x), x = hᵀw, and their Gaussian expectations.
+"""Site potentials φ(x), x = hᵀw: the non-Gaussian factors of p(w) ∝ N(w | μ, Σ) ∏_n φ_n(h_nᵀw).
 
-A potential is the non-Gaussian factor of the target
-
-$$
-p(w) \\propto \\mathcal N(w \\mid \\mu, \\Sigma) \\prod_n \\varphi_n(h_n^\\top w).
-$$
-
-``log_phi(x)`` maps projections ``x``, shape ``(N,)``, to ``log φ_n(x_n)``; per-site parameters are scalars or
-``(N,)`` arrays, strongly typed of one floating dtype (`vijax._checks`). Every potential gives
-``expected_log_phi`` = :math:`\\langle \\log \\varphi(\\mu + \\sigma z)\\rangle_{z\\sim\\mathcal N(0,1)}` (the G-KL
-site term; closed form or quadrature accurate for ``sigma`` up to 1e2), ``log_expected_phi`` =
-:math:`\\log \\langle \\varphi(\\mu + \\sigma z)\\rangle` (the log predictive density), ``tilted_moments`` (EP) and
-the flags ``log_concave``, ``concave_expectation`` and ``super_gaussian`` (local variational bounds exist).
-Observation potentials take the observation as ``loc`` (or ``counts``); `Logistic`, `Probit` and `Heaviside` act on
-``y_n x_n^T w``, the label folded into ``h_n`` (``labels_in_projection = True``).
+``log_phi(x)`` maps projections ``x`` ``(N,)`` to ``log φ_n(x_n)``; per-site parameters are scalars or ``(N,)``
+arrays of one floating dtype. Each potential gives ``expected_log_phi`` = ⟨log φ(μ + σz)⟩ (the G-KL site term,
+accurate for σ up to 1e2), ``log_expected_phi`` = log⟨φ(μ + σz)⟩ (the log predictive density), ``tilted_moments``
+(EP) and the flags ``log_concave``, ``concave_expectation`` and ``super_gaussian``. Observation potentials take
+the observation as ``loc`` (or ``counts``); `Logistic`, `Probit` and `Heaviside` act on y_n x_nᵀw, the label folded
+into ``h_n`` (``labels_in_projection``).
 """
 
 from __future__ import annotations
@@ -68,8 +60,7 @@ class AbstractPotential(eqx.Module):
 
     @property
     def concave_expectation(self) -> bool:
-        """Whether F(μ, σ) = ⟨log φ(μ + σz)⟩ is jointly concave in (μ, σ), so that every site precision
-        λ* = −∂²F/∂μ² ≥ 0 and the G-KL bound is concave in (m, C). Defaults to ``log_concave``, which implies it."""
+        """Whether ⟨log φ(μ + σz)⟩ is jointly concave in (μ, σ) (the G-KL bound then is); implied by ``log_concave``."""
         return bool(self.log_concave)
 
     @abc.abstractmethod
@@ -126,10 +117,6 @@ def _param(name, value, owner, dtype, positive=False):
     return arr
 
 
-# ----------------------------------------------------------------------------------------------
-# Binary-classification potentials (labels folded into H)
-
-
 @functools.lru_cache(maxsize=None)
 def _laguerre_rule(num_nodes: int):
     return np.polynomial.laguerre.laggauss(num_nodes)
@@ -146,10 +133,7 @@ def _expected_log1p_exp_neg_abs(mu, sigma, num_nodes: int = 32):
 
 
 def _expected_log1p_exp_neg_abs_derivatives(mu, sigma, num_nodes: int = 32) -> ExpectationDerivatives:
-    """`ExpectationDerivatives` of R = ⟨log(1 + e^{-|x|})⟩ on the rule of `_expected_log1p_exp_neg_abs`.
-
-    Only the densities depend on (μ, v): ∂ᵏN/∂μᵏ = N Heₖ(u)/σᵏ, u = (x − μ)/σ (Hermite Heₖ), ∂/∂v = ½ ∂²/∂μ², and
-    N(−x | μ, v) = N(x | −μ, v) flips sign with odd k."""
+    """`_expected_log1p_exp_neg_abs` and its derivatives: ∂ᵏN/∂μᵏ = N Heₖ(u)/σᵏ, u = (x − μ)/σ, ∂/∂v = ½ ∂²/∂μ²."""
     x, w = _laguerre_rule(num_nodes)
     big = x > 30  # e^x log1p(e^-x) -> 1 - e^-x / 2
     ratio = np.where(big, 1 - 0.5 * np.exp(-x), np.exp(np.where(big, 0.0, x)) * np.log1p(np.exp(-x)))
@@ -170,8 +154,7 @@ def _expected_log1p_exp_neg_abs_derivatives(mu, sigma, num_nodes: int = 32) -> E
 
 
 def _node_sums(terms, nodes, weights, like):
-    """Σ_k terms(nodes[k], weights[k]) (a tuple of five arrays shaped like ``like``) by a scan: no (sites × nodes)
-    array is formed. Unrolled by two: more costs compile time and saves little."""
+    """Σ_k terms(nodes[k], weights[k]) (five arrays shaped like ``like``) by a scan, without a (sites × nodes) array."""
     zeros = tuple(jnp.zeros_like(like) for _ in range(5))
     add = lambda total, node: (tuple(a + b for a, b in zip(total, terms(*node))), None)
     return jax.lax.scan(add, zeros, (nodes, weights), unroll=2)[0]
@@ -198,13 +181,8 @@ def _legendre_on(a, b, num_nodes: int):
 
 
 def _expected_log_ndtr_wide(mu, sigma):
-    """⟨log Φ(x)⟩, x ~ N(mu, sigma²), for sigma ≥ 1 and |mu| ≤ 8 sigma (the bend at 0 inside). With p the density
-    of x and g(y) = log Φ(−y) + y²/2 (smooth, ≈ −log y − ½ log 2π for large y),
-
-        ⟨log Φ(x)⟩ = −½⟨x²; x < 0⟩ + ∫₀^∞ log Φ(x) p(x) dx + ∫₀^∞ g(y) p(−y) dy:
-
-    the first in closed form, the others by Gauss–Legendre on [0, 9] (log Φ < 1e-19 beyond), the last continued in
-    w = y/σ on [9/σ, 1] in log w and on [1, z₀ + 10], z₀ = −μ/σ. About 1e-11 relative."""
+    """⟨log Φ(x)⟩ for σ ≥ 1, |μ| ≤ 8σ, as −½⟨x²; x < 0⟩ + ∫₀^∞ log Φ(x) p(x) dx + ∫₀^∞ g(y) p(−y) dy, g(y) = log Φ(−y)
+    + y²/2, by Gauss–Legendre on [0, 9], then in w = y/σ on [9/σ, 1] (in log w) and [1, 10 − μ/σ]; ~1e-11 relative."""
     cut = 9.0
     z0 = -mu / sigma
     pdf = lambda z: jnp.exp(-0.5 * z**2) / _SQRT_2PI
@@ -248,18 +226,14 @@ class Logistic(AbstractPotential):
 
     def expected_log_phi_derivatives(self, mu, var, quadrature: GaussHermite = _DEFAULT_QUADRATURE
                                      ) -> ExpectationDerivatives:
-        """In closed form, on the rules of `expected_log_phi`. Below σ = 1.5, Gauss–Hermite of ∂ᵏF/∂μᵏ = ⟨f⁽ᵏ⁾⟩
-        and ∂/∂v = ½ ∂²/∂μ², with f = log σ(x), p = σ(x), q = 1 − p: f⁽¹⁾ = q, f⁽²⁾ = −pq, f⁽³⁾ = −pq(q − p),
-        f⁽⁴⁾ = −pq(1 − 6pq). From σ = 1.5, ⟨min(x, 0)⟩ = μΦ(−a) − sφ(a) (a = μ/s) has ∂/∂μ = Φ(−a), ∂/∂v = −½φ(a)/s,
-        ∂²/∂μ∂v = ½aφ(a)/s², ∂²/∂v² = −¼(a² − 1)φ(a)/s³, and the Gauss–Laguerre remainder its own
-        (`_expected_log1p_exp_neg_abs_derivatives`)."""
+        """In closed form on the rules of `expected_log_phi`: ∂ᵏF/∂μᵏ = ⟨f⁽ᵏ⁾⟩ and ∂/∂v = ½ ∂²/∂μ², f = log σ(x)."""
         mu, var = jnp.broadcast_arrays(mu, var)
         sigma = safe_sqrt(var)
         wide = sigma >= _WIDE_LOG_SIGMOID
         z, w = quadrature.rule(jnp.result_type(mu, var))
         narrow_sigma = jnp.where(wide, 0.0, sigma)
 
-        def terms(node, weight):  # with e = e^{−|x|} and r = 1/(1 + e): p, q = r, er (x ≥ 0) or er, r
+        def terms(node, weight):  # f' = q, f'' = −pq, f''' = −pq(q − p), f'''' = −pq(1 − 6pq); e = e^{−|x|}
             x = mu + narrow_sigma * node
             e = jnp.exp(-jnp.abs(x))
             r = 1.0 / (1.0 + e)
@@ -280,39 +254,26 @@ class Logistic(AbstractPotential):
         return ExpectationDerivatives(*(jnp.where(wide, u, v) for u, v in zip(large, narrow)))
 
     def log_expected_phi(self, mu, sigma, quadrature: GaussHermite = _DEFAULT_QUADRATURE):
-        return self._reflected(mu, sigma, quadrature, derivatives=False)[0]
+        return self._log_expected_sigmoid(mu, sigma, quadrature, derivatives=False)[0]
 
     def tilted_moments(self, mean, var, power=1.0):
         if not (isinstance(power, (int, float)) and power == 1):
             return super().tilted_moments(mean, var, power)
         # Ẑ = ⟨σ(x)⟩ on one smooth rule; E[x] = m + v ∂log Ẑ/∂m, Var[x] = v + v² ∂²log Ẑ/∂m² on the same rule.
         mean, var = jnp.broadcast_arrays(mean, var)
-        log_z, slope, curvature = self._reflected(mean, jnp.sqrt(var), _TILTED_RULE, derivatives=True)
+        log_z, slope, curvature = self._log_expected_sigmoid(mean, jnp.sqrt(var), _TILTED_RULE, derivatives=True)
+
         return log_z, mean + var * slope, var + var**2 * curvature
-
-    @classmethod
-    def _reflected(cls, mu, sigma, quadrature, derivatives):
-        """log⟨σ(x)⟩ (with ``derivatives``, also its first two μ-derivatives), reflected so the rules see μ ≥ −σ²/2.
-
-        Below μ = −σ²/2, σ(x) = eˣσ(−x) gives ⟨σ(x)⟩_{N(μ, σ²)} = e^{μ + σ²/2} ⟨σ(x)⟩_{N(−μ − σ², σ²)}."""
-        mu, sigma = jnp.broadcast_arrays(mu, sigma)
-        var = sigma**2
-        reflect = mu < -0.5 * var
-        out = cls._log_expected_sigmoid(jnp.where(reflect, -mu - var, mu), sigma, quadrature, derivatives)
-        value = jnp.where(reflect, mu + 0.5 * var + out[0], out[0])
-        return (value,) if not derivatives else (value, jnp.where(reflect, 1.0 - out[1], out[1]), out[2])
 
     @staticmethod
     def _log_expected_sigmoid(mu, sigma, quadrature, derivatives):
-        """log⟨σ(x)⟩ for μ ≥ −σ²/2 (with ``derivatives``, also its first two μ-derivatives).
-
-        Narrow: Gauss–Hermite in log space; with π_k ∝ w_k σ(x_k), ∂log Ẑ/∂μ = Σπq, ∂²log Ẑ/∂μ² = Σπq(q − p) − (Σπq)².
-        Wide: ⟨σ(x)⟩ = Φ(μ/σ) + ⟨σ(x) − 1[x > 0]⟩, the odd remainder −sign(x)σ(−|x|) by Gauss–Laguerre (no step):
-
-        ⟨σ(x) − 1[x > 0]⟩ = ∫₀^∞ e^{−t} · (N(−t | μ, σ²) − N(t | μ, σ²)) / (1 + e^{−t}) dt,
-
-        summed relative to the largest term (no underflow where ⟨σ(x)⟩ is tiny); derivatives by
-        ∂N/∂μ = N·(x − μ)/σ² and ∂²N/∂μ² = N·((x − μ)²/σ² − 1)/σ²."""
+        """log⟨σ(x)⟩ (and its first two μ-derivatives): Gauss–Hermite in log space, or from σ = 1.5 ⟨σ(x)⟩ = Φ(μ/σ) +
+        ∫₀^∞ e^{−t} (N(−t | μ, σ²) − N(t | μ, σ²)) / (1 + e^{−t}) dt by Gauss–Laguerre, relative to its largest term;
+        below μ = −σ²/2 reflected, ⟨σ(x)⟩_{N(μ, σ²)} = e^{μ + σ²/2} ⟨σ(x)⟩_{N(−μ − σ², σ²)}."""
+        mu, sigma = jnp.broadcast_arrays(mu, sigma)
+        var = sigma**2
+        reflect = mu < -0.5 * var
+        shift, mu = mu + 0.5 * var, jnp.where(reflect, -mu - var, mu)
         wide = sigma >= _WIDE_SIGMOID
         z, w_gh = quadrature.rule(jnp.result_type(mu, sigma))
         x = mu[..., None] + jnp.where(wide, 1.0, sigma)[..., None] * z
@@ -332,6 +293,7 @@ class Logistic(AbstractPotential):
                           jnp.exp(log_base + y_pos - top[..., None]) * jnp.expm1(-y_pos))  # N(−t) − N(t), scaled
         total = jnp.exp(log_step - top) + jnp.sum(terms, axis=-1)
         value = jnp.where(wide, top + jnp.log(total), small)
+        value = jnp.where(reflect, shift + value, value)
         if not derivatives:
             return (value,)
         weights = jnp.exp(log_terms - small[..., None])  # π_k
@@ -346,18 +308,16 @@ class Logistic(AbstractPotential):
         u2 = ((t + m) / s) ** 2
         second = -a * density / s1 + jnp.sum(terms * (u2 - 1) + 4 * t * m * plus / s**2, axis=-1) / s1**2
         slope_wide = first / total
-        return (value, jnp.where(wide, slope_wide, slope_small),
-                jnp.where(wide, second / total - slope_wide**2, curvature_small))
+        slope = jnp.where(wide, slope_wide, slope_small)
+        curvature = jnp.where(wide, second / total - slope_wide**2, curvature_small)
+        return value, jnp.where(reflect, 1.0 - slope, slope), curvature
 
 
 class PiecewiseLogistic(AbstractPotential):
-    """A piecewise lower bound on the logistic sigmoid: log φ(x) = −f̄(−x) ≤ log σ(x).
+    """A piecewise lower bound on the logistic sigmoid: log σ(x) − ε_R ≤ log φ(x) = −f̄(−x) ≤ log σ(x).
 
-    f̄ is the R-piece upper bound on f(x) = log(1 + eˣ) of `vijax.piecewise` (Marlin, Khan & Murphy 2011) with
-    maximum error ``max_error`` = ε_R, so log σ(x) − ε_R ≤ log φ(x) ≤ log σ(x). ⟨log φ⟩ and log⟨φ⟩ are closed
-    form (truncated Gaussian moments): with `vj.GKL`, a valid lower bound on log Z of the logistic model, at
-    most N·ε_R below the exact G-KL bound; `vj.glm.predict_proba` returns a lower bound on log⟨σ(x)⟩ (for
-    calibrated probabilities use the marginals under `Logistic`). Build with `vijax.piecewise.bound_logistic_sites`.
+    f̄ is the R-piece bound of `vijax.piecewise`, ε_R = ``max_error``; ⟨log φ⟩ and log⟨φ⟩ are in closed form, so
+    `vj.GKL` gives a lower bound on log Z, at most N·ε_R below the exact G-KL bound (`bound_logistic_sites`).
 
     **Arguments:**
 
@@ -376,8 +336,7 @@ class PiecewiseLogistic(AbstractPotential):
 
     @property
     def log_concave(self):  # type: ignore[override]
-        # Linear: −f̄(−x) is a min of lines. Quadratic: f̄ jumps (by < ε_R) at the breakpoints, which also makes
-        # ⟨log φ⟩ convex in places while σ ≲ 1 (docs/benchmarks.md): not concave_expectation either.
+        # Quadratic: f̄ jumps at the breakpoints, so not even ⟨log φ⟩ is concave (docs/benchmarks.md).
         return self.kind == "linear"
 
     @property
@@ -440,9 +399,7 @@ def _inverse_mills(t, terms=40):
 
 
 class Heaviside(AbstractPotential):
-    """Noise-robust step φ(x) = ε + (1 − 2ε)·1[x > 0], label-noise rate ``eps`` in (0, ½) (default 0.05).
-
-    Closed form: ⟨log φ⟩ = log(1 − ε) + Φ(−μ/σ)·log(ε / (1 − ε))."""
+    """Noise-robust step φ(x) = ε + (1 − 2ε)·1[x > 0], label-noise rate ``eps`` in (0, ½) (default 0.05)."""
 
     eps: jax.Array
     labels_in_projection: ClassVar[bool] = True
@@ -470,10 +427,6 @@ class Heaviside(AbstractPotential):
         step = jnp.log(jnp.exp(power * jnp.log1p(-self.eps)) - jnp.exp(low))
         log_z = lambda m: jnp.logaddexp(low, step + log_ndtr(m / jnp.sqrt(var)))
         return moments_from_log_normaliser(log_z, mean, var)
-
-
-# ----------------------------------------------------------------------------------------------
-# Observation potentials: φ(x) = p(loc | x)
 
 
 class _LocationScale(AbstractPotential):
@@ -523,9 +476,7 @@ class Gaussian(_LocationScale):
 
 @jax.custom_jvp
 def _mean_abs(d, sigma):
-    """⟨|d + σz|⟩, z ~ N(0, 1): σ·2N(a) + d·erf(a/√2), a = d/σ (|d| at σ = 0); d, σ of one shape.
-
-    A custom JVP gives Hessian-vector products the closed forms ∂/∂d = erf(a/√2), ∂/∂σ = 2N(a) (N(a) terms cancel)."""
+    """⟨|d + σz|⟩ = 2σN(a) + d·erf(a/√2), a = d/σ (|d| at σ = 0), with the closed-form JVP."""
     positive = sigma > 0
     s = jnp.where(positive, sigma, 1.0)
     a = d / s
@@ -544,9 +495,7 @@ def _mean_abs_jvp(primals, tangents):
 
 
 class Laplace(_LocationScale):
-    """Laplace φ(x) = exp(−|loc − x| / scale) / (2 scale).
-
-    Closed form: with a = (μ − loc)/σ, ⟨|x − loc|⟩ = σ[2 N(a) + a·erf(a/√2)]."""
+    """Laplace φ(x) = exp(−|loc − x| / scale) / (2 scale); ⟨log φ⟩ and log⟨φ⟩ in closed form."""
 
     log_concave: ClassVar[bool] = True
 
@@ -565,25 +514,17 @@ class Laplace(_LocationScale):
         wide = jnp.logaddexp(common - d / b + log_ndtr(d / s - s / b), common + d / b + log_ndtr(-d / s - s / b))
         return -jnp.log(2 * b) + jnp.where(sigma > 0, wide, -jnp.abs(d) / b)
 
-    # Tilted moments by quadrature: the closed form of log Ẑ loses digits in its second derivative once the cavity
-    # is much wider than the scale.
+    # Tilted moments by quadrature: the closed-form log Ẑ loses digits in ∂² once the cavity is much wider than scale.
 
 
-# Panel edges of the Fourier integral below in v = log t, relative to −log b: short where cos(a t) e^{−(b t)²/2}
-# turns (|a| ≤ 8b, b t in [1, 8]); beyond b t = e^{2.6} only e^{−t} is left, on panels fixed in v.
+# Panels in v = log t of the integral below, relative to −log b (short where cos(a t) e^{−(b t)²/2} turns), then fixed.
 _FOURIER_EDGES_REL = (-14.0, -7.0, -2.0, 0.0, 0.8, 1.4, 2.0, 2.6)
 _FOURIER_EDGES_ABS = (0.0, 2.0, 4.0)
 
 
 def _expected_log1p_square(a, b, quadrature: GaussHermite):
-    """⟨log(1 + u²)⟩, u ~ N(a, b²): the peaked part of the Student-t and Cauchy log densities.
-
-    Where Gauss–Hermite cannot resolve the peak (b ≥ ½, |a| ≤ 8b), log(1 + u²) = 2∫₀^∞ (1 − cos ut) e^{−t} dt/t gives
-
-        ⟨log(1 + u²)⟩ = 2 ∫ (1 − cos(a eᵛ) e^{−b² e^{2v}/2}) exp(−eᵛ) dv      (t = eᵛ),
-
-    by 16-point Gauss–Legendre on the panels ``_FOURIER_EDGES_*`` over v ∈ [−log b − 14, 4], the part below
-    ((a² + b²) e^{2v} / 2 to leading order) in closed form. Relative error ≲ 1e-13."""
+    """⟨log(1 + u²)⟩, u ~ N(a, b²); for b ≥ ½, |a| ≤ 8b as 2∫ (1 − cos(a eᵛ) e^{−b² e^{2v}/2}) exp(−eᵛ) dv by
+    Gauss–Legendre on ``_FOURIER_EDGES_*`` (the part below in closed form), ≲ 1e-13 relative."""
     wide = (b >= 0.5) & (jnp.abs(a) <= 8 * b)
     b_gh = jnp.where(wide, 0.1, b)
     narrow_value = quadrature.expect(lambda u: jnp.log1p(u**2), jnp.where(wide, 0.0, a), b_gh)
@@ -649,7 +590,7 @@ class Cauchy(_LocationScale):
 class Poisson(AbstractPotential):
     """Poisson count likelihood with log link, φ(x) = e^{yx − e^x} / y!, ``counts`` y ≥ 0.
 
-    ⟨log φ⟩ = yμ − exp(μ + σ²/2) − log y! (overflows once μ + σ²/2 > 709 in float64, ≈ 88 in float32)."""
+    ⟨log φ⟩ = yμ − exp(μ + σ²/2) − log y! overflows once μ + σ²/2 > 709 in float64 (≈ 88 in float32)."""
 
     counts: jax.Array
     log_concave: ClassVar[bool] = True
@@ -681,8 +622,7 @@ class Custom(AbstractPotential):
     - `log_concave`, `super_gaussian`: what is known of φ (default False; chooses solvers, reports guarantees).
     """
 
-    # The callables split into their arrays (leaves, e.g. of a bound method of another potential) and the
-    # rest (static), so that a function holding parameters is traced, not frozen into the program.
+    # The callables' arrays (e.g. of a bound method) are leaves, so that their parameters are traced, not frozen.
     arrays: tuple
     functions: tuple = eqx.field(static=True)
     log_concave: bool = eqx.field(static=True)  # type: ignore[assignment]
@@ -718,22 +658,12 @@ class Custom(AbstractPotential):
         return quadrature.expect(self.fn, mu, sigma)
 
 
-# ----------------------------------------------------------------------------------------------
-# Switching sites off
-
-
 class Masked(AbstractPotential):
     """``potential`` on the sites where ``mask`` is True, and φ ≡ 1 on the others.
 
-    $$
-    \\log \\tilde\\varphi_n(x) = \\begin{cases} \\log\\varphi_n(x) & \\text{mask}_n \\\\
-    0 & \\text{otherwise,} \\end{cases}
-    $$
+    A masked-out site changes neither Z nor the posterior. Keep ``potential``'s parameters valid there (as
+    `vijax.pad_sites` does): a non-finite value under `jnp.where` still reaches reverse-mode derivatives.
 
-    so a masked-out site changes neither Z nor the posterior: ⟨log φ̃⟩ = log⟨φ̃⟩ = 0, and the tilted moments are the
-    cavity's (0, m, v). Values are chosen by `jnp.where`, but keep ``potential``'s parameters valid there (as
-    `vijax.pad_sites` does), or a non-finite value still reaches reverse-mode derivatives. ``mask`` is a traced leaf:
-    models differing only in it share one compiled program.
 
     **Arguments:**
 
@@ -757,21 +687,12 @@ class Masked(AbstractPotential):
         self.potential = potential
         self.mask = mask
 
-    @property
-    def log_concave(self):  # type: ignore[override]
-        return self.potential.log_concave  # log φ̃ is log φ or 0, concave wherever log φ is
+    # log φ̃ is log φ or 0: every flag is the wrapped potential's.
+    log_concave = property(lambda self: self.potential.log_concave)  # type: ignore[assignment]
+    concave_expectation = property(lambda self: self.potential.concave_expectation)  # type: ignore[assignment]
+    super_gaussian = property(lambda self: self.potential.super_gaussian)  # type: ignore[assignment]
+    labels_in_projection = property(lambda self: self.potential.labels_in_projection)  # type: ignore[assignment]
 
-    @property
-    def concave_expectation(self):  # type: ignore[override]
-        return self.potential.concave_expectation  # ⟨log φ̃⟩ is ⟨log φ⟩ or 0
-
-    @property
-    def super_gaussian(self):  # type: ignore[override]
-        return self.potential.super_gaussian
-
-    @property
-    def labels_in_projection(self):  # type: ignore[override]
-        return self.potential.labels_in_projection
 
     def _select(self, on, off=0.0):
         return jnp.where(self.mask, on, off)

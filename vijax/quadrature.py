@@ -1,13 +1,8 @@
-"""One-dimensional Gaussian expectations: every site term of every method reduces to one (Barber & Bishop):
+"""One-dimensional Gaussian expectations, to which every site term reduces (Barber & Bishop):
+⟨g(wᵀh)⟩_{N(w | m, S)} = ⟨g(μ + σz)⟩_{z ~ N(0, 1)}, μ = mᵀh, σ² = hᵀSh.
 
-$$
-\\langle g(w^\\top h) \\rangle_{\\mathcal N(w \\mid m, S)}
-= \\langle g(\\mu + \\sigma z) \\rangle_{\\mathcal N(z \\mid 0, 1)},
-\\qquad \\mu = m^\\top h,\\ \\sigma^2 = h^\\top S h .
-$$
-
-`GaussHermite` evaluates the right-hand side with an ``n``-point rule (exact for polynomials of degree ``2n - 1``);
-`tilted_moments` gives EP's moments of φ(x)^η N(x | m, v).
+`GaussHermite` evaluates it with an ``n``-point rule (exact for polynomials of degree ``2n - 1``); `tilted_moments`
+gives EP's moments of φ(x)^η N(x | m, v).
 """
 
 from __future__ import annotations
@@ -30,8 +25,7 @@ __all__ = [
 
 @functools.lru_cache(maxsize=None)
 def _probabilists_rule(num_nodes: int) -> tuple[np.ndarray, np.ndarray]:
-    # hermgauss integrates against exp(-x^2); rescale to the standard normal.
-    x, w = np.polynomial.hermite.hermgauss(num_nodes)
+    x, w = np.polynomial.hermite.hermgauss(num_nodes)  # against exp(−x²)
     return x * np.sqrt(2.0), w / np.sqrt(np.pi)
 
 
@@ -40,8 +34,7 @@ class GaussHermite(eqx.Module):
 
     **Arguments:**
 
-    - `num_nodes`: number of nodes. The default, 32, integrates smooth site potentials to near machine precision for
-      ``sigma`` up to about 10, and kinked ones to about 1e-4 relative error for ``sigma`` up to 1e2.
+    - `num_nodes`: number of nodes; 32 integrates smooth potentials to near machine precision up to σ ≈ 10.
     """
 
     num_nodes: int = eqx.field(static=True, default=32)
@@ -55,33 +48,28 @@ class GaussHermite(eqx.Module):
         z, w = _probabilists_rule(self.num_nodes)
         return jnp.asarray(z, dtype), jnp.asarray(w, dtype)
 
-    def expect(self, fn, mu, sigma):
-        """:math:`\\langle f(\\mu + \\sigma z)\\rangle` for arrays ``mu``, ``sigma`` of equal shape; ``fn`` maps an
-        array shaped like ``mu`` to one of the same shape (called per node under `jax.vmap`)."""
+    def _values(self, fn, mu, sigma):
         z, w = self.rule(jnp.result_type(mu, sigma))
-        values = jax.vmap(lambda zk: fn(mu + sigma * zk))(z)
+        return w, jax.vmap(lambda zk: fn(mu + sigma * zk))(z)
+
+    def expect(self, fn, mu, sigma):
+        """⟨f(μ + σz)⟩ for ``mu``, ``sigma`` of equal shape; ``fn`` elementwise (called per node under `jax.vmap`)."""
+        w, values = self._values(fn, mu, sigma)
         return jnp.tensordot(w, values, axes=1)
 
     def log_expect_exp(self, log_fn, mu, sigma):
-        """:math:`\\log \\langle \\exp f(\\mu + \\sigma z)\\rangle`, computed in log space."""
-        z, w = self.rule(jnp.result_type(mu, sigma))
-        values = jax.vmap(lambda zk: log_fn(mu + sigma * zk))(z)
-        log_w = jnp.log(w).reshape((-1,) + (1,) * (values.ndim - 1))
-        return jax.scipy.special.logsumexp(values + log_w, axis=0)
+        """log⟨exp f(μ + σz)⟩, in log space."""
+        w, values = self._values(log_fn, mu, sigma)
+        return jax.scipy.special.logsumexp(values + jnp.log(w).reshape((-1,) + (1,) * (values.ndim - 1)), axis=0)
 
 
 def safe_sqrt(x):
-    """Square root whose gradient is zero (not infinite) at ``x == 0``, where a projected variance ``||C h_n||^2`` of an
-    all-zero row ``h_n`` lies."""
+    """Square root with gradient zero (not infinite) at 0, the projected variance of an all-zero row ``h_n``."""
     positive = x > 0
     return jnp.where(positive, jnp.sqrt(jnp.where(positive, x, 1.0)), 0.0)
 
 
-# ----------------------------------------------------------------------------------------------
-# Tilted moments: the normaliser, mean and variance of φ(x)^η N(x | m, v)
-
-# Panel edges of one window, in units of its width around its centre: fine near the centre, where a peak or a kink
-# sits (0 is an edge, so a kink at a centre is never inside a panel), coarser in the tails.
+# Panel edges of one window in units of its width: fine near the centre (an edge, so a kink there is never inside).
 _WINDOW_EDGES = (-12.0, -8.0, -5.0, -3.0, -2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0, 3.0, 5.0, 8.0, 12.0)
 _NODES_PER_PANEL = 8
 _MODE_ITERATIONS = 20
@@ -90,10 +78,8 @@ _MODE_HALVINGS = 60
 
 
 def _tilted_mode(log_density, x0, curvature_floor):
-    """A local maximum of ``log_density`` (elementwise) by Newton from ``x0``, and the curvature there.
-
-    The curvature is floored at ``curvature_floor`` (the cavity precision), so every step ascends; a step that lowers
-    the density is halved until it does not (or dropped). Called on constants only: no reverse-mode derivatives."""
+    """A local maximum of ``log_density`` (elementwise) by Newton from ``x0`` with halving, and the curvature there,
+    floored at ``curvature_floor`` (the cavity precision) so that every step ascends."""
     grad = jax.grad(lambda x: jnp.sum(log_density(x)))
 
     def newton(k, x):
@@ -114,12 +100,10 @@ def _tilted_mode(log_density, x0, curvature_floor):
 def tilted_moments(potential, mean, var, power=1.0):
     """log Ẑ, mean and variance of the tilted density p̂(x) ∝ φ(x)^η N(x | mean, var), by quadrature.
 
-    Ẑ = ∫ φ(x)^η N(x | mean, var) dx for a vijax potential φ, by a composite Gauss–Legendre rule (8 nodes a panel)
-    on the union of windows, each with panels at ``centre + width · (0, ±½, ±1, ±2, ±3, ±5, ±8, ±12)``: the cavity;
-    the tilted mode (Newton from ``mean``) with its Laplace width, which follows the mass wherever the site moves
-    it; and the potential's own peaks or kinks (``potential._peaks()``), which neither resolves when the cavity is
-    much wider than the site. In log space throughout, so nothing underflows. The rule is placed at constants, so
-    derivatives are the same rule applied to the derivative of the integrand. Arrays broadcast elementwise.
+    Composite Gauss–Legendre (8 nodes a panel, in log space) on the union of windows with panels at
+    ``centre + width · (0, ±½, ±1, ±2, ±3, ±5, ±8, ±12)``: the cavity, the tilted mode with its Laplace width, and
+    the potential's peaks or kinks (``potential._peaks()``). The rule is placed at constants, so derivatives are the
+    same rule applied to the integrand's derivative. Arrays broadcast elementwise.
     """
     mean, var = jnp.broadcast_arrays(mean, var)
     dtype = jnp.result_type(mean, var)
@@ -144,8 +128,7 @@ def tilted_moments(potential, mean, var, power=1.0):
     p = jnp.exp(terms - log_total[..., None])
     tilted_mean = jnp.sum(p * x, axis=-1)
     tilted_var = jnp.sum(p * (x - tilted_mean[..., None]) ** 2, axis=-1)
-    log_z = log_total - 0.5 * jnp.log(2 * jnp.pi * var)
-    return log_z, tilted_mean, tilted_var
+    return log_total - 0.5 * jnp.log(2 * jnp.pi * var), tilted_mean, tilted_var
 
 
 def elementwise_derivatives(fn, x):
@@ -167,8 +150,7 @@ class ExpectationDerivatives(NamedTuple):
 
 
 def expectation_derivatives(fn, mean, var) -> ExpectationDerivatives:
-    """`ExpectationDerivatives` of an elementwise ``fn(mean, var)`` (output n depends on site n only), by forward
-    mode: the inner derivative along v, the outer along μ and v together (one copy of the second derivatives)."""
+    """`ExpectationDerivatives` of an elementwise ``fn(mean, var)``, forward over forward (inner along v)."""
     ones, zeros = jnp.ones_like(mean), jnp.zeros_like(mean)
     inner = lambda mu, v: jax.jvp(lambda v: fn(mu, v), (v,), (ones,))  # (F, ∂F/∂v)
     outer = lambda t_mu, t_var: jax.jvp(inner, (mean, var), (t_mu, t_var))
@@ -178,8 +160,8 @@ def expectation_derivatives(fn, mean, var) -> ExpectationDerivatives:
 
 
 def moments_from_log_normaliser(log_z_fn, mean, var):
-    """Tilted moments from a closed-form, elementwise log Ẑ(mean): E[x] = m + v ∂log Ẑ/∂m,
-    Var[x] = v + v² ∂²log Ẑ/∂m²."""
+    """Tilted moments from an elementwise log Ẑ(mean): E[x] = m + v ∂log Ẑ/∂m, Var[x] = v + v² ∂²log Ẑ/∂m²."""
+
     log_z, g, h = elementwise_derivatives(log_z_fn, mean)
     return log_z, mean + var * g, var + var**2 * h
 

@@ -1,20 +1,14 @@
 """Sites split across devices: one model, several accelerators, the same answer.
 
-Every method reduces over sites (the G-KL bound is a sum of one expectation per row of H). `shard_sites`
-lays a model out for JAX's SPMD partitioner: each device holds a slice of the rows of every dense site
-group (with the matching per-site parameters and offsets); the prior and everything without a site axis
-is replicated. Under `jax.jit` XLA evaluates each device's sites locally and reduces the sums across
-devices, so results equal one device's up to the order of floating-point sums. A group of N rows on n
-devices becomes two groups, the first n·⌊N/n⌋ rows sharded and the remaining N mod n replicated: exact,
-since the objective is a sum over sites, and no padding is needed. ::
+Every method reduces over sites, so `shard_sites` gives each device a slice of the rows of every dense site group
+(with their per-site parameters) and replicates the rest; under `jax.jit` XLA reduces the sums across devices, so
+results equal one device's up to summation order. A group of N rows on n devices becomes two: n·⌊N/n⌋ rows sharded,
+the N mod n others replicated. ::
 
-    mesh = jax.make_mesh((jax.device_count(),), ("sites",))  # or vj.shard_sites(model): all devices
-    post = jax.jit(lambda m: vj.infer(m, vj.GKL()))(vj.shard_sites(model, mesh))
+    post = jax.jit(lambda m: vj.infer(m, vj.GKL()))(vj.shard_sites(model))  # over all devices
 
-Several hosts: call ``jax.distributed.initialize()`` on every host, build the model from the same data on
-each, and pass a mesh over ``jax.devices()``; each host places only its own rows, and results are global
-arrays (``jax.experimental.multihost_utils.process_allgather`` reads them). On CPU,
-``XLA_FLAGS=--xla_force_host_platform_device_count=4`` (set before JAX starts) gives four devices.
+Several hosts: call ``jax.distributed.initialize()`` on each, build the model from the same data and pass a mesh
+over ``jax.devices()``. On CPU, ``XLA_FLAGS=--xla_force_host_platform_device_count=4`` gives four devices.
 """
 
 from __future__ import annotations
@@ -52,17 +46,12 @@ def shard_sites(model: LatentLinearModel, mesh: Mesh | None = None, axis_name: s
 
     **Arguments:**
 
-    - `model`: a `vj.LatentLinearModel`. Dense site groups (H of shape ``(N, D)``) are split
-      across devices by rows; `vj.Identity` and `ScaledIdentity` groups (one site per latent
-      coordinate, as in `vj.gp.model`) are replicated with the prior.
+    - `model`: a `vj.LatentLinearModel`; dense groups are split by rows, `vj.Identity` and `ScaledIdentity` groups
+      replicated (sparse and other projections raise `ValueError`).
     - `mesh`: a `jax.sharding.Mesh`; by default a one-axis mesh over all ``jax.devices()``.
     - `axis_name`: the mesh axis that sites are split over (other mesh axes, if any, replicate).
 
-    **Returns:** an equivalent `LatentLinearModel` whose arrays are placed on the mesh. Pass it to
-    `vj.infer` (inside `jax.jit` for the partitioned computation).
-
-    Raises `ValueError` for sparse (`BCOO`) projections, which JAX cannot yet partition, and other
-    projection types.
+    **Returns:** an equivalent `LatentLinearModel` whose arrays are placed on the mesh, for `vj.infer` under `jax.jit`.
     """
     if not isinstance(model, LatentLinearModel):
         raise ValueError(f"shard_sites: expected a vj.LatentLinearModel, got {type(model).__name__}.")
@@ -71,8 +60,7 @@ def shard_sites(model: LatentLinearModel, mesh: Mesh | None = None, axis_name: s
     if axis_name not in mesh.axis_names:
         raise ValueError(f"shard_sites: the mesh has axes {mesh.axis_names}, not {axis_name!r}; "
                          f"pass axis_name= one of them.")
-    # vijax's code carries no sharding annotations: XLA's partitioner places the intermediate
-    # arrays, which needs the mesh's axes in Auto mode (jax.make_mesh makes Explicit axes by default).
+    # No sharding annotations in vijax: XLA places the intermediates, which needs Auto axes (not make_mesh's default).
     mesh = Mesh(mesh.devices, mesh.axis_names, axis_types=(AxisType.Auto,) * len(mesh.axis_names))
     num_devices = mesh.shape[axis_name]
     replicated = NamedSharding(mesh, PartitionSpec())
@@ -85,12 +73,11 @@ def shard_sites(model: LatentLinearModel, mesh: Mesh | None = None, axis_name: s
             raise ValueError(f"shard_sites: site group {index} has a sparse (BCOO) H, which JAX cannot partition; "
                              "use a dense H for sharded sites (H.todense()), or run this model on one device.")
         if not isinstance(projection, (Dense, Identity, ScaledIdentity)):
-            raise ValueError(f"shard_sites: site group {index} has a {type(projection).__name__} projection, which "
-                             "shard_sites does not know how to lay out; it splits dense rows (H an (N, D) array) "
-                             "and replicates Identity and ScaledIdentity groups. Give that group a dense H "
-                             "(an (N, D) array), or run this model on one device.")
-        # One site per coordinate (Identity, ScaledIdentity: GP models): the group costs O(D) against the
-        # O(D²)-O(D³) of the replicated prior and variational parameters, so it is replicated with them.
+            raise ValueError(f"shard_sites: site group {index} has a {type(projection).__name__} projection; it splits "
+                             "dense H (an (N, D) array) and replicates Identity and ScaledIdentity groups only.")
+
+        # One site per coordinate costs O(D) against the replicated prior's O(D²): replicated with it.
+
         if isinstance(projection, (Identity, ScaledIdentity)) or group.num_sites < num_devices:
             groups.append(_place(group, lambda _: replicated))
             continue
