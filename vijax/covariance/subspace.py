@@ -19,15 +19,11 @@ __all__ = ["Subspace", "SubspaceFactor"]
 class Subspace(AbstractCovariance):
     """S = E CᵀC Eᵀ + c² (I − E Eᵀ) with E a ``(D, K)`` orthonormal basis (thesis §4.3, app. B.2).
 
-    For a fixed basis the bound is jointly concave in (m, C, c) for log-concave sites and costs O(N D K)
-    (one product H E). The inner solver holds E fixed; it starts as the top-K eigenvectors of
-    Σ_n w_n h_n h_nᵀ (w_n the site curvatures at the start; by Lanczos) and is updated ``num_updates``
-    times between inner solves: ``basis_update="fixed_point"`` recomputes those eigenvectors at the
-    current solution (thesis app. B.2.3; not guaranteed to increase the bound), ``"gradient"`` takes
-    E ← orth(E + α ∂B/∂E) with α the best of a few step sizes (never decreases it).
-
-    E spans the directions of *largest curvature* (smallest variance), so C fits what the data pin down
-    and c the near-prior rest; the thesis's leading eigenvectors of S gave a lower bound (docs/benchmarks.md).
+    For fixed E the bound is jointly concave in (m, C, c) and costs O(N D K). E starts as the top-K
+    eigenvectors of Σ_n w_n h_n h_nᵀ (the directions of largest site curvature, which the data pin down) and
+    is updated ``num_updates`` times between inner solves: ``"fixed_point"`` recomputes them at the current
+    solution (thesis app. B.2.3; may lower the bound), ``"gradient"`` takes E ← orth(E + α ∂B/∂E) with α the
+    best of a few step sizes (never lowers it).
     """
 
     rank: int = eqx.field(static=True)
