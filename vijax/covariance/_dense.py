@@ -65,7 +65,10 @@ class CholeskyFactor(AbstractFactor):
         Row i of C has negative Hessian ≈ P[i:, i:] + e₁e₁ᵀ / C_ii² (entropy). With P = R Rᵀ (R upper-
         triangular) all D block solves are two triangular solves with R plus a Sherman–Morrison correction.
         """
-        R = reversed_cholesky(curvature.dense())
+        return self._preconditioner(curvature.dense())
+
+    def _preconditioner(self, P):
+        R = reversed_cholesky(P)
         U = solve_triangular(R.T, jnp.diag(1.0 / jnp.diag(R)), lower=True)
         barrier = 1.0 / jnp.diag(self.cholesky()) ** 2
         shrink = barrier / (1.0 + barrier * jnp.diag(U))

@@ -148,7 +148,7 @@ class SubspaceFactor(AbstractFactor):
         """Block: the full-Cholesky preconditioner on EᵀPE for C, Jacobi for m, the c-curvature for c."""
         p = curvature.diagonal()
         inner = self.basis.T @ curvature.mv(self.basis)
-        apply_inner = CholeskyFactor(self.chol).preconditioner(_DenseCurvature(0.5 * (inner + inner.T)))
+        apply_inner = CholeskyFactor(self.chol)._preconditioner(0.5 * (inner + inner.T))
         outside = jnp.sum(p) - jnp.trace(inner) + (self.dim - self.rank) / self.scale**2
 
         def apply(mean_tangent, factor_tangent):
@@ -156,13 +156,6 @@ class SubspaceFactor(AbstractFactor):
             return mean_tangent / p, SubspaceFactor(jnp.zeros_like(self.basis), chol.matrix, factor_tangent.scale / outside)
 
         return apply
-
-
-class _DenseCurvature(eqx.Module):
-    matrix: jax.Array
-
-    def dense(self):
-        return self.matrix
 
 
 def _leading_eigenvectors(mv, dim, k, dtype):

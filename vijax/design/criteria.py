@@ -63,7 +63,7 @@ def covariance_product(post, rtol: float = 1e-6):
 
 
 def information_gain(post, rows, noise_variance):
-    """½ log det(I + ν⁻² M* S M*ᵀ) for a block ``rows`` = M* of shape ``(K, D)``, or a batch ``(C, K, D)`` → ``(C,)``."""
+    """½ log det(I + ν⁻² M* S M*ᵀ) for a block ``rows`` = M* ``(K, D)``, or a batch ``(C, K, D)`` → ``(C,)``."""
     rows = jnp.asarray(rows)
     if rows.ndim not in (2, 3):
         raise ValueError(f"information_gain: `rows` must have shape (K, D) or (C, K, D), got {rows.shape}.")

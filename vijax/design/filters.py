@@ -85,28 +85,23 @@ class FiniteDifferences(_Filter):
         rows = 2 * h * w if self.periodic else h * (w - 1) + (h - 1) * w
         return (rows, h * w)
 
+    def _neighbours(self, image):
+        """(right, left, below, above): row r of B is e_a − e_b with a from (right, below), b from (left, above)."""
+        if self.periodic:
+            return jnp.roll(image, -1, axis=1), image, jnp.roll(image, -1, axis=0), image
+        return image[:, 1:], image[:, :-1], image[1:, :], image[:-1, :]
+
     def _forward(self, x, squared):
         # Every row has entries +1 and −1, so B∘B is the same stencil with both signs +.
         sign = 1.0 if squared else -1.0
-        image = x.reshape(*self.image_shape, *x.shape[1:])
-        if self.periodic:
-            horizontal = jnp.roll(image, -1, axis=1) + sign * image
-            vertical = jnp.roll(image, -1, axis=0) + sign * image
-        else:
-            horizontal = image[:, 1:] + sign * image[:, :-1]
-            vertical = image[1:, :] + sign * image[:-1, :]
+        right, left, below, above = self._neighbours(x.reshape(*self.image_shape, *x.shape[1:]))
         batch = x.shape[1:]
-        return jnp.concatenate([horizontal.reshape(-1, *batch), vertical.reshape(-1, *batch)])
+        return jnp.concatenate([(right + sign * left).reshape(-1, *batch), (below + sign * above).reshape(-1, *batch)])
 
     def _pairs(self):
         """(a, b) with row r of B equal to e_a − e_b, in row order."""
-        h, w = self.image_shape
-        index = jnp.arange(h * w).reshape(h, w)
-        if self.periodic:
-            right, below, left, above = jnp.roll(index, -1, axis=1), jnp.roll(index, -1, axis=0), index, index
-        else:
-            right, left, below, above = index[:, 1:], index[:, :-1], index[1:, :], index[:-1, :]
-        return (jnp.concatenate([right.ravel(), below.ravel()]), jnp.concatenate([left.ravel(), above.ravel()]))
+        right, left, below, above = self._neighbours(jnp.arange(self.shape[1]).reshape(self.image_shape))
+        return jnp.concatenate([right.ravel(), below.ravel()]), jnp.concatenate([left.ravel(), above.ravel()])
 
     def gram(self, w):
         # Bᵀ diag(u) B = Σ_r u_r (e_a − e_b)(e_a − e_b)ᵀ: a weighted graph Laplacian, O(D) scattered entries.
