@@ -157,14 +157,13 @@ class Wavelets(_Filter):
     matrices: tuple  # per level ℓ = 1…L: (A_ℓ (2h/2^ℓ, h), C_ℓ (2w/2^ℓ, w)), the stacked composite filters
 
     def __init__(self, image_shape, levels=None, dtype=None):
-        owner = "wavelets"
-        h, w = self.image_shape = _check_shape(image_shape, owner)
+        h, w = self.image_shape = _check_shape(image_shape, "wavelets")
         levels = max_level((h, w)) if levels is None else levels
         if isinstance(levels, bool) or not isinstance(levels, (int, np.integer)) or levels < 1:
-            raise ValueError(f"{owner}: `levels` must be a positive integer, got {levels!r} (an image of shape "
+            raise ValueError(f"wavelets: `levels` must be a positive integer, got {levels!r} (an image of shape "
                              f"{(h, w)} allows up to {max(max_level((h, w)), 1)}).")
         if h % 2**levels or w % 2**levels:
-            raise ValueError(f"{owner}: an image of shape {(h, w)} cannot be halved {levels} times; both sides "
+            raise ValueError(f"wavelets: an image of shape {(h, w)} cannot be halved {levels} times; both sides "
                              f"must be multiples of 2**levels = {2**levels}: pass fewer `levels` or crop the image.")
         self.levels = int(levels)
         dtype = jnp.result_type(float) if dtype is None else dtype
