@@ -221,3 +221,7 @@ def as_projection(H) -> AbstractProjection:
     H = _checks.as_float_array("H", H, "Sites", ndim=2)
     _checks.check_finite("H", H, "Sites")
     return Dense(H)
+
+
+def __dir__():
+    return list(__all__)
