@@ -85,10 +85,8 @@ class Dense(AbstractProjection):
 class Sparse(AbstractProjection):
     """A sparse H (`jax.experimental.sparse.BCOO`), with products that cost O(nnz(H) · K).
 
-    The products use a blocked ELLPACK copy of the rows (`vijax._ellpack`), whose working set stays in
-    cache (4–6× faster than BCOO products, docs/benchmarks.md). The layout needs concrete indices; a BCOO
-    built under tracing (which must not repeat an index: H ∘ H would square the parts), or one whose longest
-    row exceeds `vijax._ellpack.MAX_PADDING` × the mean row length, uses the BCOO products instead.
+    The products use a blocked ELLPACK copy of the rows (`vijax._ellpack`; 4–6× faster than BCOO's), except
+    for a BCOO built under tracing (which must not repeat an index) or with very uneven rows.
     """
 
     matrix: jsparse.BCOO
@@ -98,7 +96,7 @@ class Sparse(AbstractProjection):
     @staticmethod
     def from_bcoo(H: jsparse.BCOO) -> "Sparse":
         if not isinstance(H.indices, jax.core.Tracer):
-            # Repeated indices add up in H, but would square separately in H ∘ H.
+            # Repeated indices add up in H but would square separately in H ∘ H.
             H = H.sum_duplicates()
         layout = _ellpack.layout(H)
         if layout is None:
@@ -135,12 +133,10 @@ class Sparse(AbstractProjection):
         return _ellpack.rmv(self.ell_columns, self.ell_values**2, w, self.shape[1])
 
     def gram(self, w):
-        """Hᵀ diag(w) H, dense ``(D, D)``: by blocks of rows (ELLPACK), or of columns without the layout;
-        never an N × D or nnz × D intermediate."""
+        """Hᵀ diag(w) H, dense ``(D, D)``, by blocks: never an N × D or nnz × D intermediate."""
         if self.ell_values is not None:
             return _ellpack.gram(self.ell_columns, self.ell_values, w, self.shape[1])
         num_rows, dim = self.shape
-        # Without the layout: D/b products of H with b columns of the identity, each O(nnz · b).
         b = max(1, min(dim, (1 << 22) // max(int(self.matrix.nse), 1)))
         starts = jnp.arange(0, dim, b)
 
@@ -190,7 +186,6 @@ class ScaledIdentity(AbstractProjection):
         return (self.scale.shape[0], self.scale.shape[0])
 
     def _column(self, x):
-        # the scale along the first axis, so that x may be a vector or a matrix of columns
         return self.scale.reshape((-1,) + (1,) * (jnp.ndim(x) - 1))
 
     def mv(self, x):

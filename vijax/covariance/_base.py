@@ -8,14 +8,14 @@ from typing import Callable, ClassVar
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
+
+from .. import _checks
 
 
 class AbstractCovariance(eqx.Module):
     """A covariance family: configuration that builds factors of its own structure.
 
-    ``concave``: whether the G-KL bound is jointly concave in (m, factor) for log-concave sites (`vj.GKL`
-    then uses Newton-CG, else L-BFGS).
+    ``concave``: whether the G-KL bound is jointly concave in (m, factor) for log-concave sites (Newton-CG).
     """
 
     concave: ClassVar[bool] = True
@@ -38,11 +38,8 @@ class AbstractCovariance(eqx.Module):
         return 0
 
     def update(self, factor: "AbstractFactor", mean, objective: Callable, curvature) -> "AbstractFactor":
-        """One outer update of the fixed (non-trainable) part of ``factor`` at the current solution.
-
-        ``mean``: q's mean ``(D,)``; ``objective``: factor ↦ the method's bound at ``mean``; ``curvature``:
-        the expected site curvature there (a `vijax._curvature.Curvature`), so no family imports a method.
-        """
+        """One outer update of the fixed part of ``factor`` at ``mean``, given ``objective``: factor ↦ the bound
+        there and the expected site ``curvature`` (a `vijax._curvature.Curvature`)."""
         return factor
 
     def owns(self, factor, dim: int) -> bool:
@@ -80,12 +77,13 @@ class AbstractFactor(eqx.Module):
             return jnp.sum(gaussian.precision_diagonal() * self.variances())
         return gaussian.trace_gram(self.cholesky())
 
-    @abc.abstractmethod
     def dense(self):
-        """S as a dense ``(D, D)`` matrix."""
+        """S as a dense ``(D, D)`` matrix (CᵀC unless the family overrides it)."""
+        C = self.cholesky()
+        return C.T @ C
 
     def cholesky(self):
-        """A square ``C`` with S = CᵀC (upper-triangular; dense, O(D³) unless the family stores one)."""
+        """A square ``C`` with S = CᵀC (upper-triangular; from `dense`, O(D³), unless the family stores one)."""
         return jnp.linalg.cholesky(self.dense()).T
 
     @abc.abstractmethod
@@ -119,9 +117,8 @@ def as_scale(scale, dim):
 
 def check_rank(name, value, dim, owner, minimum=1):
     """A structural size such as a bandwidth or a rank: an int in [minimum, dim]."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise ValueError(f"{owner}: `{name}` must be an integer, got {value!r}.")
-    if not minimum <= value <= dim:
+    value = _checks.integer(name, value, owner, minimum)
+    if value > dim:
         raise ValueError(f"{owner}: `{name}` must lie in [{minimum}, D = {dim}], got {value}; "
                          f"use a smaller `{name}` or vj.covariance.Full() for D = {dim}.")
-    return int(value)
+    return value

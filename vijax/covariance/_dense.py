@@ -55,10 +55,6 @@ class CholeskyFactor(AbstractFactor):
     def trace_precision(self, gaussian):
         return gaussian.trace_gram(self.cholesky())
 
-    def dense(self):
-        C = self.cholesky()
-        return C.T @ C
-
     def canonical(self):
         C = self.cholesky()
         return CholeskyFactor.from_matrix(C * jnp.sign(jnp.diag(C))[:, None])
@@ -66,12 +62,13 @@ class CholeskyFactor(AbstractFactor):
     def preconditioner(self, curvature):
         """Block preconditioner from P = Λ + Σ_g H_gᵀ diag(w_g) H_g ≈ −∇²_m B.
 
-        Row i of C (entries j ≥ i) has negative Hessian ≈ A_i = P[i:, i:] + e₁e₁ᵀ / C_ii² (the last term from
-        the entropy). With P = R Rᵀ (R upper-triangular), P[i:, i:] = R[i:, i:] R[i:, i:]ᵀ, so all D block
-        solves are two triangular solves with R, plus a Sherman–Morrison correction per row by
-        u_i = P[i:, i:]⁻¹ e₁ (the columns of R⁻ᵀ diag(1/R_ii)).
+        Row i of C has negative Hessian ≈ P[i:, i:] + e₁e₁ᵀ / C_ii² (entropy). With P = R Rᵀ (R upper-
+        triangular) all D block solves are two triangular solves with R plus a Sherman–Morrison correction.
         """
-        R = reversed_cholesky(curvature.dense())
+        return self._preconditioner(curvature.dense())
+
+    def _preconditioner(self, P):
+        R = reversed_cholesky(P)
         U = solve_triangular(R.T, jnp.diag(1.0 / jnp.diag(R)), lower=True)
         barrier = 1.0 / jnp.diag(self.cholesky()) ** 2
         shrink = barrier / (1.0 + barrier * jnp.diag(U))

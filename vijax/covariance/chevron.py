@@ -19,10 +19,8 @@ class Chevron(AbstractCovariance):
     \\qquad \\Theta \\in \\mathbb R^{K\\times D}\\ \\text{upper-triangular}.
     $$
 
-    KD − K(K−1)/2 + (D − K) parameters; O(N D K) per bound (O(nnz(H) K) for sparse H).
-    S is dense with a sparse precision; the first K coordinates carry the correlations,
-    so order the coordinates with the most strongly coupled ones first.
-    Jointly concave in (m, C) for log-concave sites.
+    O(N D K) per bound (O(nnz(H) K) for sparse H). The first K coordinates carry the correlations, so order
+    the most strongly coupled coordinates first.
     """
 
     rows: int = eqx.field(static=True)

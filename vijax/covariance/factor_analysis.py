@@ -19,9 +19,8 @@ _INITIAL_LOADING = 0.1
 class FactorAnalysis(AbstractCovariance):
     """S = ΘΘᵀ + diag(d²) with Θ of shape ``(D, rank)`` (thesis §4.3.1.2).
 
-    DK + D parameters; O(N D K) per bound, log det S by the matrix determinant lemma in
-    O(D K²). The bound is **not** concave in (Θ, d) (log det S is not even unimodal),
-    so the default solver is L-BFGS and different starts can reach different optima.
+    O(N D K) per bound; log det S by the matrix determinant lemma in O(D K²). The bound is **not** concave
+    in (Θ, d), so the default solver is L-BFGS and different starts can reach different optima.
     """
 
     rank: int = eqx.field(static=True)

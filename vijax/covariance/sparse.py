@@ -26,10 +26,7 @@ _BLOCK_ELEMENTS = 1 << 22
 
 
 class Pattern:
-    """An immutable, hashable sparsity pattern: row i of C is non-zero at ``columns[i, valid[i]]``.
-
-    ``columns[i, 0] == i`` (the diagonal); padded slots repeat it with ``valid`` False.
-    """
+    """A hashable sparsity pattern: row i of C is non-zero at ``columns[i, valid[i]]``, ``columns[i, 0] == i``."""
 
     def __init__(self, columns, valid):
         self.columns = np.array(columns, dtype=np.int32)
@@ -78,7 +75,6 @@ class SparseCholeskyFactor(AbstractFactor):
             return self.variances()
         if isinstance(projection, Dense):
             return _gathered_squared_norms(projection.matrix, self._masked(), self.pattern.columns)
-        # Sparse H: one product with the dense C (O(nnz · D)); see docs/architecture.md.
         return jnp.sum(projection.mv(self.cholesky().T) ** 2, axis=-1)
 
     def logdet(self):
@@ -87,10 +83,6 @@ class SparseCholeskyFactor(AbstractFactor):
     def variances(self):
         flat = self._masked() ** 2
         return jnp.zeros(self.dim, flat.dtype).at[self.pattern.columns.ravel()].add(flat.ravel())
-
-    def dense(self):
-        C = self.cholesky()
-        return C.T @ C
 
     def canonical(self):
         return SparseCholeskyFactor(self._masked() * jnp.sign(self.values[:, :1]), self.pattern)
@@ -144,11 +136,9 @@ class _PatternFamily(AbstractCovariance):
 
 
 class Banded(_PatternFamily):
-    """Banded Cholesky: C_ij ≠ 0 only for i ≤ j < i + bandwidth.
+    """Banded Cholesky: C_ij ≠ 0 only for i ≤ j < i + bandwidth (``Banded(1)`` is diagonal, ``Banded(D)`` full).
 
-    ``bandwidth`` counts the main diagonal: ``Banded(1)`` is the diagonal family and
-    ``Banded(D)`` the full one. About D·bandwidth parameters; O(N D bandwidth) per bound.
-    S is banded (zero covariance beyond the band); its precision generally is not.
+    About D·bandwidth parameters; O(N D bandwidth) per bound. S is banded; its precision generally is not.
     """
 
     bandwidth: int = eqx.field(static=True)
@@ -161,11 +151,8 @@ class Banded(_PatternFamily):
 
 
 class SparseMask(_PatternFamily):
-    """Cholesky factor with a user-given pattern of non-zeros (domain knowledge of dependence).
+    """Cholesky factor non-zero on a user-given ``mask`` (D, D) of C's upper triangle (diagonal always included).
 
-    ``mask`` is a ``(D, D)`` boolean array marking the entries of the upper-triangular C
-    that may be non-zero; the diagonal is always included. Entries below the diagonal are
-    an error (C is upper-triangular, so they cannot be honoured).
     Cost O(N D K) per bound with K the largest number of non-zeros in a row.
     """
 

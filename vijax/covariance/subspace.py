@@ -19,15 +19,11 @@ __all__ = ["Subspace", "SubspaceFactor"]
 class Subspace(AbstractCovariance):
     """S = E CᵀC Eᵀ + c² (I − E Eᵀ) with E a ``(D, K)`` orthonormal basis (thesis §4.3, app. B.2).
 
-    For a fixed basis the bound is jointly concave in (m, C, c) for log-concave sites and costs O(N D K)
-    (one product H E). The inner solver holds E fixed; it starts as the top-K eigenvectors of
-    Σ_n w_n h_n h_nᵀ (w_n the site curvatures at the start; by Lanczos) and is updated ``num_updates``
-    times between inner solves: ``basis_update="fixed_point"`` recomputes those eigenvectors at the
-    current solution (thesis app. B.2.3; not guaranteed to increase the bound), ``"gradient"`` takes
-    E ← orth(E + α ∂B/∂E) with α the best of a few step sizes (never decreases it).
-
-    E spans the directions of *largest curvature* (smallest variance), so C fits what the data pin down
-    and c the near-prior rest; the thesis's leading eigenvectors of S gave a lower bound (docs/benchmarks.md).
+    For fixed E the bound is jointly concave in (m, C, c) and costs O(N D K). E starts as the top-K
+    eigenvectors of Σ_n w_n h_n h_nᵀ (the directions of largest site curvature, which the data pin down) and
+    is updated ``num_updates`` times between inner solves: ``"fixed_point"`` recomputes them at the current
+    solution (thesis app. B.2.3; may lower the bound), ``"gradient"`` takes E ← orth(E + α ∂B/∂E) with α the
+    best of a few step sizes (never lowers it).
     """
 
     rank: int = eqx.field(static=True)
@@ -152,7 +148,7 @@ class SubspaceFactor(AbstractFactor):
         """Block: the full-Cholesky preconditioner on EᵀPE for C, Jacobi for m, the c-curvature for c."""
         p = curvature.diagonal()
         inner = self.basis.T @ curvature.mv(self.basis)
-        apply_inner = CholeskyFactor(self.chol).preconditioner(_DenseCurvature(0.5 * (inner + inner.T)))
+        apply_inner = CholeskyFactor(self.chol)._preconditioner(0.5 * (inner + inner.T))
         outside = jnp.sum(p) - jnp.trace(inner) + (self.dim - self.rank) / self.scale**2
 
         def apply(mean_tangent, factor_tangent):
@@ -160,13 +156,6 @@ class SubspaceFactor(AbstractFactor):
             return mean_tangent / p, SubspaceFactor(jnp.zeros_like(self.basis), chol.matrix, factor_tangent.scale / outside)
 
         return apply
-
-
-class _DenseCurvature(eqx.Module):
-    matrix: jax.Array
-
-    def dense(self):
-        return self.matrix
 
 
 def _leading_eigenvectors(mv, dim, k, dtype):

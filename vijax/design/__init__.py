@@ -1,9 +1,5 @@
-"""Sparse linear models and sequential Bayesian experimental design (`vj.design`).
-
-- `sparse_linear_model`: p(w | y) ∝ N(y | Mw, ν²I) ∏_j φ(b_jᵀw), with filters B from `filters`;
-- design criteria from q(w) = N(m, S): `information_gain`, `row_gains`, `greedy_rows`, `free_design`, `entropy`;
-- `sequential`: the fit → design → measure → refit loop with any vijax method, and the random-design baseline.
-"""
+"""Sparse linear models (`sparse_linear_model`, with filters B from `filters`), design criteria from q(w) = N(m, S),
+and the `sequential` fit → design → measure → refit loop (`vj.design`)."""
 
 from . import filters
 from .criteria import (covariance_product, entropy, free_design, greedy_rows, information_gain, lanczos,

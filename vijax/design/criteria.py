@@ -1,14 +1,12 @@
-"""Design criteria from a Gaussian posterior q(w) = N(m, S): information gain, candidate scores, free design.
+"""Design criteria from a Gaussian posterior q(w) = N(m, S).
 
-For a block of new measurements y* = M* w + noise, noise ~ N(0, ν² I), the information gain of the
-Gaussian approximation (thesis eqs. 5.4.1–5.4.2; Seeger & Nickisch 2011) is
+The information gain of new measurements y* = M* w + N(0, ν² I) (thesis eqs. 5.4.1–5.4.2) is
 
 $$
 I(M^*) = H[q] - H[q \\mid y^*] = \\tfrac12 \\log\\det\\big(I + \\nu^{-2} M^* S M^{*\\top}\\big),
 $$
 
-independent of y*. Among blocks of K orthonormal rows it is largest for the K leading eigenvectors of S
-(the *free design*), found by Lanczos with products v ↦ S v only (`covariance_product`).
+independent of y*; among blocks of K orthonormal rows it is largest for S's K leading eigenvectors.
 """
 
 from __future__ import annotations
@@ -32,7 +30,7 @@ def _factor(post):
 
 
 def _solves(post) -> bool:
-    """Whether ``post`` is an LVB fit whose factor is its Lanczos estimate of S (then S V is solved with P)."""
+    """Whether ``post`` is an LVB fit with Lanczos variances (then S V is a solve with P)."""
     return (isinstance(post, Posterior) and isinstance(post.state, lvb.LVBState)
             and isinstance(post.factor, SubspaceFactor))
 
@@ -45,33 +43,27 @@ def _source(post):
 def covariance_product(post, rtol: float = 1e-6):
     """The map V ↦ S V (V of shape ``(D,)`` or ``(D, K)``) of a posterior's (or factor's) covariance.
 
-    Costs O(D·r·K) for a chevron factor of r dense rows, O(D K) for a diagonal one, O(D·rank·K) for a
-    subspace one, O(D² K) otherwise; S is never formed. For a `vj.LVB` fit with ``variances="lanczos"`` it
-    is q's exact S = P⁻¹ (its factor's rank-k estimate misses S's leading eigenvectors), by one CG solve with
-    P per column to the relative residual ``rtol`` (`vj.lvb.covariance_solve`).
+    S is never formed. For a `vj.LVB` fit with ``variances="lanczos"`` it is the exact S = P⁻¹, by one CG
+    solve with P per column to the relative residual ``rtol`` (`vj.lvb.covariance_solve`).
     """
     if _solves(post):
         return lvb.covariance_solve(post, rtol)
     factor = _factor(post)
     column = lambda v, V: v if V.ndim == 1 else v[:, None]
     if isinstance(factor, ChevronFactor):
-        head = jnp.triu(factor.head)
-        tail = jnp.concatenate([jnp.zeros(factor.rank, factor.tail.dtype), factor.tail**2])
+        head, tail = factor._head(), factor._tail_variances()
         return lambda V: head.T @ (head @ V) + column(tail, V) * V
     if isinstance(factor, DiagonalFactor):
         var = factor.variances()
         return lambda V: column(var, V) * V
     if isinstance(factor, SubspaceFactor):
         return factor._covariance_mv
-    C = factor.cholesky()  # other families: their square factor, once
+    C = factor.cholesky()
     return lambda V: C.T @ (C @ V)
 
 
 def information_gain(post, rows, noise_variance):
-    """½ log det(I + ν⁻² M* S M*ᵀ) for a block ``rows`` = M* of shape ``(K, D)``, or a batch ``(C, K, D)`` → ``(C,)``.
-
-    ``post`` is a `vj.Posterior` (or a covariance factor); ``noise_variance`` is ν².
-    """
+    """½ log det(I + ν⁻² M* S M*ᵀ) for a block ``rows`` = M* ``(K, D)``, or a batch ``(C, K, D)`` → ``(C,)``."""
     rows = jnp.asarray(rows)
     if rows.ndim not in (2, 3):
         raise ValueError(f"information_gain: `rows` must have shape (K, D) or (C, K, D), got {rows.shape}.")
@@ -83,7 +75,7 @@ def _information_gain(post, rows, noise_variance):
     product = covariance_product(post)
     batch = rows if rows.ndim == 3 else rows[None]
     C, K, D = batch.shape
-    SMt = product(batch.reshape(C * K, D).T).T.reshape(C, K, D)  # S M*ᵀ for every block, by one product
+    SMt = product(batch.reshape(C * K, D).T).T.reshape(C, K, D)
     G = jnp.einsum("ckd,cjd->ckj", batch, SMt) / noise_variance
     G = 0.5 * (G + jnp.swapaxes(G, 1, 2)) + jnp.eye(K, dtype=G.dtype)
     gains = 0.5 * jnp.linalg.slogdet(G)[1]
@@ -93,8 +85,8 @@ def _information_gain(post, rows, noise_variance):
 def row_gains(post, candidates, noise_variance):
     """The information gain ½ log(1 + ν⁻² h_cᵀ S h_c) of each candidate row h_c: shape ``(C,)``.
 
-    ``candidates`` is a dense ``(C, D)`` array, a `BCOO` or any projection; uses the factor's projected
-    variances (for a `vj.LVB` fit with ``variances="lanczos"``, its Lanczos estimates: lower bounds).
+    ``candidates``: a dense ``(C, D)`` array, a `BCOO` or any projection. Uses the factor's projected
+    variances (Lanczos lower bounds for a `vj.LVB` fit with ``variances="lanczos"``).
     """
     projection = as_projection(candidates)
     variances = _factor(post).projected_variances(projection)
@@ -104,9 +96,8 @@ def row_gains(post, candidates, noise_variance):
 def greedy_rows(post, candidates, num_rows: int, noise_variance):
     """Pick ``num_rows`` of the ``(C, D)`` candidate rows greedily by information gain.
 
-    Each pick maximises ½ log(1 + ν⁻² h_cᵀ S_k h_c) under S_k after the earlier picks are measured
-    (S_{k+1} = S_k − S_k h hᵀ S_k / (ν² + hᵀ S_k h)), so the block's gain is the sum of the picks'. One
-    product of S with the candidates, then O(C D) per pick. Returns ``(indices, gains)``, each ``(num_rows,)``.
+    Each pick maximises ½ log(1 + ν⁻² h_cᵀ S_k h_c) under S_k after the earlier picks
+    (S_{k+1} = S_k − S_k h hᵀ S_k / (ν² + hᵀ S_k h)). Returns ``(indices, gains)``, each ``(num_rows,)``.
     """
     return _greedy_rows(_source(post), jnp.asarray(candidates), int(num_rows), noise_variance)
 
@@ -134,17 +125,15 @@ def _greedy_rows(post, X, num_rows, noise_variance):
 def free_design(post, num_rows: int, num_iter: int | None = None, key=None):
     """The ``num_rows`` unit-norm measurement rows of largest information gain: the leading eigenvectors of S.
 
-    Lanczos on v ↦ S v (`covariance_product`), compiled once per covariance family and shape. For a `vj.LVB`
-    fit with ``variances="lanczos"``: block Krylov steps of CG solves with P (residual 10⁻³), 2K columns at
-    a time; ``num_iter`` counts those steps (default 5). Returns ``(rows (num_rows, D), eigenvalues
-    (num_rows,))``; the rows are Ritz vectors, so the block's gain is Σ_k ½ log(1 + λ_k/ν²).
+    Lanczos on v ↦ S v (`covariance_product`); for a `vj.LVB` fit with ``variances="lanczos"``, ``num_iter``
+    (default 5) block steps of 2K CG solves with P to residual 10⁻³. Returns ``(rows (num_rows, D),
+    eigenvalues (num_rows,))``: Ritz vectors, so the block's gain is Σ_k ½ log(1 + λ_k/ν²).
     """
     key = jax.random.PRNGKey(0) if key is None else key
     return _free_design(_source(post), key, int(num_rows), num_iter)
 
 
-# The free design of an LVB fit with Lanczos variances: block Krylov steps of CG solves with P. A residual of
-# 10⁻³ (not 10⁻⁶) moved the gain in the 5th digit and halved the time (docs/benchmarks.md).
+# A residual of 10⁻³ (not 10⁻⁶) moves the gain in the 5th digit and halves the time (docs/benchmarks.md).
 _DESIGN_RTOL = 1e-3
 _DESIGN_BLOCKS = 5
 
@@ -164,7 +153,3 @@ def entropy(post):
     """The differential entropy ½ log det(2πe S) of q, from the factor's log det S."""
     factor = _factor(post)
     return gaussian_entropy(factor.logdet(), factor.dim)
-
-
-def __dir__():
-    return list(__all__)

@@ -1,14 +1,9 @@
 """Linear filters B for the sparsity prior of a sparse linear model: s = B w.
 
-Each filter is a projection (`vijax.projections.AbstractProjection`), so it can be the ``H`` of a `vj.Sites`
-group. An image of shape ``(h, w)`` is the vector ``w = image.ravel()`` (row-major, D = h·w).
-
-`identity`, `finite_differences` and `wavelets` (orthonormal Daubechies-4) build B; `stack` puts filters'
-rows one after another (thesis §5.4: finite differences plus wavelets, B ∈ R^{3D × D}).
-
-Products with B, Bᵀ and B∘B (for s_n² = b_nᵀ S b_n under a diagonal or chevron covariance) are exact and
-matrix-free: stencils for finite differences, separable products for wavelets. ``gram`` forms Bᵀ diag(u) B
-as a dense (D, D) matrix, for the dense-covariance methods.
+Each filter is a projection (`vijax.projections.AbstractProjection`) acting on an image of shape ``(h, w)``
+as the vector ``w = image.ravel()`` (D = h·w). Products with B, Bᵀ and B∘B are exact and matrix-free
+(stencils for finite differences, separable products for wavelets); `stack` puts filters' rows one after
+another (thesis §5.4: finite differences plus wavelets, B ∈ R^{3D × D}).
 """
 
 from __future__ import annotations
@@ -40,10 +35,7 @@ def _check_shape(shape, owner):
 
 
 class _Filter(AbstractProjection):
-    """A filter with matrix-free products (``_forward``), their transpose (``_adjoint``: by default
-    ``jax.linear_transpose``), and the same with B∘B (``squared=True``). K columns ride along as trailing
-    axes of the image (``(D, K)`` as ``(h, w, K)``), so a product with K columns is one batched program.
-    """
+    """Products with B (or B∘B when ``squared``) from ``_forward``, and their transposes by ``jax.linear_transpose``."""
 
     def _forward(self, x, squared):
         raise NotImplementedError
@@ -93,28 +85,23 @@ class FiniteDifferences(_Filter):
         rows = 2 * h * w if self.periodic else h * (w - 1) + (h - 1) * w
         return (rows, h * w)
 
+    def _neighbours(self, image):
+        """(right, left, below, above): row r of B is e_a − e_b with a from (right, below), b from (left, above)."""
+        if self.periodic:
+            return jnp.roll(image, -1, axis=1), image, jnp.roll(image, -1, axis=0), image
+        return image[:, 1:], image[:, :-1], image[1:, :], image[:-1, :]
+
     def _forward(self, x, squared):
         # Every row has entries +1 and −1, so B∘B is the same stencil with both signs +.
         sign = 1.0 if squared else -1.0
-        image = x.reshape(*self.image_shape, *x.shape[1:])
-        if self.periodic:
-            horizontal = jnp.roll(image, -1, axis=1) + sign * image
-            vertical = jnp.roll(image, -1, axis=0) + sign * image
-        else:
-            horizontal = image[:, 1:] + sign * image[:, :-1]
-            vertical = image[1:, :] + sign * image[:-1, :]
+        right, left, below, above = self._neighbours(x.reshape(*self.image_shape, *x.shape[1:]))
         batch = x.shape[1:]
-        return jnp.concatenate([horizontal.reshape(-1, *batch), vertical.reshape(-1, *batch)])
+        return jnp.concatenate([(right + sign * left).reshape(-1, *batch), (below + sign * above).reshape(-1, *batch)])
 
     def _pairs(self):
-        """(a, b) with row r of B equal to e_a − e_b, in row order (traced arithmetic, not program constants)."""
-        h, w = self.image_shape
-        index = jnp.arange(h * w).reshape(h, w)
-        if self.periodic:
-            right, below, left, above = jnp.roll(index, -1, axis=1), jnp.roll(index, -1, axis=0), index, index
-        else:
-            right, left, below, above = index[:, 1:], index[:, :-1], index[1:, :], index[:-1, :]
-        return (jnp.concatenate([right.ravel(), below.ravel()]), jnp.concatenate([left.ravel(), above.ravel()]))
+        """(a, b) with row r of B equal to e_a − e_b, in row order."""
+        right, left, below, above = self._neighbours(jnp.arange(self.shape[1]).reshape(self.image_shape))
+        return jnp.concatenate([right.ravel(), below.ravel()]), jnp.concatenate([left.ravel(), above.ravel()])
 
     def gram(self, w):
         # Bᵀ diag(u) B = Σ_r u_r (e_a − e_b)(e_a − e_b)ᵀ: a weighted graph Laplacian, O(D) scattered entries.
@@ -131,7 +118,7 @@ def max_level(image_shape) -> int:
 
 
 def _analysis_matrix(n, taps):
-    """The (n/2, n) matrix of one periodic Daubechies-4 analysis step: out[k] = Σ_j taps[j] x[(2k + 4 − j) mod n]."""
+    """One periodic analysis step, (n/2, n): out[k] = Σ_j taps[j] x[(2k + 4 − j) mod n]."""
     A = np.zeros((n // 2, n))
     for k in range(n // 2):
         for j in range(8):
@@ -140,7 +127,7 @@ def _analysis_matrix(n, taps):
 
 
 def _composite_filters(n, levels):
-    """For each level ℓ = 1…L the 1-D matrices (low_ℓ, high_ℓ), shape (n/2^ℓ, n), of ℓ analysis steps."""
+    """Per level ℓ = 1…L, the (n/2^ℓ, n) matrices (low_ℓ, high_ℓ) of ℓ analysis steps."""
     out, approx = [], np.eye(n)
     for level in range(levels):
         m = n >> level
@@ -153,8 +140,7 @@ def _composite_filters(n, levels):
 class Wavelets(_Filter):
     """The orthonormal multi-scale Daubechies-4 transform of an ``(h, w)`` image (see `wavelets`); B Bᵀ = BᵀB = I.
 
-    Each coefficient block of level ℓ is a separable product with the 1-D composite filters of ℓ analysis
-    steps, low_ℓ, high_ℓ (h/2^ℓ × h along the rows; w/2^ℓ × w along the columns):
+    Level ℓ is a separable product with the composite filters of ℓ analysis steps:
 
     $$
     Y_\\ell = A_\\ell X C_\\ell^\\top
@@ -163,9 +149,7 @@ class Wavelets(_Filter):
     C_\\ell = \\begin{pmatrix} \\mathrm{low}'_\\ell \\\\ \\mathrm{high}'_\\ell \\end{pmatrix}
     $$
 
-    (c_A kept at the coarsest level L only). A row of B is an outer product a ⊗ c, so a row of B∘B is
-    a² ⊗ c² and the squared products use A_ℓ∘A_ℓ and C_ℓ∘C_ℓ; the transposes are Aᵀ Y C. Each product is
-    2L small matrix products, O(D·(h + w)) per column; the A_ℓ, C_ℓ are leaves, not program constants.
+    (c_A kept at the coarsest level L only). A row of B is a ⊗ c, so B∘B uses A_ℓ∘A_ℓ and C_ℓ∘C_ℓ.
     """
 
     image_shape: tuple[int, int] = eqx.field(static=True)
@@ -173,14 +157,13 @@ class Wavelets(_Filter):
     matrices: tuple  # per level ℓ = 1…L: (A_ℓ (2h/2^ℓ, h), C_ℓ (2w/2^ℓ, w)), the stacked composite filters
 
     def __init__(self, image_shape, levels=None, dtype=None):
-        owner = "wavelets"
-        h, w = self.image_shape = _check_shape(image_shape, owner)
+        h, w = self.image_shape = _check_shape(image_shape, "wavelets")
         levels = max_level((h, w)) if levels is None else levels
         if isinstance(levels, bool) or not isinstance(levels, (int, np.integer)) or levels < 1:
-            raise ValueError(f"{owner}: `levels` must be a positive integer, got {levels!r} (an image of shape "
+            raise ValueError(f"wavelets: `levels` must be a positive integer, got {levels!r} (an image of shape "
                              f"{(h, w)} allows up to {max(max_level((h, w)), 1)}).")
         if h % 2**levels or w % 2**levels:
-            raise ValueError(f"{owner}: an image of shape {(h, w)} cannot be halved {levels} times; both sides "
+            raise ValueError(f"wavelets: an image of shape {(h, w)} cannot be halved {levels} times; both sides "
                              f"must be multiples of 2**levels = {2**levels}: pass fewer `levels` or crop the image.")
         self.levels = int(levels)
         dtype = jnp.result_type(float) if dtype is None else dtype
@@ -203,45 +186,27 @@ class Wavelets(_Filter):
 
     def _forward(self, x, squared):
         image = x.reshape(*self.image_shape, *x.shape[1:])
-        batch = x.shape[1:]
+        grids = [jnp.einsum("ah,hw...,bw->ab...", A * A, image, C * C) if squared
+                 else jnp.einsum("ah,hw...,bw->ab...", A, image, C) for A, C in self.matrices]
+        return self._flatten(grids)
+
+    def _flatten(self, grids):
+        """Each level's grid Y_ℓ (2h/2^ℓ, 2w/2^ℓ, K…) as coefficients (D, K…): c_A of level L, then (c_H, c_V,
+        c_D) from level L down to 1."""
         blocks = []
-        for (A, C), (hl, wl) in zip(self.matrices, self._level_shapes()):
-            if squared:
-                A, C = A * A, C * C
-            Y = jnp.einsum("ah,hw...,bw->ab...", A, image, C)
+        for Y, (hl, wl) in zip(grids, self._level_shapes()):
             blocks.append([Y[hl:, :wl], Y[:hl, wl:], Y[hl:, wl:]])  # c_H, c_V, c_D
-        flat = [Y[:hl, :wl]] + [b for level in reversed(blocks) for b in level]  # c_A of level L first
-        return jnp.concatenate([b.reshape(-1, *batch) for b in flat])
+        flat = [Y[:hl, :wl]] + [b for level in reversed(blocks) for b in level]
+        return jnp.concatenate([b.reshape(-1, *Y.shape[2:]) for b in flat])
 
     def _grids(self, y):
-        """The coefficients ``y`` (D, K…) in `_forward`'s order as each level's grid Y_ℓ (2h/2^ℓ, 2w/2^ℓ, K…)
-        (c_A zero below the coarsest level)."""
-        batch = y.shape[1:]
-        shapes = self._level_shapes()
-        # Split y into the blocks of `_forward`'s order: c_A(L), then (c_H, c_V, c_D) from level L down to 1.
-        sizes = [shapes[-1][0] * shapes[-1][1]] + [3 * hl * wl for hl, wl in reversed(shapes)]
-        pieces = jnp.split(y, np.cumsum(sizes)[:-1], axis=0)
-        approx, details = pieces[0], pieces[1:][::-1]  # details[ℓ − 1]: level ℓ
-        grids = []
-        for level, ((hl, wl), detail) in enumerate(zip(shapes, details), 1):
-            cH, cV, cD = (b.reshape(hl, wl, *batch) for b in jnp.split(detail, 3, axis=0))
-            cA = approx.reshape(hl, wl, *batch) if level == self.levels else jnp.zeros_like(cH)
-            grids.append(jnp.concatenate([jnp.concatenate([cA, cV], axis=1), jnp.concatenate([cH, cD], axis=1)],
-                                         axis=0))
+        """The transpose of `_flatten` (c_A zero below the coarsest level)."""
+        primal = [jax.ShapeDtypeStruct((2 * hl, 2 * wl, *y.shape[1:]), y.dtype) for hl, wl in self._level_shapes()]
+        (grids,) = jax.linear_transpose(self._flatten, primal)(y)
         return grids
 
-    def _adjoint(self, y, squared):
-        batch = y.shape[1:]
-        out = jnp.zeros((*self.image_shape, *batch), y.dtype)
-        for (A, C), Y in zip(self.matrices, self._grids(y)):
-            if squared:
-                A, C = A * A, C * C
-            out = out + jnp.einsum("ah,ab...,bw->hw...", A, Y, C)
-        return out.reshape(-1, *batch)
-
     def gram(self, w):
-        """Bᵀ diag(u) B from the separable rows a_i ⊗ c_j: G[(h, w), (h', w')] = Σ_ij U_ij a_i[h] a_i[h'] c_j[w]
-        c_j[w'] per level, O(D²·(h + w)/2^ℓ) instead of the O(D³) of a product of dense (D, D) matrices."""
+        """Bᵀ diag(u) B from the separable rows a_i ⊗ c_j, O(D²·(h + w)) rather than O(D³)."""
         h, w_ = self.image_shape
         G = jnp.zeros((h, w_, h, w_), w.dtype)
         for (A, C), U in zip(self.matrices, self._grids(w)):
@@ -290,9 +255,8 @@ def identity(dim: int) -> Identity:
 def finite_differences(shape, periodic=False, dtype=None) -> FiniteDifferences:
     """Horizontal and vertical neighbour differences of an image of ``shape`` (h, w).
 
-    Rows: first the h(w−1) horizontal differences x[i, j+1] − x[i, j] (row-major over (i, j)), then the
-    (h−1)w vertical ones x[i+1, j] − x[i, j]. With ``periodic=True`` the differences wrap around the
-    border, giving h·w of each (2D rows; what the thesis's count B ∈ R^{3D×D} with wavelets implies).
+    Rows: the h(w−1) differences x[i, j+1] − x[i, j] (row-major), then the (h−1)w ones x[i+1, j] − x[i, j].
+    ``periodic=True`` wraps around the border: 2D rows (the thesis's B ∈ R^{3D×D} with wavelets).
     """
     return FiniteDifferences(shape, periodic, dtype)
 
@@ -300,9 +264,8 @@ def finite_differences(shape, periodic=False, dtype=None) -> FiniteDifferences:
 def wavelets(shape, levels=None, dtype=None) -> Wavelets:
     """The orthonormal Daubechies-4 wavelet transform of an image of ``shape`` (h, w), periodic boundary.
 
-    ``levels`` defaults to `max_level` (3 for 64 × 64); both sides must be multiples of ``2**levels``. Rows
-    in the order of PyWavelets' ``wavedec2(image, "db4", mode="periodization", level=levels)``:
-    ``[cA_L, cH_L, cV_L, cD_L, …, cH_1, cV_1, cD_1]``, each block raveled row-major.
+    ``levels`` defaults to `max_level`; both sides must be multiples of ``2**levels``. Rows in the order of
+    PyWavelets' ``wavedec2(image, "db4", mode="periodization", level=levels)``, each block raveled.
     """
     return Wavelets(shape, levels, dtype)
 

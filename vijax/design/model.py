@@ -5,9 +5,8 @@ p(w \\mid y) \\;\\propto\\; \\mathcal N(y \\mid M w, \\nu^2 I) \\prod_{j=1}^{J} 
 \\qquad s = B w,
 $$
 
-with M ∈ R^{N×D} (N ≪ D measurements), B ∈ R^{J×D} (filters, `vijax.design.filters`) and φ a Laplace or
-Student-t potential (thesis §5.4; Seeger & Nickisch 2011): a `vj.LatentLinearModel` with no Gaussian factor,
-measurement sites (group 0) and sparsity sites (group 1), so every vijax method fits it.
+with M ∈ R^{N×D} (N ≪ D measurements), B ∈ R^{J×D} (`vijax.design.filters`) and φ a sparsity potential
+(thesis §5.4): a `vj.LatentLinearModel` with measurement sites (group 0) and sparsity sites (group 1).
 """
 
 from __future__ import annotations
@@ -44,24 +43,18 @@ def measurement_sites(M, y, noise_variance, owner=_OWNER) -> Sites:
 def sparse_linear_model(M, y, noise_variance, B, prior) -> LatentLinearModel:
     """p(w | y) ∝ N(y | M w, ν² I) · ∏_j φ_j(b_jᵀ w): a `vj.LatentLinearModel` for signal recovery and design.
 
+    ∏_j φ_j(b_jᵀw) is a density in s, not in w, so ``log_z`` is **not a lower bound on log p(y)** (off by
+    log |det B| for a square B); q(w) is unaffected, but do not compare ``log_z`` across filters B.
+
     **Arguments:**
 
-    - `M`: the measurements, shape ``(N, D)``: a dense array, a `BCOO` or any vijax projection.
-    - `y`: the measured values, shape ``(N,)``.
-    - `noise_variance`: ν² > 0 (a scalar).
-    - `B`: the filters, shape ``(J, D)``: a dense array, a `BCOO`, `vj.Identity(D)` or a
-      `vijax.design.filters` operator.
+    - `M`: the measurements ``(N, D)``: a dense array, a `BCOO` or any vijax projection.
+    - `y`: the measured values ``(N,)``; `noise_variance`: ν² > 0.
+    - `B`: the filters ``(J, D)``: a dense array, a `BCOO` or a projection (`vijax.design.filters`).
     - `prior`: the potential on s = B w: `vj.potentials.Laplace(scale=τ)` or `vj.potentials.StudentT(df=ν,
-      scale=σ)`, parameters scalar or one per filter ``(J,)``; `vj.potentials.Gaussian(scale=σ)` gives the
-      conjugate model (a check of the design loop).
+      scale=σ)`, parameters scalar or ``(J,)``; `vj.potentials.Gaussian(scale=σ)` gives the conjugate model.
 
-    **Returns:** a `vj.LatentLinearModel` with ``prior=None``, sites ``Gaussian(loc=y, scale=ν)`` on M and
-    ``prior`` on B. The posterior is proper when B (or M and B together) has full column rank. But
-    ∏_j φ_j(b_jᵀw) is a density in s, not in w, so ``log_z`` is **not a lower bound on log p(y)** (it is off
-    by log |det B| for a square B, and no bound otherwise); q(w) is unaffected. Do not compare ``log_z``
-    across filters B.
-
-    Raises `ValueError` when M, y and B disagree in shape, ν² ≤ 0, or ``prior`` is of another kind.
+    **Returns:** a `vj.LatentLinearModel` with sites ``Gaussian(loc=y, scale=ν)`` on M and ``prior`` on B.
     """
     measurements = measurement_sites(M, y, noise_variance)
     filters = as_projection(B)
@@ -77,7 +70,7 @@ def sparse_linear_model(M, y, noise_variance, B, prior) -> LatentLinearModel:
 
 
 def _prior_precision(potential):
-    """1 / Var of a sparsity potential (as a density in s): Laplace 1/(2τ²), Student-t (ν−2)/(νσ²) (1/σ² if ν ≤ 2)."""
+    """1 / Var of a sparsity potential as a density in s (1/σ² for a Student-t with ν ≤ 2)."""
     if isinstance(potential, potentials.Laplace):
         return 1.0 / (2.0 * potential.scale**2)
     if isinstance(potential, potentials.Gaussian):
@@ -91,9 +84,8 @@ def _prior_precision(potential):
 def ep_sites(model: LatentLinearModel, previous: SiteParams | None = None) -> SiteParams:
     """Starting sites for `vj.EP` on a sparse linear model (its ``init``).
 
-    EP's default (Laplace) start has zero curvature at Laplace sites, so q is improper while N < D. Here the
-    measurement sites are exact (τ_n = 1/ν², ν_n = y_n/ν²) and each sparsity site starts at 1/Var φ_j, or at
-    its value in ``previous`` (the last fit's sites, sparsity group of the same size) to warm-start a loop.
+    EP's default start has zero curvature at Laplace sites (q improper while N < D). Here the measurement
+    sites are exact and each sparsity site starts at 1/Var φ_j, or at its value in ``previous`` (a warm start).
     """
     measurement, sparsity = model.sites[MEASUREMENTS], model.sites[SPARSITY]
     gauss = measurement.potential
@@ -117,8 +109,7 @@ def ep_sites(model: LatentLinearModel, previous: SiteParams | None = None) -> Si
 
 
 class SmoothedLaplace(potentials.AbstractPotential):
-    """φ(s) ∝ exp(−(√(s² + ε²) − ε)/τ) / 2τ with ε = ``smoothing``·τ (see `smoothed_laplace`); array leaves,
-    so models of the same shapes share one compiled fit."""
+    """φ(s) ∝ exp(−(√(s² + ε²) − ε)/τ) / 2τ with ε = ``smoothing``·τ (see `smoothed_laplace`)."""
 
     scale: jax.Array
     smoothing: jax.Array
@@ -138,11 +129,6 @@ class SmoothedLaplace(potentials.AbstractPotential):
 def smoothed_laplace(scale, smoothing=1e-2) -> SmoothedLaplace:
     """φ(s) ∝ exp(−√(s² + ε²)/τ) with ε = ``smoothing``·τ: a twice-differentiable Laplace for MAP estimation.
 
-    Newton steps stall on the Laplace potential (zero curvature away from 0, a kink at 0); this log-concave
-    smoothing keeps the mode within O(ε) of the Laplace model's.
+    Newton steps stall on the Laplace potential's kink; the mode stays within O(ε) of the Laplace model's.
     """
     return SmoothedLaplace(scale, smoothing)
-
-
-def __dir__():
-    return list(__all__)

@@ -1,8 +1,5 @@
-"""Sequential Bayesian experimental design for the sparse linear model (thesis §5.4).
-
-Each step fits q(w) = N(m, S) with a vijax method, chooses the next block of rows M* (S's leading
-eigenvectors, the most informative candidates, or random rows), measures y* and refits, warm-started.
-"""
+"""Sequential Bayesian experimental design for the sparse linear model (thesis §5.4): fit q(w) = N(m, S),
+choose the next block of rows M*, measure y* and refit, warm-started."""
 
 from __future__ import annotations
 
@@ -14,8 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import _checks
-from .. import potentials
+from .. import _checks, potentials
 from ..covariance import Full
 from ..inference import infer
 from ..methods import EP, GKL, MAP, AbstractMethod, Laplace
@@ -34,11 +30,10 @@ FIT_TOL = 1e-6  # the default Newton tolerance of a design loop's G-KL fits (see
 
 def design_method(method: AbstractMethod, fit_tol: float | None = FIT_TOL) -> AbstractMethod:
     """``method`` as `sequential` runs it: a `vj.GKL` with no `solver` and a concave family other than `Full`
-    (whose natural-gradient fixed point has its own stopping rule) gets ``vj.solvers.NewtonCG(tol=fit_tol)``;
-    anything else, or everything when ``fit_tol`` is None, is returned unchanged.
+    gets ``vj.solvers.NewtonCG(tol=fit_tol)``; anything else, or all when ``fit_tol`` is None, is unchanged.
 
-    A design step needs the mean and S's leading eigenvectors, which settle well before the bound reaches
-    NewtonCG's own 1e-10 (docs/benchmarks.md); fit with ``fit_tol=None`` when ``log_z`` or its gradients matter.
+    A design step needs only the mean and S's leading eigenvectors, which settle well before NewtonCG's own
+    1e-10 (docs/benchmarks.md); use ``fit_tol=None`` when ``log_z`` or its gradients matter.
     """
     if (fit_tol is None or not isinstance(method, GKL) or method.solver is not None
             or not method.covariance.concave or isinstance(method.covariance, Full)):
@@ -49,16 +44,13 @@ def design_method(method: AbstractMethod, fit_tol: float | None = FIT_TOL) -> Ab
 class SequentialResult(NamedTuple):
     """What a design run did, one entry per fit (S steps give S + 1 fits) unless said otherwise.
 
-    - `num_measurements`: N at each fit, shape ``(S + 1,)``.
-    - `errors`: ‖m − w_true‖₂ of each fit's mean, ``(S + 1,)`` (NaN without ``truth``).
-    - `fit_times`: wall-clock seconds of each fit, ``(S + 1,)`` (the first includes compilation).
-    - `design_times`: seconds to choose each block, ``(S,)``.
-    - `gains`: each chosen block's information gain under the posterior it was chosen from, ``(S,)``.
-    - `converged`: each fit's ``diagnostics.converged``, ``(S + 1,)``.
-    - `rows`, `y`: all measurements at the end, ``(N_S, D)`` and ``(N_S,)`` (the first N_0 are the start).
-    - `posterior`: the last fit (a `vj.Posterior`; its model is padded when ``pad`` was on).
+    - `num_measurements`: N at each fit, shape ``(S + 1,)``; `errors`: ‖m − w_true‖₂ (NaN without ``truth``).
+    - `fit_times`, `fit_cpu_times`: wall-clock and process CPU seconds of each fit (the first compiles).
+    - `design_times`, `gains`: seconds to choose each block and its information gain, ``(S,)``.
+    - `converged`: each fit's ``diagnostics.converged``.
+    - `rows`, `y`: all measurements at the end, ``(N_S, D)`` and ``(N_S,)``.
+    - `posterior`: the last fit (its model padded when ``pad`` was on).
     - `means`: each fit's mean, ``(S + 1, D)``, when ``keep_means=True``, else None.
-    - `fit_cpu_times`: process CPU seconds of each fit (all threads), ``(S + 1,)``.
     """
 
     num_measurements: np.ndarray
@@ -98,27 +90,21 @@ def sequential(M, y, noise_variance, B, prior, method: AbstractMethod, num_steps
 
     **Arguments:**
 
-    - `M`, `y`, `noise_variance`, `B`, `prior`: the starting model (see `sparse_linear_model`); M dense
-      ``(N_0, D)``.
+    - `M`, `y`, `noise_variance`, `B`, `prior`: the starting model (`sparse_linear_model`), M dense ``(N_0, D)``.
     - `method`: any vijax method (`vj.GKL(covariance=vj.covariance.Chevron(80))`, `vj.LVB()`, `vj.MAP()`, …).
     - `num_steps`: S, the number of blocks to add; `rows_per_step`: K, rows per block.
-    - `design`: ``"free"`` — the K leading eigenvectors of S (`free_design`, ``num_lanczos`` steps, default
-      min(D, max(2K + 20, 40)), or 5 block steps for `vj.LVB` with Lanczos variances); ``"greedy"`` — K
-      rows of ``candidates`` (a ``(C, D)`` array, each used at most once) by `greedy_rows`; ``"random"`` —
-      K random unit-norm rows (the baseline; with `vj.MAP` the thesis's "MAP Rand").
-    - `truth`: the true signal w (D,), to simulate y* = M* w + N(0, ν² I) and report ℓ2 errors; or
-      `measure`: a function ``rows (K, D) -> y* (K,)`` that takes the measurements.
-    - `key`: a `jax.random` key for random rows, Lanczos starts and noise (default PRNGKey(0)).
+    - `design`: ``"free"``: S's K leading eigenvectors (`free_design` with ``num_lanczos`` steps);
+      ``"greedy"``: K unused rows of ``candidates`` ``(C, D)`` by `greedy_rows`; ``"random"``: the baseline.
+    - `truth`: the true w (D,), to simulate y* = M* w + N(0, ν² I) and report ℓ2 errors; or `measure`:
+      a function ``rows (K, D) -> y* (K,)``.
+    - `key`: for random rows, Lanczos starts and noise (default PRNGKey(0)).
     - `warm_start`: refit from the last posterior's State (EP: `ep_sites`).
-    - `pad`: pad the measurement sites to the final N (`vj.pad_sites`) so that all fits share one
-      compiled program (each fit then costs as much as the last).
-    - `map_smoothing`: `vj.MAP` and `vj.Laplace` replace a Laplace prior by `smoothed_laplace(τ,
-      map_smoothing)` (their Newton steps need curvature); None keeps it.
-    - `fit_tol`: the Newton tolerance of `vj.GKL` fits (see `design_method`); default 1e-6, not 1e-10.
-    - `keep_means`: keep every fit's mean in the result; `callback(step, posterior)`: called after each fit.
+    - `pad`: pad the measurement sites to the final N (`vj.pad_sites`): all fits share one compiled program.
+    - `map_smoothing`: `vj.MAP` and `vj.Laplace` fit a Laplace prior as `smoothed_laplace(τ, map_smoothing)`.
+    - `fit_tol`: the Newton tolerance of `vj.GKL` fits (`design_method`).
+    - `keep_means`: keep every fit's mean; `callback(step, posterior)`: called after each fit.
 
-    **Returns:** a `SequentialResult`. Raises `ValueError` for an unknown design, neither or both of
-    ``truth`` and ``measure``, or candidates missing for the greedy design.
+    **Returns:** a `SequentialResult`.
     """
     if not isinstance(method, AbstractMethod):
         raise ValueError(f"{_OWNER}: `method` must be a vijax method instance such as vj.GKL(), got {method!r}.")
@@ -207,7 +193,3 @@ def sequential(M, y, noise_variance, B, prior, method: AbstractMethod, num_steps
     return SequentialResult(np.asarray(counts), np.asarray(errors), np.asarray(fit_times), np.asarray(design_times),
                             np.asarray(gains), np.asarray(converged), rows, values, post,
                             np.stack(means) if keep_means else None, np.asarray(cpu_times))
-
-
-def __dir__():
-    return list(__all__)
