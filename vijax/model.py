@@ -128,9 +128,7 @@ class LatentLinearModel(eqx.Module):
     @property
     def dtype(self):
         """The floating dtype of the model's data (that of its projections, else of its prior)."""
-        # Only floating leaves: a sparse projection also holds integer column indices.
-        floats = [x.dtype for x in jax.tree_util.tree_leaves(self._dtype_leaves()) if jnp.issubdtype(x.dtype, jnp.floating)]
-        return jnp.result_type(*floats)
+        return _checks.data_dtype(self._dtype_leaves())
 
     def _dtype_leaves(self):
         return [s.projection for s in self.sites if not isinstance(s.projection, Identity)] or [self.prior]

@@ -150,6 +150,13 @@ class Diagnostics(eqx.Module):
         return _fields_repr(self, fields, status=self.reason if np.ndim(self.status) == 0 else None)
 
 
+def _bound_claim(claim) -> bool:
+    if not isinstance(claim, (bool, np.bool_)):
+        raise ValueError("Posterior: `bound_claim` (whether the method's log_z is a lower bound) must be a "
+                         f"Python bool, got {type(claim).__name__}.")
+    return bool(claim)
+
+
 class Posterior(eqx.Module):
     """A Gaussian approximation q(w) = N(mean, S) of p(w) and an estimate of log Z.
 
@@ -165,21 +172,9 @@ class Posterior(eqx.Module):
     log_z: jax.Array
     diagnostics: Diagnostics
     model: LatentLinearModel
-    bound_claim: bool = eqx.field(static=True)
+    bound_claim: bool = eqx.field(static=True, converter=_bound_claim)
     state: object = None
     defines_log_z: ClassVar[bool] = True
-
-    def __init__(self, mean, factor, log_z, diagnostics, model, bound_claim, state=None):
-        if not isinstance(bound_claim, (bool, np.bool_)):
-            raise ValueError("Posterior: `bound_claim` (whether the method's log_z is a lower bound) must be a "
-                             f"Python bool, got {type(bound_claim).__name__}.")
-        self.mean = mean
-        self.factor = factor
-        self.log_z = log_z
-        self.diagnostics = diagnostics
-        self.model = model
-        self.state = state
-        self.bound_claim = bool(bound_claim)
 
     @property
     def is_lower_bound(self):
