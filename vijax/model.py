@@ -94,9 +94,7 @@ class LatentLinearModel(eqx.Module):
         if prior is not None and not isinstance(prior, GaussianFactor):
             raise ValueError("LatentLinearModel: `prior` must be a vj.GaussianFactor or None, "
                              f"got {type(prior).__name__}.")
-        if isinstance(sites, Sites):
-            sites = (sites,)
-        sites = tuple(sites)
+        sites = (sites,) if isinstance(sites, Sites) else tuple(sites)
         if not sites or not all(isinstance(s, Sites) for s in sites):
             raise ValueError("LatentLinearModel: `sites` must be a vj.Sites or a non-empty tuple of them.")
         dims = {s.dim for s in sites} | ({prior.dim} if prior is not None else set())

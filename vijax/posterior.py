@@ -95,34 +95,23 @@ class Diagnostics(eqx.Module):
     `num_value_evals`, `num_grad_evals`, `num_hvp_evals`: work done; `method`, `solver`: static names; `info`: None
     or the method's record (`EPInfo`, `LVBInfo`, `LaplaceInfo`, `vj.nn.NetworkInfo`)."""
 
-    iterations: jax.Array
-    status: jax.Array
-    stationarity: jax.Array
-    grad_norm: jax.Array
-    objective_trace: jax.Array
-    num_value_evals: jax.Array
-    num_grad_evals: jax.Array
-    num_hvp_evals: jax.Array
-    method: str = eqx.field(static=True)
-    solver: str = eqx.field(static=True)
-    info: EPInfo | LaplaceInfo | LVBInfo | None = None
+    iterations: jax.Array = eqx.field(kw_only=True)
+    status: jax.Array = eqx.field(kw_only=True, converter=lambda status: jnp.asarray(status, jnp.int32))
+    stationarity: jax.Array = eqx.field(kw_only=True, default=None)
+    grad_norm: jax.Array = eqx.field(kw_only=True, default=None)
+    objective_trace: jax.Array = eqx.field(kw_only=True)
+    num_value_evals: jax.Array = eqx.field(kw_only=True, default=0, converter=jnp.asarray)
+    num_grad_evals: jax.Array = eqx.field(kw_only=True, default=0, converter=jnp.asarray)
+    num_hvp_evals: jax.Array = eqx.field(kw_only=True, default=0, converter=jnp.asarray)
+    method: str = eqx.field(static=True, kw_only=True)
+    solver: str = eqx.field(static=True, kw_only=True)
+    info: EPInfo | LaplaceInfo | LVBInfo | None = eqx.field(kw_only=True, default=None)
 
-    def __init__(self, *, iterations, status, objective_trace, method: str, solver: str,
-                 stationarity=None, grad_norm=None, num_value_evals=0, num_grad_evals=0, num_hvp_evals=0,
-                 info=None):
-        dtype = jnp.result_type(objective_trace)
+    def __post_init__(self):
+        dtype = jnp.result_type(self.objective_trace)
         nan = jnp.full((), jnp.nan, dtype if jnp.issubdtype(dtype, jnp.floating) else float)
-        self.iterations = iterations
-        self.status = jnp.asarray(status, jnp.int32)
-        self.stationarity = nan if stationarity is None else stationarity
-        self.grad_norm = nan if grad_norm is None else grad_norm
-        self.objective_trace = objective_trace
-        self.num_value_evals = jnp.asarray(num_value_evals)
-        self.num_grad_evals = jnp.asarray(num_grad_evals)
-        self.num_hvp_evals = jnp.asarray(num_hvp_evals)
-        self.method = method
-        self.solver = solver
-        self.info = info
+        self.stationarity = nan if self.stationarity is None else self.stationarity
+        self.grad_norm = nan if self.grad_norm is None else self.grad_norm
 
     @property
     def converged(self) -> jax.Array:
