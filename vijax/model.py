@@ -48,9 +48,8 @@ class Sites(eqx.Module):
         self.potential = potential
         self.offset = _checks.as_param("offset", offset, "Sites", dtype)
         _checks.check_finite("offset", self.offset, "Sites")
-        n = self.num_sites
-        _checks.check_broadcastable("offset", self.offset, n, "Sites")
-        potential.check_num_sites(n)
+        _checks.check_broadcastable("offset", self.offset, self.num_sites, "Sites")
+        potential.check_num_sites(self.num_sites)
 
     @property
     def num_sites(self) -> int:
