@@ -178,13 +178,11 @@ def hierarchical_linear(X, y, groups="ard", scale_prior=(0.0, 4.0), noise_prior=
     owner = "hierarchical_linear"
     X, y = _data(X, y, owner)
     D = X.shape[1]
+    named = {"ard": np.arange(D), "common": np.zeros(D, int)}
     if isinstance(groups, str):
-        if groups == "ard":
-            labels = np.arange(D)
-        elif groups == "common":
-            labels = np.zeros(D, int)
-        else:
+        if groups not in named:
             raise ValueError(f"{owner}: `groups` must be 'ard', 'common' or an int array of shape ({D},); got {groups!r}.")
+        labels = named[groups]
     else:
         labels = np.asarray(groups)
         if labels.shape != (D,) or not np.issubdtype(labels.dtype, np.integer) or labels.min() < 0:

@@ -22,15 +22,13 @@ __all__ = ["Posterior", "Diagnostics", "Status", "EPInfo", "LaplaceInfo", "LVBIn
 
 def _show(x) -> str:
     """A field for `repr`: a scalar as its value, an array as dtype and shape, a module by its own repr."""
-    if x is None or isinstance(x, (bool, int, float, str)):
+    if x is None or isinstance(x, (bool, int, float, str, _Info, Diagnostics)):
         return repr(x)
     if isinstance(x, (jax.Array, np.ndarray, np.generic)):
         if np.ndim(x) == 0:
             value = np.asarray(x).item()
             return f"{value:.6g}" if isinstance(value, float) else repr(value)
         return f"{np.dtype(x.dtype).name}{list(np.shape(x))}"
-    if isinstance(x, (_Info, Diagnostics)):
-        return repr(x)
     return type(x).__name__
 
 
