@@ -129,8 +129,7 @@ def main(argv=None):
     print(f"  compiled {len(METHODS)} fits in {time.perf_counter() - start:.1f} s", flush=True)
     rows = [fit_and_evaluate(name, fit, seconds, model, X_test, y_test)
             for (name, _), (fit, seconds) in zip(METHODS, compiled)]
-    print()
-    print(format_table(rows))
+    print("\n" + format_table(rows))
     print("\nlog Z: the method's log-evidence estimate, a guaranteed lower bound where 'bound?' says yes "
           "(for MAP: the log joint at the mode, not an evidence estimate).\n"
           "test LL/pt: mean log predictive density of the test labels. compile s: XLA compilation, "

@@ -69,9 +69,7 @@ class GaussianFactor(eqx.Module):
 
     @staticmethod
     def isotropic(dim: int, variance=1.0, mean=0.0) -> "IsotropicGaussian":
-        if not (isinstance(dim, (int, np.integer)) and dim >= 1):
-            raise ValueError(f"GaussianFactor.isotropic: `dim` must be a positive integer, got {dim!r}.")
-        return IsotropicGaussian(int(dim), variance, mean)
+        return IsotropicGaussian(_checks.integer("dim", dim, "GaussianFactor.isotropic"), variance, mean)
 
     @staticmethod
     def diagonal(variance, mean=0.0) -> "DiagonalGaussian":

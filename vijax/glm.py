@@ -36,12 +36,14 @@ def _design(X, owner, data=True):
     return X
 
 
-def _targets(y, X, owner, name="y"):
+def _data(X, y, owner, name="y", data=True):
+    """`_design`'s X and the targets ``y`` ``(N,)``, finite, in X's dtype."""
+    X = _design(X, owner, data)
     y = _checks.as_param(name, y, owner, X.dtype, ndim=1)
     if y.shape[0] != X.shape[0]:
         raise ValueError(f"{owner}: X has {X.shape[0]} rows but `{name}` has {y.shape[0]} entries.")
     _checks.check_finite(name, y, owner)
-    return y
+    return X, y
 
 
 def signed_labels(y: ArrayLike, owner: str = "signed_labels") -> jax.Array:
@@ -67,8 +69,7 @@ def _prior(X, prior_variance, owner):
 
 
 def _binary(X, y, prior_variance, potential, owner):
-    X = _design(X, owner)
-    y = _targets(y, X, owner)
+    X, y = _data(X, y, owner)
     labels = signed_labels(y, owner).astype(X.dtype)
     return LatentLinearModel(_prior(X, prior_variance, owner), Sites(labels[:, None] * X, potential))
 
@@ -106,8 +107,7 @@ def poisson_regression(X: ArrayLike, counts: ArrayLike, prior_variance: ArrayLik
         offset: scalar or ``(N,)``, added to the linear predictor (e.g. log exposure).
     """
     owner = "poisson_regression"
-    X = _design(X, owner)
-    counts = _targets(counts, X, owner, "counts")
+    X, counts = _data(X, counts, owner, "counts")
     offset = _checks.as_param("offset", offset, owner, X.dtype)
     return LatentLinearModel(_prior(X, prior_variance, owner), Sites(X, potentials.Poisson(counts), offset))
 
@@ -127,8 +127,7 @@ def robust_regression(X: ArrayLike, y: ArrayLike, likelihood: str = "student_t",
         prior_variance: v > 0, each weight's prior variance.
     """
     owner = "robust_regression"
-    X = _design(X, owner)
-    y = _targets(y, X, owner)
+    X, y = _data(X, y, owner)
     scale = _checks.as_param("scale", scale, owner, X.dtype)
     if likelihood == "student_t":
         potential = potentials.StudentT(df=_checks.as_param("df", df, owner, X.dtype), loc=y, scale=scale)
@@ -150,8 +149,7 @@ def linear_regression(X: ArrayLike, y: ArrayLike, noise_scale: ArrayLike = 1.0,
         prior_variance: v > 0, each weight's prior variance.
     """
     owner = "linear_regression"
-    X = _design(X, owner)
-    y = _targets(y, X, owner)
+    X, y = _data(X, y, owner)
     noise_scale = _checks.as_param("noise_scale", noise_scale, owner, X.dtype)
     return LatentLinearModel(_prior(X, prior_variance, owner), Sites(X, potentials.Gaussian(loc=y, scale=noise_scale)))
 
@@ -178,16 +176,13 @@ def hierarchical_linear(X, y, groups="ard", scale_prior=(0.0, 4.0), noise_prior=
     Hyperparameter 0 is log σ², 1..G the log prior variances, so ``post.relevances()[1:]`` are E[e^{φ_l}].
     """
     owner = "hierarchical_linear"
-    X = _design(X, owner)
-    y = _targets(y, X, owner)
+    X, y = _data(X, y, owner)
     D = X.shape[1]
+    named = {"ard": np.arange(D), "common": np.zeros(D, int)}
     if isinstance(groups, str):
-        if groups == "ard":
-            labels = np.arange(D)
-        elif groups == "common":
-            labels = np.zeros(D, int)
-        else:
+        if groups not in named:
             raise ValueError(f"{owner}: `groups` must be 'ard', 'common' or an int array of shape ({D},); got {groups!r}.")
+        labels = named[groups]
     else:
         labels = np.asarray(groups)
         if labels.shape != (D,) or not np.issubdtype(labels.dtype, np.integer) or labels.min() < 0:
@@ -228,7 +223,7 @@ def hierarchical_predict(post, X_test, y_test=None, quadrature=GaussHermite()):
         noise = jnp.where(nu > 2, noise * nu / jnp.where(nu > 2, nu - 2, 1.0), jnp.inf)
     if y_test is None:
         return mean, var + noise
-    y_test = _targets(y_test, X_test, owner, "y_test")
+    y_test = _data(X_test, y_test, owner, "y_test", data=False)[1]
     lp = scale_tilted_moments(likelihood.observe(y_test), mean, var, phi_mean, phi_var, 1.0, quadrature)[0]
     return mean, var + noise, lp
 
@@ -310,8 +305,7 @@ def log_predictive(post: Posterior | Mixture, X_test: ArrayLike, y_test: ArrayLi
     if isinstance(post, Mixture):
         return post.mix(log_predictive, X_test, y_test, quadrature, combine="log")
     potential = _site_potential(post, owner)
-    X_test = _design(X_test, owner, data=False)
-    y_test = _targets(y_test, X_test, owner, "y_test")
+    X_test, y_test = _data(X_test, y_test, owner, "y_test", data=False)
     if potential.labels_in_projection:
         X_test = signed_labels(y_test, owner)[:, None] * X_test
     else:

@@ -75,8 +75,7 @@ def _check_theta(theta0, owner, name="theta0"):
                          f"{theta0.shape}; stack them, e.g. jnp.array([log_lengthscale, log_variance]).")
     if not jnp.issubdtype(theta0.dtype, jnp.floating):
         theta0 = theta0.astype(jnp.result_type(float))
-    if _checks.is_concrete(theta0) and not np.all(np.isfinite(np.asarray(theta0))):
-        raise ValueError(f"{owner}: `{name}` has non-finite entries: {np.asarray(theta0)}.")
+    _checks.check_finite(name, theta0, owner)
     return theta0
 
 
@@ -219,8 +218,7 @@ def integrate(build: Callable, method: AbstractMethod, log_prior: Callable, thet
     if rule == "grid" and not (step > 0 and extent >= step):
         raise ValueError(f"{owner}: the grid needs `step` > 0 and `extent` ≥ `step`, got step={step!r}, "
                          f"extent={extent!r}.")
-    if not difference_step > 0:
-        raise ValueError(f"{owner}: `difference_step` must be positive, got {difference_step!r}.")
+    _checks.check_positive("difference_step", difference_step, owner)
     solver = LBFGS(tol=1e-10, max_iter=200) if solver is None else solver
     if not isinstance(solver, LBFGS):
         raise ValueError(f"{owner}: `solver` must be a vj.solvers.LBFGS, got {type(solver).__name__}.")

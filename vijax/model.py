@@ -48,9 +48,8 @@ class Sites(eqx.Module):
         self.potential = potential
         self.offset = _checks.as_param("offset", offset, "Sites", dtype)
         _checks.check_finite("offset", self.offset, "Sites")
-        n = self.num_sites
-        _checks.check_broadcastable("offset", self.offset, n, "Sites")
-        potential.check_num_sites(n)
+        _checks.check_broadcastable("offset", self.offset, self.num_sites, "Sites")
+        potential.check_num_sites(self.num_sites)
 
     @property
     def num_sites(self) -> int:
@@ -94,9 +93,7 @@ class LatentLinearModel(eqx.Module):
         if prior is not None and not isinstance(prior, GaussianFactor):
             raise ValueError("LatentLinearModel: `prior` must be a vj.GaussianFactor or None, "
                              f"got {type(prior).__name__}.")
-        if isinstance(sites, Sites):
-            sites = (sites,)
-        sites = tuple(sites)
+        sites = (sites,) if isinstance(sites, Sites) else tuple(sites)
         if not sites or not all(isinstance(s, Sites) for s in sites):
             raise ValueError("LatentLinearModel: `sites` must be a vj.Sites or a non-empty tuple of them.")
         dims = {s.dim for s in sites} | ({prior.dim} if prior is not None else set())
@@ -128,9 +125,7 @@ class LatentLinearModel(eqx.Module):
     @property
     def dtype(self):
         """The floating dtype of the model's data (that of its projections, else of its prior)."""
-        # Only floating leaves: a sparse projection also holds integer column indices.
-        floats = [x.dtype for x in jax.tree_util.tree_leaves(self._dtype_leaves()) if jnp.issubdtype(x.dtype, jnp.floating)]
-        return jnp.result_type(*floats)
+        return _checks.data_dtype(self._dtype_leaves())
 
     def _dtype_leaves(self):
         return [s.projection for s in self.sites if not isinstance(s.projection, Identity)] or [self.prior]

@@ -120,18 +120,17 @@ def compare(results: Mapping[str, Any], ax: Any = None, xlabel: str = "log Z") -
         xlabel: the quantity's name.
     """
     ax = _axes(ax)
-    labels = list(results)
     values = np.asarray([float(r.log_z) if hasattr(r, "log_z") else float(r) for r in results.values()])
     bounds = [bool(getattr(r, "is_lower_bound", True)) for r in results.values()]
     left = np.nanmin(values) - 0.05 * (np.ptp(values[np.isfinite(values)]) + 1.0) if np.isfinite(values).any() else 0
-    y = np.arange(len(labels))
+    y = np.arange(len(results))
     bars = ax.barh(y, values - left, left=left, color="C0")
     for bar, bound in zip(bars, bounds):
         if not bound:
             bar.set(hatch="//", facecolor="white", edgecolor="C1")
     for yi, v in zip(y, values):
         ax.text(v, yi, f" {v:.4g}", va="center", fontsize=8)
-    ax.set_yticks(y, labels)
+    ax.set_yticks(y, list(results))
     ax.invert_yaxis()
     ax.set_xlabel(xlabel)
     return ax

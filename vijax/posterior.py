@@ -22,15 +22,13 @@ __all__ = ["Posterior", "Diagnostics", "Status", "EPInfo", "LaplaceInfo", "LVBIn
 
 def _show(x) -> str:
     """A field for `repr`: a scalar as its value, an array as dtype and shape, a module by its own repr."""
-    if x is None or isinstance(x, (bool, int, float, str)):
+    if x is None or isinstance(x, (bool, int, float, str, _Info, Diagnostics)):
         return repr(x)
     if isinstance(x, (jax.Array, np.ndarray, np.generic)):
         if np.ndim(x) == 0:
             value = np.asarray(x).item()
             return f"{value:.6g}" if isinstance(value, float) else repr(value)
         return f"{np.dtype(x.dtype).name}{list(np.shape(x))}"
-    if isinstance(x, (_Info, Diagnostics)):
-        return repr(x)
     return type(x).__name__
 
 
@@ -95,34 +93,23 @@ class Diagnostics(eqx.Module):
     `num_value_evals`, `num_grad_evals`, `num_hvp_evals`: work done; `method`, `solver`: static names; `info`: None
     or the method's record (`EPInfo`, `LVBInfo`, `LaplaceInfo`, `vj.nn.NetworkInfo`)."""
 
-    iterations: jax.Array
-    status: jax.Array
-    stationarity: jax.Array
-    grad_norm: jax.Array
-    objective_trace: jax.Array
-    num_value_evals: jax.Array
-    num_grad_evals: jax.Array
-    num_hvp_evals: jax.Array
-    method: str = eqx.field(static=True)
-    solver: str = eqx.field(static=True)
-    info: EPInfo | LaplaceInfo | LVBInfo | None = None
+    iterations: jax.Array = eqx.field(kw_only=True)
+    status: jax.Array = eqx.field(kw_only=True, converter=lambda status: jnp.asarray(status, jnp.int32))
+    stationarity: jax.Array = eqx.field(kw_only=True, default=None)
+    grad_norm: jax.Array = eqx.field(kw_only=True, default=None)
+    objective_trace: jax.Array = eqx.field(kw_only=True)
+    num_value_evals: jax.Array = eqx.field(kw_only=True, default=0, converter=jnp.asarray)
+    num_grad_evals: jax.Array = eqx.field(kw_only=True, default=0, converter=jnp.asarray)
+    num_hvp_evals: jax.Array = eqx.field(kw_only=True, default=0, converter=jnp.asarray)
+    method: str = eqx.field(static=True, kw_only=True)
+    solver: str = eqx.field(static=True, kw_only=True)
+    info: EPInfo | LaplaceInfo | LVBInfo | None = eqx.field(kw_only=True, default=None)
 
-    def __init__(self, *, iterations, status, objective_trace, method: str, solver: str,
-                 stationarity=None, grad_norm=None, num_value_evals=0, num_grad_evals=0, num_hvp_evals=0,
-                 info=None):
-        dtype = jnp.result_type(objective_trace)
+    def __post_init__(self):
+        dtype = jnp.result_type(self.objective_trace)
         nan = jnp.full((), jnp.nan, dtype if jnp.issubdtype(dtype, jnp.floating) else float)
-        self.iterations = iterations
-        self.status = jnp.asarray(status, jnp.int32)
-        self.stationarity = nan if stationarity is None else stationarity
-        self.grad_norm = nan if grad_norm is None else grad_norm
-        self.objective_trace = objective_trace
-        self.num_value_evals = jnp.asarray(num_value_evals)
-        self.num_grad_evals = jnp.asarray(num_grad_evals)
-        self.num_hvp_evals = jnp.asarray(num_hvp_evals)
-        self.method = method
-        self.solver = solver
-        self.info = info
+        self.stationarity = nan if self.stationarity is None else self.stationarity
+        self.grad_norm = nan if self.grad_norm is None else self.grad_norm
 
     @property
     def converged(self) -> jax.Array:
@@ -150,6 +137,13 @@ class Diagnostics(eqx.Module):
         return _fields_repr(self, fields, status=self.reason if np.ndim(self.status) == 0 else None)
 
 
+def _bound_claim(claim) -> bool:
+    if not isinstance(claim, (bool, np.bool_)):
+        raise ValueError("Posterior: `bound_claim` (whether the method's log_z is a lower bound) must be a "
+                         f"Python bool, got {type(claim).__name__}.")
+    return bool(claim)
+
+
 class Posterior(eqx.Module):
     """A Gaussian approximation q(w) = N(mean, S) of p(w) and an estimate of log Z.
 
@@ -165,21 +159,9 @@ class Posterior(eqx.Module):
     log_z: jax.Array
     diagnostics: Diagnostics
     model: LatentLinearModel
-    bound_claim: bool = eqx.field(static=True)
+    bound_claim: bool = eqx.field(static=True, converter=_bound_claim)
     state: object = None
     defines_log_z: ClassVar[bool] = True
-
-    def __init__(self, mean, factor, log_z, diagnostics, model, bound_claim, state=None):
-        if not isinstance(bound_claim, (bool, np.bool_)):
-            raise ValueError("Posterior: `bound_claim` (whether the method's log_z is a lower bound) must be a "
-                             f"Python bool, got {type(bound_claim).__name__}.")
-        self.mean = mean
-        self.factor = factor
-        self.log_z = log_z
-        self.diagnostics = diagnostics
-        self.model = model
-        self.state = state
-        self.bound_claim = bool(bound_claim)
 
     @property
     def is_lower_bound(self):

@@ -63,6 +63,11 @@ def _with_intercept(X, fit_intercept):
     return jnp.concatenate([X, jnp.ones((X.shape[0], 1), X.dtype)], axis=1) if fit_intercept else X
 
 
+def _test_inputs(estimator, X, fit_intercept=False):
+    check_is_fitted(estimator)
+    return _with_intercept(validate_data(estimator, X, reset=False), fit_intercept)
+
+
 class _GLM(BaseEstimator):
     """The GLM estimators' parameters and fit."""
 
@@ -120,9 +125,8 @@ class _GLMClassifier(_ClassifierMixin, _GLM):
 
     def predict_proba(self, X: ArrayLike) -> np.ndarray:
         """Posterior predictive class probabilities, shape ``(n_samples, 2)`` in the order of ``classes_``."""
-        check_is_fitted(self)
-        X = validate_data(self, X, reset=False)
-        p1 = np.asarray(_glm.predict_proba(self.posterior_, _with_intercept(X, self.fit_intercept)), dtype=float)
+        X = _test_inputs(self, X, self.fit_intercept)
+        p1 = np.asarray(_glm.predict_proba(self.posterior_, X), dtype=float)
         return np.stack([1.0 - p1, p1], axis=1)
 
 
@@ -170,9 +174,8 @@ class BayesianPoissonRegression(RegressorMixin, _GLM):
 
     def predict(self, X: ArrayLike) -> np.ndarray:
         """E[y_* | x_*] = ⟨exp(x_*ᵀw)⟩_q = exp(m_* + v_*/2), shape ``(n_samples,)``."""
-        check_is_fitted(self)
-        X = validate_data(self, X, reset=False)
-        mean, var = self.posterior_.marginals(_with_intercept(X, self.fit_intercept))
+        X = _test_inputs(self, X, self.fit_intercept)
+        mean, var = self.posterior_.marginals(X)
         return np.asarray(jnp.exp(mean + 0.5 * var), dtype=float)
 
     def __sklearn_tags__(self):
@@ -204,9 +207,7 @@ class BayesianRobustRegression(RegressorMixin, _GLM):
 
     def predict(self, X: ArrayLike) -> np.ndarray:
         """Posterior mean of x_*ᵀw, shape ``(n_samples,)``."""
-        check_is_fitted(self)
-        X = validate_data(self, X, reset=False)
-        return np.asarray(_with_intercept(X, self.fit_intercept) @ self.posterior_.mean, dtype=float)
+        return np.asarray(_test_inputs(self, X, self.fit_intercept) @ self.posterior_.mean, dtype=float)
 
 
 # These checks draw real-valued positive targets for a positive_only regressor; vj.potentials.Poisson needs counts.
@@ -305,8 +306,7 @@ class GPClassifier(_ClassifierMixin, BaseEstimator):
 
     def predict_proba(self, X: ArrayLike) -> np.ndarray:
         """p(y_* | x_*, data) under q(f_*), shape ``(n_samples, n_classes)`` in the order of ``classes_``."""
-        check_is_fitted(self)
-        X = jnp.asarray(validate_data(self, X, reset=False), dtype=jnp.result_type(float))
+        X = _test_inputs(self, X)
         if len(self.classes_) > 2:
             if isinstance(self.posterior_, _gp.multiclass.NestedEPPosterior):
                 proba = _gp.multiclass.predict_proba(self.posterior_, X)
@@ -349,9 +349,8 @@ class GPRegressor(RegressorMixin, BaseEstimator):
 
     def predict(self, X: ArrayLike, return_std: bool = False) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
         """Posterior mean of f(x_*) (and, with ``return_std``, its standard deviation, noise excluded)."""
-        check_is_fitted(self)
-        X = validate_data(self, X, reset=False)
-        mean, var = _gp.predict(self.posterior_, jnp.asarray(X, dtype=jnp.result_type(float)))
+        X = _test_inputs(self, X)
+        mean, var = _gp.predict(self.posterior_, X)
         mean = np.asarray(mean, dtype=float)
         return (mean, np.sqrt(np.asarray(var, dtype=float))) if return_std else mean
 
