@@ -187,8 +187,7 @@ _C1 = 1e-4
 
 
 def _acceptable(f, slope, f_new, dphi_new, alpha=1.0):
-    """Sufficient increase (Armijo) for step α along d or, once the gain is lost in f's rounding, Hager and Zhang's
-    approximate Wolfe conditions: f_new within a few ulps of f and −0.8 φ'(0) ≤ φ'(α) ≤ 0.9 φ'(0)."""
+    """Sufficient increase (Armijo) for step α along d or, within f's rounding, Hager–Zhang's approximate Wolfe."""
     finite = jnp.isfinite(f_new) & jnp.isfinite(dphi_new)
     armijo = f_new >= f + _C1 * alpha * slope
     rounding = _ROUNDING * jnp.finfo(jnp.result_type(f)).eps * jnp.abs(f)

@@ -280,8 +280,7 @@ class LVB(AbstractMethod):
                            floor=1e3 * float(jnp.finfo(model.dtype).eps))
 
     def _outer_loops(self, xi, model, v0, mean0):
-        """glm-ie's outer loop: plain steps ξ ← F̂(ξ) until ‖F̂(ξ) − ξ‖₂/‖ξ‖₂ ≤ ``tol``; returns the run and the
-        last mean. F̂ (Lanczos variances) is neither monotone nor a contraction, so no SQUAREM."""
+        """glm-ie's outer loop: plain steps ξ ← F̂(ξ) (not monotone: no SQUAREM) until ‖F̂(ξ) − ξ‖₂/‖ξ‖₂ ≤ ``tol``."""
         def step(k, state):
             xi, _, _, trace, mean = state
             value, means, variances, extras = _lanczos_marginals(model, _quadratics(xi, model, self.bound),
@@ -392,9 +391,8 @@ def _inner_rtol(tol, dtype):
 
 def _jacobi(model, quadratics, dtype):
     """v ↦ D⁻¹ v, D = Σ_n A_n h_n² (the sites' part of diag P, which absorbs A_n's spread in magnitude)."""
-    diagonal = jnp.zeros(model.dim, dtype)
-    for group, (_, A, _) in zip(model.sites, quadratics):
-        diagonal = diagonal + group.projection.squared_rmv(jnp.broadcast_to(A, (group.num_sites,)).astype(dtype))
+    diagonal = sum((group.projection.squared_rmv(jnp.broadcast_to(A, (group.num_sites,)).astype(dtype))
+                    for group, (_, A, _) in zip(model.sites, quadratics)), jnp.zeros(model.dim, dtype))
     # Coordinates the sites do not reach keep a unit scale.
     inverse = jnp.where(diagonal > 0, 1.0 / jnp.where(diagonal > 0, diagonal, 1.0), 1.0)
     return lambda v: inverse * v
