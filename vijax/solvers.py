@@ -150,8 +150,7 @@ def fixed_point(evaluate, update, change, x0, *, tol, max_evals, floor):
         v = optax.tree.sub(optax.tree.sub(x2, s["point"]), r)
         distance = extrapolated_distance(change(x2, s["point"], s["aux"]), change(s["point"], s["x0"], s["aux"]), floor)
         nv = optax.tree.norm(v)
-        alpha = jnp.where(nv > 0, -optax.tree.norm(r) / jnp.where(nv > 0, nv, 1.0), -1.0)
-        alpha = jnp.minimum(alpha, -1.0)
+        alpha = jnp.minimum(jnp.where(nv > 0, -optax.tree.norm(r) / jnp.where(nv > 0, nv, 1.0), -1.0), -1.0)
         extrapolated = optax.tree.add_scale(optax.tree.add_scale(s["x0"], -2 * alpha, r), alpha**2, v)
         at_x1 = (s["phase"] == 1)
         done = at_x1 & (distance <= tol)
@@ -187,8 +186,7 @@ _C1 = 1e-4
 
 
 def _acceptable(f, slope, f_new, dphi_new, alpha=1.0):
-    """Sufficient increase (Armijo) for step α along d or, once the gain is lost in f's rounding, Hager and Zhang's
-    approximate Wolfe conditions: f_new within a few ulps of f and −0.8 φ'(0) ≤ φ'(α) ≤ 0.9 φ'(0)."""
+    """Sufficient increase (Armijo) for step α along d or, within f's rounding, Hager–Zhang's approximate Wolfe."""
     finite = jnp.isfinite(f_new) & jnp.isfinite(dphi_new)
     armijo = f_new >= f + _C1 * alpha * slope
     rounding = _ROUNDING * jnp.finfo(jnp.result_type(f)).eps * jnp.abs(f)

@@ -110,8 +110,7 @@ class AbstractMethod(eqx.Module):
             if w.shape != (model.dim,) or not jnp.issubdtype(w.dtype, jnp.number):
                 raise ValueError(f"{name}: an array `init` is a point w of shape ({model.dim},); got shape "
                                  f"{w.shape} and dtype {w.dtype}.")
-            if _checks.is_concrete(w):
-                _checks.check_finite("init", w, name)
+            _checks.check_finite("init", w, name)
             w = w.astype(model.dtype)
             if self.is_state(model, w):
                 return w

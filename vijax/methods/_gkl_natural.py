@@ -323,13 +323,12 @@ def fit(model: LatentLinearModel, work: LatentLinearModel, mean, lam, quadrature
     dtype, d = work.dtype, work.dim
     eps = jnp.finfo(dtype).eps
     tol = jnp.asarray(tol, dtype)  # may be traced
-    prior = work.prior
 
     def point(m, lam, fac, newton, spread, wanted=True) -> _Point:
         means = _split(lin.project(m), sizes)
         means = tuple(mu + jnp.broadcast_to(g.offset, mu.shape) for mu, g in zip(means, work.sites))
         site = _site_derivatives(work, quadrature, means, _split(fac.variances, sizes))
-        log_f, grad_f = jax.value_and_grad(prior.log_density)(m) if prior is not None else (0.0, 0.0)
+        log_f, grad_f = jax.value_and_grad(work.prior.log_density)(m) if work.prior is not None else (0.0, 0.0)
         value = _site_bound(fac.logdet, lam, fac.variances, log_f, d, site.value)
         grad = grad_f + lin.project_t(site.mean)
         # A step with its decrement below `loose` is the last (see `body`).

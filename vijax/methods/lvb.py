@@ -276,13 +276,11 @@ class LVB(AbstractMethod):
             return max((jnp.max(jnp.abs(u - w) / jnp.sqrt(v), initial=0.0)
                         for u, w, v in zip(a, b, aux[1]) if u is not None), default=jnp.zeros(()))
 
-        dtype = model.dtype
         return fixed_point(evaluate, update, change, xi, tol=self.tol, max_evals=self.max_iter,
-                           floor=1e3 * float(jnp.finfo(dtype).eps))
+                           floor=1e3 * float(jnp.finfo(model.dtype).eps))
 
     def _outer_loops(self, xi, model, v0, mean0):
-        """glm-ie's outer loop: plain steps ξ ← F̂(ξ) until ‖F̂(ξ) − ξ‖₂/‖ξ‖₂ ≤ ``tol``; returns the run and the
-        last mean. F̂ (Lanczos variances) is neither monotone nor a contraction, so no SQUAREM."""
+        """glm-ie's outer loop: plain steps ξ ← F̂(ξ) (not monotone: no SQUAREM) until ‖F̂(ξ) − ξ‖₂/‖ξ‖₂ ≤ ``tol``."""
         def step(k, state):
             xi, _, _, trace, mean = state
             value, means, variances, extras = _lanczos_marginals(model, _quadratics(xi, model, self.bound),
@@ -363,8 +361,8 @@ class LVB(AbstractMethod):
                                        frozen.dtype)[:self.num_probes]  # num_probes ≤ 8: the first of the same 8
         run, last_mean = self._outer_loops(xi, frozen, probes[0], mean0)
         quadratics = _quadratics(run.x, frozen, self.bound)
-        _, _, _, (mean, theta, V, _, cg, first) = _lanczos_marginals(frozen, quadratics, self.num_lanczos,
-                                                                     probes[0], last_mean)
+        _, _, _, (mean, theta, V, cg, first) = _lanczos_marginals(frozen, quadratics, self.num_lanczos,
+                                                                  probes[0], last_mean)
         # The reported value and captured share from all probes; the first probe's is that last Lanczos run's.
         product, r, const = precision_operator(frozen, quadratics)
         k = min(self.num_lanczos, frozen.dim)
@@ -393,9 +391,8 @@ def _inner_rtol(tol, dtype):
 
 def _jacobi(model, quadratics, dtype):
     """v ↦ D⁻¹ v, D = Σ_n A_n h_n² (the sites' part of diag P, which absorbs A_n's spread in magnitude)."""
-    diagonal = jnp.zeros(model.dim, dtype)
-    for group, (_, A, _) in zip(model.sites, quadratics):
-        diagonal = diagonal + group.projection.squared_rmv(jnp.broadcast_to(A, (group.num_sites,)).astype(dtype))
+    diagonal = sum((group.projection.squared_rmv(jnp.broadcast_to(A, (group.num_sites,)).astype(dtype))
+                    for group, (_, A, _) in zip(model.sites, quadratics)), jnp.zeros(model.dim, dtype))
     # Coordinates the sites do not reach keep a unit scale.
     inverse = jnp.where(diagonal > 0, 1.0 / jnp.where(diagonal > 0, diagonal, 1.0), 1.0)
     return lambda v: inverse * v
@@ -434,7 +431,7 @@ def _quadrature_sums(theta, weights, v):
 def _lanczos_marginals(model, quadratics, num_lanczos, v0, mean0=None, rtol=None):
     """``(value, means, variances, extras)`` with P never formed: m = P⁻¹ r by Jacobi-preconditioned CG from ``mean0``
     to ‖r − P m‖ ≤ rtol ‖r‖ (default 10⁻² √ε), V̂_n = Σ_k (h_nᵀ u_k)²/θ_k ≤ h_nᵀ P⁻¹ h_n by Lanczos from ``v0``;
-    extras = (m, θ ascending, the Ritz vectors, the share of tr P⁻¹ captured, CG steps, v0's `_quadrature`)."""
+    extras = (m, θ ascending, the Ritz vectors, CG steps, v0's `_quadrature`)."""
     product, r, const = precision_operator(model, quadratics)
     dtype, d = model.dtype, model.dim
     rtol = 1e-2 * float(jnp.finfo(dtype).eps) ** 0.5 if rtol is None else rtol
@@ -451,10 +448,9 @@ def _lanczos_marginals(model, quadratics, num_lanczos, v0, mean0=None, rtol=None
     quadrature = _quadrature_sums(theta, weights, v0)  # (log det P, tr P⁻¹) estimates
     value = const + 0.5 * r @ mean + 0.5 * d * LOG_2PI - 0.5 * quadrature[0]
     value = jnp.where(jnp.all(theta > 0), value, jnp.nan)
-    fraction = jnp.sum(1 / theta) / quadrature[1]
     means = tuple(g.project(mean) for g in model.sites)
     variances = tuple(jnp.sum(g.projection.mv(V) ** 2 / theta, axis=1) for g in model.sites)
-    return value, means, variances, (mean, theta, V, fraction, cg_steps, quadrature)
+    return value, means, variances, (mean, theta, V, cg_steps, quadrature)
 
 
 def __dir__():
