@@ -27,7 +27,7 @@ from ..covariance import CholeskyFactor
 from ..methods import AbstractMethod
 from ..posterior import Diagnostics, Posterior
 from ..solvers import Status, extrapolated_distance, iterate
-from .model import FactorModel, ObservedModel, Prior, block_data, inverse_logdet, neg_kl, site_terms
+from .model import FactorModel, ObservedModel, Prior, block_data, block_terms, inverse_logdet, neg_kl, site_terms
 
 __all__ = ["EM", "EStep", "EMState", "FactorPosterior", "FactorInfo", "Posteriors", "e_step", "m_step", "initial_posteriors",
            "penalty_term"]
@@ -202,20 +202,21 @@ def e_step_run(model: FactorModel, Y, mask, q: Posteriors, max_iter, tol, comple
 
 def _graphical_lasso(sample_cov, penalty, precision0, iterations: int = 500, rho: float = 1.0):
     """argmax_Θ log|Θ| − tr(SΘ) − λ Σ_{i≠j} |Θ_ij| by ADMM (Boyd et al. 2011, §6.5), from Θ₀."""
-    eye = jnp.eye(sample_cov.shape[0], dtype=sample_cov.dtype)
-    off = 1.0 - eye
+    diagonal = jnp.eye(sample_cov.shape[0], dtype=bool)
+
+    def theta_of(z, u):  # the Θ-update: argmax log|Θ| − tr(SΘ) − (ρ/2)‖Θ − Z + U‖²
+        w, q = jnp.linalg.eigh(rho * (z - u) - sample_cov)
+        return (q * ((w + jnp.sqrt(w**2 + 4 * rho)) / (2 * rho))) @ q.T
 
     def body(_, c):
         z, u = c
-        w, q = jnp.linalg.eigh(rho * (z - u) - sample_cov)
-        theta = (q * ((w + jnp.sqrt(w**2 + 4 * rho)) / (2 * rho))) @ q.T
+        theta = theta_of(z, u)
         a = theta + u
-        z = jnp.where(off > 0, jnp.sign(a) * jnp.maximum(jnp.abs(a) - penalty / rho, 0.0), a)
+        z = jnp.where(diagonal, a, jnp.sign(a) * jnp.maximum(jnp.abs(a) - penalty / rho, 0.0))
         return z, u + theta - z
 
     z, u = jax.lax.fori_loop(0, iterations, body, (precision0, jnp.zeros_like(precision0)))
-    w, q = jnp.linalg.eigh(rho * (z - u) - sample_cov)
-    return (q * ((w + jnp.sqrt(w**2 + 4 * rho)) / (2 * rho))) @ q.T, z
+    return theta_of(z, u), z
 
 
 def penalty_term(model: FactorModel, num_points):
@@ -242,12 +243,7 @@ def _update_prior(model: FactorModel, q: Posteriors, weights) -> FactorModel:
 
 def _column_sums(block, Y, mask, weights, mean, cov):
     """Per-column Σ_n w_n mask f̲ of one block given every point's predictor moments m̃ (N, D_b, K), Ṽ (N, D_b, K, K)."""
-
-    def point(y, mk, m, v):
-        yb, mb = block_data(block, y, mk)
-        return jnp.where(mb, block.likelihood.expected(yb, m, v), 0.0)
-
-    return weights @ jax.vmap(point)(Y, mask, mean, cov)
+    return weights @ jax.vmap(lambda y, mk, m, v: block_terms(block, y, mk, m, v))(Y, mask, mean, cov)
 
 
 def _update_loadings(block, Y, mask, weights, q: Posteriors):
@@ -292,11 +288,10 @@ def _update_loadings(block, Y, mask, weights, q: Posteriors):
 
 
 def _update_likelihood(block, Y, mask, weights, q):
-    idx = jnp.asarray(block.columns)
-    preds = jax.vmap(block.predictors)(q.mean, q.cov)
-    y, mk = Y[:, idx], mask[:, idx]
+    y, mk = block_data(block, Y, mask)
     weight = jnp.where(mk, weights[:, None], 0.0)
-    return eqx.tree_at(lambda b: b.likelihood, block, block.likelihood.update(jnp.where(mk, y, 0.0), weight, *preds))
+    preds = jax.vmap(block.predictors)(q.mean, q.cov)
+    return eqx.tree_at(lambda b: b.likelihood, block, block.likelihood.update(y, weight, *preds))
 
 
 @eqx.filter_jit
