@@ -74,24 +74,25 @@ def _mean_curvatures(model, y, mask, preds):
     return out
 
 
+def _precision(model, prior, curvatures):
+    """Σ⁻¹ + Σ_d W_dᵀ Λ_d W_d (symmetrised) for the blocks' per-column curvatures Λ (D_b, K, K)."""
+    p = prior.precision
+    for block, lam in zip(model.blocks, curvatures):
+        p = p + jnp.einsum("dkl,dkj,djm->lm", block.loadings, lam, block.loadings)
+    return 0.5 * (p + p.T)
+
+
 def _point_step_parts(model, prior, y, mask, mean, cov, logdet_precision, newton):
     """(L_n, P*, gradient in m, Newton matrix or None) at q = N(mean, cov) for one point."""
     preds = tuple(b.predictors(mean, cov) for b in model.blocks)
     sites, grads = jax.value_and_grad(lambda p: site_terms(model, y, mask, p))(preds)
-    p_star, grad = prior.precision, -prior.precision @ (mean - prior.mean)
+    grad, lams = -prior.precision @ (mean - prior.mean), []
     for block, (gm, gv) in zip(model.blocks, grads):
         lam = -(gv + jnp.swapaxes(gv, -1, -2))
-        if block.likelihood.num_predictors == 1:
-            lam = _psd(lam)  # a concave bound has G ≤ 0; guard against round-off
-        p_star = p_star + jnp.einsum("dkl,dkj,djm->lm", block.loadings, lam, block.loadings)
+        lams.append(_psd(lam) if block.likelihood.num_predictors == 1 else lam)  # a concave bound has G ≤ 0
         grad = grad + jnp.einsum("dkl,dk->l", block.loadings, gm)
-    hessian = None  # the plain step uses P* itself
-    if newton:
-        hessian = prior.precision
-        for block, h in zip(model.blocks, _mean_curvatures(model, y, mask, preds)):
-            hessian = hessian + jnp.einsum("dkl,dkj,djm->lm", block.loadings, h, block.loadings)
-        hessian = 0.5 * (hessian + hessian.T)
-    return neg_kl(prior, mean, cov, -logdet_precision) + sites, 0.5 * (p_star + p_star.T), grad, hessian
+    hessian = _precision(model, prior, _mean_curvatures(model, y, mask, preds)) if newton else None
+    return neg_kl(prior, mean, cov, -logdet_precision) + sites, _precision(model, prior, lams), grad, hessian
 
 
 class _PointState(NamedTuple):
@@ -169,11 +170,8 @@ class _PointExtras(NamedTuple):
 
 def _shared_covariance(model: FactorModel, prior: Prior):
     """P, V = P⁻¹ and log|P| for constant-curvature likelihoods: P = Σ⁻¹ + Σ_d W_dᵀ Λ_d W_d (thesis 4.28, 5.26)."""
-    p = prior.precision
-    for block in model.blocks:
-        lam = block.likelihood.curvature(len(block.columns), p.dtype)
-        p = p + jnp.einsum("dkl,dkj,djm->lm", block.loadings, lam, block.loadings)
-    p = 0.5 * (p + p.T)
+    dtype = prior.precision.dtype
+    p = _precision(model, prior, [b.likelihood.curvature(len(b.columns), dtype) for b in model.blocks])
     return (p, *inverse_logdet(p))
 
 
