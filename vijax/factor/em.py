@@ -324,7 +324,7 @@ class FactorInfo(eqx.Module):
     e_step_unconverged: jax.Array
 
     def __repr__(self):
-        if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(self)):
+        if not _checks.is_concrete(self):
             return super().__repr__()
         return (f"FactorInfo(e_step_iterations={int(self.e_step_iterations)}, "
                 f"e_step_unconverged={int(self.e_step_unconverged)})")

@@ -220,7 +220,7 @@ class Ordinal(AbstractLikelihood):
             p = np.arange(1, num_levels) / num_levels
             thresholds = np.log(p / (1 - p))
         t = _checks.as_param("thresholds", thresholds, "Ordinal")
-        if t.shape[-1] != num_levels - 1 or (not isinstance(t, jax.core.Tracer) and not bool(jnp.all(jnp.diff(t) > 0))):
+        if t.shape[-1] != num_levels - 1 or (_checks.is_concrete(t) and not bool(jnp.all(jnp.diff(t) > 0))):
             raise ValueError(f"Ordinal: `thresholds` must be {num_levels - 1} increasing values.")
         self.first, self.log_gaps = t[..., 0], jnp.log(jnp.diff(t, axis=-1))
 
