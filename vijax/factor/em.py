@@ -27,7 +27,7 @@ from ..covariance import CholeskyFactor
 from ..methods import AbstractMethod
 from ..posterior import Diagnostics, Posterior
 from ..solvers import Status, extrapolated_distance, iterate
-from .model import FactorModel, ObservedModel, Prior, block_data, inverse_logdet, neg_kl, site_terms
+from .model import FactorModel, ObservedModel, Prior, block_data, block_terms, inverse_logdet, neg_kl, site_terms
 
 __all__ = ["EM", "EStep", "EMState", "FactorPosterior", "FactorInfo", "Posteriors", "e_step", "m_step", "initial_posteriors",
            "penalty_term"]
@@ -74,24 +74,25 @@ def _mean_curvatures(model, y, mask, preds):
     return out
 
 
+def _precision(model, prior, curvatures):
+    """Σ⁻¹ + Σ_d W_dᵀ Λ_d W_d (symmetrised) for the blocks' per-column curvatures Λ (D_b, K, K)."""
+    p = prior.precision
+    for block, lam in zip(model.blocks, curvatures):
+        p = p + jnp.einsum("dkl,dkj,djm->lm", block.loadings, lam, block.loadings)
+    return 0.5 * (p + p.T)
+
+
 def _point_step_parts(model, prior, y, mask, mean, cov, logdet_precision, newton):
     """(L_n, P*, gradient in m, Newton matrix or None) at q = N(mean, cov) for one point."""
     preds = tuple(b.predictors(mean, cov) for b in model.blocks)
     sites, grads = jax.value_and_grad(lambda p: site_terms(model, y, mask, p))(preds)
-    p_star, grad = prior.precision, -prior.precision @ (mean - prior.mean)
+    grad, lams = -prior.precision @ (mean - prior.mean), []
     for block, (gm, gv) in zip(model.blocks, grads):
         lam = -(gv + jnp.swapaxes(gv, -1, -2))
-        if block.likelihood.num_predictors == 1:
-            lam = _psd(lam)  # a concave bound has G ≤ 0; guard against round-off
-        p_star = p_star + jnp.einsum("dkl,dkj,djm->lm", block.loadings, lam, block.loadings)
+        lams.append(_psd(lam) if block.likelihood.num_predictors == 1 else lam)  # a concave bound has G ≤ 0
         grad = grad + jnp.einsum("dkl,dk->l", block.loadings, gm)
-    hessian = None  # the plain step uses P* itself
-    if newton:
-        hessian = prior.precision
-        for block, h in zip(model.blocks, _mean_curvatures(model, y, mask, preds)):
-            hessian = hessian + jnp.einsum("dkl,dkj,djm->lm", block.loadings, h, block.loadings)
-        hessian = 0.5 * (hessian + hessian.T)
-    return neg_kl(prior, mean, cov, -logdet_precision) + sites, 0.5 * (p_star + p_star.T), grad, hessian
+    hessian = _precision(model, prior, _mean_curvatures(model, y, mask, preds)) if newton else None
+    return neg_kl(prior, mean, cov, -logdet_precision) + sites, _precision(model, prior, lams), grad, hessian
 
 
 class _PointState(NamedTuple):
@@ -169,11 +170,8 @@ class _PointExtras(NamedTuple):
 
 def _shared_covariance(model: FactorModel, prior: Prior):
     """P, V = P⁻¹ and log|P| for constant-curvature likelihoods: P = Σ⁻¹ + Σ_d W_dᵀ Λ_d W_d (thesis 4.28, 5.26)."""
-    p = prior.precision
-    for block in model.blocks:
-        lam = block.likelihood.curvature(len(block.columns), p.dtype)
-        p = p + jnp.einsum("dkl,dkj,djm->lm", block.loadings, lam, block.loadings)
-    p = 0.5 * (p + p.T)
+    dtype = prior.precision.dtype
+    p = _precision(model, prior, [b.likelihood.curvature(len(b.columns), dtype) for b in model.blocks])
     return (p, *inverse_logdet(p))
 
 
@@ -202,20 +200,21 @@ def e_step_run(model: FactorModel, Y, mask, q: Posteriors, max_iter, tol, comple
 
 def _graphical_lasso(sample_cov, penalty, precision0, iterations: int = 500, rho: float = 1.0):
     """argmax_Θ log|Θ| − tr(SΘ) − λ Σ_{i≠j} |Θ_ij| by ADMM (Boyd et al. 2011, §6.5), from Θ₀."""
-    eye = jnp.eye(sample_cov.shape[0], dtype=sample_cov.dtype)
-    off = 1.0 - eye
+    diagonal = jnp.eye(sample_cov.shape[0], dtype=bool)
+
+    def theta_of(z, u):  # the Θ-update: argmax log|Θ| − tr(SΘ) − (ρ/2)‖Θ − Z + U‖²
+        w, q = jnp.linalg.eigh(rho * (z - u) - sample_cov)
+        return (q * ((w + jnp.sqrt(w**2 + 4 * rho)) / (2 * rho))) @ q.T
 
     def body(_, c):
         z, u = c
-        w, q = jnp.linalg.eigh(rho * (z - u) - sample_cov)
-        theta = (q * ((w + jnp.sqrt(w**2 + 4 * rho)) / (2 * rho))) @ q.T
+        theta = theta_of(z, u)
         a = theta + u
-        z = jnp.where(off > 0, jnp.sign(a) * jnp.maximum(jnp.abs(a) - penalty / rho, 0.0), a)
+        z = jnp.where(diagonal, a, jnp.sign(a) * jnp.maximum(jnp.abs(a) - penalty / rho, 0.0))
         return z, u + theta - z
 
     z, u = jax.lax.fori_loop(0, iterations, body, (precision0, jnp.zeros_like(precision0)))
-    w, q = jnp.linalg.eigh(rho * (z - u) - sample_cov)
-    return (q * ((w + jnp.sqrt(w**2 + 4 * rho)) / (2 * rho))) @ q.T, z
+    return theta_of(z, u), z
 
 
 def penalty_term(model: FactorModel, num_points):
@@ -242,12 +241,7 @@ def _update_prior(model: FactorModel, q: Posteriors, weights) -> FactorModel:
 
 def _column_sums(block, Y, mask, weights, mean, cov):
     """Per-column Σ_n w_n mask f̲ of one block given every point's predictor moments m̃ (N, D_b, K), Ṽ (N, D_b, K, K)."""
-
-    def point(y, mk, m, v):
-        yb, mb = block_data(block, y, mk)
-        return jnp.where(mb, block.likelihood.expected(yb, m, v), 0.0)
-
-    return weights @ jax.vmap(point)(Y, mask, mean, cov)
+    return weights @ jax.vmap(lambda y, mk, m, v: block_terms(block, y, mk, m, v))(Y, mask, mean, cov)
 
 
 def _update_loadings(block, Y, mask, weights, q: Posteriors):
@@ -292,11 +286,10 @@ def _update_loadings(block, Y, mask, weights, q: Posteriors):
 
 
 def _update_likelihood(block, Y, mask, weights, q):
-    idx = jnp.asarray(block.columns)
-    preds = jax.vmap(block.predictors)(q.mean, q.cov)
-    y, mk = Y[:, idx], mask[:, idx]
+    y, mk = block_data(block, Y, mask)
     weight = jnp.where(mk, weights[:, None], 0.0)
-    return eqx.tree_at(lambda b: b.likelihood, block, block.likelihood.update(jnp.where(mk, y, 0.0), weight, *preds))
+    preds = jax.vmap(block.predictors)(q.mean, q.cov)
+    return eqx.tree_at(lambda b: b.likelihood, block, block.likelihood.update(y, weight, *preds))
 
 
 @eqx.filter_jit
@@ -331,7 +324,7 @@ class FactorInfo(eqx.Module):
     e_step_unconverged: jax.Array
 
     def __repr__(self):
-        if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(self)):
+        if not _checks.is_concrete(self):
             return super().__repr__()
         return (f"FactorInfo(e_step_iterations={int(self.e_step_iterations)}, "
                 f"e_step_unconverged={int(self.e_step_unconverged)})")

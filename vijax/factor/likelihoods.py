@@ -69,8 +69,12 @@ class AbstractLikelihood(eqx.Module):
 
     def check(self, y: np.ndarray, owner: str) -> None:
         """Raise `ValueError` if observed values ``y`` (NumPy, shape ``(N, D_b)``) are out of range."""
-        if not np.all(np.isfinite(y)):
+        n = self.num_outcomes
+        if n is None and not np.all(np.isfinite(y)):
             raise ValueError(f"{owner}: observed entries must be finite; mark missing ones with `mask`.")
+        if n is not None and not np.all((y == np.round(y)) & (y >= 0) & (y <= n - 1)):
+            values = "0 or 1" if n == 2 else f"0 … {n - 1}"
+            raise ValueError(f"{owner}: {type(self).__name__}({n}) columns take the integer classes {values}.")
 
     def for_columns(self, num_columns: int) -> "AbstractLikelihood":
         """This likelihood with its per-column parameters broadcast to ``num_columns`` columns."""
@@ -84,10 +88,6 @@ class AbstractLikelihood(eqx.Module):
     def predictive_mean(self, mean, cov):
         """⟨E[y | η]⟩ under N(m̃, Ṽ), shape ``(D_b,)`` (continuous data)."""
         raise NotImplementedError(f"{type(self).__name__} models discrete data: it has no predictive mean.")
-
-
-def _is_integer_in(y, lo, hi):
-    return np.all((y == np.round(y)) & (y >= lo) & (y <= hi))
 
 
 class _LogPartitionBound(eqx.Module):
@@ -178,10 +178,6 @@ class Bernoulli(AbstractLikelihood):
     def curvature(self, num_columns, dtype):
         return jnp.full((num_columns, 1, 1), 0.25, dtype)  # Böhning's (`lvb.Bohning`): A = ¼
 
-    def check(self, y, owner):
-        if not _is_integer_in(y, 0, 1):
-            raise ValueError(f"{owner}: Bernoulli columns take values 0 or 1.")
-
 
 class PoissonColumn(AbstractLikelihood):
     """Poisson counts with log link, p(y | η) = e^{yη − e^η}/y!: f̲ = y m̃ − e^{m̃ + ṽ/2} − log y! (exact),
@@ -224,7 +220,7 @@ class Ordinal(AbstractLikelihood):
             p = np.arange(1, num_levels) / num_levels
             thresholds = np.log(p / (1 - p))
         t = _checks.as_param("thresholds", thresholds, "Ordinal")
-        if t.shape[-1] != num_levels - 1 or (not isinstance(t, jax.core.Tracer) and not bool(jnp.all(jnp.diff(t) > 0))):
+        if t.shape[-1] != num_levels - 1 or (_checks.is_concrete(t) and not bool(jnp.all(jnp.diff(t) > 0))):
             raise ValueError(f"Ordinal: `thresholds` must be {num_levels - 1} increasing values.")
         self.first, self.log_gaps = t[..., 0], jnp.log(jnp.diff(t, axis=-1))
 
@@ -262,11 +258,6 @@ class Ordinal(AbstractLikelihood):
 
     def log_prob(self, y, eta):
         return self._terms(y, eta[:, 0], jax.nn.softplus)
-
-    def check(self, y, owner):
-        if not _is_integer_in(y, 0, self.num_levels - 1):
-            raise ValueError(f"{owner}: Ordinal({self.num_levels}) columns take integer levels 0 … "
-                             f"{self.num_levels - 1}.")
 
     def update(self, y, weight, mean, cov, steps: int = 5):
         def column(first, log_gaps, yd, wd, meand, vard):
@@ -307,11 +298,6 @@ class _Categorical(AbstractLikelihood):
     @property
     def num_outcomes(self):
         return self.num_classes
-
-    def check(self, y, owner):
-        if not _is_integer_in(y, 0, self.num_classes - 1):
-            raise ValueError(f"{owner}: {type(self).__name__}({self.num_classes}) columns take integer classes 0 … "
-                             f"{self.num_classes - 1}.")
 
 
 class StickBreaking(_Categorical):

@@ -129,13 +129,15 @@ def block_data(block: Block, y, mask):
     return jnp.where(mb, yb, 0.0), mb
 
 
+def block_terms(block: Block, y, mask, mean, cov):
+    """mask_d f̲(y_d, m̃_d, Ṽ_d) for the block's columns d of one data row, given its (m̃, Ṽ)."""
+    yb, mb = block_data(block, y, mask)
+    return jnp.where(mb, block.likelihood.expected(yb, mean, cov), 0.0)
+
+
 def site_terms(model: FactorModel, y, mask, predictors):
     """Σ_d mask_d f̲(y_d, m̃_d, Ṽ_d) for one data point, given each block's (m̃, Ṽ)."""
-    total = 0.0
-    for block, (m, v) in zip(model.blocks, predictors):
-        yb, mb = block_data(block, y, mask)
-        total = total + jnp.sum(jnp.where(mb, block.likelihood.expected(yb, m, v), 0.0))
-    return total
+    return sum(jnp.sum(block_terms(block, y, mask, m, v)) for block, (m, v) in zip(model.blocks, predictors))
 
 
 def inverse_logdet(A):

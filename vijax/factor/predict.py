@@ -116,7 +116,7 @@ def impute(post: FactorPosterior, Y: ArrayLike, mask: ArrayLike, *, key: jax.Arr
     columns) or mean (Gaussian, Poisson)."""
     owner = "vj.factor.impute"
     model, q = _fitted(owner, post)
-    key = _monte_carlo_key(key, [b for b in model.blocks if b.likelihood.num_outcomes is not None], owner)
+    key = _monte_carlo_key(key, model.blocks, owner)  # continuous blocks have one predictor: no key
     Y = np.array(Y, dtype=float)
     mask = np.asarray(mask, bool)
     for i, block in enumerate(model.blocks):

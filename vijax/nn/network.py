@@ -339,15 +339,13 @@ class NetworkEP(AbstractMethod):
     key: jax.Array | None = None
 
     def __check_init__(self):
-        if _checks.is_concrete(self.damping) and not 0 < self.damping <= 1:
-            raise ValueError(f"NetworkEP: `damping` must lie in (0, 1], got {self.damping}.")
-        if self.prior_damping is not None and _checks.is_concrete(self.prior_damping) \
-                and not 0 < self.prior_damping <= 1:
-            raise ValueError(f"NetworkEP: `prior_damping` must be None or lie in (0, 1], got {self.prior_damping}.")
-        if _checks.is_concrete(self.momentum) and not 0 <= self.momentum < 1:
-            raise ValueError(f"NetworkEP: `momentum` must lie in [0, 1), got {self.momentum}.")
-        if _checks.is_concrete(self.tol) and not self.tol >= 0:
-            raise ValueError(f"NetworkEP: `tol` must be non-negative, got {self.tol!r}.")
+        for name, valid, rule in (("damping", lambda x: 0 < x <= 1, "lie in (0, 1]"),
+                                  ("prior_damping", lambda x: x is None or 0 < x <= 1, "be None or lie in (0, 1]"),
+                                  ("momentum", lambda x: 0 <= x < 1, "lie in [0, 1)"),
+                                  ("tol", lambda x: x >= 0, "be non-negative")):
+            value = getattr(self, name)
+            if _checks.is_concrete(value) and not valid(value):
+                raise ValueError(f"NetworkEP: `{name}` must {rule}, got {value!r}.")
         _checks.integer("max_iter", self.max_iter, "NetworkEP")
         if self.init not in ("map", "random"):
             raise ValueError(f"NetworkEP: `init` must be 'map' or 'random', got {self.init!r}.")
