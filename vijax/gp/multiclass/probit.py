@@ -352,8 +352,7 @@ class NestedEP(MulticlassMethod):
         K = model.prior_covariances()
         frozen = jax.lax.stop_gradient(K)
         onehot = jax.lax.stop_gradient(model.onehot())
-        active = 1 - onehot
-        tau, nu = jax.lax.stop_gradient((state.tau * active, state.nu * active))
+        tau, nu = jax.lax.stop_gradient((state.tau * (1 - onehot), state.nu * (1 - onehot)))
         floor = jnp.minimum(_MIN_DAMPING, self.damping)
         trace = jnp.full((self.max_iter + 1,), jnp.nan, K.dtype)
 
@@ -361,8 +360,7 @@ class NestedEP(MulticlassMethod):
             _, update, value = _evaluate(frozen, s.tau, s.nu, onehot)
             residual = jnp.max(update.residual)
             delta = jnp.where(residual > s.residual, jnp.maximum(0.5 * s.damping, floor), s.damping)
-            tau = s.tau + delta * (update.tau - s.tau)
-            nu = s.nu + delta * (update.nu - s.nu)
+            tau, nu = (old + delta * (new - old) for old, new in ((s.tau, update.tau), (s.nu, update.nu)))
             return _Loop(tau, nu, residual, delta, s.trace.at[k].set(value))
 
         init = _Loop(tau, nu, jnp.asarray(jnp.inf, K.dtype), jnp.asarray(self.damping, K.dtype), trace)
