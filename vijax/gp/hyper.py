@@ -233,8 +233,7 @@ def _limits(bounds, params, owner):
                              f"{available} (kernel parameters without their log_ prefix, and `train_likelihood`).")
         table = {name: pair(value, f"for {name!r}") for name, value in bounds.items()}
     else:
-        both = pair(bounds, "given as one pair")
-        table = {name: both for name in available}
+        table = dict.fromkeys(available, pair(bounds, "given as one pair"))
     unbounded = (-np.inf, np.inf)
 
     def limits(side):

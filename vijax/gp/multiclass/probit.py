@@ -331,8 +331,7 @@ class NestedEP(MulticlassMethod):
     def __check_init__(self):
         if _checks.is_concrete(self.damping) and not (0 < self.damping <= 1):
             raise ValueError(f"NestedEP: `damping` must lie in (0, 1], got {self.damping!r}.")
-        if _checks.is_concrete(self.tol) and not self.tol > 0:
-            raise ValueError(f"NestedEP: `tol` must be positive, got {self.tol!r}.")
+        _checks.check_positive("tol", self.tol, "NestedEP")
         _checks.integer("max_iter", self.max_iter, "NestedEP")
 
     def init_state(self, model: MulticlassModel) -> NestedEPState:
