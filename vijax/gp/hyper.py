@@ -140,41 +140,24 @@ def _host_array(values, dtype):
 
 def _run(params, data, method, optimizer, limits, max_iter, tol, progress):
     """One ML-II run: ``(params, fit, gradient, trace of log Ẑ, evaluations, converged, stalled, change)``."""
-    transform = _LBFGS if optimizer is None else optimizer
     if limits is not None:
         params = _project(params, limits)
     # Updates return the states' weakly typed scalars strongly typed: made strong here, so they compile once.
-    opt_state = _checks.strongly_typed(transform.init(params))
+    opt_state = _checks.strongly_typed((_LBFGS if optimizer is None else optimizer).init(params))
     (value, post), grad = _value_and_grad(params, data, method, _start(params, data, method))
     trace, evals, converged, stalled, change = [-float(value)], 1, False, False, np.inf
     if progress:
         print(f"{progress} step    0  log Z = {trace[0]:.6f}", flush=True)
     for it in range(1, max_iter + 1) if np.isfinite(trace[0]) else ():
-        if optimizer is None:
-            direction, new_state, predicted = _lbfgs_direction(grad, opt_state, params, limits)
-            predicted = float(predicted)  # −log Ẑ falls by about α·predicted along −direction
-            alpha = 1.0
-            for _ in range(_MAX_HALVINGS):
-                trial, fall = _along(params, direction, jnp.asarray(alpha), limits, grad)
-                fall = alpha * predicted if fall is None else float(fall)
-                (t_value, t_post), t_grad = _value_and_grad(trial, data, method, post.state)
-                evals += 1
-                limit = float(value) - _ARMIJO * fall + _RISE_TOLERANCE * (1 + abs(float(value)))
-                if np.isfinite(float(t_value)) and float(t_value) <= limit:
-                    break
-                alpha *= 0.5
-            else:  # no step raises log Ẑ: stop at the last point
-                stalled = True
-                break
-        else:
-            trial, new_state = _update(grad, opt_state, params, value, data, method, post.state, transform)
-            if limits is not None:
-                trial = _project(trial, limits)
+        for trial, new_state, limit in _trials(grad, opt_state, params, value, data, method, post.state, optimizer,
+                                               limits):
             (t_value, t_post), t_grad = _value_and_grad(trial, data, method, post.state)
             evals += 1
-            if not np.isfinite(float(t_value)):  # stop at the last finite point
-                stalled = True
+            if np.isfinite(float(t_value)) and float(t_value) <= limit:
                 break
+        else:  # no trial is accepted: stop at the last point
+            stalled = True
+            break
         params, opt_state, value, post, grad = trial, new_state, t_value, t_post, t_grad
         trace.append(-float(value))
         if progress:
@@ -184,6 +167,22 @@ def _run(params, data, method, optimizer, limits, max_iter, tol, progress):
             converged = True
             break
     return params, post, grad, trace, evals, converged, stalled, change
+
+
+def _trials(grad, opt_state, params, value, data, method, state, optimizer, limits):
+    """One outer step's trials: ``(params, new optimizer state, the largest −log Ẑ accepted)``; L-BFGS's
+    backtracking to the Armijo condition, or the optax optimizer's one update (accepted where finite)."""
+    if optimizer is not None:
+        trial, new_state = _update(grad, opt_state, params, value, data, method, state, optimizer)
+        yield (trial if limits is None else _project(trial, limits)), new_state, np.inf
+        return
+    direction, new_state, predicted = _lbfgs_direction(grad, opt_state, params, limits)
+    predicted = float(predicted)  # −log Ẑ falls by about α·predicted along −direction
+    for halvings in range(_MAX_HALVINGS):
+        alpha = 0.5**halvings
+        trial, fall = _along(params, direction, jnp.asarray(alpha), limits, grad)
+        fall = alpha * predicted if fall is None else float(fall)
+        yield trial, new_state, float(value) - _ARMIJO * fall + _RISE_TOLERANCE * (1 + abs(float(value)))
 
 
 def _multiclass_data(kernel, X, likelihood, labels, num_classes, mean, jitter, train_likelihood, owner):
@@ -234,8 +233,7 @@ def _limits(bounds, params, owner):
                              f"{available} (kernel parameters without their log_ prefix, and `train_likelihood`).")
         table = {name: pair(value, f"for {name!r}") for name, value in bounds.items()}
     else:
-        both = pair(bounds, "given as one pair")
-        table = {name: both for name in available}
+        table = dict.fromkeys(available, pair(bounds, "given as one pair"))
     unbounded = (-np.inf, np.inf)
 
     def limits(side):

@@ -78,9 +78,7 @@ def model(kernel: AbstractKernel, X: ArrayLike, likelihood: AbstractPotential, l
     _checks.check_data_shape(X, owner)
     kernel = _checks.cast_floating(kernel, X.dtype)
     likelihood = _checks.cast_floating(likelihood, X.dtype)
-    mean = _checks.as_param("mean", mean, owner, X.dtype)
-    if mean.ndim != 0:
-        raise ValueError(f"{owner}: `mean` must be a scalar (a constant mean function), got shape {mean.shape}.")
+    mean = _checks.as_param("mean", mean, owner, X.dtype, ndim=0)
     _checks.check_finite("mean", mean, owner)
     n = X.shape[0]
     _check_observations(likelihood, n, owner)

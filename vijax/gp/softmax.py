@@ -101,12 +101,11 @@ class SoftmaxBound(MulticlassMethod):
                 and jnp.shape(state.precision) == (d, d))
 
     def solve(self, model: MulticlassModel, state: SoftmaxState) -> Posterior:
-        num_classes, n = model.num_classes, model.num_inputs
         chol = jnp.linalg.cholesky(model.prior_covariances())  # live: the bound is differentiated through it
         frozen = jax.lax.stop_gradient(chol)
-        likelihood = Multinomial(num_classes, self.bound)
+        likelihood = Multinomial(model.num_classes, self.bound)
         y = jax.lax.stop_gradient(model.labels).astype(model.dtype)[None]
-        mask = jnp.ones((1, n), bool)
+        mask = jnp.ones((1, model.num_inputs), bool)
         state = jax.lax.stop_gradient(state)
         q0 = Posteriors(state.mean[None], state.cov[None], state.precision[None], jnp.full(1, -jnp.inf, model.dtype),
                         jnp.zeros(1, jnp.int32), jnp.zeros(1, bool))

@@ -38,8 +38,7 @@ def _inputs(owner, X, inducing, y=None, noise_variance=None):
             raise ValueError(f"{owner}: `y` has shape {y.shape} but `X` has {X.shape[0]} rows.")
     if noise_variance is not None:
         noise_variance = _checks.as_float_array("noise_variance", noise_variance, owner, ndim=0)
-        if _checks.is_concrete(noise_variance) and not float(noise_variance) > 0:
-            raise ValueError(f"{owner}: `noise_variance` must be > 0, got {float(noise_variance)}.")
+        _checks.check_positive("noise_variance", noise_variance, owner)
     return X, Z, y, noise_variance
 
 
@@ -65,14 +64,14 @@ def _expected_log_lik(likelihood, signs, f_mean, f_var):
 
 
 def _titsias_terms(kernel, X, y, noise_variance, Z, jitter):
-    """L, A = σ⁻¹L⁻¹K_ZX, AAᵀ, L_B = chol(I + AAᵀ) and c = σ⁻¹L_B⁻¹Ay."""
+    """L, AAᵀ, L_B = chol(I + AAᵀ) and c = σ⁻¹L_B⁻¹Ay, with A = σ⁻¹L⁻¹K_ZX."""
     L = _chol_kzz(kernel, Z, jitter)
     sigma = jnp.sqrt(noise_variance)
     A = solve_triangular(L, kernel(Z, X), lower=True) / sigma
     AAT = A @ A.T
     LB = jnp.linalg.cholesky(jnp.eye(Z.shape[0], dtype=A.dtype) + AAT)
     c = solve_triangular(LB, A @ y, lower=True) / sigma
-    return L, A, AAT, LB, c
+    return L, AAT, LB, c
 
 
 def collapsed_elbo(kernel: AbstractKernel, X: ArrayLike, y: ArrayLike, noise_variance: ArrayLike, inducing: ArrayLike,
@@ -87,7 +86,7 @@ def collapsed_elbo(kernel: AbstractKernel, X: ArrayLike, y: ArrayLike, noise_var
     exact when ``inducing = X`` (up to jitter).
     """
     X, Z, y, noise_variance = _inputs("collapsed_elbo", X, inducing, y, noise_variance)
-    _, _, AAT, LB, c = _titsias_terms(kernel, X, y, noise_variance, Z, jitter)
+    _, AAT, LB, c = _titsias_terms(kernel, X, y, noise_variance, Z, jitter)
     log_marginal = (-0.5 * X.shape[0] * (_LOG_2PI + jnp.log(noise_variance))
                     - jnp.sum(jnp.log(jnp.diag(LB)))
                     - 0.5 * jnp.dot(y, y) / noise_variance + 0.5 * jnp.dot(c, c))
@@ -105,7 +104,7 @@ def optimal_inducing_posterior(kernel: AbstractKernel, X: ArrayLike, y: ArrayLik
     $$
     """
     X, Z, y, noise_variance = _inputs("optimal_inducing_posterior", X, inducing, y, noise_variance)
-    L, _, _, LB, c = _titsias_terms(kernel, X, y, noise_variance, Z, jitter)
+    L, _, LB, c = _titsias_terms(kernel, X, y, noise_variance, Z, jitter)
     W = solve_triangular(LB, L.T, lower=True).T  # W = L L_B^{-T}
     return W @ c, W @ W.T
 

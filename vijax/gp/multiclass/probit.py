@@ -331,8 +331,7 @@ class NestedEP(MulticlassMethod):
     def __check_init__(self):
         if _checks.is_concrete(self.damping) and not (0 < self.damping <= 1):
             raise ValueError(f"NestedEP: `damping` must lie in (0, 1], got {self.damping!r}.")
-        if _checks.is_concrete(self.tol) and not self.tol > 0:
-            raise ValueError(f"NestedEP: `tol` must be positive, got {self.tol!r}.")
+        _checks.check_positive("tol", self.tol, "NestedEP")
         _checks.integer("max_iter", self.max_iter, "NestedEP")
 
     def init_state(self, model: MulticlassModel) -> NestedEPState:
@@ -352,8 +351,7 @@ class NestedEP(MulticlassMethod):
         K = model.prior_covariances()
         frozen = jax.lax.stop_gradient(K)
         onehot = jax.lax.stop_gradient(model.onehot())
-        active = 1 - onehot
-        tau, nu = jax.lax.stop_gradient((state.tau * active, state.nu * active))
+        tau, nu = jax.lax.stop_gradient((state.tau * (1 - onehot), state.nu * (1 - onehot)))
         floor = jnp.minimum(_MIN_DAMPING, self.damping)
         trace = jnp.full((self.max_iter + 1,), jnp.nan, K.dtype)
 
@@ -361,8 +359,7 @@ class NestedEP(MulticlassMethod):
             _, update, value = _evaluate(frozen, s.tau, s.nu, onehot)
             residual = jnp.max(update.residual)
             delta = jnp.where(residual > s.residual, jnp.maximum(0.5 * s.damping, floor), s.damping)
-            tau = s.tau + delta * (update.tau - s.tau)
-            nu = s.nu + delta * (update.nu - s.nu)
+            tau, nu = (old + delta * (new - old) for old, new in ((s.tau, update.tau), (s.nu, update.nu)))
             return _Loop(tau, nu, residual, delta, s.trace.at[k].set(value))
 
         init = _Loop(tau, nu, jnp.asarray(jnp.inf, K.dtype), jnp.asarray(self.damping, K.dtype), trace)

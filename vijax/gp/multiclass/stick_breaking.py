@@ -92,7 +92,7 @@ class StickBreakingModel(LatentLinearModel):
         super().__init__(prior, Sites(ScaledIdentity(jnp.asarray(layout.sign, Kx.dtype)), potential))
         self.kernel = kernel
         self.X = X
-        self.labels = tuple(int(c) for c in class_labels(labels, X.shape[0], num_classes, owner))
+        self.labels = tuple(int(c) for c in layout.ordering[layout.rank])
         self.num_classes = int(num_classes)
         self.ordering = tuple(int(c) for c in layout.ordering)
 
