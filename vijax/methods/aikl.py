@@ -371,8 +371,7 @@ def _expect(potential, atoms, rho):
     delta, first = atoms[:, 1] - atoms[:, 0], atoms[:, 0]
     slope = lambda x: jax.jvp(potential.log_phi, (x,), (jnp.ones_like(x),))[1]
     for centre, width in potential._peaks():
-        centre = jnp.broadcast_to(jnp.asarray(centre, atoms.dtype), (num,))
-        width = jnp.broadcast_to(jnp.asarray(width, atoms.dtype), (num,))
+        centre, width = (jnp.broadcast_to(jnp.asarray(x, atoms.dtype), (num,)) for x in (centre, width))
         jump = slope(centre + 1e-6 * width) - slope(centre - 1e-6 * width)  # f'(c⁺) − f'(c⁻) of f = log φ
         position = (centre - first) / delta
         index = jnp.floor(position)
