@@ -58,8 +58,7 @@ def scale_tilted_moments(potential, mean, var, hyper_mean, hyper_var, power=1.0,
     potential = eqx.tree_at(lambda t: t.scale, potential, 1.0)  # ignored: set at the φ nodes below
     leaves = [a for a in jax.tree_util.tree_leaves(potential) if eqx.is_array(a)]
     dtype = jnp.result_type(mean, var, hyper_mean, hyper_var, *leaves, float)
-    shape = jnp.broadcast_shapes(*(jnp.shape(a) for a in (mean, var, hyper_mean, hyper_var)),
-                                 *(jnp.shape(a) for a in leaves))
+    shape = jnp.broadcast_shapes(*(jnp.shape(a) for a in (mean, var, hyper_mean, hyper_var, *leaves)))
     z, weights = quadrature.rule(dtype)
     mean, var, hyper_mean, hyper_var = (jnp.broadcast_to(jnp.asarray(a, dtype), shape)[..., None]
                                         for a in (mean, var, hyper_mean, hyper_var))
