@@ -452,8 +452,7 @@ class AIKLPosterior(Posterior):
     def __init__(self, params, base, lattice_points, padding, span, log_z, diagnostics, model):
         mean, C = _moments(params, base)
         S = C.T @ C
-        S = 0.5 * (S + S.T)
-        factor = CholeskyFactor.from_matrix(jnp.linalg.cholesky(S).T)
+        factor = CholeskyFactor.from_matrix(jnp.linalg.cholesky(0.5 * (S + S.T)).T)
         super().__init__(mean, factor, log_z, diagnostics, model, bound_claim=True,
                          state=AIKLState(params, jnp.array(False), type(base).__name__))
         self.params = params
