@@ -62,6 +62,12 @@ def _direction(ev: _Evaluation, power) -> SiteParams:
     return SiteParams(tuple(dtau), tuple(dnu))
 
 
+def _placeholder(fn, *args):
+    """NaN-filled arrays (False for booleans) of the shapes ``fn(*args)`` returns, without running it."""
+    fill = lambda a: jnp.full(a.shape, False if a.dtype == bool else jnp.nan, a.dtype)
+    return jax.tree_util.tree_map(fill, jax.eval_shape(fn, *args))
+
+
 def _residual(ev: _Evaluation):
     """max_n |m̂_n − m_n|/√V_n + |log(V̂_n/V_n)| over valid sites: 0 exactly at a fixed point."""
     worst = jnp.zeros((), ev.value.dtype)

@@ -271,11 +271,6 @@ def _fft_size(dim: int, lattice_points: int, padding: str) -> int:
 _NARROW, _WIDE = 1.0, 2.0  # components' widths (in spacings) below which cumulants, above which samples
 
 
-def _smoothstep(x):
-    x = jnp.clip(x, 0.0, 1.0)
-    return x * x * (3.0 - 2.0 * x)
-
-
 def _wide_count(dim: int, lattice_points: int, span: float) -> int:
     """At most how many of D components are wider than `_NARROW` spacings (Σ_d r_d² = ((K − 1)/(2 span))²)."""
     return min(dim, int(math.floor(((lattice_points - 1) / (2.0 * span * _NARROW)) ** 2)))
@@ -316,18 +311,21 @@ def _spectrum(parts, base, lattice_points, size, omega, count):
     cumulant = jnp.exp(-0.5 * ws**2)
     if skewed:
         cumulant = cumulant * jnp.exp(1j * kappa[..., None] * ws**3 / 6.0)
-    mix = _smoothstep((jnp.abs(scale) - _NARROW) / (_WIDE - _NARROW))[..., None]
+    mix = jnp.clip((jnp.abs(scale) - _NARROW) / (_WIDE - _NARROW), 0.0, 1.0)[..., None]
+    mix = mix * mix * (3.0 - 2.0 * mix)  # smoothstep
     spectrum = jnp.prod(mix * sampled + (1.0 - mix) * cumulant, axis=-2)  # (N, size//2 + 1)
     if log_rest is not None:
         spectrum = spectrum * jnp.exp(log_rest)
     return spectrum
 
 
-def _site_lattice(alpha, beta, params, base, lattice_points, padding, span):
-    """Atoms and weights ρ (summing to one), each ``(N, P)``, of y_n = α_nᵀv + β_n (``alpha`` ``(N, D)``).
+def _site_lattice(projection, offset, params, base, lattice_points, padding, span):
+    """Atoms and weights ρ (summing to one), each ``(N, P)``, of y_n = h_nᵀw + c_n = α_nᵀv + β_n, α_n = Aᵀh_n.
 
     u_d = α_d v_d, r_d spacings wide, enters by the DFT of its lattice density where r_d ≥ 2, by its
     cumulant transform where r_d ≤ 1 (exact mean, variance and skewness), and by a smooth mix between."""
+    alpha = jax.vmap(projection.mv, in_axes=1, out_axes=1)(params.A)  # H A, (N, D)
+    beta = projection.mv(params.loc) + offset
     num, dim = alpha.shape
     K = lattice_points
     theta = params.theta
@@ -363,13 +361,6 @@ def _site_lattice(alpha, beta, params, base, lattice_points, padding, span):
     return atoms, rho
 
 
-def _kink_jumps(potential, centre, width):
-    """The jump f'(c⁺) − f'(c⁻) of f = log φ at c = ``centre``, by autodiff at c ± 10⁻⁶ ``width``."""
-    step = 1e-6 * width
-    slope = lambda x: jax.jvp(potential.log_phi, (x,), (jnp.ones_like(x),))[1]
-    return slope(centre + step) - slope(centre - step)
-
-
 def _expect(potential, atoms, rho):
     """Σ_j ρ_nj log φ_n(atom_nj), ``(N,)``, plus J q_y(c) Δ² B₂(θ)/2 at each kink c of log φ (Euler–Maclaurin)."""
     values = jax.vmap(potential.log_phi, in_axes=1, out_axes=1)(atoms)
@@ -378,10 +369,10 @@ def _expect(potential, atoms, rho):
     out = jnp.sum(jnp.where(keep, rho * jnp.where(keep, values, 0.0), 0.0), axis=-1)
     num, size = atoms.shape
     delta, first = atoms[:, 1] - atoms[:, 0], atoms[:, 0]
+    slope = lambda x: jax.jvp(potential.log_phi, (x,), (jnp.ones_like(x),))[1]
     for centre, width in potential._peaks():
-        centre = jnp.broadcast_to(jnp.asarray(centre, atoms.dtype), (num,))
-        width = jnp.broadcast_to(jnp.asarray(width, atoms.dtype), (num,))
-        jump = _kink_jumps(potential, centre, width)
+        centre, width = (jnp.broadcast_to(jnp.asarray(x, atoms.dtype), (num,)) for x in (centre, width))
+        jump = slope(centre + 1e-6 * width) - slope(centre - 1e-6 * width)  # f'(c⁺) − f'(c⁻) of f = log φ
         position = (centre - first) / delta
         index = jnp.floor(position)
         theta = position - index
@@ -396,13 +387,8 @@ def _expect(potential, atoms, rho):
 def site_expectations(params: AIKLParams, model: LatentLinearModel, base: AbstractBase, lattice_points: int = 256,
                       padding: str = "window", span: float = _SPAN):
     """⟨log φ_n(h_nᵀw + c_n)⟩ under q for every site: one ``(N_g,)`` array per site group (lattice as `bound`)."""
-    A = params.A
-    out = []
-    for group in model.sites:
-        alpha = jax.vmap(group.projection.mv, in_axes=1, out_axes=1)(A)  # H A, (N, D)
-        atoms, rho = _site_lattice(alpha, group.project(params.loc), params, base, lattice_points, padding, span)
-        out.append(_expect(group.potential, atoms, rho))
-    return tuple(out)
+    lattices = (_site_lattice(g.projection, g.offset, params, base, lattice_points, padding, span) for g in model.sites)
+    return tuple(_expect(group.potential, *lattice) for group, lattice in zip(model.sites, lattices))
 
 
 def bound(params: AIKLParams, model: LatentLinearModel, base: AbstractBase, lattice_points: int = 256,
@@ -423,10 +409,7 @@ def lattice_densities(params: AIKLParams, base: AbstractBase, H, offset=0.0, lat
                       padding: str = "window", span: float = _SPAN):
     """The lattice densities of y = H w + offset under q, ``(points, density)``, each ``(N, P)``.
     ``H``: ``(N, D)`` array, BCOO or projection."""
-    projection = as_projection(H)
-    alpha = jax.vmap(projection.mv, in_axes=1, out_axes=1)(params.A)
-    beta = projection.mv(params.loc) + offset
-    atoms, rho = _site_lattice(alpha, beta, params, base, lattice_points, padding, span)
+    atoms, rho = _site_lattice(as_projection(H), offset, params, base, lattice_points, padding, span)
     return atoms, rho / (atoms[:, 1:2] - atoms[:, 0:1])
 
 
@@ -469,8 +452,7 @@ class AIKLPosterior(Posterior):
     def __init__(self, params, base, lattice_points, padding, span, log_z, diagnostics, model):
         mean, C = _moments(params, base)
         S = C.T @ C
-        S = 0.5 * (S + S.T)
-        factor = CholeskyFactor.from_matrix(jnp.linalg.cholesky(S).T)
+        factor = CholeskyFactor.from_matrix(jnp.linalg.cholesky(0.5 * (S + S.T)).T)
         super().__init__(mean, factor, log_z, diagnostics, model, bound_claim=True,
                          state=AIKLState(params, jnp.array(False), type(base).__name__))
         self.params = params

@@ -29,7 +29,8 @@ from ..posterior import Diagnostics, EPInfo, Posterior
 from ..solvers import Status, iterate
 from ._base import AbstractMethod, same_shapes
 from ._envelope import computed
-from ._ep_sites import SiteParams, _change, _check_settings, _direction, _Evaluation, _num_invalid, _quadratics, _residual
+from ._ep_sites import (SiteParams, _change, _check_settings, _direction, _Evaluation, _num_invalid, _placeholder,
+                        _quadratics, _residual)
 from ._ep_sites import cavity, moment_residual as moment_residual, site_step as site_step  # vj.ep's per-site maths
 from ._gaussian import integrate, marginals, working_model
 from ..start import expand_at, expand_at_mode
@@ -424,8 +425,7 @@ class EP(AbstractMethod):
         work = working_model(frozen)
         dtype = frozen.dtype
         # The first iteration evaluates the start; until then ``ev`` is a placeholder (``started`` False).
-        shape = jax.eval_shape(lambda: _evaluate(sites, frozen, self._eta, work))
-        ev = jax.tree_util.tree_map(lambda a: jnp.full(a.shape, jnp.nan if a.dtype != bool else False, a.dtype), shape)
+        ev = _placeholder(lambda: _evaluate(sites, frozen, self._eta, work))
         zero, nan, false = jnp.array(0), jnp.array(jnp.nan, dtype), jnp.array(False)
         inf = jnp.array(jnp.inf, dtype)
         run = _Run(sites=sites, ev=ev, residual=inf, k=zero,

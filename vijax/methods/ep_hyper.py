@@ -28,8 +28,8 @@ from ..start import expand_at
 from ._base import AbstractMethod, compiled, same_shapes
 from ._envelope import computed
 from ._gaussian import integrate, marginals, working_model
-from ._ep_sites import (SiteParams, _change, _check_settings, _direction, _Evaluation, _num_invalid, _quadratics,
-                        _residual, cavity)
+from ._ep_sites import (SiteParams, _change, _check_settings, _direction, _Evaluation, _num_invalid, _placeholder,
+                        _quadratics, _residual, cavity)
 
 __all__ = ["HierarchicalEP", "HierarchicalPosterior", "HierarchicalState", "log_variance_tilted_moments",
            "scale_tilted_moments"]
@@ -58,8 +58,7 @@ def scale_tilted_moments(potential, mean, var, hyper_mean, hyper_var, power=1.0,
     potential = eqx.tree_at(lambda t: t.scale, potential, 1.0)  # ignored: set at the φ nodes below
     leaves = [a for a in jax.tree_util.tree_leaves(potential) if eqx.is_array(a)]
     dtype = jnp.result_type(mean, var, hyper_mean, hyper_var, *leaves, float)
-    shape = jnp.broadcast_shapes(*(jnp.shape(a) for a in (mean, var, hyper_mean, hyper_var)),
-                                 *(jnp.shape(a) for a in leaves))
+    shape = jnp.broadcast_shapes(*(jnp.shape(a) for a in (mean, var, hyper_mean, hyper_var, *leaves)))
     z, weights = quadrature.rule(dtype)
     mean, var, hyper_mean, hyper_var = (jnp.broadcast_to(jnp.asarray(a, dtype), shape)[..., None]
                                         for a in (mean, var, hyper_mean, hyper_var))
@@ -242,9 +241,8 @@ class HierarchicalEP(AbstractMethod):
         work = working_model(frozen.model)
         evaluate = lambda s, h: self.evaluate(frozen, s, h, work)
         # The first iteration evaluates the start (a zero step), so `evaluate` is traced once.
-        shape = jax.eval_shape(evaluate, state.sites, state.hyper_sites)
-        ev = jax.tree_util.tree_map(lambda a: jnp.full(a.shape, jnp.nan if a.dtype != bool else False, a.dtype), shape)
-        dtype = shape.w.value.dtype
+        ev = _placeholder(evaluate, state.sites, state.hyper_sites)
+        dtype = ev.w.value.dtype
         trace = jnp.full((self.max_iter + 1,), jnp.nan, dtype)
         zero, no = jnp.array(0), jnp.array(False)
         # (sites, φ-sites, evaluation, trace, shrunk, stuck, started, evaluations, skipped, change)
