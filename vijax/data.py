@@ -10,6 +10,7 @@ import numpy as np
 from . import _checks
 
 __all__ = ["LogisticData", "synthetic_logistic_regression"]
+__dir__ = __all__.copy
 
 
 class LogisticData(NamedTuple):
@@ -80,7 +81,3 @@ def synthetic_logistic_regression(key_or_seed, dim: int, num_train: int, num_tes
     p_positive = 0.5 * (1.0 + np.tanh(0.5 * (X @ w_true)))  # σ(a), overflow-free
     y = np.where(rng.random(total) < p_positive, 1.0, -1.0)
     return LogisticData(X[:num_train], y[:num_train], X[num_train:], y[num_train:], w_true)
-
-
-def __dir__():
-    return list(__all__)

@@ -19,6 +19,7 @@ from . import _checks
 from ._linalg import LOG_2PI
 
 __all__ = ["GaussianFactor", "IsotropicGaussian", "DiagonalGaussian", "DenseGaussian", "NaturalGaussian"]
+__dir__ = __all__.copy
 
 
 class GaussianFactor(eqx.Module):
@@ -282,7 +283,3 @@ class NaturalGaussian(GaussianFactor):
         d = jnp.diag(self.prec)
         scale = jnp.where(d > 0, jnp.minimum(1.0 / jnp.sqrt(jnp.where(d > 0, d, 1.0)), 1.0), 1.0)
         return jnp.zeros_like(self.shift), scale
-
-
-def __dir__():
-    return list(__all__)

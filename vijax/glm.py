@@ -25,6 +25,7 @@ from .quadrature import GaussHermite, safe_sqrt
 __all__ = ["logistic_regression", "probit_regression", "poisson_regression", "robust_regression", "linear_regression",
            "hierarchical_linear", "hierarchical_predict", "signed_labels", "predict_proba", "predict_mean",
            "log_predictive"]
+__dir__ = __all__.copy
 
 
 def _design(X, owner, data=True):
@@ -312,7 +313,3 @@ def log_predictive(post: Posterior | Mixture, X_test: ArrayLike, y_test: ArrayLi
         potential = potential.observe(y_test)
     mean, var = post.marginals(X_test)
     return potential.log_expected_phi(mean, safe_sqrt(var), quadrature)
-
-
-def __dir__():
-    return list(__all__)

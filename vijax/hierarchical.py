@@ -21,6 +21,7 @@ from . import _checks, potentials
 from .model import LatentLinearModel, Sites
 
 __all__ = ["HierarchicalModel"]
+__dir__ = __all__.copy
 
 # Location–scale sites whose scale² is e^φ (`vj.methods.ep_hyper.scale_tilted_moments`).
 _SCALE_SITES = (potentials.Gaussian, potentials.StudentT)
@@ -98,7 +99,3 @@ class HierarchicalModel(eqx.Module):
     @property
     def dtype(self):
         return self.model.dtype
-
-
-def __dir__():
-    return list(__all__)

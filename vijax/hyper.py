@@ -27,6 +27,7 @@ from .solvers import LBFGS
 
 __all__ = ["marginal", "Marginal", "integrate", "Integration", "sample", "Samples", "SamplerInfo",
            "ccd_design", "MAX_DIM"]
+__dir__ = __all__.copy
 
 MAX_DIM = 6  # the deterministic rules' largest dim θ (a grid or design grows exponentially with it)
 
@@ -376,7 +377,3 @@ def sample(build: Callable, method: AbstractMethod, log_prior: Callable, key, nu
     values, posteriors = _fits(build, method, log_prior, as_array(points), post0, batch_size)
     return Samples(draws=as_array(draws), points=as_array(points), weights=as_array(np.full(k, 1.0 / k)),
                    posteriors=posteriors, log_densities=values, info=info)
-
-
-def __dir__():
-    return list(__all__)

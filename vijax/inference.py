@@ -12,6 +12,7 @@ from .posterior import Posterior
 from .solvers import Status
 
 __all__ = ["infer", "ConvergenceWarning"]
+__dir__ = __all__.copy
 
 
 class ConvergenceWarning(UserWarning):
@@ -64,7 +65,3 @@ def _warn_unless_converged(post: Posterior) -> None:
         message = (f" stopped after {int(d.iterations)} iterations without converging: {why} (final stationarity "
                    f"{float(d.stationarity):.3g}); log Z, its gradient and the moments are not at the optimum")
     warnings.warn(f"{name}{message}. See post.diagnostics.", ConvergenceWarning, stacklevel=3)
-
-
-def __dir__():
-    return list(__all__)

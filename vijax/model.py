@@ -18,6 +18,7 @@ from .projections import AbstractProjection, Dense, Identity, ScaledIdentity, Sp
 __all__ = ["GaussianFactor", "IsotropicGaussian", "DiagonalGaussian", "DenseGaussian", "NaturalGaussian",
            "AbstractProjection", "Dense", "Sparse", "Identity", "ScaledIdentity", "as_projection", "Sites",
            "LatentLinearModel"]
+__dir__ = __all__.copy
 
 
 class Sites(eqx.Module):
@@ -143,7 +144,3 @@ class LatentLinearModel(eqx.Module):
         for group in self.sites:
             value = value + jnp.sum(group.potential.log_phi(group.project(w)))
         return value
-
-
-def __dir__():
-    return list(__all__)

@@ -24,6 +24,7 @@ from .model import Dense, LatentLinearModel, Sites, Sparse
 from .potentials import Masked
 
 __all__ = ["pad_sites"]
+__dir__ = __all__.copy
 
 _OWNER = "pad_sites"
 
@@ -117,7 +118,3 @@ def _pad_sparse(H: jsparse.BCOO, extra: int, index: int) -> Sparse:
     new_indices = np.concatenate([indices, np.stack([rows, columns], axis=1).astype(indices.dtype)])
     new_data = jnp.asarray(np.concatenate([data, np.tile(data[last], extra)]), H.data.dtype)
     return Sparse.from_bcoo(jsparse.BCOO((new_data, jnp.asarray(new_indices)), shape=(n + extra, H.shape[1])))
-
-
-def __dir__():
-    return list(__all__)

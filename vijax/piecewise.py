@@ -30,6 +30,7 @@ from .potentials import Logistic, Masked, PiecewiseLogistic
 
 __all__ = ["KINDS", "PIECES", "table", "max_error", "value", "expected", "log_expected_exp_neg", "fit",
            "bound_logistic_sites"]
+__dir__ = __all__.copy
 
 # The shipped bounds hold with this much room, so rounding in their evaluation never breaks them.
 MARGIN = 1e-12
@@ -184,7 +185,3 @@ def fit(kind: str, pieces: int):
     return {"breakpoints": [float(t) for t in breakpoints],
             "coefficients": [[float(v) for v in p] for p in coefs],
             "max_error": float(worst)}
-
-
-def __dir__():
-    return list(__all__)

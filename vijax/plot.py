@@ -18,6 +18,7 @@ import numpy as np
 from . import gp
 
 __all__ = ["coefficients", "gp_bands", "convergence", "compare"]
+__dir__ = __all__.copy
 
 
 def _axes(ax):
@@ -134,7 +135,3 @@ def compare(results: Mapping[str, Any], ax: Any = None, xlabel: str = "log Z") -
     ax.invert_yaxis()
     ax.set_xlabel(xlabel)
     return ax
-
-
-def __dir__():
-    return list(__all__)

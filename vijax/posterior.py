@@ -18,6 +18,7 @@ from .projections import as_projection
 from .solvers import Status
 
 __all__ = ["Posterior", "Diagnostics", "Status", "EPInfo", "LaplaceInfo", "LVBInfo", "Mixture"]
+__dir__ = __all__.copy
 
 
 def _show(x) -> str:
@@ -281,7 +282,3 @@ def _mixed(predictive, combine, posteriors, weights, args):
     means, variances = values
     mean = jnp.tensordot(weights, means, axes=1)
     return mean, jnp.tensordot(weights, variances + (means - mean) ** 2, axes=1)
-
-
-def __dir__():
-    return list(__all__)

@@ -40,6 +40,7 @@ __all__ = [
     "Custom",
     "Masked",
 ]
+__dir__ = __all__.copy
 
 # Python floats (weakly typed), so that float32 inputs stay float32 when x64 is enabled.
 _SQRT_2PI = float(np.sqrt(2 * np.pi))
@@ -726,7 +727,3 @@ class Masked(AbstractPotential):
     def check_num_sites(self, num_sites: int) -> None:
         _checks.check_broadcastable("mask", self.mask, num_sites, "Masked")
         self.potential.check_num_sites(num_sites)
-
-
-def __dir__():
-    return list(__all__)

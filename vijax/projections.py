@@ -16,6 +16,7 @@ from jax.experimental import sparse as jsparse
 from . import _checks, _ellpack
 
 __all__ = ["AbstractProjection", "Dense", "Sparse", "Identity", "ScaledIdentity", "as_projection"]
+__dir__ = __all__.copy
 
 
 class AbstractProjection(eqx.Module):
@@ -221,7 +222,3 @@ def as_projection(H) -> AbstractProjection:
     H = _checks.as_float_array("H", H, "Sites", ndim=2)
     _checks.check_finite("H", H, "Sites")
     return Dense(H)
-
-
-def __dir__():
-    return list(__all__)

@@ -21,6 +21,7 @@ __all__ = [
     "GaussHermite", "safe_sqrt", "tilted_moments", "moments_from_log_normaliser", "elementwise_derivatives",
     "ExpectationDerivatives", "expectation_derivatives",
 ]
+__dir__ = __all__.copy
 
 
 @functools.lru_cache(maxsize=None)
@@ -164,7 +165,3 @@ def moments_from_log_normaliser(log_z_fn, mean, var):
 
     log_z, g, h = elementwise_derivatives(log_z_fn, mean)
     return log_z, mean + var * g, var + var**2 * h
-
-
-def __dir__():
-    return list(__all__)

@@ -21,6 +21,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 from .model import Dense, Identity, LatentLinearModel, ScaledIdentity, Sparse
 
 __all__ = ["shard_sites"]
+__dir__ = __all__.copy
 
 
 def _place(tree, sharding_of):
@@ -89,7 +90,3 @@ def shard_sites(model: LatentLinearModel, mesh: Mesh | None = None, axis_name: s
             groups.append(_place(_rows(group, slice(cut, n), n), lambda _: replicated))
     prior = None if model.prior is None else _place(model.prior, lambda _: replicated)
     return model.replace(prior=prior, sites=groups)
-
-
-def __dir__():
-    return list(__all__)

@@ -31,6 +31,7 @@ from .padding import pad_sites as _pad_sites
 
 __all__ = ["BayesianLogisticRegression", "BayesianProbitRegression", "BayesianPoissonRegression",
            "BayesianRobustRegression", "GPClassifier", "GPRegressor"]
+__dir__ = __all__.copy
 
 _METHODS = {"gkl": GKL, "ep": EP, "laplace": Laplace, "map": MAP, "lvb": LVB, "meanfield": MeanField}
 
@@ -353,7 +354,3 @@ class GPRegressor(RegressorMixin, BaseEstimator):
         mean, var = _gp.predict(self.posterior_, X)
         mean = np.asarray(mean, dtype=float)
         return (mean, np.sqrt(np.asarray(var, dtype=float))) if return_std else mean
-
-
-def __dir__():
-    return list(__all__)

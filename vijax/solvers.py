@@ -21,6 +21,7 @@ from ._linalg import nan_trace, pcg, select
 
 __all__ = ["AbstractSolver", "NewtonCG", "Newton", "GaussNewton", "LBFGS", "Solution", "Status",
            "iterate", "extrapolated_distance", "FixedPoint", "fixed_point"]
+__dir__ = __all__.copy
 
 _ROUNDING = 64  # f is known to about this many ulps: a smaller increase of f is no evidence of progress
 _DECREMENT_ROUNDING = 4  # a predicted gain ½λ² below a few ulps of f cannot be realised
@@ -447,7 +448,3 @@ def _wolfe_step(b, f, slope, d, f_a, g_a):
     beyond = lo + jnp.minimum(step, 9.0 * lo)
     alpha = jnp.where(done, b.alpha, jnp.where(jnp.isfinite(hi), inside, beyond))
     return _Bracket(lo, f_lo, g_lo, dphi_lo, hi, f_hi, dphi_hi, alpha, done, b.n + 1)
-
-
-def __dir__():
-    return list(__all__)

@@ -23,6 +23,7 @@ from .solvers import AbstractSolver, GaussNewton
 
 __all__ = ["SiteExpansion", "expand_at", "expand_at_mode", "shared", "mode_search", "matrix_free", "whitened",
            "working_model", "DENSE_MAX_DIM"]
+__dir__ = __all__.copy
 
 DENSE_MAX_DIM = 2048  # above this D the mode search never forms the D × D curvature
 _MAX_CG = 200  # CG steps per matrix-free Newton step (truncated by the forcing term long before)
@@ -142,7 +143,3 @@ _shared = eqx.filter_jit(expand_at_mode)
 def shared(model: LatentLinearModel, dense: bool | None = None) -> SiteExpansion:
     """`expand_at_mode` compiled: one program per model shape and ``dense``, whichever method asks."""
     return _shared(model, not matrix_free(model) if dense is None else bool(dense))
-
-
-def __dir__():
-    return list(__all__)

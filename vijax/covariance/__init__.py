@@ -18,7 +18,4 @@ from .subspace import Subspace, SubspaceFactor
 __all__ = ["AbstractCovariance", "AbstractFactor", "Full", "Diagonal", "Banded", "Chevron", "SparseMask", "Subspace",
            "FactorAnalysis", "CholeskyFactor", "DiagonalFactor", "SparseCholeskyFactor", "ChevronFactor",
            "SubspaceFactor", "FactorAnalysisFactor"]
-
-
-def __dir__():
-    return list(__all__)
+__dir__ = __all__.copy

@@ -10,7 +10,4 @@ from .sequential import FIT_TOL, SequentialResult, design_method, random_rows, s
 __all__ = ["sparse_linear_model", "measurement_sites", "ep_sites", "smoothed_laplace", "filters", "covariance_product",
            "information_gain", "row_gains", "greedy_rows", "lanczos", "leading_eigenvectors", "lanczos_variances",
            "free_design", "entropy", "sequential", "SequentialResult", "random_rows", "design_method", "FIT_TOL"]
-
-
-def __dir__():
-    return list(__all__)
+__dir__ = __all__.copy

@@ -20,6 +20,7 @@ from ..projections import AbstractProjection, Identity, as_projection
 
 __all__ = ["identity", "finite_differences", "wavelets", "stack", "FiniteDifferences", "Wavelets", "Stacked",
            "DB4_LOW", "DB4_HIGH", "max_level", "as_dense"]
+__dir__ = __all__.copy
 
 # Daubechies-4 (8 taps, 4 vanishing moments) analysis filters, as in PyWavelets' Wavelet("db4").dec_lo/dec_hi.
 DB4_LOW = np.array([-0.010597401785069032, 0.0328830116668852, 0.030841381835560764, -0.18703481171909309,
@@ -286,7 +287,3 @@ def as_dense(B) -> jax.Array:
     """Any projection as a dense ``(N, D)`` array (its products with the columns of I); for checks and plots."""
     B = as_projection(B)
     return jax.jit(lambda B: B.mv(jnp.eye(B.shape[1], dtype=B._dtype())))(B)
-
-
-def __dir__():
-    return list(__all__)

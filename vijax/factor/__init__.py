@@ -21,7 +21,4 @@ __all__ = ["FactorModel", "Block", "factor_analysis", "graphical_model", "observ
            "EMState", "FactorPosterior", "FactorInfo", "e_step", "m_step", "initial_posteriors", "Posteriors",
            "elbo_point", "penalty_term", "log_predictive", "probabilities", "impute", "AbstractLikelihood",
            "GaussianColumn", "Bernoulli", "PoissonColumn", "Ordinal", "StickBreaking", "Multinomial"]
-
-
-def __dir__():
-    return list(__all__)
+__dir__ = __all__.copy

@@ -17,7 +17,4 @@ from .sparse import collapsed_elbo, optimal_inducing_posterior, predict_sparse, 
 __all__ = ["kernels", "multiclass", "softmax", "model", "GPModel", "predict", "predict_proba", "log_predictive",
            "fit_hyperparameters", "HyperparameterFit", "collapsed_elbo", "optimal_inducing_posterior", "predict_sparse",
            "svgp_elbo", "svgp_natural_step"]
-
-
-def __dir__():
-    return list(__all__)
+__dir__ = __all__.copy

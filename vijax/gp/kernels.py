@@ -25,6 +25,7 @@ from ..quadrature import safe_sqrt
 
 __all__ = ["AbstractKernel", "SquaredExponential", "Matern12", "Matern32", "Matern52", "Periodic", "Linear", "White",
            "Sum", "Product"]
+__dir__ = __all__.copy
 
 
 def _format(value):
@@ -234,7 +235,3 @@ class White(_VarianceOnly):
 
     def _diagonal(self, X):
         return jnp.full(X.shape[0], self.variance, X.dtype)
-
-
-def __dir__():
-    return list(__all__)

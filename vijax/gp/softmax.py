@@ -26,6 +26,7 @@ from ..solvers import Status
 from ._layout import MulticlassMethod, MulticlassModel
 
 __all__ = ["SoftmaxBound", "SoftmaxState", "BOUNDS", "predict", "predict_proba"]
+__dir__ = __all__.copy
 
 BOUNDS = ("bohning", "log", "tilted", "pos")
 
@@ -163,7 +164,3 @@ def predict_proba(post: Posterior, X_test, *, key, num_samples: int = 4000):
     eps = jax.random.normal(key, (num_samples,) + mean.shape, mean.dtype)
     samples = mean + jnp.einsum("mcd,smd->smc", chol, eps)
     return jnp.mean(jax.nn.softmax(samples, -1), 0)
-
-
-def __dir__():
-    return list(__all__)

@@ -23,6 +23,7 @@ from ..potentials import AbstractPotential
 _MAX_HALVINGS = 30  # of a natural-gradient step that would leave S̃⁻¹ indefinite
 
 __all__ = ["collapsed_elbo", "optimal_inducing_posterior", "predict_sparse", "svgp_elbo", "svgp_natural_step"]
+__dir__ = __all__.copy
 
 
 def _inputs(owner, X, inducing, y=None, noise_variance=None):
@@ -216,7 +217,3 @@ def svgp_natural_step(mean_u, chol_u, kernel, inducing, X, likelihood, num_data=
     new_mean = jax.scipy.linalg.cho_solve((P, True), new_shift)
     new_chol = jnp.linalg.cholesky(jax.scipy.linalg.cho_solve((P, True), eye))
     return L @ new_mean, L @ new_chol
-
-
-def __dir__():
-    return list(__all__)

@@ -13,7 +13,4 @@ from .map import MAP
 from .meanfield import MeanField
 
 __all__ = ["AbstractMethod", "aikl", "AIKL", "ep", "EP", "ep_hyper", "HierarchicalEP", "gkl", "laplace", "lvb", "GKL", "Laplace", "LVB", "MAP", "MeanField"]
-
-
-def __dir__():
-    return list(__all__)
+__dir__ = __all__.copy

@@ -39,6 +39,7 @@ from .gkl import GKL, bound_at
 
 __all__ = ["AbstractBase", "Normal", "SkewNormal", "GeneralisedNormal", "AIKLParams", "AIKLState", "AIKLInfo", "AIKLPosterior",
            "AIKL", "bound", "site_expectations", "lattice_densities"]
+__dir__ = __all__.copy
 
 _SPAN = 6.0  # lattice end points at ±_SPAN σ_y (thesis §6.3.1)
 _PADDINGS = ("window", "full")
@@ -665,7 +666,3 @@ class AIKL(AbstractMethod):
         else:
             index, change = jnp.array(0), jnp.full((), jnp.nan, pairs.dtype)
         return self._result(model, start, opt, sol, gaussian, index, pairs[index], change)
-
-
-def __dir__():
-    return list(__all__)

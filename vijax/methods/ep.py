@@ -36,6 +36,7 @@ from ._gaussian import integrate, marginals, working_model
 from ..start import expand_at, expand_at_mode
 
 __all__ = ["EP", "SiteParams", "energy", "SCHEDULES"]
+__dir__ = __all__.copy
 
 SCHEDULES = ("parallel", "sequential", "double_loop")
 _FALLBACK = {"parallel": ("sequential",), "sequential": ("double_loop",), "double_loop": ()}
@@ -467,7 +468,3 @@ class EP(AbstractMethod):
             num_hvp_evals=0, method="EP", solver=self.schedule, info=info)
         factor = CholeskyFactor.from_matrix(C).canonical()
         return Posterior(mean, factor, log_z, diagnostics, model, bound_claim=False, state=sites)
-
-
-def __dir__():
-    return list(__all__)

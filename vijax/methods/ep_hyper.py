@@ -33,6 +33,7 @@ from ._ep_sites import (SiteParams, _change, _check_settings, _direction, _Evalu
 
 __all__ = ["HierarchicalEP", "HierarchicalPosterior", "HierarchicalState", "log_variance_tilted_moments",
            "scale_tilted_moments"]
+__dir__ = __all__.copy
 
 _MAX_HALVINGS = 30
 
@@ -280,7 +281,3 @@ class HierarchicalEP(AbstractMethod):
         q_mean, q_var = ev.q_hyper
         return HierarchicalPosterior(mean, CholeskyFactor.from_matrix(C).canonical(), log_z, diagnostics, model,
                                      final, q_mean, q_var)
-
-
-def __dir__():
-    return list(__all__)

@@ -32,6 +32,7 @@ from ._envelope import computed
 from ..start import whitened
 
 __all__ = ["GaussianParams", "NaturalParams", "GKL", "bound", "bound_at", "curvature", "shrunk_until_finite"]
+__dir__ = __all__.copy
 
 _DEFAULT_QUADRATURE = GaussHermite()
 
@@ -234,7 +235,3 @@ class GKL(AbstractMethod):
         log_z = computed(out.value, lambda p, m: bound(p, m, self.quadrature), opt, model)
         state = jax.lax.stop_gradient(NaturalParams(opt.mean, out.lam))
         return Posterior(opt.mean, opt.factor, log_z, out.diagnostics, model, bound_claim=True, state=state)
-
-
-def __dir__():
-    return list(__all__)

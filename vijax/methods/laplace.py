@@ -37,6 +37,7 @@ from ._envelope import computed
 from ..start import mode_search, whitened
 
 __all__ = ["Laplace", "mode_solver", "log_joint", "site_curvatures", "negative_hessian", "evidence"]
+__dir__ = __all__.copy
 
 _MAX_JITTER_TRIES = 12
 
@@ -193,7 +194,3 @@ class Laplace(AbstractModeMethod):
                                                 info=fit.info())
         return Posterior(mode, factor, computed(value, log_z, fit, model), diagnostics, model, bound_claim=False,
                          state=jax.lax.stop_gradient(mode))
-
-
-def __dir__():
-    return list(__all__)

@@ -35,6 +35,7 @@ from ..start import expand_at_mode
 
 __all__ = ["LVB", "LVBState", "bound", "gaussian", "update", "local_bound", "covariance_solve",
            "AbstractLocalBound", "Jaakkola", "Bohning", "ScaleMixture", "Exact", "MaskedBound"]
+__dir__ = __all__.copy
 
 BOUNDS = ("jaakkola", "bohning")
 VARIANCES = ("exact", "lanczos")
@@ -451,7 +452,3 @@ def _lanczos_marginals(model, quadratics, num_lanczos, v0, mean0=None, rtol=None
     means = tuple(g.project(mean) for g in model.sites)
     variances = tuple(jnp.sum(g.projection.mv(V) ** 2 / theta, axis=1) for g in model.sites)
     return value, means, variances, (mean, theta, V, cg_steps, quadrature)
-
-
-def __dir__():
-    return list(__all__)

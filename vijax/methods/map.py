@@ -17,6 +17,7 @@ from ..solvers import AbstractSolver
 from .laplace import AbstractModeMethod, fit_mode, log_joint, mode_solver
 
 __all__ = ["MAP"]
+__dir__ = __all__.copy
 
 
 class MAP(AbstractModeMethod):
@@ -39,7 +40,3 @@ class MAP(AbstractModeMethod):
                                                 info=fit.info())
         return Posterior(fit.mode, fit.factor(), log_joint(fit.mode, model), diagnostics, model, bound_claim=False,
                          state=fit.mode)
-
-
-def __dir__():
-    return list(__all__)

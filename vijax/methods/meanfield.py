@@ -33,6 +33,7 @@ from .gkl import GKL
 from .laplace import is_point
 
 __all__ = ["MeanField", "free_form_applies", "factor_moments", "bound"]
+__dir__ = __all__.copy
 
 
 def free_form_applies(model: LatentLinearModel) -> bool:
@@ -161,7 +162,3 @@ class MeanField(AbstractMethod):
                                   solver="coordinate_ascent")
         return Posterior(mean, DiagonalFactor(jnp.sqrt(var)), log_z, diagnostics, model, bound_claim=True,
                          state=mean)
-
-
-def __dir__():
-    return list(__all__)

@@ -9,7 +9,4 @@ from .network import (NetworkEP, NetworkInfo, NetworkPosterior, NetworkSites, Ne
 
 __all__ = ["TwoLayerNetwork", "NetworkEP", "NetworkPosterior", "NetworkState", "NetworkSites", "NetworkInfo",
            "activation", "expected_activation", "map_estimate"]
-
-
-def __dir__():
-    return list(__all__)
+__dir__ = __all__.copy

@@ -36,6 +36,7 @@ from ..solvers import LBFGS, Status, iterate
 
 __all__ = ["TwoLayerNetwork", "NetworkEP", "NetworkPosterior", "NetworkState", "NetworkSites", "NetworkInfo",
            "activation", "expected_activation", "map_estimate"]
+__dir__ = __all__.copy
 
 _SQRT2 = float(np.sqrt(2.0))
 _MAX_HALVINGS = 30
@@ -569,7 +570,3 @@ class NetworkEP(AbstractMethod):
                                   solver="parallel", num_value_evals=k, info=info)
         return NetworkPosterior(q.w_mean, w_cov, q.v_mean, q.v_cov, q.phi_mean, q.phi_var, diagnostics, net,
                                 NetworkState(sites, offset + iterations))
-
-
-def __dir__():
-    return list(__all__)

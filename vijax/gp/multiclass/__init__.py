@@ -13,7 +13,4 @@ from .probit import *  # noqa: F403 (the public names of each model, listed in i
 from .stick_breaking import *  # noqa: F403
 
 __all__ = ["model", "MulticlassModel", "probit", "stick_breaking", *probit.__all__, *stick_breaking.__all__]
-
-
-def __dir__():
-    return list(__all__)
+__dir__ = __all__.copy

@@ -31,6 +31,7 @@ from .._layout import MulticlassMethod, MulticlassModel
 
 __all__ = ["NestedEP", "NestedEPState", "NestedEPPosterior", "NestedEPInfo", "NestedEPFactor", "energy",
            "tilted_moments", "multinomial_probit_log_likelihood", "predict", "predict_proba", "RULES"]
+__dir__ = __all__.copy
 
 RULES = ("ep", "quadrature")  # `predict_proba`'s integration rules
 _PROBIT = Probit()
@@ -442,6 +443,3 @@ def predict_proba(post: NestedEPPosterior, X_test, rule="ep", quadrature=GaussHe
 def _log_proba_ep(mean, cov):
     classes = jnp.arange(mean.shape[1])
     return jax.vmap(lambda m, V: jax.vmap(lambda c: tilted_moments(m, V, c)[0])(classes))(mean, cov)
-
-def __dir__():
-    return list(__all__)

@@ -32,6 +32,7 @@ from ..models import DEFAULT_JITTER, conditional_marginals
 
 __all__ = ["StickBreakingModel", "StickLayout", "stick_breaking_model", "stick_breaking_probabilities",
            "stick_breaking_predict", "stick_breaking_proba"]
+__dir__ = __all__.copy
 
 
 class StickLayout(NamedTuple):
@@ -158,7 +159,3 @@ def stick_breaking_proba(post, X_test, quadrature=GaussHermite(64)):
     before = jnp.concatenate([jnp.zeros_like(a[:, :1]), log_keep[:, :-1]], axis=-1)
     in_stick_order = jnp.concatenate([a * jnp.exp(before), jnp.exp(log_keep[:, -1:])], axis=-1)
     return in_stick_order[:, np.argsort(layout.ordering)]
-
-
-def __dir__():
-    return list(__all__)
