@@ -10,9 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.linalg import solve_triangular
 
-__all__ = ["LOG_2PI", "reversed_cholesky", "inverse_factor", "select", "nan_trace", "backtrack", "normal_log_density",
-           "gaussian_entropy", "neg_kl", "pcg", "lanczos", "ritz_pairs", "block_ritz_pairs", "leading_eigenvectors",
-           "lanczos_variances", "unit_legendre_rule"]
+__all__ = ["LOG_2PI", "reversed_cholesky", "inverse_factor", "inverse_logdet", "select", "nan_trace", "backtrack",
+           "normal_log_density", "gaussian_entropy", "neg_kl", "pcg", "lanczos", "ritz_pairs", "block_ritz_pairs",
+           "leading_eigenvectors", "lanczos_variances", "unit_legendre_rule"]
 
 LOG_2PI = math.log(2 * math.pi)
 """log 2π, as a Python float (weakly typed: it takes the dtype of the arrays it meets)."""
@@ -36,6 +36,13 @@ def inverse_factor(R, basis=None):
     triangular solve; ``basis`` B is lower-triangular ``(D, D)`` (e.g. a prior's Cholesky factor) or None (B = I)."""
     rhs = jnp.eye(R.shape[0], dtype=R.dtype) if basis is None else basis.T
     return solve_triangular(R, rhs, lower=False)
+
+
+def inverse_logdet(A):
+    """A⁻¹ (symmetrised) and log det A of a symmetric positive-definite ``(D, D)`` A, by one Cholesky factor."""
+    chol = jnp.linalg.cholesky(A)
+    inverse = jax.scipy.linalg.cho_solve((chol, True), jnp.eye(A.shape[0], dtype=chol.dtype))
+    return 0.5 * (inverse + inverse.T), 2 * jnp.sum(jnp.log(jnp.diagonal(chol)))
 
 
 def select(cond, new, old):

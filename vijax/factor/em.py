@@ -22,12 +22,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _checks
-from .._linalg import backtrack, nan_trace, select
+from .._linalg import backtrack, inverse_logdet, nan_trace, select
 from ..covariance import CholeskyFactor
 from ..methods import AbstractMethod
 from ..posterior import Diagnostics, Posterior
 from ..solvers import Status, extrapolated_distance, iterate
-from .model import FactorModel, ObservedModel, Prior, block_data, block_terms, inverse_logdet, neg_kl, site_terms
+from .model import FactorModel, ObservedModel, Prior, block_data, block_terms, neg_kl, site_terms
 
 __all__ = ["EM", "EStep", "EMState", "FactorPosterior", "FactorInfo", "Posteriors", "e_step", "m_step", "initial_posteriors",
            "penalty_term"]

@@ -140,13 +140,6 @@ def site_terms(model: FactorModel, y, mask, predictors):
     return sum(jnp.sum(block_terms(block, y, mask, m, v)) for block, (m, v) in zip(model.blocks, predictors))
 
 
-def inverse_logdet(A):
-    """A⁻¹ (symmetrised) and log det A of a symmetric positive-definite ``(L, L)`` A, by one Cholesky factor."""
-    chol = jnp.linalg.cholesky(A)
-    inverse = jax.scipy.linalg.cho_solve((chol, True), jnp.eye(A.shape[0], dtype=chol.dtype))
-    return 0.5 * (inverse + inverse.T), 2 * jnp.sum(jnp.log(jnp.diagonal(chol)))
-
-
 class Prior(eqx.Module):
     """μ, Σ⁻¹ and log det Σ, computed once per step from the model's (μ, Σ)."""
 
@@ -156,7 +149,7 @@ class Prior(eqx.Module):
 
     @staticmethod
     def of(model: FactorModel) -> "Prior":
-        return Prior(model.mean, *inverse_logdet(model.cov))
+        return Prior(model.mean, *_linalg.inverse_logdet(model.cov))
 
 
 def neg_kl(prior: Prior, mean, cov, logdet_cov):
