@@ -413,9 +413,10 @@ class _FactorMethod(AbstractMethod):
                              f"vj.factor.observe(model, Y, mask); got {type(model).__name__}.")
 
     def is_state(self, model, state) -> bool:
+        if not isinstance(state, self._state_type):  # before tracing init_state for the template
+            return False
         template = eqx.filter_eval_shape(self.init_state, model)
-        return (isinstance(state, self._state_type)
-                and jax.tree_util.tree_structure(state) == jax.tree_util.tree_structure(template)
+        return (jax.tree_util.tree_structure(state) == jax.tree_util.tree_structure(template)
                 and all(np.shape(a) == np.shape(b) for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(template))))
 
     def to_state(self, model, init):
